@@ -1,0 +1,29 @@
+# The two commands of the README: `make demo` and `make test`. Both set up .venv first.
+# The venv sees system site-packages so a machine that already has torch (a GPU box) keeps its CUDA build;
+# where torch is not importable we install torch==2.13.0 (a CPU build from local disk on our CI machines).
+PY ?= python3
+VENV := .venv
+VPY := $(VENV)/bin/python
+STAMP := $(VENV)/.gobrrr-installed
+
+.PHONY: setup demo test lint clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(VPY) || $(PY) -m venv --system-site-packages $(VENV)
+	$(VPY) -c "import torch" 2>/dev/null || $(VPY) -m pip install "torch==2.13.0"
+	$(VPY) -m pip install -e ".[dev]"
+	touch $(STAMP)
+
+demo: setup
+	$(VPY) -m gobrrr demo
+
+test: setup
+	$(VPY) -m pytest
+
+lint: setup
+	$(VENV)/bin/gobrrr lint gobrrr
+
+clean:
+	rm -rf $(VENV) gobrrr-doctor demo-out

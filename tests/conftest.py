@@ -1,0 +1,17 @@
+"""Test-suite wiring: GPU tests skip cleanly without CUDA; multi-GPU tests without two GPUs."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+def pytest_collection_modifyitems(config, items):
+    has_cuda = torch.cuda.is_available()
+    n_gpus = torch.cuda.device_count() if has_cuda else 0
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
+    skip_multi = pytest.mark.skip(reason="needs two or more CUDA GPUs")
+    for item in items:
+        if "gpu" in item.keywords and not has_cuda:
+            item.add_marker(skip_gpu)
+        if "multigpu" in item.keywords and n_gpus < 2:
+            item.add_marker(skip_multi)
