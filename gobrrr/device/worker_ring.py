@@ -1,0 +1,619 @@
+"""PinnedWorkerLoader: DataLoader workers collate straight into a ring of page-locked shared slots.
+
+Why. With `DataLoader(num_workers=N, pin_memory=True)` every batch is built three times over:
+the worker stacks the samples into fresh shared memory (page faults on ~80 MB), the main
+process receives a file descriptor and maps it, and a single pin-memory thread memcpy's the whole
+batch again into the caching host allocator's pinned memory. On an H200 that path ran at ~17x the
+copy floor. Here each batch is built once:
+
+    main process                                   worker k (forked, never touches CUDA)
+    ------------                                   ------------------------------------
+    ring = S slots of anonymous MAP_SHARED memory, allocated before the fork, so every worker
+           inherits the same physical pages; page-locked once with cudaHostRegister
+    send (batch i, indices, slot s) ------------->  samples = [dataset[j] for j in indices]
+                                                    torch.stack(samples, out=<view of slot s>)
+    <------------- (i, s, skeleton)                 the skeleton is the batch structure with each
+                                                    tensor replaced by (offset, shape, dtype): tiny
+    yield Leased(batch=<views of slot s>, release)
+    consumer: copy_stream: batch.to(dev, non_blocking=True); event.record(copy_stream); release(event)
+    slot s goes back to the free list once event.query() says the copy is done
+
+The main process copies nothing per batch: it pickles an index list and unpickles a skeleton.
+# overlap: workers fill slot s+1.. while the copy engine drains slot s while the GPU computes.
+
+Slots are sized from the first batch, which the main process collates itself (it learns the leaf
+shapes and dtypes and yields that batch from slot 0). A smaller batch (the odd last one) uses the
+front of its slot; a batch that does not fit (or a custom collate that returns no tensors) falls
+back to the ordinary pickled path and is yielded with a no-op release.
+
+On a machine without CUDA (or `pin=False`) the slots are plain shared memory and `release(None)`
+frees a slot at once. Workers use the "fork" start method (Linux, macOS); they are started per
+epoch, as a default DataLoader does, while the slots live as long as the loader.
+"""
+from __future__ import annotations
+
+import collections.abc
+import copy
+import dataclasses
+import mmap
+import os
+import queue
+import random
+import threading
+import traceback
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import torch
+from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
+from torch.utils.data._utils.collate import collate as _collate, default_collate_fn_map
+from torch.utils.data.dataloader import default_collate
+
+_ALIGN = 256          # every leaf starts on a 256-byte boundary inside its slot
+_PAGE = mmap.PAGESIZE  # every slot starts on a page (cudaHostRegister and DMA like that)
+
+
+@dataclass
+class Leased:
+    """A batch whose tensors are views of a page-locked slot, plus the way to hand the slot back.
+
+    Enqueue the host-to-device copy of `batch`, record a CUDA event on the copy stream, then call
+    `release(event)`; the slot is reused only after that event completes. `release(None)` frees it
+    at once (CPU, or after the data has been consumed on the host).
+    """
+    batch: Any
+    release: Callable[[Any], None]
+
+
+@dataclass(frozen=True)
+class _Leaf:
+    """Where one tensor of a batch lives inside its slot."""
+    offset: int
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+@dataclass
+class _Pickled:
+    """A batch that did not fit its slot, sent through ordinary (pickled, shared-memory) transport."""
+    batch: Any
+
+
+class _NoRoom(Exception):
+    """The batch does not fit its slot (or has a tensor we cannot place); use the pickled path."""
+
+
+@dataclass
+class _Failure:
+    """An exception raised inside a worker, with its traceback already formatted there."""
+    worker_id: int
+    exc_type: type
+    text: str
+
+    def reraise(self):
+        msg = (f"Caught {self.exc_type.__name__} in PinnedWorkerLoader worker {self.worker_id}.\n"
+               f"Original traceback in the worker:\n{self.text}")
+        try:
+            err = self.exc_type(msg)
+        except Exception:  # exception types whose constructor wants other arguments
+            err = RuntimeError(msg)
+        raise err
+
+
+# ---------------------------------------------------------------- tree helpers (batch structure)
+
+def map_tree(fn: Callable[[Any], Any], x: Any, is_leaf: Callable[[Any], bool]) -> Any:
+    """Rebuild `x` with `fn` applied to every leaf; dict / list / tuple / namedtuple / dataclass kept."""
+    if is_leaf(x):
+        return fn(x)
+    if isinstance(x, collections.abc.Mapping):
+        items = {k: map_tree(fn, v, is_leaf) for k, v in x.items()}
+        try:
+            if isinstance(x, collections.abc.MutableMapping):
+                clone = copy.copy(x)
+                clone.update(items)
+                return clone
+            return type(x)(items)
+        except TypeError:
+            return items
+    if isinstance(x, tuple) and hasattr(x, "_fields"):
+        return type(x)(*(map_tree(fn, v, is_leaf) for v in x))
+    if isinstance(x, (list, tuple)):
+        vals = [map_tree(fn, v, is_leaf) for v in x]
+        try:
+            return type(x)(vals)
+        except TypeError:
+            return vals
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        clone = copy.copy(x)
+        for f in dataclasses.fields(x):
+            object.__setattr__(clone, f.name, map_tree(fn, getattr(x, f.name), is_leaf))
+        return clone
+    return x
+
+
+def _is_tensor(x: Any) -> bool:
+    return isinstance(x, torch.Tensor)
+
+
+def _is_leaf_ref(x: Any) -> bool:
+    return isinstance(x, _Leaf)
+
+
+def _round_up(n: int, to: int) -> int:
+    return (n + to - 1) // to * to
+
+
+class _SlotWriter:
+    """Places tensors one after another in one slot (a flat uint8 tensor); used by the workers."""
+
+    def __init__(self, slot: torch.Tensor):
+        self.slot, self.used = slot, 0      # slot: (slot_bytes,) uint8
+
+    def alloc(self, shape: tuple[int, ...], dtype: torch.dtype) -> tuple[_Leaf, torch.Tensor]:
+        nbytes = _numel(shape) * _itemsize(dtype)
+        off = _round_up(self.used, _ALIGN)
+        if off + nbytes > self.slot.numel():
+            raise _NoRoom(f"batch needs more than the slot's {self.slot.numel()} bytes")
+        self.used = off + nbytes
+        return _Leaf(off, tuple(shape), dtype), _view(self.slot, off, tuple(shape), dtype)
+
+    def stack_fn(self, batch: list[torch.Tensor], *, collate_fn_map=None) -> torch.Tensor:
+        """A `collate_fn_map` entry for tensors: stack the samples straight into this slot."""
+        elem = batch[0]
+        if elem.layout != torch.strided or elem.is_nested or elem.device.type != "cpu":
+            raise _NoRoom("sparse, nested or non-CPU tensors take the pickled path")
+        _, out = self.alloc((len(batch), *elem.shape), elem.dtype)
+        torch.stack(batch, 0, out=out)  # the one and only copy of the batch
+        return out
+
+    def pack(self, batch: Any) -> Any:
+        """Skeleton of `batch`: tensors already in this slot become _Leaf; others are copied in."""
+        base, end = self.slot.data_ptr(), self.slot.data_ptr() + self.slot.numel()
+
+        def leaf(t: torch.Tensor) -> _Leaf:
+            if t.layout != torch.strided or t.device.type != "cpu":
+                raise _NoRoom("sparse or non-CPU tensors take the pickled path")
+            if base <= t.data_ptr() < end and t.is_contiguous():
+                return _Leaf(t.data_ptr() - base, tuple(t.shape), t.dtype)
+            ref, view = self.alloc(tuple(t.shape), t.dtype)
+            view.copy_(t)
+            return ref
+
+        return map_tree(leaf, batch, _is_tensor)
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def _view(slot: torch.Tensor, off: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    nbytes = _numel(shape) * _itemsize(dtype)
+    return slot[off:off + nbytes].view(dtype).view(shape)
+
+
+def _packed_size(batch: Any) -> int:
+    """Bytes a batch takes in a slot, alignment included."""
+    used = 0
+
+    def add(t: torch.Tensor):
+        nonlocal used
+        used = _round_up(used, _ALIGN) + t.numel() * t.element_size()
+        return t
+
+    map_tree(add, batch, _is_tensor)
+    return used
+
+
+# ---------------------------------------------------------------- the ring of slots
+
+class _Ring:
+    """S equal slots in one anonymous MAP_SHARED mapping, page-locked once, reused after events."""
+
+    def __init__(self, slots: int, slot_bytes: int, pin: bool, device: torch.device | None):
+        self.slot_bytes = _round_up(max(slot_bytes, 1), _PAGE)
+        self.nbytes = slots * self.slot_bytes
+        self._mm = mmap.mmap(-1, self.nbytes)  # anonymous + MAP_SHARED: forked workers share it
+        self.flat = torch.frombuffer(self._mm, dtype=torch.uint8)  # (slots * slot_bytes,)
+        self.flat.fill_(0)  # fault every page in now, not during the first epoch
+        self.views = list(self.flat.view(slots, self.slot_bytes).unbind(0))  # slot s: (slot_bytes,)
+        self.free = collections.deque(range(slots))
+        self.pending: list[tuple[int, Any]] = []   # (slot, copy-done event) not yet completed
+        self.lock = threading.Lock()               # release() may come from a consumer thread
+        self.registered = False
+        if pin:
+            cudart = torch.cuda.cudart()
+            with torch.cuda.device(device if device is not None else torch.cuda.current_device()):
+                err = cudart.cudaHostRegister(self.flat.data_ptr(), self.nbytes, 0)
+            if int(err) != 0:
+                raise RuntimeError(
+                    f"cudaHostRegister of {self.nbytes / 2**20:.0f} MiB of worker slots failed with "
+                    f"cudaError {int(err)}; lower `slots=` or pass pin=False (the ring then stays pageable).")
+            self.registered = True
+
+    @property
+    def num_slots(self) -> int:
+        return len(self.views)
+
+    def release(self, slot: int, event: Any) -> None:
+        with self.lock:
+            if event is None:
+                self.free.append(slot)
+            else:
+                self.pending.append((slot, event))
+
+    def reclaim(self) -> None:
+        """Move slots whose copy-done event has completed to the free list (non-blocking query)."""
+        with self.lock:
+            still = []
+            for slot, ev in self.pending:
+                if ev.query():
+                    self.free.append(slot)
+                else:
+                    still.append((slot, ev))
+            self.pending = still
+
+    def take(self) -> int | None:
+        with self.lock:
+            return self.free.popleft() if self.free else None
+
+    def wait_oldest(self) -> bool:
+        """Block until the oldest pending copy completes; False when nothing is pending."""
+        with self.lock:
+            if not self.pending:
+                return False
+            slot, ev = self.pending.pop(0)
+        ev.synchronize()  # sync: every slot is in flight to the GPU; this wait is the backpressure
+        with self.lock:
+            self.free.append(slot)
+        return True
+
+    def close(self) -> None:
+        with self.lock:
+            pending, self.pending = self.pending, []
+        for _, ev in pending:
+            ev.synchronize()  # sync: close-time only; no copy may read the slots after unregistering
+        if self.registered:
+            torch.cuda.cudart().cudaHostUnregister(self.flat.data_ptr())
+            self.registered = False
+        self.views, self.flat = [], None
+        try:
+            self._mm.close()
+        except BufferError:
+            pass  # a caller still holds a view; the mapping goes when that view is collected
+
+
+# ---------------------------------------------------------------- worker process
+
+def _worker_loop(worker_id: int, dataset, collate_fn, fast_collate: bool, ring_views, index_q, result_q,
+                 seed: int, worker_init_fn, parent_pid: int) -> None:
+    """Runs in a forked child. Never touches CUDA: slots are plain CPU memory here."""
+    torch.set_num_threads(1)
+    random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        import numpy as np
+        np.random.seed(seed % 2**32)
+    except ImportError:
+        pass
+    if worker_init_fn is not None:
+        try:
+            worker_init_fn(worker_id)
+        except Exception as e:
+            result_q.put((-1, -1, None, _Failure(worker_id, type(e), traceback.format_exc())))
+            return
+    while True:
+        try:
+            task = index_q.get(timeout=1.0)
+        except queue.Empty:
+            if os.getppid() != parent_pid:
+                return  # the main process died; do not linger as an orphan
+            continue
+        if task is None:
+            return
+        idx, indices, slot = task
+        try:
+            samples = [dataset[i] for i in indices]
+            writer = _SlotWriter(ring_views[slot])
+            try:
+                if fast_collate:
+                    fmap = {**default_collate_fn_map, torch.Tensor: writer.stack_fn}
+                    batch = _collate(samples, collate_fn_map=fmap)
+                else:
+                    batch = collate_fn(samples)
+                result = (idx, slot, writer.pack(batch), None)
+            except _NoRoom:
+                result = (idx, slot, _Pickled((collate_fn or default_collate)(samples)), None)
+        except Exception as e:
+            result = (idx, slot, None, _Failure(worker_id, type(e), traceback.format_exc()))
+        result_q.put(result)
+
+
+# ---------------------------------------------------------------- the loader
+
+class PinnedWorkerLoader:
+    """A DataLoader whose workers collate into page-locked shared slots; yields `Leased` batches.
+
+    Same index order as `torch.utils.data.DataLoader` with the same dataset, sampler, batch size,
+    drop_last and generator. Map-style datasets only.
+    """
+    yields_leases = True
+
+    def __init__(self, dataset, batch_size: int = 1, *, collate_fn=None, num_workers: int = 4,
+                 shuffle: bool = False, drop_last: bool = False, sampler=None, batch_sampler=None,
+                 generator: torch.Generator | None = None, worker_init_fn=None, slots: int | None = None,
+                 slot_bytes: int | None = None, timeout_s: float = 600.0, pin: bool | None = None,
+                 device: torch.device | str | None = None):
+        if isinstance(dataset, torch.utils.data.IterableDataset):
+            raise TypeError("PinnedWorkerLoader needs a map-style dataset (with __getitem__); "
+                            "iterate an IterableDataset through a plain DataLoader instead.")
+        if num_workers < 1:
+            raise ValueError(f"num_workers={num_workers}: the worker ring needs at least one worker; "
+                             "use the batches directly (or a DataLoader) without workers.")
+        if batch_sampler is None:
+            if batch_size is None or batch_size < 1:
+                raise ValueError(f"batch_size={batch_size!r}: PinnedWorkerLoader batches samples; "
+                                 "give a positive batch_size (or a batch_sampler).")
+            if sampler is None:
+                sampler = (RandomSampler(dataset, generator=generator) if shuffle
+                           else SequentialSampler(dataset))
+            elif shuffle:
+                raise ValueError("shuffle=True conflicts with an explicit sampler; pass one or the other.")
+            batch_sampler = BatchSampler(sampler, batch_size, drop_last)
+        self.dataset, self.batch_sampler, self.generator = dataset, batch_sampler, generator
+        self.collate_fn = collate_fn if collate_fn is not None else default_collate
+        self.num_workers, self.worker_init_fn, self.timeout_s = num_workers, worker_init_fn, timeout_s
+        self.num_slots = slots if slots is not None else 2 * num_workers + 4
+        if self.num_slots < 2:
+            raise ValueError(f"slots={slots}: need at least 2 (one being filled, one being copied).")
+        self.slot_bytes = slot_bytes
+        self.pin = torch.cuda.is_available() if pin is None else bool(pin)
+        self.device = torch.device(device) if device is not None else None
+        self._ring: _Ring | None = None
+        self._iter: weakref.ref | None = None  # the live epoch, if any
+        self._finalizer = None
+
+    @classmethod
+    def from_dataloader(cls, dl: torch.utils.data.DataLoader, **overrides) -> "PinnedWorkerLoader":
+        """Same dataset, batch sampler, collate_fn, workers, worker_init_fn and generator as `dl`."""
+        if dl.batch_sampler is None:
+            raise ValueError("this DataLoader has batch_size=None (no automatic batching); the worker "
+                             "ring needs batches: give the DataLoader a batch_size.")
+        kw = dict(collate_fn=dl.collate_fn, num_workers=dl.num_workers, batch_sampler=dl.batch_sampler,
+                  drop_last=dl.drop_last, generator=dl.generator, worker_init_fn=dl.worker_init_fn)
+        kw.update(overrides)
+        return cls(dl.dataset, None, **kw)
+
+    def __len__(self) -> int:
+        return len(self.batch_sampler)
+
+    def __iter__(self) -> Iterator[Leased]:
+        old = self._iter() if self._iter is not None else None
+        if old is not None:
+            old.shutdown()  # one live epoch at a time: its workers write into our slots
+        it = _RingIter(self)
+        self._iter = weakref.ref(it)  # weak: dropping the iterator (break, GC) stops its workers
+        return it
+
+    def _ensure_ring(self, first_batch: Any) -> _Ring:
+        if self._ring is None:
+            need = self.slot_bytes or _packed_size(first_batch)
+            self._ring = _Ring(self.num_slots, need, self.pin, self.device)
+            self._finalizer = weakref.finalize(self, self._ring.close)
+        return self._ring
+
+    @property
+    def ring_bytes(self) -> int:
+        """Bytes of shared (and, on CUDA, page-locked) memory held by the slots; 0 before the first epoch."""
+        return self._ring.nbytes if self._ring is not None else 0
+
+    def close(self) -> None:
+        """Stop the workers, wait for copies still reading the slots, unregister and free them."""
+        it = self._iter() if self._iter is not None else None
+        if it is not None:
+            it.shutdown()
+        self._iter = None
+        if self._finalizer is not None:
+            self._finalizer()  # runs _Ring.close once
+        self._ring = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _shutdown_epoch(workers, index_qs, result_q, ring, outstanding: dict, ready: dict) -> None:
+    """Stop one epoch's workers, then hand back the slots they (or the reorder buffer) held."""
+    for q in index_qs:
+        try:
+            q.put(None)
+        except (OSError, ValueError):
+            pass
+    for w in workers:
+        w.join(timeout=5.0)
+        if w.is_alive():
+            w.terminate()
+            w.join(timeout=5.0)
+    for q in [*index_qs, *([result_q] if result_q is not None else [])]:
+        q.cancel_join_thread()
+        q.close()
+    if ring is not None:  # only now: a joined worker can no longer write into these slots
+        for slot in outstanding.values():
+            ring.release(slot, None)
+        for slot, _, _ in ready.values():
+            ring.release(slot, None)
+    outstanding.clear()
+    ready.clear()
+
+
+class _RingIter:
+    """One epoch: forks the workers, hands out slots, yields leases in sampler order."""
+
+    def __init__(self, loader: PinnedWorkerLoader):
+        self.loader = loader
+        self.timeout_s = loader.timeout_s
+        g = loader.generator
+        self.base_seed = int(torch.empty((), dtype=torch.int64).random_(generator=g).item())
+        self.batches = iter(loader.batch_sampler)
+        self.ready: dict[int, tuple[int, Any, Any]] = {}  # batch idx -> (slot, skeleton, failure)
+        self.outstanding: dict[int, int] = {}              # batch idx -> slot, while a worker owns it
+        self.send_idx = self.rcvd_idx = 0
+        self.exhausted = False
+        self.workers: list = []
+        self.index_qs: list = []
+        self.result_q = None
+        self._finalizer = None
+        self.ring = loader._ring
+        if loader._ring is None:  # first epoch: collate batch 0 here to learn the slot size
+            try:
+                indices = next(self.batches)
+            except StopIteration:
+                self.exhausted = True
+                return
+            first = loader.collate_fn([loader.dataset[i] for i in indices])
+            ring = loader._ensure_ring(first)
+            slot = ring.take()
+            writer = _SlotWriter(ring.views[slot])
+            try:
+                self.ready[0] = (slot, writer.pack(first), None)
+            except _NoRoom:
+                self.ready[0] = (slot, _Pickled(first), None)
+            self.send_idx = 1
+        self.ring = loader._ring
+        self._start_workers()
+
+    def _start_workers(self) -> None:
+        import torch.multiprocessing as tmp
+        try:
+            ctx = tmp.get_context("fork")
+        except ValueError:
+            raise RuntimeError("PinnedWorkerLoader needs the 'fork' start method (Linux or macOS) so the "
+                               "workers inherit the shared slots; use a DataLoader on this platform.") from None
+        L = self.loader
+        fast = L.collate_fn is default_collate
+        self.result_q = ctx.Queue()
+        for wid in range(L.num_workers):
+            iq = ctx.Queue()
+            w = ctx.Process(target=_worker_loop, daemon=True,
+                            args=(wid, L.dataset, L.collate_fn, fast, self.ring.views, iq, self.result_q,
+                                  self.base_seed + wid, L.worker_init_fn, os.getpid()))
+            w.start()
+            self.workers.append(w)
+            self.index_qs.append(iq)
+        self._finalizer = weakref.finalize(self, _shutdown_epoch, self.workers, self.index_qs, self.result_q,
+                                           self.ring, self.outstanding, self.ready)
+
+    def __iter__(self):
+        return self
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def _dispatch(self) -> None:
+        """Give every free slot a batch to build (workers round-robin, like DataLoader)."""
+        while not self.exhausted:
+            slot = self.ring.take()
+            if slot is None:
+                return
+            try:
+                indices = next(self.batches)
+            except StopIteration:
+                self.exhausted = True
+                self.ring.release(slot, None)
+                return
+            idx = self.send_idx
+            self.index_qs[idx % len(self.index_qs)].put((idx, list(indices), slot))
+            self.outstanding[idx] = slot
+            self.send_idx += 1
+
+    def _receive(self) -> None:
+        """Wait (bounded) for one worker result; notice dead workers and the overall timeout."""
+        import time
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                idx, slot, skel, failure = self.result_q.get(timeout=min(1.0, max(deadline - time.monotonic(), 0.01)))
+                break
+            except queue.Empty:
+                dead = [(i, w) for i, w in enumerate(self.workers) if not w.is_alive()]
+                if dead:
+                    i, w = dead[0]
+                    self.shutdown()
+                    raise RuntimeError(f"PinnedWorkerLoader worker {i} (pid {w.pid}) exited unexpectedly with "
+                                       f"exit code {w.exitcode}; a crash in the dataset or out of memory? "
+                                       "Try num_workers=0 through a plain DataLoader to see the error.")
+                if time.monotonic() > deadline:
+                    self.shutdown()
+                    raise TimeoutError(f"no batch from the PinnedWorkerLoader workers in {self.timeout_s:.0f} s; "
+                                       "raise timeout_s= if the dataset is that slow.")
+        if idx < 0:  # worker_init_fn failed
+            self.shutdown()
+            failure.reraise()
+        self.outstanding.pop(idx, None)
+        self.ready[idx] = (slot, skel, failure)
+
+    def __next__(self) -> Leased:
+        ring = self.ring
+        while True:
+            if ring is not None and self.workers:
+                ring.reclaim()
+                self._dispatch()
+            if self.rcvd_idx in self.ready:
+                slot, skel, failure = self.ready.pop(self.rcvd_idx)
+                self.rcvd_idx += 1
+                if failure is not None:
+                    ring.release(slot, None)
+                    self.shutdown()
+                    failure.reraise()
+                return self._lease(slot, skel)
+            if self.rcvd_idx in self.outstanding:
+                self._receive()
+                continue
+            if self.exhausted or ring is None:
+                self.shutdown()
+                raise StopIteration
+            # The next batch has not been handed to a worker: every slot is leased or in flight.
+            if not ring.wait_oldest():
+                raise RuntimeError(
+                    f"all {ring.num_slots} worker slots are leased and none was released: call "
+                    "lease.release(event) after enqueuing each batch's copy (release(None) on CPU), "
+                    "or pass a larger slots=.")
+
+    def _lease(self, slot: int, skel: Any) -> Leased:
+        ring = self.ring
+        if isinstance(skel, _Pickled):
+            ring.release(slot, None)  # the batch came through ordinary shared memory
+            return Leased(skel.batch, _no_release)
+        view = ring.views[slot]
+        batch = map_tree(lambda r: _view(view, r.offset, r.shape, r.dtype), skel, _is_leaf_ref)
+        done = [False]
+
+        def release(event: Any = None) -> None:
+            if done[0]:
+                raise RuntimeError("this lease was already released; release each batch exactly once.")
+            done[0] = True
+            ring.release(slot, event)
+
+        return Leased(batch, release)
+
+    def shutdown(self) -> None:
+        """Stop this epoch's workers and return the slots they or the reorder buffer held."""
+        if self._finalizer is not None and self._finalizer.alive:
+            self._finalizer()  # joins (or terminates) the workers, then returns their slots
+        elif self.ring is not None:  # no workers started (empty or one-batch epoch)
+            _shutdown_epoch([], [], None, self.ring, self.outstanding, self.ready)
+        self.exhausted = True
+
+
+def _no_release(event: Any = None) -> None:
+    """Release of a batch that did not come from a slot: nothing to hand back."""
