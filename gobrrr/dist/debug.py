@@ -1,0 +1,315 @@
+"""Debug mode and dead-rank diagnostics: name the ranks that disagree or never arrived.
+
+Two failure modes make multi-rank programs miserable, and both are silent by default:
+
+* **Mismatched collectives.** Rank 1 all-reduces a float32 tensor while rank 0 all-reduces an
+  int32 tensor of the same byte size: gloo happily adds the bit patterns. Or rank 1 calls
+  `barrier()` where rank 0 calls `all_reduce()`: NCCL hangs until its watchdog fires.
+* **A rank that is gone.** One rank raises (or is killed); the others sit in the next collective
+  until the timeout and then report a bare "timed out" or "connection closed by peer".
+
+This module keeps, per process group, a `GroupWatch`: the c10d store the ranks rendezvoused
+through, the group's members, and a counter of collectives issued on it (op #k).
+
+Debug mode (`init(debug=True)` or `GOBRRR_DIST_DEBUG=1`), before every collective:
+
+    rank r:  store.set("c/<k>/<r>", "all_reduce(float32[1024], op=sum)")   # my signature for op #k
+             store.wait(["c/<k>/0", ..., "c/<k>/<n-1>"])                    # everyone's signature
+             compare  -> equal: go ahead;  different: CollectiveMismatchError on EVERY rank
+             missing past the timeout, or the missing rank is known dead: CollectiveTimeoutError
+
+It costs four store round trips per collective (~0.1-1 ms), so it is for finding bugs, not for
+production runs. Every rank sees every signature, so every rank raises the same message naming the
+same ranks: no rank is left hanging.
+
+Always on (no per-op cost): when a collective raises (gloo: timeout or "connection closed"; any
+backend: an error surfacing in `wait()`), `explain_failure` posts "rank r failed at op #k" to the
+store, waits a couple of seconds for the others to post theirs, and builds one message that says
+which ranks reached op #k, which raised and left (the `session()` context manager and the test
+harness post a rank's exception on its way out), which processes are dead, and which are silent.
+
+The watch table is module-level, keyed by group name, because torch.distributed's own group table
+is global: ours mirrors it, is filled by `gobrrr.dist.init()` and emptied by `shutdown()`.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+
+ENV_DEBUG = "GOBRRR_DIST_DEBUG"
+_POLL_S = 0.25          # how often a waiting rank looks for dead or departed peers
+_REPORT_GRACE_S = 3.0   # how long a failing rank waits for its peers to post their own failure
+
+
+class CollectiveError(RuntimeError):
+    """A collective failed; the message names the operation and the ranks involved."""
+
+
+class CollectiveMismatchError(CollectiveError):
+    """Ranks called different collectives (op, shape, dtype, root) at the same point."""
+
+
+class CollectiveTimeoutError(CollectiveError, TimeoutError):
+    """Some ranks never arrived at a collective within the timeout (dead, raised, or stuck elsewhere)."""
+
+
+@dataclass
+class GroupWatch:
+    """What this process knows about one process group, for checks and error messages."""
+    name: str                      # "WORLD" or the group's name
+    store: dist.Store | None       # prefix store for this group's keys (None: no diagnostics)
+    root: dist.Store | None        # prefix store shared by all groups ("who", "exit" keys)
+    ranks: list[int]               # global rank of each group member, in group-rank order
+    me: int                        # this process's rank within the group
+    timeout_s: float
+    debug: bool = False
+    seq: int = 0                   # collectives issued on this group so far (op #seq is next)
+    p2p: dict[tuple[int, int], int] = field(default_factory=dict)  # (src, dst) -> messages so far
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+    def debugging(self) -> bool:
+        return self.debug or os.environ.get(ENV_DEBUG, "0").lower() not in ("", "0", "false", "no")
+
+
+_WATCHES: dict[str, GroupWatch] = {}
+
+
+def _timedelta(s: float) -> _dt.timedelta:
+    return _dt.timedelta(seconds=s)
+
+
+def install(store: dist.Store | None, rank: int, world_size: int, timeout_s: float, debug: bool) -> GroupWatch:
+    """Called by `init()`: register the world group and announce this process (host, pid)."""
+    root = dist.PrefixStore("gobrrr/", store) if store is not None else None
+    watch = GroupWatch("WORLD", dist.PrefixStore("gobrrr/WORLD/", store) if store is not None else None,
+                       root, list(range(world_size)), rank, timeout_s, debug)
+    _WATCHES.clear()
+    _WATCHES["WORLD"] = watch
+    if root is not None:
+        root.set(f"who/{rank}", f"{socket.gethostname()} {os.getpid()}")
+    return watch
+
+
+def uninstall() -> None:
+    _WATCHES.clear()
+
+
+def _group_name(group) -> str:
+    if group is None or group is dist.group.WORLD:
+        return "WORLD"
+    return str(getattr(group, "group_name", id(group)))
+
+
+def watch_for(group=None) -> GroupWatch:
+    """The watch for `group` (the world when None), created on first use for a subgroup."""
+    name = _group_name(group)
+    watch = _WATCHES.get(name)
+    if watch is not None:
+        return watch
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError("gobrrr.dist: no process group; call gobrrr.dist.init() (or use "
+                           "`with gobrrr.dist.session() as rank:`) before any communication.")
+    world = _WATCHES.get("WORLD")
+    if name == "WORLD" or world is None:
+        # A group someone else created (init_process_group called directly): checks run without a store.
+        ranks = list(range(dist.get_world_size())) if name == "WORLD" else dist.get_process_group_ranks(group)
+        me = dist.get_rank(group)
+        watch = GroupWatch(name, None, None, ranks, me, float(os.environ.get("GOBRRR_DIST_TIMEOUT_S", 300)))
+    else:
+        ranks = dist.get_process_group_ranks(group)
+        watch = GroupWatch(name, dist.PrefixStore(f"gobrrr/{name}/", _base(world)), world.root, ranks,
+                           dist.get_rank(group), world.timeout_s, world.debug)
+    _WATCHES[name] = watch
+    return watch
+
+
+def _base(world: GroupWatch) -> dist.Store:
+    # PrefixStore.underlying_store exists on every torch we support; the prefix is re-applied per group.
+    return world.root.underlying_store  # type: ignore[union-attr]
+
+
+def note_exit(exc: BaseException, rank: int | None = None) -> None:
+    """Post 'rank r raised X' so that peers waiting on r can say why it never arrived."""
+    world = _WATCHES.get("WORLD")
+    if world is None or world.root is None:
+        return
+    r = world.ranks[world.me] if rank is None else rank
+    text = f"{type(exc).__name__}: {exc}".splitlines()[0][:300] if str(exc) else type(exc).__name__
+    try:
+        world.root.set(f"exit/{r}", text)
+    except Exception:  # the store itself may be gone; the original exception matters more
+        pass
+
+
+# ----------------------------------------------------------------------------------------------
+# Signatures: what must agree across ranks for a collective to be well-formed.
+
+def describe(t: torch.Tensor | None) -> str:
+    if t is None:
+        return "None"
+    return f"{str(t.dtype).removeprefix('torch.')}[{','.join(map(str, t.shape))}]"
+
+
+def signature(op: str, tensors: Sequence[torch.Tensor | None] = (), **attrs) -> str:
+    """'all_reduce(float32[4,4], op=sum)': the part of a call every rank must share."""
+    parts = [describe(t) for t in tensors] + [f"{k}={v}" for k, v in attrs.items()]
+    return f"{op}({', '.join(parts)})"
+
+
+# ----------------------------------------------------------------------------------------------
+# Liveness: is a peer still there?
+
+def _peer_state(watch: GroupWatch, group_rank: int) -> str | None:
+    """Why a peer cannot arrive ('raised ValueError: ...', 'process 123 is gone'), or None if unknown."""
+    if watch.root is None:
+        return None
+    g = watch.ranks[group_rank]
+    try:
+        if watch.root.check([f"exit/{g}"]):
+            return "raised " + watch.root.get(f"exit/{g}").decode(errors="replace") + " and left"
+        if watch.root.check([f"who/{g}"]):
+            host, pid = watch.root.get(f"who/{g}").decode().split()
+            if host == socket.gethostname() and not _alive(int(pid)):
+                return f"died (process {pid} is gone)"
+    except Exception:  # the store is unreachable: rank 0's store server died with its process
+        return None
+    return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie (exited, not yet reaped) still answers kill(0)
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+# ----------------------------------------------------------------------------------------------
+# Debug mode: the per-collective check-in.
+
+def check_in(watch: GroupWatch, k: int, sig: str, op: str) -> None:
+    """Debug mode: agree on op #k's signature with every rank of the group, or raise on all of them."""
+    store = watch.store
+    if store is None or watch.size == 1:
+        return
+    store.set(f"c/{k}/{watch.me}", sig)
+    keys = [f"c/{k}/{i}" for i in range(watch.size)]
+    _wait_for_all(watch, keys, k, op)
+    sigs = [s.decode() for s in store.multi_get(keys)]
+    if len(set(sigs)) > 1:
+        by_sig: dict[str, list[int]] = {}
+        for r, s in enumerate(sigs):
+            by_sig.setdefault(s, []).append(r)
+        # the odd ones out: everyone not in the largest camp (ties broken by rank 0's camp)
+        main = max(by_sig, key=lambda s: (len(by_sig[s]), s == sigs[0]))
+        odd = sorted(r for s, rs in by_sig.items() if s != main for r in rs)
+        camps = "; ".join(f"{_ranks_str(rs)} called {s}" for s, rs in by_sig.items())
+        raise CollectiveMismatchError(
+            f"gobrrr.dist debug: ranks disagree at collective #{k} on group {watch.name}: {camps}. "
+            f"Mismatching ranks: {odd}. Make every rank issue the same collectives in the same order "
+            f"with the same shapes, dtypes and roots.")
+    if k > 0:  # every rank has posted op #k, so all have finished reading op #k-1's keys
+        store.delete_key(f"c/{k - 1}/{watch.me}")
+
+
+def _ranks_str(rs: list[int]) -> str:
+    return f"rank {rs[0]}" if len(rs) == 1 else f"ranks {rs}"
+
+
+def _wait_for_all(watch: GroupWatch, keys: list[str], k: int, op: str) -> None:
+    store = watch.store
+    deadline = time.monotonic() + watch.timeout_s
+    while True:
+        try:
+            store.wait(keys, _timedelta(min(_POLL_S, max(deadline - time.monotonic(), 0.01))))
+            return
+        except RuntimeError:  # DistStoreError (a RuntimeError): not all there yet
+            pass
+        missing = [i for i, key in enumerate(keys) if not store.check([key])]
+        if not missing:
+            return
+        gone = {i: s for i in missing if (s := _peer_state(watch, i)) is not None}
+        if gone or time.monotonic() >= deadline:
+            raise CollectiveTimeoutError(_missing_message(watch, op, k, missing, gone))
+
+
+def _missing_message(watch: GroupWatch, op: str, k: int, missing: list[int], gone: dict[int, str]) -> str:
+    why = "; ".join(f"rank {i} {s}" for i, s in gone.items())
+    silent = [i for i in missing if i not in gone]
+    parts = [f"gobrrr.dist: {op} (collective #{k} on group {watch.name}): rank {watch.me} waited, "
+             f"ranks {missing} never arrived"]
+    if why:
+        parts.append(f"({why})")
+    if silent:
+        parts.append(f"; ranks {silent} are silent after {watch.timeout_s:g} s (stuck elsewhere or slow)")
+    parts.append(". Look at those ranks' own errors; if they are silent, they are blocked in a different "
+                 "collective or in compute: rerun with GOBRRR_DIST_DEBUG=1 to check that every rank issues "
+                 "the same collectives.")
+    return " ".join(parts).replace(" ;", ";").replace(" .", ".")
+
+
+# ----------------------------------------------------------------------------------------------
+# Always on: explain a backend failure.
+
+def explain_failure(watch: GroupWatch, k: int, op: str, exc: BaseException) -> CollectiveError:
+    """Build the error to raise when op #k raised `exc`: who reached it, who left, who is silent."""
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+    head = f"gobrrr.dist: {op} (collective #{k} on group {watch.name}) failed on rank {watch.me}: {first}"
+    if watch.store is None or watch.size == 1:
+        return CollectiveError(head + ". Call gobrrr.dist.init() so that errors can name the ranks involved.")
+    try:
+        watch.store.set(f"fail/{watch.me}", f"{k} {op}")
+        others = [i for i in range(watch.size) if i != watch.me]
+        reached: list[int] = []
+        elsewhere: dict[int, str] = {}
+        gone: dict[int, str] = {}
+        deadline = time.monotonic() + _REPORT_GRACE_S
+        while True:
+            pending = []
+            for i in others:
+                if i in reached or i in elsewhere or i in gone:
+                    continue
+                if watch.store.check([f"fail/{i}"]):
+                    kk, oop = watch.store.get(f"fail/{i}").decode().split(" ", 1)
+                    (reached.append(i) if int(kk) == k else elsewhere.__setitem__(i, f"#{kk} {oop}"))
+                elif (s := _peer_state(watch, i)) is not None:
+                    gone[i] = s
+                else:
+                    pending.append(i)
+            if not pending or time.monotonic() >= deadline:
+                break
+            time.sleep(_POLL_S)
+    except Exception as store_exc:  # the store lives in rank 0 (or torchrun's agent): it may be gone too
+        return CollectiveError(f"{head}. (Could not ask the other ranks: the store is unreachable: "
+                               f"{type(store_exc).__name__}: {store_exc}.) Rank 0 or the launcher may have died.")
+    never = sorted([*gone, *elsewhere, *pending])
+    parts = [head + "."]
+    if never:
+        parts.append(f"Ranks that never arrived at #{k}: {never}.")
+    for i, s in sorted(gone.items()):
+        parts.append(f"Rank {i} {s}.")
+    for i, s in sorted(elsewhere.items()):
+        parts.append(f"Rank {i} failed at collective {s} instead.")
+    if pending:
+        parts.append(f"Ranks {sorted(pending)} did not report: stuck elsewhere, or the store cannot reach them.")
+    if reached:
+        parts.append(f"Ranks {sorted(reached)} reached #{k} and failed too.")
+    parts.append("Fix the first rank that failed; GOBRRR_DIST_DEBUG=1 checks that every rank issues the same collectives.")
+    cls = CollectiveTimeoutError if never else CollectiveError
+    return cls(" ".join(parts))
