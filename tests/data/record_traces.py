@@ -97,13 +97,14 @@ def sync_heavy(device: torch.device):
     """A step that synchronises the device and reads scalars back several times."""
     N = 1024
     a = torch.randn(N, N, device=device)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    on_gpu = device.type == "cuda"
 
     def step(i: int) -> float:
         total = 0.0
         for _ in range(4):
             b = torch.relu(a @ a)  # (N, N)
-            sync()  # sync: timing the matmul the wrong way
+            if on_gpu:
+                torch.cuda.synchronize()  # sync: timing the matmul the wrong way
             total += b.mean().item()  # sync: reading a metric every inner iteration
         return total
 
