@@ -1,0 +1,509 @@
+"""Trace -> figures: where the GPU waits, read from a torch.profiler (Kineto) Chrome trace.
+
+The trace holds three clocks' worth of events on one time axis (microseconds):
+host calls into the CUDA runtime (`cuda_runtime`: launches, copies, syncs), the work that
+ran on the GPU (`kernel`, `gpu_memcpy`, `gpu_memset`, one `tid` per CUDA stream), and, with
+`with_stack=True`, the Python frames of the host thread (`python_function`). A runtime call
+and the GPU work it enqueued share a `correlation` id. From these we compute:
+
+- the window: the GPU work launched inside the recorded steps (`ProfilerStep#N`), spanning
+  from the first GPU event's start to the last one's end (`span_ms`), the same window and
+  definitions as Holistic Trace Analysis (HTA, Meta 2023) with `include_last_profiler_step=True`;
+- `idle_pct`: share of the span with nothing at all running on the GPU (HTA's temporal
+  breakdown `idle_time_pctg`);
+- `compute_idle_pct`: share of the span with no compute kernel running (= 100 minus HTA's
+  `compute_time_pctg`); this is the headline "GPU idle" and it is broken down, each part in ms
+  and % of span, into: `waiting_for_data` (an H2D copy runs while nothing computes: the copy
+  is on the critical path), `other_copies` (D2H / D2D / memset alone), and the truly empty
+  gaps, each classed by what the host was doing: `sync_blocked` (the host sat in a
+  synchronising call when the GPU ran dry, attributed to the source line of that call),
+  `host_bound` (the next launch came after the GPU ran dry), `launch_gaps` (gaps shorter than
+  `launch_gap_us`, the cost of launching back-to-back small kernels) and `other`;
+- `copy_overlap_pct`: share of memcpy time during which some compute kernel runs (closest HTA
+  figure: "COMPUTATION overlapping MEMORY" / all MEMORY time of its kernel-type breakdown;
+  HTA's MEMORY also counts memsets);
+- copies by direction (count, bytes, GB/s), pageable copies named by source line, host time
+  blocked in syncs per source line, queue lead, top kernels and a launch-bound flag.
+
+Source lines: a Python frame in the trace is named `file(first_line): function`, so it tells
+the function, not the line inside it. We take the innermost user frame above the call (not
+torch, not the standard library), take the callee just below it (`.item`, `synchronize`,
+`.to`) and find that call in the function's source with `ast` (see `SourceResolver`).
+"""
+from __future__ import annotations
+
+import bisect
+import gzip
+import json
+import re
+import statistics
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+from gobrrr.device.timeline_sources import FRAME_RE, Frame, Site, SourceResolver, attribute, stacks_at
+
+
+# ----------------------------------------------------------------------------------------------
+# Interval arithmetic on sorted, disjoint (start, end) lists
+
+Intervals = list[tuple[float, float]]
+
+
+def merge(intervals: Iterable[tuple[float, float]]) -> Intervals:
+    """Union of intervals as a sorted list of disjoint ones."""
+    out: Intervals = []
+    for s, e in sorted(intervals):
+        if out and s <= out[-1][1]:
+            if e > out[-1][1]:
+                out[-1] = (out[-1][0], e)
+        else:
+            out.append((s, e))
+    return out
+
+
+def total(intervals: Intervals) -> float:
+    return sum(e - s for s, e in intervals)
+
+
+def intersect(a: Intervals, b: Intervals) -> Intervals:
+    """Intersection of two merged lists (two-pointer sweep)."""
+    out, i, j = [], 0, 0
+    while i < len(a) and j < len(b):
+        s, e = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if s < e:
+            out.append((s, e))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+def complement(a: Intervals, lo: float, hi: float) -> Intervals:
+    """The parts of [lo, hi] not covered by the merged list `a`."""
+    out, cur = [], lo
+    for s, e in a:
+        if s > cur:
+            out.append((cur, min(s, hi)))
+        cur = max(cur, e)
+        if cur >= hi:
+            break
+    if cur < hi:
+        out.append((cur, hi))
+    return [(s, e) for s, e in out if e > s]
+
+
+def subtract(a: Intervals, b: Intervals) -> Intervals:
+    """a minus b, both merged."""
+    if not a:
+        return []
+    return intersect(a, complement(b, a[0][0], a[-1][1]))
+
+
+
+# Host calls that block the calling thread until the GPU has finished earlier work.
+SYNC_CALLS = {
+    "cudaStreamSynchronize": "stream sync", "cuStreamSynchronize": "stream sync",
+    "cudaDeviceSynchronize": "device sync", "cuCtxSynchronize": "device sync",
+    "cudaEventSynchronize": "event sync", "cuEventSynchronize": "event sync",
+    "cudaMemcpy": "blocking copy", "cudaMemcpy2D": "blocking copy", "cuMemcpyDtoH_v2": "blocking copy",
+}
+_LAUNCH_RE = re.compile(r"LaunchKernel|cuLaunch|GraphLaunch")
+_STEP_RE = re.compile(r"^ProfilerStep#(\d+)")
+
+
+@dataclass
+class GpuEvent:
+    kind: str           # "kernel" | "memcpy" | "memset"
+    name: str
+    ts: float           # us
+    dur: float          # us
+    stream: int
+    correlation: int = -1
+    nbytes: int = 0
+    direction: str = ""  # "H2D" | "D2H" | "D2D" | "" for kernels
+    pageable: bool = False
+
+    @property
+    def end(self) -> float:
+        return self.ts + self.dur
+
+
+@dataclass
+class HostCall:
+    name: str
+    ts: float
+    dur: float
+    tid: int
+    correlation: int = -1
+
+    @property
+    def end(self) -> float:
+        return self.ts + self.dur
+
+
+@dataclass
+class Trace:
+    """The events of one trace, sorted by start time."""
+    gpu: list[GpuEvent]
+    calls: list[HostCall]
+    frames: dict[int, list[Frame]]                   # tid -> python frames
+    ops: dict[int, list[tuple[float, float, str]]]   # tid -> cpu ops (ts, end, name)
+    steps: list[tuple[int, float, float]]            # (number, ts, end), host clock
+    thread_names: dict[int, str]
+    meta: dict = field(default_factory=dict)
+
+
+def load_trace(src) -> dict:
+    """A Chrome trace as a dict, from a dict, a .json path or a .json.gz path."""
+    if isinstance(src, dict):
+        return src
+    path = Path(src)
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        data = json.load(f)
+    if isinstance(data, list):  # the bare-array form of the Chrome trace format
+        data = {"traceEvents": data}
+    if "traceEvents" not in data:
+        raise ValueError(f"{path} is not a Chrome trace (no 'traceEvents'); pass a torch.profiler export.")
+    return data
+
+
+def _copy_direction(name: str) -> str:
+    for tag, direction in (("HtoD", "H2D"), ("DtoH", "D2H"), ("DtoD", "D2D"), ("PtoP", "D2D"), ("HtoH", "H2H")):
+        if tag in name:
+            return direction
+    return "?"
+
+
+def parse(trace) -> Trace:
+    """Sort the events of a Chrome trace into GPU work, CUDA runtime calls, Python frames and steps."""
+    data = load_trace(trace)
+    gpu, calls, steps = [], [], []
+    frames: dict[int, list[Frame]] = defaultdict(list)
+    ops: dict[int, list] = defaultdict(list)
+    thread_names: dict[int, str] = {}
+    for e in data["traceEvents"]:
+        ph = e.get("ph")
+        if ph == "M" and e.get("name") == "thread_name":
+            thread_names[_int(e.get("tid"))] = str(e.get("args", {}).get("name", ""))
+            continue
+        if ph != "X":
+            continue
+        cat, name = e.get("cat", ""), e.get("name", "")
+        ts, dur = float(e.get("ts", 0.0)), float(e.get("dur", 0.0))
+        args = e.get("args") or {}
+        corr = _int(args.get("correlation", -1))
+        if cat in ("kernel", "Kernel", "gpu_memcpy", "Memcpy", "gpu_memset", "Memset"):
+            stream = _int(args.get("stream", e.get("tid", 0)))
+            if cat.lower() == "kernel":
+                gpu.append(GpuEvent("kernel", name, ts, dur, stream, corr))
+            elif "memcpy" in cat.lower():
+                gpu.append(GpuEvent("memcpy", name, ts, dur, stream, corr, _int(args.get("bytes", 0)),
+                                    _copy_direction(name), "Pageable" in name))
+            else:
+                gpu.append(GpuEvent("memset", name, ts, dur, stream, corr, _int(args.get("bytes", 0))))
+        elif cat in ("cuda_runtime", "cuda_driver"):
+            calls.append(HostCall(name, ts, dur, _int(e.get("tid")), corr))
+        elif cat == "python_function":
+            m = FRAME_RE.match(name)
+            file, line, func = (m.group(1), int(m.group(2)), m.group(3)) if m else (name, 0, name)
+            frames[_int(e.get("tid"))].append(Frame(file, line, func, ts, ts + dur, name))
+        elif cat == "user_annotation" and _STEP_RE.match(name):
+            steps.append((int(_STEP_RE.match(name).group(1)), ts, ts + dur))
+        elif cat == "cpu_op":
+            ops[_int(e.get("tid"))].append((ts, ts + dur, name))
+    gpu.sort(key=lambda g: g.ts)
+    calls.sort(key=lambda c: c.ts)
+    for fl in frames.values():
+        fl.sort(key=lambda f: (f.ts, -f.end))
+    for ol in ops.values():
+        ol.sort()
+    steps.sort(key=lambda s: s[1])
+    meta = {k: v for k, v in data.items() if k != "traceEvents"}
+    return Trace(gpu, calls, dict(frames), dict(ops), steps, thread_names, meta)
+
+
+def _int(x, default: int = -1) -> int:
+    try:
+        return int(x)
+    except (TypeError, ValueError):
+        return default
+
+
+# ----------------------------------------------------------------------------------------------
+# Figures
+
+
+@dataclass
+class Figures:
+    """Everything the doctor reports about one trace; times in ms unless named otherwise."""
+    has_gpu: bool
+    steps_ms: list[float]
+    span_ms: float = 0.0
+    idle_pct: float = 0.0            # nothing running on the GPU (HTA temporal idle)
+    compute_idle_pct: float = 0.0    # no compute kernel running (the headline "GPU idle")
+    idle_breakdown_ms: dict = field(default_factory=dict)
+    idle_breakdown_pct: dict = field(default_factory=dict)
+    top_cause: str = ""
+    copy_overlap_pct: float | None = None
+    h2d_overlap_pct: float | None = None
+    copies: dict = field(default_factory=dict)       # direction -> {count, bytes, ms, gbps}
+    pageable: list = field(default_factory=list)     # [{site, code, count, bytes, ms}]
+    syncs: list = field(default_factory=list)        # [{site, code, kind, count, total_ms, idle_ms}]
+    host_bound_sites: list = field(default_factory=list)
+    queue_lead_ms: dict = field(default_factory=dict)
+    top_kernels: list = field(default_factory=list)
+    launch: dict = field(default_factory=dict)
+    streams: dict = field(default_factory=dict)      # stream -> {busy_ms, busy_pct, kernels, copies}
+    host_threads: dict = field(default_factory=dict)
+    window_us: tuple = (0.0, 0.0)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+CAUSES = ("waiting_for_data", "sync_blocked", "host_bound", "launch_gaps", "other_copies", "other")
+
+
+def analyze(trace, *, source_roots: Iterable[str] = (), launch_gap_us: float = 20.0,
+            sync_tolerance_us: float = 10.0, top: int = 10) -> Figures:
+    """All figures for one trace (a dict, a parsed `Trace`, or a path to .json / .json.gz)."""
+    tr = trace if isinstance(trace, Trace) else parse(trace)
+    resolver = SourceResolver(source_roots)
+    steps_ms = [round((e - s) / 1e3, 4) for _, s, e in tr.steps]
+    if tr.steps:
+        h0, h1 = tr.steps[0][1], tr.steps[-1][2]
+    else:
+        every = [c.ts for c in tr.calls] + [s for ol in tr.ops.values() for s, _, _ in ol]
+        ends = [c.end for c in tr.calls] + [e for ol in tr.ops.values() for _, e, _ in ol]
+        h0, h1 = (min(every), max(ends)) if every else (0.0, 0.0)
+    calls = [c for c in tr.calls if h0 <= c.ts <= h1]
+    by_corr = {c.correlation: c for c in calls if c.correlation >= 0}
+    if tr.calls:  # keep GPU work launched inside the window (HTA's filter)
+        gpu = [g for g in tr.gpu if g.correlation in by_corr]
+    else:
+        gpu = [g for g in tr.gpu if h0 <= g.ts <= h1]
+    fig = Figures(has_gpu=bool(gpu), steps_ms=steps_ms)
+    fig.host_threads = _host_threads(tr, h0, h1)
+    site_cache: dict[tuple[int, float], Site] = {}
+    _prime_sites(tr, calls, resolver, site_cache)
+    fig.syncs = _sync_table(calls, site_cache)
+    if not gpu:
+        return fig
+
+    w0, w1 = min(g.ts for g in gpu), max(g.end for g in gpu)
+    span = w1 - w0
+    fig.window_us = (w0, w1)
+    fig.span_ms = span / 1e3
+    every = merge((g.ts, g.end) for g in gpu)
+    compute = merge((g.ts, g.end) for g in gpu if g.kind == "kernel")
+    h2d = merge((g.ts, g.end) for g in gpu if g.kind == "memcpy" and g.direction == "H2D")
+    copies = merge((g.ts, g.end) for g in gpu if g.kind == "memcpy")
+    empty = complement(every, w0, w1)
+    no_compute = complement(compute, w0, w1)
+    fig.idle_pct = _pct(total(empty), span)
+    fig.compute_idle_pct = _pct(total(no_compute), span)
+
+    cause_us = dict.fromkeys(CAUSES, 0.0)
+    cause_us["waiting_for_data"] = total(intersect(no_compute, h2d))
+    cause_us["other_copies"] = total(subtract(intersect(no_compute, every), h2d))
+    syncs = [c for c in calls if c.name in SYNC_CALLS]
+    sync_ends = [s.end for s in syncs]
+    starts = [g.ts for g in gpu]
+    sync_idle: dict[str, float] = defaultdict(float)
+    host_idle: dict[str, float] = defaultdict(float)
+    host_sites: dict[str, Site] = {}
+    for c, d in empty:
+        gap = d - c
+        nxt = gpu[min(bisect.bisect_left(starts, d - 1e-6), len(gpu) - 1)]
+        launch = by_corr.get(nxt.correlation)
+        blocker = _blocking_sync(syncs, sync_ends, c, d, sync_tolerance_us)
+        if blocker is not None:
+            cause_us["sync_blocked"] += gap
+            sync_idle[_site_of(blocker, site_cache).key] += gap
+        elif gap <= launch_gap_us:
+            cause_us["launch_gaps"] += gap
+        elif launch is not None and launch.ts > c:
+            cause_us["host_bound"] += gap
+            site = _site_at(tr, launch.tid, (c + min(d, launch.ts)) / 2, resolver)
+            host_idle[site.key] += gap
+            host_sites[site.key] = site
+        else:
+            cause_us["other"] += gap
+    fig.idle_breakdown_ms = {k: round(v / 1e3, 4) for k, v in cause_us.items()}
+    fig.idle_breakdown_pct = {k: _pct(v, span) for k, v in cause_us.items()}
+    fig.top_cause = max(cause_us, key=cause_us.get) if total(no_compute) > 0 else ""
+    for row in fig.syncs:
+        row["idle_ms"] = round(sync_idle.get(row["site"], 0.0) / 1e3, 4)
+    fig.host_bound_sites = sorted(
+        ({"site": k, "code": host_sites[k].code, "idle_ms": round(v / 1e3, 4)} for k, v in host_idle.items()),
+        key=lambda r: -r["idle_ms"])
+
+    fig.copy_overlap_pct = _pct(total(intersect(copies, compute)), total(copies)) if copies else None
+    fig.h2d_overlap_pct = _pct(total(intersect(h2d, compute)), total(h2d)) if h2d else None
+    fig.copies, fig.pageable = _copy_tables(gpu, by_corr, site_cache)
+    fig.queue_lead_ms = _queue_lead(gpu, by_corr)
+    fig.top_kernels = _top_kernels(gpu, top)
+    fig.launch = _launch_bound(gpu, calls)
+    fig.streams = _streams(gpu, span)
+    return fig
+
+
+def _pct(part: float, whole: float) -> float:
+    return round(100.0 * part / whole, 3) if whole > 0 else 0.0
+
+
+def _blocking_sync(syncs, sync_ends, c, d, tol):
+    """A sync call that had already started when the GPU ran dry at `c` and returned by `d`."""
+    i = bisect.bisect_left(sync_ends, c - tol)
+    while i < len(syncs) and syncs[i].end <= d + tol:
+        s = syncs[i]
+        if s.ts <= c + tol:
+            return s
+        i += 1
+    return None
+
+
+def _prime_sites(tr: Trace, calls: list[HostCall], resolver, cache) -> None:
+    """Attribute every sync and memcpy call to a source line, one stack sweep per thread."""
+    wanted = [c for c in calls if c.name in SYNC_CALLS or "Memcpy" in c.name or "memcpy" in c.name]
+    by_tid: dict[int, list[HostCall]] = defaultdict(list)
+    for c in wanted:
+        by_tid[c.tid].append(c)
+    for tid, cs in by_tid.items():
+        frames = tr.frames.get(tid, [])
+        stacks = stacks_at(frames, [c.ts for c in cs]) if frames else [[] for _ in cs]
+        for c, st in zip(cs, stacks):
+            cache[(c.tid, c.ts)] = attribute(st, resolver, fallback=_innermost_op(tr, c))
+
+
+def _innermost_op(tr: Trace, c: HostCall) -> str:
+    best = ""
+    for s, e, name in tr.ops.get(c.tid, []):
+        if s > c.ts:
+            break
+        if e >= c.end:
+            best = name
+    return best or c.name
+
+
+def _site_of(c: HostCall, cache) -> Site:
+    return cache.get((c.tid, c.ts)) or Site(callee=c.name)
+
+
+def _site_at(tr: Trace, tid: int, t: float, resolver) -> Site:
+    frames = tr.frames.get(tid, [])
+    return attribute(stacks_at(frames, [t])[0], resolver, fallback="host") if frames else Site(callee="host")
+
+
+def _sync_table(calls: list[HostCall], cache) -> list[dict]:
+    rows: dict[tuple[str, str], dict] = {}
+    for c in calls:
+        kind = SYNC_CALLS.get(c.name)
+        if kind is None:
+            continue
+        site = _site_of(c, cache)
+        row = rows.setdefault((site.key, kind), {
+            "site": site.key, "code": site.code, "callee": site.callee, "kind": kind, "call": c.name,
+            "count": 0, "total_ms": 0.0, "idle_ms": 0.0})
+        row["count"] += 1
+        row["total_ms"] += c.dur / 1e3
+    out = sorted(rows.values(), key=lambda r: -r["total_ms"])
+    for r in out:
+        r["total_ms"] = round(r["total_ms"], 4)
+    return out
+
+
+def _copy_tables(gpu: list[GpuEvent], by_corr, cache) -> tuple[dict, list]:
+    table: dict[str, dict] = {}
+    pageable: dict[str, dict] = {}
+    for g in gpu:
+        if g.kind != "memcpy":
+            continue
+        row = table.setdefault(g.direction, {"count": 0, "bytes": 0, "ms": 0.0, "gbps": 0.0, "pageable": 0})
+        row["count"] += 1
+        row["bytes"] += g.nbytes
+        row["ms"] += g.dur / 1e3
+        row["pageable"] += int(g.pageable)
+        if g.pageable:
+            launch = by_corr.get(g.correlation)
+            site = _site_of(launch, cache) if launch else Site(callee=g.name)
+            p = pageable.setdefault(site.key, {"site": site.key, "code": site.code, "name": g.name,
+                                               "direction": g.direction, "count": 0, "bytes": 0, "ms": 0.0})
+            p["count"] += 1
+            p["bytes"] += g.nbytes
+            p["ms"] += g.dur / 1e3
+    for row in table.values():
+        row["gbps"] = round(row["bytes"] / (row["ms"] * 1e6), 3) if row["ms"] > 0 else 0.0
+        row["ms"] = round(row["ms"], 4)
+    for p in pageable.values():
+        p["ms"] = round(p["ms"], 4)
+    return table, sorted(pageable.values(), key=lambda p: -p["ms"])
+
+
+def _queue_lead(gpu: list[GpuEvent], by_corr) -> dict:
+    """How long GPU work waited between its launch call and its start: how far the host runs ahead."""
+    leads = [(g.ts - by_corr[g.correlation].ts) / 1e3 for g in gpu if g.correlation in by_corr]
+    if not leads:
+        return {}
+    return {"median": round(statistics.median(leads), 4), "max": round(max(leads), 4),
+            "min": round(min(leads), 4)}
+
+
+def _top_kernels(gpu: list[GpuEvent], top: int) -> list[dict]:
+    agg: dict[str, list[float]] = defaultdict(list)
+    for g in gpu:
+        if g.kind == "kernel":
+            agg[g.name].append(g.dur)
+    all_us = sum(sum(v) for v in agg.values()) or 1.0
+    rows = [{"name": _short(n), "count": len(v), "total_ms": round(sum(v) / 1e3, 4),
+             "mean_us": round(sum(v) / len(v), 3), "pct": round(100 * sum(v) / all_us, 2)}
+            for n, v in agg.items()]
+    return sorted(rows, key=lambda r: -r["total_ms"])[:top]
+
+
+def _short(name: str, width: int = 90) -> str:
+    return name if len(name) <= width else name[: width - 3] + "..."
+
+
+def _launch_bound(gpu: list[GpuEvent], calls: list[HostCall]) -> dict:
+    """Launch-bound when the median kernel runs for less time than the median launch call takes."""
+    kernels = [g.dur for g in gpu if g.kind == "kernel"]
+    launches = [c.dur for c in calls if _LAUNCH_RE.search(c.name)]
+    if not kernels or not launches:
+        return {"launch_bound": False, "kernels": len(kernels), "launches": len(launches)}
+    mk, ml = statistics.median(kernels), statistics.median(launches)
+    return {"launch_bound": mk < ml, "median_kernel_us": round(mk, 3), "median_launch_us": round(ml, 3),
+            "kernels": len(kernels), "launches": len(launches)}
+
+
+def _streams(gpu: list[GpuEvent], span: float) -> dict:
+    out: dict[str, dict] = {}
+    for stream in sorted({g.stream for g in gpu}):
+        mine = [g for g in gpu if g.stream == stream]
+        busy = total(merge((g.ts, g.end) for g in mine))
+        out[str(stream)] = {"busy_ms": round(busy / 1e3, 4), "busy_pct": _pct(busy, span),
+                            "kernels": sum(g.kind == "kernel" for g in mine),
+                            "copies": sum(g.kind == "memcpy" for g in mine),
+                            "memsets": sum(g.kind == "memset" for g in mine)}
+    return out
+
+
+def _host_threads(tr: Trace, h0: float, h1: float) -> dict:
+    out = {}
+    for tid, ol in tr.ops.items():
+        busy = total(merge((s, e) for s, e, _ in ol if e >= h0 and s <= h1))
+        out[str(tid)] = {"name": tr.thread_names.get(tid, ""), "busy_ms": round(busy / 1e3, 4),
+                         "ops": len(ol)}
+    return out
+
+
+def stream_busy(trace: Trace) -> dict[int, Intervals]:
+    """Per CUDA stream, the merged busy intervals (us), for plotting."""
+    out: dict[int, list] = defaultdict(list)
+    for g in trace.gpu:
+        out[g.stream].append((g.ts, g.end))
+    return {s: merge(v) for s, v in out.items()}

@@ -1,0 +1,167 @@
+"""Source attribution for traces: which line of the user's code made a host call.
+
+A `python_function` event in a torch.profiler trace is named `file(first_line): function`: it
+tells which function was running, not which line inside it. To name the line we take the
+Python frames open at the time of the call (`stacks_at`), walk from the innermost outwards to
+the first frame that is the user's own code (not torch, not the standard library, not gobrrr),
+take the callee just below it (`<built-in method item ...>` -> `item`, `torch/cuda/__init__.py(..):
+synchronize` -> `synchronize`) and look for that call in the function's source with `ast`
+(`SourceResolver.call_lines`). When the source is not at hand the function's first line stands in.
+"""
+from __future__ import annotations
+
+import ast
+import os
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+FRAME_RE = re.compile(r"^(.*)\((\d+)\): (.*)$")
+_BUILTIN_RE = re.compile(r"^<built-in (?:method|function) ([\w.]+)")
+_LIBRARY_TOPS = {"torch", "gobrrr", "numpy", "triton", "functorch", "_pytest", "pytest", "runpy"}
+
+
+@dataclass
+class Frame:
+    file: str
+    line: int
+    func: str
+    ts: float
+    end: float
+    raw: str
+
+
+@dataclass
+class Site:
+    """A source location that a host call was attributed to."""
+    file: str = "?"
+    line: int = 0
+    code: str = ""
+    func: str = ""
+    callee: str = ""
+
+    @property
+    def key(self) -> str:
+        return f"{self.file}:{self.line}" if self.line else (self.callee or self.file)
+
+
+def is_library_file(file: str) -> bool:
+    """True for frames that are not the user's code: torch, the standard library, built-ins, gobrrr."""
+    if file.startswith("<") or "site-packages" in file or "dist-packages" in file:
+        return True
+    parts = file.replace("\\", "/").lstrip("/").split("/")
+    top = parts[0].removesuffix(".py") if parts else ""
+    if len(parts) > 1 and os.path.isabs(file):  # an absolute path: library if under the interpreter
+        return file.startswith(sys.base_prefix) or file.startswith(sys.prefix)
+    return top in _LIBRARY_TOPS or top in sys.stdlib_module_names
+
+
+def callee_name(frame_name: str) -> str:
+    """`<built-in method item of Tensor ...>` -> `item`; `torch/cuda/__init__.py(1): synchronize` -> `synchronize`."""
+    m = _BUILTIN_RE.match(frame_name)
+    if m:
+        return m.group(1).rsplit(".", 1)[-1]
+    m = FRAME_RE.match(frame_name)
+    return m.group(3) if m else frame_name
+
+
+class SourceResolver:
+    """Finds the line, inside a function known by (file, first line), that calls a given callee."""
+
+    def __init__(self, roots: Iterable[str | os.PathLike] = ()):
+        self.roots = [Path(r) for r in roots] + [Path.cwd()] + [Path(p) for p in sys.path if p]
+        self._cache: dict[str, tuple[list[str], ast.AST] | None] = {}
+
+    def _load(self, file: str):
+        if file not in self._cache:
+            found = None
+            candidates = [Path(file)] if os.path.isabs(file) else [r / file for r in self.roots]
+            for path in candidates:
+                try:
+                    text = path.read_text()
+                    found = (text.splitlines(), ast.parse(text))
+                    break
+                except (OSError, SyntaxError, ValueError):
+                    continue
+            self._cache[file] = found
+        return self._cache[file]
+
+    def code(self, file: str, line: int) -> str:
+        src = self._load(file)
+        return src[0][line - 1].strip() if src and 0 < line <= len(src[0]) else ""
+
+    def call_lines(self, file: str, def_line: int, func: str, callee: str) -> list[int]:
+        """Lines in the body of `func` (defined at `def_line`; `<module>` for module level) calling `callee`."""
+        src = self._load(file)
+        if src is None or not callee:
+            return []
+        scope = src[1] if func == "<module>" else _find_scope(src[1], def_line, func)
+        if scope is None:
+            return []
+        lines = set()
+        for node in _walk_scope(scope):
+            if isinstance(node, ast.Call):
+                f = node.func
+                name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
+                if name == callee:
+                    lines.add(node.lineno)
+        return sorted(lines)
+
+
+def _find_scope(tree: ast.AST, def_line: int, func: str):
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+            if def_line in (node.lineno, first) and node.name == func:
+                return node
+        elif isinstance(node, ast.Lambda) and func == "<lambda>" and node.lineno == def_line:
+            return node
+    return None
+
+
+def _walk_scope(scope: ast.AST):
+    """ast.walk over one function body, not descending into nested functions or classes."""
+    todo = list(ast.iter_child_nodes(scope))
+    while todo:
+        node = todo.pop()
+        yield node
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            todo.extend(ast.iter_child_nodes(node))
+
+
+def stacks_at(frames: list[Frame], times: list[float]) -> list[list[Frame]]:
+    """For each time (any order), the Python frames open at that time, outermost first.
+
+    One sweep over frames sorted by start: frames of one thread nest, so a stack suffices.
+    """
+    order = sorted(range(len(times)), key=lambda i: times[i])
+    out: list[list[Frame]] = [[] for _ in times]
+    stack: list[Frame] = []
+    j = 0
+    for i in order:
+        t = times[i]
+        while j < len(frames) and frames[j].ts <= t:
+            f = frames[j]
+            while stack and stack[-1].end <= f.ts:
+                stack.pop()
+            stack.append(f)
+            j += 1
+        while stack and stack[-1].end < t:
+            stack.pop()
+        out[i] = [f for f in stack if f.ts <= t <= f.end]
+    return out
+
+
+def attribute(stack: list[Frame], resolver: SourceResolver, fallback: str = "") -> Site:
+    """The user's source line in a Python stack (outermost first): innermost user frame + its callee."""
+    for k in range(len(stack) - 1, -1, -1):
+        f = stack[k]
+        if is_library_file(f.file):
+            continue
+        callee = callee_name(stack[k + 1].raw) if k + 1 < len(stack) else ""
+        lines = resolver.call_lines(f.file, f.line, f.func, callee)
+        line = lines[0] if lines else f.line
+        return Site(f.file, line, resolver.code(f.file, line), f.func, callee)
+    return Site(callee=fallback)
