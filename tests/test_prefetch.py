@@ -1,0 +1,406 @@
+"""Prefetcher, PinnedRing, GpuTimer and the batch walker on the CPU (the GPU half is test_prefetch_gpu.py)."""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import gc
+import threading
+import time
+from typing import NamedTuple
+
+import pytest
+import torch
+from torch.testing import assert_close
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+import gobrrr
+from gobrrr.device.pinned import PinnedRing
+from gobrrr.device.streams import GpuTimer, resolve_device
+from gobrrr.device.tree import map_tensors, tensors
+
+
+class Pair(NamedTuple):
+    x: torch.Tensor
+    y: torch.Tensor
+
+
+@dataclasses.dataclass
+class Sample:
+    image: torch.Tensor
+    label: int
+    extra: dict = dataclasses.field(default_factory=dict)
+    cached: int = dataclasses.field(default=7, init=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class Frozen:
+    a: torch.Tensor
+    name: str
+
+
+def nested_batch(i: int = 0):
+    g = torch.Generator().manual_seed(i)
+    return {
+        "pair": Pair(torch.randn(3, 4, generator=g), torch.arange(3) + i),
+        "list": [torch.randn(2, generator=g), "text", None, 3.5],
+        "tuple": (torch.zeros(2, 2, dtype=torch.bool), (torch.tensor(i), b"raw")),
+        "sample": Sample(torch.randn(2, 2, generator=g), label=i, extra={"m": torch.ones(1)}),
+        "frozen": Frozen(torch.randn(1, generator=g), "f"),
+        "ordered": collections.OrderedDict([("b", torch.ones(2)), ("a", torch.zeros(1))]),
+        "default": collections.defaultdict(list, {"k": torch.full((2,), float(i))}),
+    }
+
+
+def assert_same_structure(a, b):
+    """Same container types all the way down; tensors equal; other leaves equal."""
+    assert type(a) is type(b), (type(a), type(b))
+    if isinstance(a, torch.Tensor):
+        assert_close(a, b, rtol=0, atol=0)
+    elif isinstance(a, dict):
+        assert list(a.keys()) == list(b.keys())
+        for k in a:
+            assert_same_structure(a[k], b[k])
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            assert_same_structure(x, y)
+    elif dataclasses.is_dataclass(a):
+        for f in dataclasses.fields(a):
+            assert_same_structure(getattr(a, f.name), getattr(b, f.name))
+    else:
+        assert a == b
+
+
+# -- tree -----------------------------------------------------------------------------------------
+def test_map_tensors_keeps_every_container_kind():
+    batch = nested_batch(3)
+    out = map_tensors(lambda t: t * 2 if t.dtype != torch.bool else ~t, batch)
+    assert isinstance(out["pair"], Pair) and isinstance(out["sample"], Sample) and isinstance(out["frozen"], Frozen)
+    assert isinstance(out["ordered"], collections.OrderedDict) and list(out["ordered"]) == ["b", "a"]
+    assert isinstance(out["default"], collections.defaultdict) and out["default"].default_factory is list
+    assert out["sample"].cached == 7 and out["sample"].label == 3 and out["list"][1:] == ["text", None, 3.5]
+    assert_close(out["pair"].x, batch["pair"].x * 2)
+    assert_close(out["sample"].extra["m"], torch.full((1,), 2.0))
+    assert bool(out["tuple"][0].all())
+    assert out["tuple"][1][1] == b"raw"
+    # the input is not modified
+    assert_close(batch["ordered"]["b"], torch.ones(2))
+
+
+def test_tensors_visits_leaves_in_map_order():
+    batch = nested_batch(1)
+    seen = []
+    map_tensors(lambda t: seen.append(t) or t, batch)
+    assert [id(t) for t in tensors(batch)] == [id(t) for t in seen]
+    assert len(seen) == 11
+
+
+# -- Prefetcher on the CPU: pass-through ------------------------------------------------------------
+def test_cpu_passthrough_every_container_kind():
+    batches = [nested_batch(i) for i in range(4)]
+    pf = gobrrr.Prefetcher(batches, device="cpu")
+    out = list(pf)
+    assert len(out) == 4
+    for a, b in zip(batches, out):
+        assert_same_structure(a, b)
+    # pass-through: the very same tensors, nothing copied
+    assert out[2]["pair"].x is batches[2]["pair"].x
+    st = pf.stats()
+    assert st.steps == 4 and st.bytes == 0 and len(st.host_wait_ms) == 4 and st.device == "cpu"
+    assert "4 steps" in str(st) and st.to_dict()["steps"] == 4
+
+
+def test_no_cuda_default_device_is_cpu():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    pf = gobrrr.Prefetcher([torch.ones(2)])
+    assert pf.device == torch.device("cpu")
+    assert_close(next(iter(pf)), torch.ones(2))
+
+
+def test_cpu_transform_runs():
+    pf = gobrrr.Prefetcher([torch.full((2,), 255, dtype=torch.uint8)], device="cpu",
+                           transform=lambda t: t.float() / 255)
+    (x,) = list(pf)
+    assert_close(x, torch.ones(2))
+
+
+def test_reiterable_across_epochs_and_len_forwards():
+    data = TensorDataset(torch.arange(10.0), torch.arange(10))
+    dl = DataLoader(data, batch_size=4)
+    pf = gobrrr.Prefetcher(dl, device="cpu")
+    assert len(pf) == 3
+    for _ in range(3):
+        xs = [x for x, _ in pf]
+        assert [len(x) for x in xs] == [4, 4, 2]  # odd last batch passes as it is
+        assert_close(torch.cat(xs), torch.arange(10.0))
+    assert len(gobrrr.Prefetcher(DataLoader(data, batch_size=4, drop_last=True), device="cpu")) == 2
+
+
+def test_len_of_a_generator_says_why():
+    pf = gobrrr.Prefetcher((torch.ones(1) for _ in range(2)), device="cpu")
+    with pytest.raises(TypeError, match="has no len"):
+        len(pf)
+
+
+def test_empty_iterable_yields_nothing():
+    pf = gobrrr.Prefetcher([], device="cpu")
+    assert list(pf) == [] and list(pf) == []
+    assert pf.stats().steps == 0 and pf.stats().mean_wait_ms == 0.0
+
+
+def test_early_break_releases_the_source():
+    closed = []
+
+    def gen():
+        try:
+            for i in range(100):
+                yield torch.tensor([i])
+        finally:
+            closed.append(True)
+
+    pf = gobrrr.Prefetcher(gen(), device="cpu")
+    for i, x in enumerate(pf):
+        if i == 2:
+            break
+    del x
+    gc.collect()
+    assert closed == [True]
+    # a fresh iteration of a list after a break starts from the beginning
+    pf2 = gobrrr.Prefetcher([torch.tensor([i]) for i in range(5)], device="cpu")
+    it = iter(pf2)
+    next(it)
+    next(it)
+    assert [int(t) for t in pf2] == [0, 1, 2, 3, 4]
+
+
+# -- bad input ---------------------------------------------------------------------------------------
+def test_bad_inputs_raise_clear_errors():
+    with pytest.raises(TypeError, match="iterable of batches"):
+        gobrrr.Prefetcher(42, device="cpu")
+    with pytest.raises(TypeError, match="iterable of batches"):
+        gobrrr.Prefetcher("not batches", device="cpu")
+    with pytest.raises(ValueError, match="unknown device 'gpu0'"):
+        gobrrr.Prefetcher([], device="gpu0")
+    with pytest.raises(ValueError, match="depth must be"):
+        gobrrr.Prefetcher([], device="cpu", depth=0)
+    with pytest.raises(TypeError, match="transform must be callable"):
+        gobrrr.Prefetcher([], device="cpu", transform=3)
+    with pytest.raises(TypeError, match="device must be"):
+        gobrrr.Prefetcher([], device=1.5)
+    with pytest.raises(ValueError, match="not supported"):
+        gobrrr.Prefetcher([], device="meta")
+
+
+def test_cuda_device_without_cuda_says_what_to_do():
+    if torch.cuda.is_available():
+        with pytest.raises(ValueError, match="does not exist"):
+            resolve_device(f"cuda:{torch.cuda.device_count()}")
+    else:
+        with pytest.raises(ValueError, match="CUDA is not available.*device=None"):
+            gobrrr.Prefetcher([], device="cuda")
+
+
+class Exploding(Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        if i == 5:
+            raise ValueError(f"boom at sample {i}")
+        return torch.tensor([float(i)])
+
+
+@pytest.mark.timeout(60)
+def test_worker_exception_propagates_with_original_traceback():
+    dl = DataLoader(Exploding(), batch_size=2, num_workers=1)
+    pf = gobrrr.Prefetcher(dl, device="cpu")
+    got = []
+    with pytest.raises(ValueError, match="boom at sample 5") as info:
+        for x in pf:
+            got.append(x)
+    assert len(got) == 2  # the batches before the bad one arrive first
+    text = str(info.value)
+    assert "DataLoader worker process 0" in text and "Original Traceback" in text and "__getitem__" in text
+
+
+def test_tensor_on_another_device_is_refused_on_cpu():
+    meta = torch.empty(2, device="meta")
+    with pytest.raises(ValueError, match="is on meta"):
+        list(gobrrr.Prefetcher([meta], device="cpu"))
+
+
+# -- leases (the PinnedWorkerLoader protocol) ----------------------------------------------------------
+@dataclasses.dataclass
+class FakeLease:
+    batch: object
+    release: object
+
+
+class FakeLeaseLoader:
+    """Yields views of ONE shared buffer, overwritten as soon as the previous lease is released."""
+    yields_leases = True
+
+    def __init__(self, n):
+        self.n = n
+        self.buf = torch.zeros(4)
+        self.releases = []
+
+    def __len__(self):
+        return self.n
+
+    def __iter__(self):
+        free = [True]
+        for i in range(self.n):
+            assert free[0], "the consumer must release a lease before the next one is made"
+            self.buf.fill_(i)
+            free[0] = False
+
+            def release(event, i=i):
+                self.releases.append((i, event))
+                free[0] = True
+            yield FakeLease({"x": self.buf, "i": i}, release)
+
+
+def test_lease_loader_on_cpu_copies_then_releases():
+    loader = FakeLeaseLoader(5)
+    pf = gobrrr.Prefetcher(loader, device="cpu")
+    out = list(pf)
+    assert len(pf) == 5
+    assert [r for r in loader.releases] == [(i, None) for i in range(5)]
+    for i, b in enumerate(out):  # each batch kept its values though the buffer was reused
+        assert b["i"] == i
+        assert_close(b["x"], torch.full((4,), float(i)))
+
+
+# -- PinnedRing (pin=False runs the same logic without CUDA) --------------------------------------------
+class GateEvent:
+    """Stands in for a CUDA copy-done event: synchronize() blocks until the test opens the gate."""
+
+    def __init__(self):
+        self.gate = threading.Event()
+        self.waited = False
+
+    def synchronize(self):
+        self.waited = True
+        assert self.gate.wait(10)
+
+
+def test_ring_stages_mixed_tensors_exactly():
+    ring = PinnedRing(3, threads=2, pin=False, chunk_bytes=1000)
+    big = torch.randn(1000)                                   # several chunks
+    shared = torch.arange(6, dtype=torch.int16)
+    batch = {
+        "big": big, "nc": torch.randn(4, 6).t(),              # non-contiguous
+        "scalar": torch.tensor(3.25, dtype=torch.float64), "empty": torch.empty(0, 3),
+        "bool": torch.tensor([True, False, True]), "bf16": torch.randn(5).to(torch.bfloat16),
+        "dup": [shared, shared], "label": "cat", "pair": Pair(torch.ones(2), torch.zeros(2, dtype=torch.long)),
+    }
+    staged = ring.stage(batch)
+    out = staged.result()
+    assert_same_structure(batch, out)
+    assert out["big"].data_ptr() != big.data_ptr()           # a copy, in the slot
+    assert out["nc"].is_contiguous()
+    assert out["dup"][0] is out["dup"][1]                     # staged once
+    buf = staged.slot.buf
+    lo, hi = buf.data_ptr(), buf.data_ptr() + buf.numel()
+    for t in tensors(out):
+        if t.numel():
+            assert lo <= t.data_ptr() < hi and t.data_ptr() % 64 == 0
+    ring.release(staged, None)
+    ring.close()
+
+
+def test_ring_reuses_slots_without_new_allocation():
+    ring = PinnedRing(3, threads=2, pin=False)
+    for i in range(30):
+        n = 1000 if i % 7 else 999          # an odd smaller batch fits the same buffers
+        s = ring.stage([torch.full((n,), float(i))])
+        out = s.result()
+        assert_close(out[0], torch.full((n,), float(i)))
+        ring.release(s, None)
+    assert ring.allocations == 3            # one per slot, then reuse
+    s = ring.stage([torch.zeros(10 ** 6)])  # a bigger batch grows one slot
+    s.result()
+    ring.release(s, None)
+    assert ring.allocations == 4
+    ring.close()
+
+
+def test_ring_rewrites_a_slot_only_after_its_copy_done_event():
+    ring = PinnedRing(2, threads=2, pin=False)
+    first = ring.stage([torch.ones(100)])
+    view = first.result()[0]
+    ev = GateEvent()
+    ring.release(first, ev)                 # "the GPU is still reading slot 0"
+    second = ring.stage([torch.full((100,), 2.0)])   # slot 1: free, no event
+    second.result()
+    ring.release(second, None)
+    third = ring.stage([torch.full((100,), 3.0)])    # slot 0 again: must wait for ev
+    time.sleep(0.2)
+    assert ev.waited and not third.done()
+    assert_close(view, torch.ones(100))     # the bytes the GPU reads were not overwritten
+    ev.gate.set()
+    assert_close(third.result()[0], torch.full((100,), 3.0))
+    ring.close()
+
+
+def test_ring_refuses_to_overrun_held_slots_and_passes_nothing_to_stage():
+    ring = PinnedRing(1, threads=1, pin=False)
+    s = ring.stage([torch.ones(3)])
+    with pytest.raises(RuntimeError, match="pinned slots are in use"):
+        ring.stage([torch.ones(3)])
+    ring.release(s, None)
+    empty = ring.stage({"label": 3})        # nothing to stage: ready at once, no slot taken
+    assert empty.done() and empty.slot is None and empty.result() == {"label": 3}
+    ring.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        ring.stage([torch.ones(1)])
+
+
+def test_ring_close_and_gc_stop_its_threads():
+    def pin_threads():
+        return {t for t in threading.enumerate() if t.name.startswith("gobrrr-pin")}
+
+    before = pin_threads()
+    ring = PinnedRing(2, threads=3, pin=False, chunk_bytes=64)
+    s = ring.stage([torch.randn(1000)])
+    s.result()
+    ring.release(s, None)
+    mine = pin_threads() - before
+    assert mine
+    del ring, s
+    gc.collect()
+    deadline = time.time() + 5
+    while any(t.is_alive() for t in mine) and time.time() < deadline:
+        time.sleep(0.02)
+    assert not any(t.is_alive() for t in mine)
+
+
+# -- GpuTimer and devices -------------------------------------------------------------------------------
+def test_gpu_timer_on_cpu_uses_perf_counter():
+    timer = GpuTimer("cpu")
+    for _ in range(3):
+        with timer:
+            time.sleep(0.01)
+    assert timer.count == 3
+    times = timer.times_ms()
+    assert len(times) == 3 and all(9.0 <= t < 200.0 for t in times)
+    assert timer.total_ms == pytest.approx(sum(times)) and timer.mean_ms == pytest.approx(sum(times) / 3)
+    with pytest.raises(RuntimeError, match="without start"):
+        timer.stop()
+    timer.start()
+    with pytest.raises(RuntimeError, match="twice"):
+        timer.start()
+    timer.reset()
+    assert timer.count == 0 and timer.last_ms == 0.0
+
+
+def test_resolve_device():
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device(torch.device("cpu")) == torch.device("cpu")
+    with pytest.raises(ValueError, match="unknown device"):
+        resolve_device("cuda:x")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA is not available"):
+            resolve_device(0)
