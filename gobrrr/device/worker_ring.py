@@ -232,7 +232,8 @@ class _Ring:
         if pin:
             cudart = torch.cuda.cudart()
             with torch.cuda.device(device if device is not None else torch.cuda.current_device()):
-                err = cudart.cudaHostRegister(self.flat.data_ptr(), self.nbytes, 0)
+                # cudaHostRegisterPortable (1): pinned for every device's context, not only this one
+                err = cudart.cudaHostRegister(self.flat.data_ptr(), self.nbytes, 1)
             if int(err) != 0:
                 raise RuntimeError(
                     f"cudaHostRegister of {self.nbytes / 2**20:.0f} MiB of worker slots failed with "
@@ -613,6 +614,8 @@ class _RingIter:
         elif self.ring is not None:  # no workers started (empty or one-batch epoch)
             _shutdown_epoch([], [], None, self.ring, self.outstanding, self.ready)
         self.exhausted = True
+
+    close = shutdown  # a consumer that closes its source iterator (as a generator) stops the workers
 
 
 def _no_release(event: Any = None) -> None:

@@ -1,0 +1,37 @@
+"""Smoke test of `gobrrr bench prefetch --quick`: every CPU-capable row runs and lands in the results file."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench import prefetch
+
+
+@pytest.mark.timeout(120)
+def test_quick_run_records_every_row(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("GOBRRR_BENCH_RESULTS", str(tmp_path))
+    assert prefetch.main(["--quick", "--steps", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "x_floor" in out and "floor: compute only" in out
+    entry = json.loads((tmp_path / "prefetch.jsonl").read_text().splitlines()[-1])
+    rows = entry["rows"]
+    assert {r["regime"] for r in rows} == {"copy-bound", "compute-bound"}
+    assert len(rows) == 2 * len(prefetch.ROWS)
+    by = {(r["regime"], r["row"]): r for r in rows}
+    for regime in ("copy-bound", "compute-bound"):
+        for name in ("floor: compute only", "naive: pageable .to() + .item()",
+                     "DataLoader(6 workers, pin_memory) + non_blocking",
+                     "floor: 6 workers' production (reused private buffer)",
+                     "PinnedWorkerLoader + hand-rolled side stream"):
+            r = by[(regime, name)]
+            assert r["ms_per_step"] > 0, (regime, name)
+        # worker rows are judged against the larger floor, in-process rows against the smaller
+        naive, dl = by[(regime, "naive: pageable .to() + .item()")], by[(regime, "DataLoader(6 workers, pin_memory) + non_blocking")]
+        assert naive["x_floor"] > 0 and dl["x_floor"] > 0
+        prod = by[(regime, "floor: 6 workers' production (reused private buffer)")]["ms_per_step"]
+        compute = by[(regime, "floor: compute only")]["ms_per_step"]
+        assert dl["x_floor"] == pytest.approx(dl["ms_per_step"] / max(prod, compute))
+        assert naive["x_floor"] == pytest.approx(naive["ms_per_step"] / compute)
+        assert by[(regime, "floor: copy only (pinned H2D)")]["note"] == "needs CUDA"
+    assert entry["config"]["device"] == "cpu"
