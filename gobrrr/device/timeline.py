@@ -251,7 +251,8 @@ class Figures:
     copy_overlap_pct: float | None = None
     h2d_overlap_pct: float | None = None
     copies: dict = field(default_factory=dict)       # direction -> {count, bytes, ms, gbps}
-    pageable: list = field(default_factory=list)     # [{site, code, count, bytes, ms}]
+    pageable: list = field(default_factory=list)     # [{site, code, name, count, bytes, ms, gbps}]
+    h2d_sites: list = field(default_factory=list)    # every H2D copy by source line, pinned or not
     syncs: list = field(default_factory=list)        # [{site, code, kind, count, total_ms, idle_ms}]
     host_bound_sites: list = field(default_factory=list)
     queue_lead_ms: dict = field(default_factory=dict)
@@ -290,6 +291,7 @@ def analyze(trace, *, source_roots: Iterable[str] = (), launch_gap_us: float = 2
     fig.host_threads = _host_threads(tr, h0, h1)
     site_cache: dict[tuple[int, float], Site] = {}
     _prime_sites(tr, calls, resolver, site_cache)
+    fig.call_sites = site_cache  # (tid, ts) -> Site for syncs and copies; not serialised
     fig.syncs = _sync_table(calls, site_cache)
     if not gpu:
         return fig
@@ -344,7 +346,7 @@ def analyze(trace, *, source_roots: Iterable[str] = (), launch_gap_us: float = 2
 
     fig.copy_overlap_pct = _pct(total(intersect(copies, compute)), total(copies)) if copies else None
     fig.h2d_overlap_pct = _pct(total(intersect(h2d, compute)), total(h2d)) if h2d else None
-    fig.copies, fig.pageable = _copy_tables(gpu, by_corr, site_cache)
+    fig.copies, fig.pageable, fig.h2d_sites = _copy_tables(gpu, by_corr, site_cache, no_compute)
     fig.queue_lead_ms = _queue_lead(gpu, by_corr)
     fig.top_kernels = _top_kernels(gpu, top)
     fig.launch = _launch_bound(gpu, calls)
@@ -417,9 +419,14 @@ def _sync_table(calls: list[HostCall], cache) -> list[dict]:
     return out
 
 
-def _copy_tables(gpu: list[GpuEvent], by_corr, cache) -> tuple[dict, list]:
+def _copy_tables(gpu: list[GpuEvent], by_corr, cache, no_compute: Intervals) -> tuple[dict, list, list]:
+    """Copies by direction; pageable copies by source line; H2D copies by source line.
+
+    `critical_ms` of a site: its copy time during which no kernel ran (the copy was on the critical path).
+    """
+    nc_starts = [s for s, _ in no_compute]
     table: dict[str, dict] = {}
-    pageable: dict[str, dict] = {}
+    sites: dict[tuple[str, str, bool], dict] = {}
     for g in gpu:
         if g.kind != "memcpy":
             continue
@@ -428,20 +435,32 @@ def _copy_tables(gpu: list[GpuEvent], by_corr, cache) -> tuple[dict, list]:
         row["bytes"] += g.nbytes
         row["ms"] += g.dur / 1e3
         row["pageable"] += int(g.pageable)
-        if g.pageable:
-            launch = by_corr.get(g.correlation)
-            site = _site_of(launch, cache) if launch else Site(callee=g.name)
-            p = pageable.setdefault(site.key, {"site": site.key, "code": site.code, "name": g.name,
-                                               "direction": g.direction, "count": 0, "bytes": 0, "ms": 0.0})
-            p["count"] += 1
-            p["bytes"] += g.nbytes
-            p["ms"] += g.dur / 1e3
-    for row in table.values():
+        launch = by_corr.get(g.correlation)
+        site = _site_of(launch, cache) if launch else Site(callee=g.name)
+        p = sites.setdefault((site.key, g.direction, g.pageable), {
+            "site": site.key, "code": site.code, "name": g.name, "direction": g.direction,
+            "pageable": g.pageable, "count": 0, "bytes": 0, "ms": 0.0, "gbps": 0.0, "critical_ms": 0.0})
+        p["critical_ms"] += _covered(no_compute, nc_starts, g.ts, g.end) / 1e3
+        p["count"] += 1
+        p["bytes"] += g.nbytes
+        p["ms"] += g.dur / 1e3
+    for row in list(table.values()) + list(sites.values()):
         row["gbps"] = round(row["bytes"] / (row["ms"] * 1e6), 3) if row["ms"] > 0 else 0.0
         row["ms"] = round(row["ms"], 4)
-    for p in pageable.values():
-        p["ms"] = round(p["ms"], 4)
-    return table, sorted(pageable.values(), key=lambda p: -p["ms"])
+        if "critical_ms" in row:
+            row["critical_ms"] = round(row["critical_ms"], 4)
+    ordered = sorted(sites.values(), key=lambda p: -p["ms"])
+    return table, [p for p in ordered if p["pageable"]], [p for p in ordered if p["direction"] == "H2D"]
+
+
+def _covered(merged: Intervals, starts: list[float], s: float, e: float) -> float:
+    """Length of [s, e] covered by a merged interval list (`starts` its start times)."""
+    i = max(bisect.bisect_right(starts, s) - 1, 0)
+    out = 0.0
+    while i < len(merged) and merged[i][0] < e:
+        out += max(0.0, min(e, merged[i][1]) - max(s, merged[i][0]))
+        i += 1
+    return out
 
 
 def _queue_lead(gpu: list[GpuEvent], by_corr) -> dict:

@@ -1,0 +1,139 @@
+"""What to fix: turn the doctor's figures into changes, ordered by the time they would save.
+
+Each recommendation names a source line and the change. The saving is an estimate per step,
+read off the idle breakdown: the GPU time the cause cost is the time the fix can give back
+(removing a sync that left the GPU empty for 3 ms gives back at most those 3 ms). Static
+lint findings (gobrrr.device.lint) for the same script come after the measured ones, or are
+attached to the measured recommendation on the same line.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from gobrrr.device.timeline import Figures
+
+# callee of a sync (the Python call found in the trace) -> the change that removes it
+_SYNC_FIXES = {
+    "item": "keep the value on the device (total += loss.detach()) and call .item() once every N steps",
+    "tolist": "keep the values on the device and read them back once every N steps",
+    "cpu": "copy to pinned memory with non_blocking=True and wait on an event only where the value is needed",
+    "numpy": "keep the tensor on the device; convert to numpy once, outside the step",
+    "synchronize": "replace torch.cuda.synchronize() with CUDA events (gobrrr.GpuTimer, or Event.record() "
+                   "and elapsed_time() read after the loop), or delete it",
+    "to": "copy from pinned memory with non_blocking=True (or wrap the loader in gobrrr.Prefetcher)",
+    "nonzero": "avoid data-dependent shapes in the step (masked ops instead of nonzero / boolean indexing)",
+    "__bool__": "avoid Python control flow on GPU values (if tensor: ...); use torch.where or check every N steps",
+}
+SMALL_COPY_BYTES = 64 * 1024
+
+
+@dataclass
+class Recommendation:
+    change: str                   # what to do, one sentence
+    site: str = ""                # file:line, when known
+    code: str = ""                # the source line
+    why: str = ""                 # the measured reason
+    saved_ms: float | None = None  # estimated GPU time saved per step (None: static finding)
+    source: str = "trace"         # "trace" | "lint"
+    rules: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def recommend(fig: Figures, lint_findings: list | None = None) -> list[Recommendation]:
+    """Recommendations from one trace's figures plus lint findings, largest estimated saving first."""
+    n = max(len(fig.steps_ms), 1)
+    per_step = lambda ms: round(ms / n, 4)  # noqa: E731
+    recs: list[Recommendation] = []
+    br = fig.idle_breakdown_ms or {}
+
+    # Waiting for data: H2D copies while nothing computes (each site's copy time on the critical path).
+    for s in fig.h2d_sites:
+        share = s.get("critical_ms", 0.0)
+        if share <= 0:
+            continue
+        mean_bytes = s["bytes"] / max(s["count"], 1)
+        if mean_bytes < SMALL_COPY_BYTES:
+            change = "create the tensor on the device (torch.tensor(..., device=device)) instead of copying it over"
+        elif s["pageable"]:
+            change = ("pin the host memory and copy with non_blocking=True, or wrap the loader in gobrrr.Prefetcher "
+                      "(pinned staging, copies on a side stream overlapped with compute)")
+        else:
+            change = "overlap the copy with compute: wrap the loader in gobrrr.Prefetcher (side-stream copies)"
+        kind = "pageable" if s["pageable"] else "pinned"
+        recs.append(Recommendation(
+            change, s["site"], s["code"], saved_ms=per_step(share),
+            why=f"{s['count']} {kind} H2D copies ({s['bytes'] / 1e6:.1f} MB, {s['gbps']:.1f} GB/s) ran while "
+                f"no kernel could: {per_step(share):.3f} ms/step of waiting for data"))
+
+    # Syncs that left the GPU empty.
+    for row in fig.syncs:
+        idle = row.get("idle_ms", 0.0)
+        if idle <= 0 and row["total_ms"] <= 0:
+            continue
+        change = _SYNC_FIXES.get(row.get("callee", ""), "take this synchronisation off the hot path "
+                                 "(wait on a CUDA event, or read results every N steps)")
+        recs.append(Recommendation(
+            change, row["site"], row["code"], saved_ms=per_step(idle),
+            why=f"{row['count']} x {row['call']} ({row['kind']}): host blocked {row['total_ms']:.3f} ms, "
+                f"GPU left empty {idle:.3f} ms afterwards"))
+
+    # Host-bound: the next launch came late, the host was busy elsewhere.
+    launch = fig.launch or {}
+    if launch.get("launch_bound"):
+        gaps = br.get("launch_gaps", 0.0) + br.get("host_bound", 0.0)
+        recs.append(Recommendation(
+            "capture the step in a CUDA graph (torch.compile(mode='reduce-overhead') or torch.cuda.graphs), "
+            "or fuse the small ops", saved_ms=per_step(gaps),
+            why=f"launch-bound: the median kernel runs {launch['median_kernel_us']:.1f} us, shorter than its "
+                f"launch ({launch['median_launch_us']:.1f} us); {launch['kernels']} kernels"))
+    else:
+        for s in fig.host_bound_sites[:3]:
+            text = s.get("code", "")
+            loader = any(k in text for k in ("next(", "loader", "DataLoader", "batch"))
+            change = ("raise DataLoader num_workers (and pin_memory=True), or use gobrrr.Prefetcher to load ahead"
+                      if loader else "move Python work off the hot path between launches (precompute, batch "
+                      "small ops, or run it in a DataLoader worker)")
+            recs.append(Recommendation(change, s["site"], text, saved_ms=per_step(s["idle_ms"]),
+                                       why=f"the GPU waited for the host here: {s['idle_ms']:.3f} ms empty"))
+        if br.get("launch_gaps", 0.0) > 0.05 * max(fig.span_ms, 1e-9):
+            recs.append(Recommendation(
+                "fewer, larger kernels: torch.compile or CUDA graphs remove the launch gaps",
+                saved_ms=per_step(br["launch_gaps"]),
+                why=f"{br['launch_gaps']:.3f} ms of gaps shorter than a launch between kernels"))
+
+    recs.sort(key=lambda r: -(r.saved_ms or 0.0))
+    return _merge_lint(recs, lint_findings or [])
+
+
+def _merge_lint(recs: list[Recommendation], findings: list) -> list[Recommendation]:
+    by_line = {}
+    for r in recs:
+        file, _, line = r.site.rpartition(":")
+        if line.isdigit():
+            by_line[(Path(file).name, int(line))] = r
+    static = []
+    for f in findings:
+        d = f.to_dict() if hasattr(f, "to_dict") else dict(f)
+        key = (Path(str(d.get("path", ""))).name, int(d.get("line", 0)))
+        if key in by_line:
+            by_line[key].rules.append(d.get("rule", ""))
+            continue
+        static.append(Recommendation(
+            d.get("fix") or d.get("message", ""), f"{d.get('path')}:{d.get('line')}", why=d.get("message", ""),
+            source="lint", rules=[d.get("rule", "")]))
+    return recs + static
+
+
+def lint_script(paths: list[str]) -> tuple[list, str]:
+    """Lint findings for the profiled script, and a note when the linter is not available."""
+    try:
+        from gobrrr.device.lint import lint_paths
+    except ImportError as e:  # the linter lives in its own module; the doctor works without it
+        return [], f"lint skipped: gobrrr.device.lint is not importable ({e})"
+    try:
+        return list(lint_paths(paths)), ""
+    except Exception as e:  # a linter failure must not lose the profile
+        return [], f"lint failed on {paths}: {type(e).__name__}: {e}"
