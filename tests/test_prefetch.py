@@ -295,6 +295,7 @@ def test_ring_stages_mixed_tensors_exactly():
         "scalar": torch.tensor(3.25, dtype=torch.float64), "empty": torch.empty(0, 3),
         "bool": torch.tensor([True, False, True]), "bf16": torch.randn(5).to(torch.bfloat16),
         "dup": [shared, shared], "label": "cat", "pair": Pair(torch.ones(2), torch.zeros(2, dtype=torch.long)),
+        "complex": torch.randn(3, dtype=torch.complex64), "conj": torch.randn(2, dtype=torch.complex64).conj(),
     }
     staged = ring.stage(batch)
     out = staged.result()
@@ -307,6 +308,11 @@ def test_ring_stages_mixed_tensors_exactly():
     for t in tensors(out):
         if t.numel():
             assert lo <= t.data_ptr() < hi and t.data_ptr() % 64 == 0
+    # one copy of the slot's used bytes rebuilds the whole batch (what the GPU path does per batch)
+    flat = staged.slot.buf[:staged.nbytes].clone()
+    rebuilt = staged.rebuild(flat, lambda t: t)
+    assert_same_structure(batch, rebuilt)
+    assert rebuilt["big"].untyped_storage().data_ptr() == flat.data_ptr()
     ring.release(staged, None)
     ring.close()
 

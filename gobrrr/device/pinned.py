@@ -64,10 +64,10 @@ class StagedBatch:
     batch with pinned views in place of the staged tensors; every other leaf is unchanged.
     """
     future: Future | None
-    batch: Any
+    batch: Any                                   # the batch as the source gave it
     slot: _Slot | None
-    nbytes: int = 0
-    _result: Any = field(default=None, repr=False)
+    nbytes: int = 0                              # bytes of the slot in use, alignment included
+    layout: dict = field(default_factory=dict, repr=False)   # id(tensor) -> (offset, tensor)
 
     def done(self) -> bool:
         return self.future is None or self.future.done()
@@ -76,6 +76,19 @@ class StagedBatch:
         if self.future is None:
             return self.batch
         return self.future.result()
+
+    def rebuild(self, flat: torch.Tensor, other: Callable[[torch.Tensor], Any]) -> Any:
+        """The batch with views of `flat` (a copy of the slot's first `nbytes`, on any device) in
+        place of the staged tensors, and `other(t)` in place of every other tensor.
+
+        This is how one host-to-device copy of the whole slot serves every staged tensor."""
+        views = {key: flat[off:off + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
+                 for key, (off, t) in self.layout.items()}
+
+        def pick(t: torch.Tensor) -> Any:
+            v = views.get(id(t))
+            return v if v is not None else other(t)
+        return map_tensors(pick, self.batch)
 
 
 class PinnedRing:
@@ -138,7 +151,7 @@ class PinnedRing:
         slot.held = True
         self.bytes_staged += offset
         future = self._coordinator.submit(self._fill, slot, offset, layout, batch)
-        return StagedBatch(future, batch, slot, offset)
+        return StagedBatch(future, batch, slot, offset, layout)
 
     def release(self, staged: StagedBatch, event: Any) -> None:
         """The copy out of `staged`'s slot is enqueued; `event` completes when it has run.

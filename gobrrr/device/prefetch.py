@@ -231,7 +231,11 @@ class _Epoch:
             raise StopIteration
         if not self.pf._cuda:
             return self._next_cpu()
-        self._fill_launched()
+        try:
+            self._fill_launched()
+        except BaseException:   # a pinning error, a tensor on the wrong GPU, Ctrl-C: the epoch is over
+            self.close()
+            raise
         if not self.launched:
             error, self.error = self.error, None
             self.close()
@@ -259,7 +263,7 @@ class _Epoch:
         t0 = time.perf_counter()
         try:
             item = next(self.it)
-        except StopIteration:
+        except BaseException:   # the end, or the source's own error: either way this epoch is over
             self.close()
             raise
         waited = time.perf_counter() - t0
@@ -323,7 +327,14 @@ class _Epoch:
             # overlap: this copy (copy stream, DMA) with the step the consumer is running now
             pf._copy_timer.start(stream)
             try:
-                batch = map_tensors(self._to_device, host_batch)
+                staged = p.staged
+                if staged.slot is not None and staged.nbytes:
+                    # one DMA for every staged tensor of the batch: the slot's used bytes, then views
+                    flat = staged.slot.buf[:staged.nbytes].to(self.device, non_blocking=True)  # (nbytes,) uint8
+                    pf._bytes += staged.nbytes
+                    batch = staged.rebuild(flat, self._to_device)
+                else:
+                    batch = map_tensors(self._to_device, host_batch)
             finally:
                 copied = pf._copy_timer.stop(stream)
                 if p.release is not None:
@@ -365,12 +376,15 @@ class _Epoch:
                 ring.release(p.staged, None)
         self.launched.clear()       # device batches never handed over die on the copy stream: safe
         it, self.it = self.it, None
-        close = getattr(it, "close", None)
-        if callable(close):
-            try:
-                close()             # a generator runs its finally blocks now, not at some later GC
-            except Exception:
-                pass
+        # a generator runs its finally blocks now; a DataLoader's worker processes stop now (left to
+        # GC, an iterator whose worker raised takes 5 s to shut down, and a traceback may keep it alive)
+        for name in ("close", "_shutdown_workers"):
+            stop = getattr(it, name, None)
+            if callable(stop):
+                try:
+                    stop()
+                except Exception:
+                    pass
 
     def __del__(self) -> None:
         try:
