@@ -278,16 +278,16 @@ class Rows:
 ROWS = [
     ("floor: compute only", "compute", "floor", ()),
     ("floor: copy only (pinned H2D)", "copy", "floor", ("cuda",)),
-    ("floor: 6 workers' production (reused private buffer)", "production", "floor", ()),
+    ("floor: workers' production (reused private buffer)", "production", "floor", ()),
     ("info: workers' production into fresh memory", "production_fresh", "info", ()),
     ("naive: pageable .to() + .item()", "naive", "in-process", ()),
     ("pinned non_blocking, compute stream", "pinned_same_stream", "in-process", ("cuda",)),
     ("hand-rolled side-stream prefetch", "side_stream", "in-process", ("cuda",)),
     ("Prefetcher(pinned tensors)", "prefetcher_pinned", "in-process", ("prefetcher",)),
     ("Prefetcher(pageable tensors)", "prefetcher_pageable", "in-process", ("prefetcher",)),
-    ("DataLoader(6 workers, pin_memory) + non_blocking", "dataloader_pinned", "workers", ()),
+    ("DataLoader(workers, pin_memory) + non_blocking", "dataloader_pinned", "workers", ()),
     ("timm PrefetchLoader(that DataLoader)", "timm_prefetch", "workers", ("cuda", "timm")),
-    ("Prefetcher(DataLoader, 6 workers)", "prefetcher_workers", "workers", ("prefetcher",)),
+    ("Prefetcher(DataLoader with workers)", "prefetcher_workers", "workers", ("prefetcher",)),
     ("PinnedWorkerLoader + hand-rolled side stream", "ring_side_stream", "workers", ()),
 ]
 

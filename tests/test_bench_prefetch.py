@@ -21,15 +21,15 @@ def test_quick_run_records_every_row(tmp_path, monkeypatch, capsys):
     by = {(r["regime"], r["row"]): r for r in rows}
     for regime in ("copy-bound", "compute-bound"):
         for name in ("floor: compute only", "naive: pageable .to() + .item()",
-                     "DataLoader(6 workers, pin_memory) + non_blocking",
-                     "floor: 6 workers' production (reused private buffer)",
+                     "DataLoader(workers, pin_memory) + non_blocking",
+                     "floor: workers' production (reused private buffer)",
                      "PinnedWorkerLoader + hand-rolled side stream"):
             r = by[(regime, name)]
             assert r["ms_per_step"] > 0, (regime, name)
         # worker rows are judged against the larger floor, in-process rows against the smaller
-        naive, dl = by[(regime, "naive: pageable .to() + .item()")], by[(regime, "DataLoader(6 workers, pin_memory) + non_blocking")]
+        naive, dl = by[(regime, "naive: pageable .to() + .item()")], by[(regime, "DataLoader(workers, pin_memory) + non_blocking")]
         assert naive["x_floor"] > 0 and dl["x_floor"] > 0
-        prod = by[(regime, "floor: 6 workers' production (reused private buffer)")]["ms_per_step"]
+        prod = by[(regime, "floor: workers' production (reused private buffer)")]["ms_per_step"]
         compute = by[(regime, "floor: compute only")]["ms_per_step"]
         assert dl["x_floor"] == pytest.approx(dl["ms_per_step"] / max(prod, compute))
         assert naive["x_floor"] == pytest.approx(naive["ms_per_step"] / compute)

@@ -239,6 +239,11 @@ class _Ring:
                     f"cudaHostRegister of {self.nbytes / 2**20:.0f} MiB of worker slots failed with "
                     f"cudaError {int(err)}; lower `slots=` or pass pin=False (the ring then stays pageable).")
             self.registered = True
+            # Drivers may mark page-locked ranges MADV_DONTFORK (to keep DMA pages away from a child's
+            # copy-on-write); this mapping is MAP_SHARED, so there is no copy-on-write to fear, and the
+            # workers forked after this point must see it. A no-op when the flag was never set.
+            if hasattr(mmap, "MADV_DOFORK"):
+                self._mm.madvise(mmap.MADV_DOFORK)
 
     @property
     def num_slots(self) -> int:
@@ -283,8 +288,11 @@ class _Ring:
         for _, ev in pending:
             ev.synchronize()  # sync: close-time only; no copy may read the slots after unregistering
         if self.registered:
-            torch.cuda.cudart().cudaHostUnregister(self.flat.data_ptr())
             self.registered = False
+            try:
+                torch.cuda.cudart().cudaHostUnregister(self.flat.data_ptr())
+            except Exception:  # CUDA already torn down at interpreter exit: the process is going anyway
+                pass
         self.views, self.flat = [], None
         try:
             self._mm.close()
@@ -319,6 +327,7 @@ def _worker_loop(worker_id: int, dataset, collate_fn, fast_collate: bool, ring_v
                 return  # the main process died; do not linger as an orphan
             continue
         if task is None:
+            result_q.cancel_join_thread()  # exit now even if the main process stopped reading
             return
         idx, indices, slot = task
         try:
