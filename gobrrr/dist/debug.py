@@ -72,6 +72,8 @@ class GroupWatch:
     debug: bool = False
     seq: int = 0                   # collectives issued on this group so far (op #seq is next)
     p2p: dict[tuple[int, int], int] = field(default_factory=dict)  # (src, dst) -> messages so far
+    backend: str = ""              # filled on first use by comm.py
+    emulated: set[str] = field(default_factory=set)  # ops this backend lacks, done another way (comm.py)
 
     @property
     def size(self) -> int:
@@ -233,27 +235,31 @@ def _ranks_str(rs: list[int]) -> str:
 
 
 def _wait_for_all(watch: GroupWatch, keys: list[str], k: int, op: str) -> None:
+    _wait_for_keys(watch, dict(enumerate(keys)), f"{op} (collective #{k} on group {watch.name})")
+
+
+def _wait_for_keys(watch: GroupWatch, keys: dict[int, str], what: str) -> None:
+    """Wait until every key (posted by group rank r) exists; fail fast when a poster is known gone."""
     store = watch.store
     deadline = time.monotonic() + watch.timeout_s
     while True:
         try:
-            store.wait(keys, _timedelta(min(_POLL_S, max(deadline - time.monotonic(), 0.01))))
+            store.wait(list(keys.values()), _timedelta(min(_POLL_S, max(deadline - time.monotonic(), 0.01))))
             return
         except RuntimeError:  # DistStoreError (a RuntimeError): not all there yet
             pass
-        missing = [i for i, key in enumerate(keys) if not store.check([key])]
+        missing = [r for r, key in keys.items() if not store.check([key])]
         if not missing:
             return
-        gone = {i: s for i in missing if (s := _peer_state(watch, i)) is not None}
+        gone = {r: s for r in missing if (s := _peer_state(watch, r)) is not None}
         if gone or time.monotonic() >= deadline:
-            raise CollectiveTimeoutError(_missing_message(watch, op, k, missing, gone))
+            raise CollectiveTimeoutError(_missing_message(watch, what, missing, gone))
 
 
-def _missing_message(watch: GroupWatch, op: str, k: int, missing: list[int], gone: dict[int, str]) -> str:
+def _missing_message(watch: GroupWatch, what: str, missing: list[int], gone: dict[int, str]) -> str:
     why = "; ".join(f"rank {i} {s}" for i, s in gone.items())
     silent = [i for i in missing if i not in gone]
-    parts = [f"gobrrr.dist: {op} (collective #{k} on group {watch.name}): rank {watch.me} waited, "
-             f"ranks {missing} never arrived"]
+    parts = [f"gobrrr.dist: {what}: rank {watch.me} waited, ranks {missing} never arrived"]
     if why:
         parts.append(f"({why})")
     if silent:
@@ -262,6 +268,39 @@ def _missing_message(watch: GroupWatch, op: str, k: int, missing: list[int], gon
                  "collective or in compute: rerun with GOBRRR_DIST_DEBUG=1 to check that every rank issues "
                  "the same collectives.")
     return " ".join(parts).replace(" ;", ";").replace(" .", ".")
+
+
+def p2p_post(watch: GroupWatch, kind: str, peer: int, tensor: torch.Tensor):
+    """Debug mode, point-to-point: post what this side sends/receives; return a check to run later.
+
+    Message n from src to dst: the sender posts "p/src>dst/n/s", the receiver "p/src>dst/n/r"; each
+    verifies the other's. Posting never blocks (isend/irecv stay non-blocking, rings cannot
+    deadlock on the check); blocking send/recv run the check before the transfer, async ones in wait().
+    """
+    me = watch.ranks[watch.me]
+    src, dst = (me, peer) if kind == "send" else (peer, me)
+    n = watch.p2p.get((src, dst), 0)
+    watch.p2p[(src, dst)] = n + 1
+    base = f"p/{src}>{dst}/{n}"
+    mine, theirs = (f"{base}/s", f"{base}/r") if kind == "send" else (f"{base}/r", f"{base}/s")
+    watch.store.set(mine, describe(tensor))
+
+    def verify() -> None:
+        if peer not in watch.ranks:
+            raise ValueError(f"gobrrr.dist: peer rank {peer} is not in group {watch.name} (ranks {watch.ranks}).")
+        what = f"{kind} {'to' if kind == 'send' else 'from'} rank {peer} (message #{n} from {src} to {dst})"
+        _wait_for_keys(watch, {watch.ranks.index(peer): theirs}, what)
+        mine_sig, their_sig = describe(tensor), watch.store.get(theirs).decode()
+        if mine_sig != their_sig:
+            sent, got = (mine_sig, their_sig) if kind == "send" else (their_sig, mine_sig)
+            raise CollectiveMismatchError(
+                f"gobrrr.dist debug: message #{n} from rank {src} to rank {dst}: rank {src} sends {sent} but "
+                f"rank {dst} receives into {got}. Mismatching ranks: {sorted({src, dst})}. Make the receive "
+                f"buffer match the sent tensor's shape and dtype.")
+        if n > 0:  # the peer posted message n, so it finished checking message n-1
+            watch.store.delete_key(f"p/{src}>{dst}/{n - 1}/{mine[-1]}")
+
+    return verify
 
 
 # ----------------------------------------------------------------------------------------------

@@ -33,7 +33,10 @@ from typing import Any, Callable
 
 import torch.distributed as dist
 
-_PRELOAD = ["torch", "torch.distributed", "gobrrr.dist.ranks", "gobrrr.dist.comm"]
+# Imported once by the fork server, so every rank starts warm. torch.distributed.tensor is there
+# because torch.testing.assert_close imports it (~1.5 s, sympy) as soon as a process group exists.
+_PRELOAD = ["torch", "torch.distributed", "torch.testing", "torch.distributed.tensor", "gobrrr.dist.ranks",
+            "gobrrr.dist.comm", "gobrrr.dist.ring"]
 
 
 class SpawnError(RuntimeError):
