@@ -15,3 +15,16 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
         if "multigpu" in item.keywords and n_gpus < 2:
             item.add_marker(skip_multi)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _bench_results_to_tmp(tmp_path_factory):
+    """Benchmark smoke tests write their JSON records to a temp dir, never into bench/results/."""
+    import os
+
+    if "GOBRRR_BENCH_RESULTS" in os.environ:
+        yield
+        return
+    os.environ["GOBRRR_BENCH_RESULTS"] = str(tmp_path_factory.mktemp("bench-results"))
+    yield
+    os.environ.pop("GOBRRR_BENCH_RESULTS", None)
