@@ -19,6 +19,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "Prefetcher": "gobrrr.device.prefetch:Prefetcher",
     "GpuTimer": "gobrrr.device.streams:GpuTimer",
+    "PinnedWorkerLoader": "gobrrr.device.worker_ring:PinnedWorkerLoader",
     "watch_syncs": "gobrrr.device.syncs:watch_syncs",
     "sync_budget": "gobrrr.device.syncs:sync_budget",
     "SyncError": "gobrrr.device.syncs:SyncError",

@@ -297,3 +297,40 @@ def test_bad_arguments_say_what_to_do():
         PinnedWorkerLoader(Nested(4), 2, shuffle=True, sampler=range(4))
     empty = PinnedWorkerLoader(Nested(0), 2, num_workers=1)
     assert len(empty) == 0 and list(empty) == []
+
+
+class FakeEvent:
+    """Stands in for a CUDA copy-done event: not complete until the test (or a wait) says so."""
+
+    def __init__(self):
+        self.done, self.waited = False, False
+
+    def query(self):
+        return self.done
+
+    def synchronize(self):
+        self.waited = True
+        self.done = True
+
+
+def test_a_slot_is_reused_only_after_its_event_completed():
+    ds = Nested(80)
+    ring = PinnedWorkerLoader(ds, 4, num_workers=2, slots=4)
+    want = [clone_tree(b) for b in DataLoader(ds, 4)]
+    in_flight: dict[int, FakeEvent] = {}   # slot address -> the event of the copy reading it
+    events, got = [], []
+    for n, lease in enumerate(ring):
+        addr = lease.batch["img"].data_ptr()
+        ev = in_flight.get(addr)
+        assert ev is None or ev.done, "slot handed out again before its copy-done event completed"
+        got.append(clone_tree(lease.batch))
+        ev = FakeEvent()
+        lease.release(ev)
+        in_flight[addr] = ev
+        events.append(ev)
+        if n % 3 == 0:   # the copy engine finishes some copies late, some never until waited on
+            events[max(0, n - 2)].done = True
+    for g, w in zip(got, want, strict=True):
+        assert_same(g, w)
+    assert any(e.waited for e in events), "with every slot in flight the loader must wait (backpressure)"
+    ring.close()
