@@ -64,6 +64,8 @@ NOT_TENSOR_TORCH = {"is_tensor", "is_floating_point", "numel", "device", "dtype"
                     "manual_seed", "save", "load", "compile", "set_grad_enabled", "enable_grad", "get_default_dtype",
                     "set_default_dtype", "Generator", "Size", "finfo", "iinfo", "set_float32_matmul_precision",
                     "use_deterministic_algorithms", "equal", "is_grad_enabled", "set_printoptions", "autocast"}
+VIEW_METHODS = {"view", "reshape", "narrow", "squeeze", "unsqueeze", "flatten", "permute", "transpose", "t",
+                "expand", "select", "split", "chunk", "unbind", "detach", "view_as", "contiguous"}
 LOADERS_PINNED = {"Prefetcher", "PinnedWorkerLoader", "from_dataloader"}
 TENSORISH = {"tensor", "mask"}
 HOSTISH = {"num", "host", "pinned", "numpy", "str", "loader_pinned", "loader_pageable", "loader_device"}
@@ -197,8 +199,9 @@ class _Checker(ast.NodeVisitor):
         if isinstance(node, ast.Attribute):
             if node.attr in NUMBER_ATTRS:
                 return "num"
-            if node.attr in ("grad", "data", "T", "mT", "H", "real", "imag"):
-                return self.kind(node.value)
+            k = self.kind(node.value)
+            if node.attr in ("grad", "data", "T", "mT", "H", "real", "imag") or k in ("host", "pinned", "numpy"):
+                return k  # a field of a host batch is on the host too
             return None
         if isinstance(node, ast.Subscript):
             k = self.kind(node.value)
@@ -218,14 +221,14 @@ class _Checker(ast.NodeVisitor):
                 return "str"
             if func.id in ("DataLoader",) or name == "torch.utils.data.DataLoader":
                 return self.loader_kind(node)
-            if func.id in LOADERS_PINNED or (name or "").endswith(tuple("." + n for n in LOADERS_PINNED)):
-                return "loader_device" if func.id == "Prefetcher" else "loader_pinned"
         if name:
             root, _, last = name.rpartition(".")
             if name.endswith(".DataLoader"):
                 return self.loader_kind(node)
             if last in LOADERS_PINNED:
-                return "loader_device" if last == "Prefetcher" else "loader_pinned"
+                if last == "Prefetcher" and self.device_of(_arg(node, 1, "device")) != "cpu":
+                    return "loader_device"
+                return "loader_pinned"
             if root in ("time", "math", "random", "os", "sys", "statistics"):
                 return "num" if root != "os" else None
             if root in ("numpy", "np"):
@@ -265,9 +268,10 @@ class _Checker(ast.NodeVisitor):
                 return recv
             if method == "bool" or method in MASK_FUNCS:
                 return "mask" if recv in TENSORISH else recv
-            if recv in TENSORISH | {"host", "pinned"}:
-                return "mask" if recv == "mask" and method in ("any", "all") else (
-                    "tensor" if recv == "pinned" else recv)
+            if recv == "pinned":
+                return "pinned" if method in VIEW_METHODS else "host"  # a view keeps the pinned storage
+            if recv in TENSORISH | {"host"}:
+                return "mask" if recv == "mask" and method in ("any", "all") else recv
             if method in ("any", "all", "sum", "mean", "max", "min", "norm", "argmax", "argmin", "std", "var",
                           "detach", "float", "half", "bfloat16", "abs", "sqrt", "exp", "log", "softmax"):
                 return "tensor" if recv is None and not isinstance(func.value, ast.Constant) else None
@@ -519,7 +523,9 @@ class _Checker(ast.NodeVisitor):
 
         if self.hot():
             # GB002: reading a device value on the host
-            if method in READS and recv not in HOSTISH and not isinstance(func.value, ast.Constant):
+            forced = isinstance(kw.get("force"), ast.Constant) and kw["force"].value is True
+            if method in READS and recv not in HOSTISH and not isinstance(func.value, ast.Constant) \
+                    and (method != "numpy" or forced):  # .numpy() of a CUDA tensor raises unless force=True
                 self.flag(node, "GB002", what=f"`.{method}()`")
             elif isinstance(func, ast.Name) and func.id in ("float", "int", "bool") and len(node.args) == 1 \
                     and self.kind(node.args[0]) in TENSORISH:
@@ -581,6 +587,13 @@ class _Checker(ast.NodeVisitor):
 
 _BATCH_KINDS = {"loader_pageable": "host", "loader_pinned": "pinned", "loader_device": "tensor",
                 "host": "host", "pinned": "pinned", "tensor": "tensor", "mask": "tensor"}
+
+
+def _arg(node: ast.Call, pos: int, name: str) -> ast.AST | None:
+    for k in node.keywords:
+        if k.arg == name:
+            return k.value
+    return node.args[pos] if len(node.args) > pos else None
 
 
 def _iterates(it: ast.AST, name: str | None) -> bool:

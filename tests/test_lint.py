@@ -1,0 +1,242 @@
+"""gobrrr lint: every rule with positive and negative cases, suppression, JSON, exit codes."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from gobrrr.device.lint import RULES, Finding, lint_paths, lint_source, main
+
+HEADER = "import torch\nimport numpy as np\nimport torch.nn.functional as F\nfrom torch.utils.data import DataLoader\n"
+
+
+def findings(body: str, select=None) -> list[tuple[str, int]]:
+    """(rule, line) pairs for a snippet; line 1 is the snippet's first line (after the imports)."""
+    offset = HEADER.count("\n")
+    out = lint_source(HEADER + textwrap.dedent(body), "snippet.py", select)
+    return [(f.rule, f.line - offset) for f in out]
+
+
+# one (rule, snippet that must be flagged at line 3 or the marked line, snippet that must not) per case
+POSITIVE = {
+    "GB001": [
+        ("x = torch.randn(3, 4).to('cuda')", 1),
+        ("x = torch.zeros(8).cuda()", 1),
+        ("def f(dev):\n    return torch.arange(10).to(device=dev)", 2),
+    ],
+    "GB002": [
+        ("for b in range(3):\n    x = torch.ones(2, device='cuda')\n    v = x.sum().item()", 3),
+        ("def f(xs):\n    for x in xs:\n        x.cpu()", 3),
+        ("def f(loss: torch.Tensor):\n    while True:\n        s = float(loss)", 3),
+        ("def f(y):\n    for _ in range(3):\n        y = y * 2\n        y.tolist()", 4),
+        ("def f(t):\n    return [v.item() for v in t]", 2),
+        ("def f(x):\n    for _ in range(2):\n        a = x.numpy(force=True)", 3),
+    ],
+    "GB003": [
+        ("x = torch.randn(3, device='cuda')\nfor i in range(3):\n    print(x)", 3),
+        ("def f(loss: torch.Tensor):\n    for i in range(9):\n        msg = f'loss {loss:.3f}'", 3),
+        ("x = torch.randn(3, device='cuda')\nfor i in range(3):\n    s = 'x=%s' % x", 3),
+        ("x = torch.randn(3, device='cuda')\nfor i in range(3):\n    s = 'x={}'.format(x)", 3),
+    ],
+    "GB004": [
+        ("for i in range(3):\n    torch.cuda.synchronize()", 2),
+        ("s = torch.cuda.Stream()\nwhile True:\n    s.synchronize()", 3),
+        ("from torch.cuda import synchronize\nfor i in range(3):\n    synchronize()", 3),
+    ],
+    "GB005": [
+        ("x = torch.randn(64)\ny = x.to('cuda', non_blocking=True)", 2),
+        ("def f(ds):\n    for x, y in DataLoader(ds):\n        x = x.cuda(non_blocking=True)", 3),
+        ("h = torch.empty(4)\nd = torch.empty(4, device='cuda')\nd.copy_(h, non_blocking=True)", 3),
+    ],
+    "GB006": [
+        ("def f(ds, dev):\n    dl = DataLoader(ds, batch_size=8)\n    for x, y in dl:\n        x = x.to(dev)", 2),
+        ("def f(ds):\n    for batch in DataLoader(ds, pin_memory=False):\n        x, y = batch\n        x.cuda()", 2),
+    ],
+    "GB007": [
+        ("x = torch.randn(3, device='cuda')\nfor i in range(3):\n    if x.sum() > 0:\n        pass", 3),
+        ("def f(t: torch.Tensor):\n    while t:\n        break", 2),
+        ("def f(x):\n    for i in range(3):\n        y = x.sum()\n        if y:\n            pass", 4),
+        ("x = torch.ones(2, device='cuda')\nfor i in range(3):\n    z = 1 if (x > 0).any() else 2", 3),
+    ],
+    "GB008": [
+        ("def f(x):\n    for i in range(3):\n        idx = torch.nonzero(x)", 3),
+        ("x = torch.randn(9, device='cuda')\nfor i in range(3):\n    y = x[x > 0]", 3),
+        ("def f(x):\n    for i in range(3):\n        u = x.unique()", 3),
+        ("def f(x, m):\n    for i in range(3):\n        s = torch.masked_select(x, m)", 3),
+        ("x = torch.randn(9, device='cuda')\nm = torch.isnan(x)\nfor i in range(3):\n    y = x[:, m]", 4),
+    ],
+}
+
+NEGATIVE = {
+    "GB001": [
+        "x = torch.randn(3, 4, device='cuda')",
+        "x = torch.randn(3, 4).to(torch.float16)",          # a dtype change, not a move
+        "a = np.zeros(3)\nx = torch.from_numpy(a).cuda()",   # host data must move once
+        "x = torch.randn(3).to('cpu')",
+    ],
+    "GB002": [
+        "x = torch.ones(2, device='cuda')\nv = x.sum().item()",          # set-up code, not a loop
+        "x = torch.ones(2, device='cuda')\nfor v in x.tolist():\n    pass",  # the iterable runs once
+        "for step in range(10):\n    n = float(step)\n    k = int(len('ab'))",  # Python numbers
+        "arr = np.zeros(3)\nfor i in range(3):\n    arr.tolist()",        # numpy, not a tensor
+        "def f(loss, step: int):\n    for i in range(3):\n        if step % 100 == 0:\n            print(loss.item())",
+        "h = torch.zeros(3)\nfor i in range(3):\n    h.item()",          # a host tensor does not sync
+        "def f(x):\n    for _ in range(3):\n        x.numpy()",         # .numpy() of a CUDA tensor raises
+        "x = torch.ones(2, device='cuda')\nfor i in range(3):\n    v = x.sum().item()  # sync: logged every step on purpose",
+    ],
+    "GB003": [
+        "x = torch.randn(3, device='cuda')\nprint(x)",
+        "for i in range(3):\n    print(i, f'{i:04d}')",
+        "x = torch.randn(3, device='cuda')\nfor i in range(3):\n    print(x.shape, x.dtype, x.device)",
+    ],
+    "GB004": [
+        "torch.cuda.synchronize()",
+        "for i in range(3):\n    e = torch.cuda.Event()\n    e.record()\n    ok = e.query()",
+    ],
+    "GB005": [
+        "x = torch.randn(64).pin_memory()\ny = x.to('cuda', non_blocking=True)",
+        "x = torch.empty(64, pin_memory=True)\ny = x.view(8, 8).to('cuda', non_blocking=True)",
+        "def f(ds):\n    for x, y in DataLoader(ds, pin_memory=True):\n        x = x.cuda(non_blocking=True)",
+        "x = torch.randn(4, device='cuda')\ny = x.to('cpu', non_blocking=True)",  # D2H into pinned memory
+        "def f(x):\n    return x.to('cuda', non_blocking=True)",   # unknown source: not provably pageable
+    ],
+    "GB006": [
+        "def f(ds, dev):\n    dl = DataLoader(ds, pin_memory=True)\n    for x, y in dl:\n        x = x.to(dev)",
+        "def f(ds):\n    dl = DataLoader(ds)\n    for x, y in dl:\n        x = x.float()",    # stays on the host
+        "import gobrrr\ndef f(ds):\n    dl = DataLoader(ds)\n    for x, y in gobrrr.Prefetcher(dl):\n        x.sum()",
+        "def f(ds):\n    dl = DataLoader(ds)\n    for x, y in dl:\n        x = x.to(torch.float16)",
+    ],
+    "GB007": [
+        "def f(x):\n    for i in range(3):\n        if x is None:\n            pass",
+        "x = torch.ones(3, device='cuda')\nfor i in range(3):\n    if x.shape[0] > 1 and x.ndim == 1:\n        pass",
+        "x = torch.ones(3, device='cuda')\nif x.sum() > 0:\n    pass",           # once, outside a loop
+        "for i in range(3):\n    if i > 1:\n        pass",
+    ],
+    "GB008": [
+        "x = torch.randn(9, device='cuda')\nidx = torch.nonzero(x)",
+        "x = torch.randn(9, device='cuda')\nfor i in range(3):\n    y = torch.where(x > 0, x, 0)",
+        "x = torch.randn(9, device='cuda')\nfor i in range(3):\n    x[x > 0] = 0",     # masked store, no sync
+        "arr = np.arange(5)\nfor i in range(3):\n    u = np.unique(arr)",
+        "x = torch.randn(9, device='cuda')\nfor i in range(3):\n    y = x[1:3]",
+    ],
+}
+
+
+@pytest.mark.parametrize("rule,body,line", [(r, b, n) for r, cases in POSITIVE.items() for b, n in cases])
+def test_rule_flags(rule, body, line):
+    assert (rule, line) in findings(body), findings(body)
+
+
+@pytest.mark.parametrize("rule,body", [(r, b) for r, cases in NEGATIVE.items() for b in cases])
+def test_rule_stays_quiet(rule, body):
+    assert [f for f in findings(body) if f[0] == rule] == []
+
+
+def test_every_rule_has_cases_and_text():
+    assert set(POSITIVE) == set(NEGATIVE) == set(RULES) == {f"GB00{i}" for i in range(1, 9)}
+    for message, fix in RULES.values():
+        assert message and fix
+
+
+def test_a_realistic_loop():
+    body = """
+    def train(model, ds, device):
+        loader = DataLoader(ds, batch_size=32)
+        total = 0.0
+        for step, (x, y) in enumerate(loader):
+            x = x.to(device, non_blocking=True)
+            loss = F.cross_entropy(model(x), y.to(device))
+            total += loss.item()
+            if step % 100 == 0:
+                print(f"step {step} loss {loss.item():.3f}")
+        return total / (step + 1)
+    """
+    got = findings(body)
+    assert sorted(got) == [("GB002", 8), ("GB005", 6), ("GB006", 3)], got
+
+
+def test_suppression():
+    body = ("x = torch.ones(2, device='cuda')\nfor i in range(3):\n"
+            "    a = x.sum().item()  # gobrrr: ignore[GB002]\n"
+            "    b = x.sum().item()  # gobrrr: ignore[GB004]\n"
+            "    c = x.sum().item()  # gobrrr: ignore\n"
+            "    d = x.sum().item()  # gobrrr: ignore[GB003, GB002]\n"
+            "    e = '# gobrrr: ignore[GB002]' + str(x.sum().item())\n")
+    assert findings(body) == [("GB002", 4), ("GB002", 7)]
+
+
+def test_select():
+    body = "for i in range(3):\n    torch.cuda.synchronize()\n    x = torch.randn(3).cuda()"
+    assert findings(body, select="GB001") == [("GB001", 3)]
+    assert findings(body, select=["gb004"]) == [("GB004", 2)]
+    with pytest.raises(ValueError, match="unknown rule"):
+        findings(body, select="GB999")
+
+
+def test_finding_fields():
+    (f,) = lint_source("import torch\nfor i in range(2):\n    torch.cuda.synchronize()\n", "a.py")
+    assert isinstance(f, Finding)
+    assert f.to_dict() == {"path": "a.py", "line": 3, "col": 5, "rule": "GB004", "message": f.message, "fix": f.fix}
+    assert "stalls the host" in f.message and "event" in f.fix
+
+
+BAD = "import torch\nfor i in range(3):\n    torch.cuda.synchronize()\n"
+
+
+def test_cli_exit_codes_and_json(tmp_path, capsys):
+    clean = tmp_path / "clean.py"
+    clean.write_text("import torch\nx = torch.zeros(3, device='cuda')\n")
+    bad = tmp_path / "pkg" / "bad.py"
+    bad.parent.mkdir()
+    bad.write_text(BAD)
+    broken = tmp_path / "broken.py"
+    broken.write_text("def f(:\n")
+
+    assert main([str(clean)]) == 0
+    assert "clean" in capsys.readouterr().out
+    assert main([str(tmp_path / "pkg")]) == 1
+    out = capsys.readouterr().out
+    assert f"{bad}:3:5: GB004" in out and "fix:" in out
+
+    assert main([str(tmp_path / "pkg"), "--format", "json"]) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert isinstance(data, list) and len(data) == 1
+    assert set(data[0]) == {"path", "line", "col", "rule", "message", "fix"}
+    assert (data[0]["path"], data[0]["line"], data[0]["rule"]) == (str(bad), 3, "GB004")
+    assert main([str(clean), "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out) == []
+
+    assert main([str(broken), str(bad)]) == 2          # unparsable: reported, others still checked
+    cap = capsys.readouterr()
+    assert "broken.py:1: cannot check this file: SyntaxError" in cap.err and "GB004" in cap.out
+    assert main([str(tmp_path / "missing.py")]) == 2
+    assert "no such file" in capsys.readouterr().err
+    assert main([str(bad), "--select", "GB042"]) == 2
+    assert "unknown rule" in capsys.readouterr().err
+    assert main(["--format", "xml", str(bad)]) == 2
+    assert main([]) == 2
+    assert main([str(bad), "--select", "GB001"]) == 0
+
+
+def test_lint_paths_errors(tmp_path):
+    (tmp_path / "broken.py").write_text("x = (\n")
+    (tmp_path / "bad.py").write_text(BAD)
+    (tmp_path / ".hidden").mkdir()
+    (tmp_path / ".hidden" / "skip.py").write_text(BAD)
+    with pytest.raises(ValueError, match="broken.py"):
+        lint_paths([tmp_path])
+    errors: list[str] = []
+    got = lint_paths([tmp_path], errors=errors)
+    assert [f.rule for f in got] == ["GB004"] and len(errors) == 1
+
+
+def test_cli_entry_point(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text(BAD)
+    out = subprocess.run([sys.executable, "-m", "gobrrr", "lint", str(bad), "--format", "json"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1, out.stderr
+    assert json.loads(out.stdout)[0]["rule"] == "GB004"
