@@ -198,12 +198,13 @@ class _Done:
 class _DataParallel(nn.Module):
     """What both versions share: wrap-time checks, forward pass-through, no_sync, hook plumbing."""
 
-    def __init__(self, module: nn.Module, group, settings: dict[str, Any]):
+    def __init__(self, module: nn.Module, group, settings: dict[str, Any], force_communication: bool = False):
         super().__init__()
         self.module = module
         self.group = group
         self.world_size = _group_size(group)
-        self._communicate = self.world_size > 1  # world size 1: same path, the collective is a no-op
+        # world size 1: the same path, the collective a no-op (tests force it to exercise NCCL on one GPU)
+        self._communicate = self.world_size > 1 or force_communication
         check_same_model(module, group, settings)
         broadcast_from_rank0(module, group)
         self._no_sync = False            # inside a no_sync() block right now
@@ -291,12 +292,12 @@ class DDP(_DataParallel):
     """Bucketed data parallel wrapper; build it with `ddp(model, ...)` (see the module docstring)."""
 
     def __init__(self, module: nn.Module, *, bucket_mb: float = 25, first_bucket_mb: float = 1, group=None,
-                 grad_dtype: torch.dtype | None = None):
+                 grad_dtype: torch.dtype | None = None, _force_communication: bool = False):
         if bucket_mb <= 0 or first_bucket_mb <= 0:
             raise ValueError(f"ddp: bucket_mb ({bucket_mb}) and first_bucket_mb ({first_bucket_mb}) must be > 0.")
         settings = {"wrapper": "DDP", "bucket_mb": bucket_mb, "first_bucket_mb": first_bucket_mb,
                     "grad_dtype": str(grad_dtype)}
-        super().__init__(module, group, settings)
+        super().__init__(module, group, settings, _force_communication)
         self.grad_dtype = grad_dtype
         self._comm_stream: torch.cuda.Stream | None = None
         self._next_bucket = 0
