@@ -172,6 +172,14 @@ class Rows:
     def production_fresh(self, model):
         return self.production(model, collate_fresh)
 
+    def ring_alone(self, model):
+        """The worker ring's own rate: each lease released at once, nothing copied to the GPU."""
+        ring = PinnedWorkerLoader.from_dataloader(self.loader())
+        try:
+            return timed_loop(ring, lambda lease: lease.release(None), self.cfg, self.dev)
+        finally:
+            ring.close()
+
     # in-process sources
     def naive(self, model):
         def step(i):
@@ -281,6 +289,7 @@ ROWS = [
     ("floor: copy only (pinned H2D)", "copy", "floor", ("cuda",)),
     ("floor: workers' production (reused private buffer)", "production", "floor", ()),
     ("info: workers' production into fresh memory", "production_fresh", "info", ()),
+    ("info: PinnedWorkerLoader alone (no copy)", "ring_alone", "info", ()),
     ("naive: pageable .to() + .item()", "naive", "in-process", ()),
     ("pinned non_blocking, compute stream", "pinned_same_stream", "in-process", ("cuda",)),
     ("hand-rolled side-stream prefetch", "side_stream", "in-process", ("cuda",)),

@@ -307,7 +307,7 @@ def _worker_loop(worker_id: int, dataset, collate_fn, fast_collate: bool, ring_v
     """Runs in a forked child. Never touches CUDA: slots are plain CPU memory here."""
     torch.set_num_threads(1)
     random.seed(seed)
-    torch.manual_seed(seed)
+    torch.default_generator.manual_seed(seed)  # the CPU generator only: nothing here may touch CUDA
     try:
         import numpy as np
         np.random.seed(seed % 2**32)
