@@ -97,7 +97,7 @@ def _collective(name: str, group, sig: Sequence[torch.Tensor | None], attrs: dic
     k = watch.seq
     watch.seq = k + 1
     if watch.debugging():
-        _debug.check_in(watch, k, _debug.signature(name, sig, **attrs), name)
+        _debug.check_in(watch, k, _debug.signature(name, sig, attrs), name)
 
     def explain(exc: BaseException) -> BaseException:
         return _debug.explain_failure(watch, k, name, exc)

@@ -45,7 +45,7 @@ import torch.distributed as dist
 
 ENV_DEBUG = "GOBRRR_DIST_DEBUG"
 _POLL_S = 0.25          # how often a waiting rank looks for dead or departed peers
-_REPORT_GRACE_S = 3.0   # how long a failing rank waits for its peers to post their own failure
+_REPORT_GRACE_S = 2.0   # how long a failing rank waits for its peers to post their own failure
 
 
 class CollectiveError(RuntimeError):
@@ -140,15 +140,21 @@ def _base(world: GroupWatch) -> dist.Store:
     return world.root.underlying_store  # type: ignore[union-attr]
 
 
-def note_exit(exc: BaseException, rank: int | None = None) -> None:
-    """Post 'rank r raised X' so that peers waiting on r can say why it never arrived."""
+def note_exit(exc: BaseException | None = None, rank: int | None = None) -> None:
+    """Post why this rank is leaving ('raised ValueError: ...', or a clean shutdown), so that peers
+    waiting for it in a collective can say why it never arrived. The first note wins."""
     world = _WATCHES.get("WORLD")
     if world is None or world.root is None:
         return
     r = world.ranks[world.me] if rank is None else rank
-    text = f"{type(exc).__name__}: {exc}".splitlines()[0][:300] if str(exc) else type(exc).__name__
+    if exc is None:
+        text = "called shutdown() and left"
+    else:
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        text = f"raised {type(exc).__name__}{': ' + first if first else ''} and left"
     try:
-        world.root.set(f"exit/{r}", text)
+        if not world.root.check([f"exit/{r}"]):
+            world.root.set(f"exit/{r}", text)
     except Exception:  # the store itself may be gone; the original exception matters more
         pass
 
@@ -162,10 +168,10 @@ def describe(t: torch.Tensor | None) -> str:
     return f"{str(t.dtype).removeprefix('torch.')}[{','.join(map(str, t.shape))}]"
 
 
-def signature(op: str, tensors: Sequence[torch.Tensor | None] = (), **attrs) -> str:
+def signature(name: str, tensors: Sequence[torch.Tensor | None] = (), attrs: dict | None = None) -> str:
     """'all_reduce(float32[4,4], op=sum)': the part of a call every rank must share."""
-    parts = [describe(t) for t in tensors] + [f"{k}={v}" for k, v in attrs.items()]
-    return f"{op}({', '.join(parts)})"
+    parts = [describe(t) for t in tensors] + [f"{k}={v}" for k, v in (attrs or {}).items()]
+    return f"{name}({', '.join(parts)})"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -178,7 +184,7 @@ def _peer_state(watch: GroupWatch, group_rank: int) -> str | None:
     g = watch.ranks[group_rank]
     try:
         if watch.root.check([f"exit/{g}"]):
-            return "raised " + watch.root.get(f"exit/{g}").decode(errors="replace") + " and left"
+            return watch.root.get(f"exit/{g}").decode(errors="replace")
         if watch.root.check([f"who/{g}"]):
             host, pid = watch.root.get(f"who/{g}").decode().split()
             if host == socket.gethostname() and not _alive(int(pid)):

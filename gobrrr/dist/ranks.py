@@ -172,6 +172,7 @@ def init(backend: str | None = None, *, timeout_s: float | None = None, seed: in
 
 def shutdown() -> None:
     """Destroy the default process group (if any) and forget this module's per-group state."""
+    _debug.note_exit(None)  # peers still waiting for this rank will read "called shutdown() and left"
     _debug.uninstall()
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()

@@ -74,6 +74,7 @@ def _child(fn: Callable, rank: int, world_size: int, args: tuple, addr: str, por
     from gobrrr.dist import debug as dbg
     from gobrrr.dist.ranks import init, shutdown
 
+    failed_at = None
     try:
         store = dist.TCPStore(addr, port, world_size, False, timeout=_dt.timedelta(seconds=pg_timeout_s))
         device = "cpu" if backend == "gloo" else None
@@ -81,6 +82,7 @@ def _child(fn: Callable, rank: int, world_size: int, args: tuple, addr: str, por
         try:
             value = fn(rank_info, *args)
         except BaseException as exc:
+            failed_at = time.time()
             dbg.note_exit(exc)  # peers waiting for us can say why we never arrived
             raise
         finally:
@@ -91,7 +93,7 @@ def _child(fn: Callable, rank: int, world_size: int, args: tuple, addr: str, por
         conn.send(("ok", value))
     except BaseException:
         try:
-            conn.send(("err", traceback.format_exc()))
+            conn.send(("err", (traceback.format_exc(), failed_at or time.time())))
         except Exception:
             pass
     finally:
@@ -129,7 +131,8 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float 
 
     results: dict[int, Any] = {}
     failures: dict[int, str] = {}
-    first_failure: tuple[float, int] | None = None
+    first_failure: tuple[float, int] | None = None  # (when the harness heard, rank)
+    failed_at: dict[int, float] = {}                   # rank -> when it failed, by its own clock
     done: set[int] = set()
     deadline = time.monotonic() + timeout_s
     try:
@@ -151,12 +154,12 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float 
                 except (EOFError, OSError):  # the process exited without a word
                     procs[r].join(timeout=5)
                     kind, payload = "err", (f"rank {r} exited with code {procs[r].exitcode} before returning "
-                                            f"(killed, os._exit, or a crash in native code)")
+                                            f"(killed, os._exit, or a crash in native code)", time.time())
                 done.add(r)
                 if kind == "ok":
                     results[r] = payload
                 else:
-                    failures[r] = payload
+                    failures[r], failed_at[r] = payload
                     if first_failure is None:
                         first_failure = (time.monotonic(), r)
     finally:
@@ -172,7 +175,7 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float 
         for rd in readers:
             rd.close()
     if failures:
-        raise SpawnError(failures, first_failure[1], running)
+        raise SpawnError(failures, min(failed_at, key=failed_at.get), running)
     if running:
         raise TimeoutError(f"spawn: ranks {running} still running after {timeout_s:g} s; killed all "
                            f"{world_size} ranks. A rank is probably waiting in a collective that another "
