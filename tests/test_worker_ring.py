@@ -170,14 +170,48 @@ def test_custom_collate_dataclass_and_from_dataloader():
     ring.close()
 
 
+class Big(Dataset):
+    def __len__(self):
+        return 20
+
+    def __getitem__(self, i):
+        return {"x": torch.full((3, 32, 32), float(i)), "i": i}   # 12 KiB a sample
+
+
 def test_batch_larger_than_its_slot_takes_the_pickled_path():
-    ds = Nested(20)
-    ring = PinnedWorkerLoader(ds, 4, num_workers=2, slot_bytes=64)  # far too small for a batch
+    ds = Big()
+    ring = PinnedWorkerLoader(ds, 4, num_workers=2, slot_bytes=64)  # one page: far too small for 48 KiB
     want = [clone_tree(b) for b in DataLoader(ds, 4)]
     got = []
-    for lease in ring:
-        got.append(clone_tree(lease.batch))
-        lease.release(None)
+    with pytest.warns(UserWarning, match="did not fit"):
+        for lease in ring:
+            got.append(clone_tree(lease.batch))
+            lease.release(None)
+    for g, w in zip(got, want, strict=True):
+        assert_same(g, w)
+    ring.close()
+
+
+class ShortFirst:
+    """A batch sampler whose first batch is short: the slots must still fit the full batches."""
+    batch_size = 8
+
+    def __iter__(self):
+        yield [0, 1, 2]
+        yield from ([i + j for j in range(8)] for i in range(3, 35, 8))
+
+    def __len__(self):
+        return 5
+
+
+def test_short_first_batch_still_sizes_slots_for_full_batches():
+    import warnings
+    ds = Nested(40)
+    ring = PinnedWorkerLoader(ds, None, num_workers=2, batch_sampler=ShortFirst())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # no batch may take the pickled path
+        got = consume(ring)
+    want = [clone_tree(b) for b in DataLoader(ds, batch_sampler=ShortFirst())]
     for g, w in zip(got, want, strict=True):
         assert_same(g, w)
     ring.close()

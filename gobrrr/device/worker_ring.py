@@ -41,6 +41,7 @@ import queue
 import random
 import threading
 import traceback
+import warnings
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -390,6 +391,7 @@ class PinnedWorkerLoader:
         self._ring: _Ring | None = None
         self._iter: weakref.ref | None = None  # the live epoch, if any
         self._finalizer = None
+        self._warned_fallback = False
 
     @classmethod
     def from_dataloader(cls, dl: torch.utils.data.DataLoader, **overrides) -> "PinnedWorkerLoader":
@@ -413,9 +415,9 @@ class PinnedWorkerLoader:
         self._iter = weakref.ref(it)  # weak: dropping the iterator (break, GC) stops its workers
         return it
 
-    def _ensure_ring(self, first_batch: Any) -> _Ring:
+    def _ensure_ring(self, first_batch: Any, scale: int = 1) -> _Ring:
         if self._ring is None:
-            need = self.slot_bytes or _packed_size(first_batch)
+            need = self.slot_bytes or _packed_size(first_batch) * scale + _ALIGN * 8
             self._ring = _Ring(self.num_slots, need, self.pin, self.device)
             self._finalizer = weakref.finalize(self, self._ring.close)
         return self._ring
@@ -491,7 +493,10 @@ class _RingIter:
                 self.exhausted = True
                 return
             first = loader.collate_fn([loader.dataset[i] for i in indices])
-            ring = loader._ensure_ring(first)
+            # a short first batch (a custom batch sampler) would size every slot too small: scale it
+            full = getattr(loader.batch_sampler, "batch_size", None) or len(indices)
+            scale = max(1, -(-int(full) // max(len(indices), 1)))
+            ring = loader._ensure_ring(first, scale)
             slot = ring.take()
             writer = _SlotWriter(ring.views[slot])
             try:
@@ -603,6 +608,11 @@ class _RingIter:
         ring = self.ring
         if isinstance(skel, _Pickled):
             ring.release(slot, None)  # the batch came through ordinary shared memory
+            if not self.loader._warned_fallback:
+                self.loader._warned_fallback = True
+                warnings.warn(f"PinnedWorkerLoader: a batch did not fit its {ring.slot_bytes}-byte slot (sized "
+                              "from the first batch) and took the slower pickled path; pass slot_bytes= "
+                              "large enough for the biggest batch.", stacklevel=3)
             return Leased(skel.batch, _no_release)
         view = ring.views[slot]
         batch = map_tree(lambda r: _view(view, r.offset, r.shape, r.dtype), skel, _is_leaf_ref)
