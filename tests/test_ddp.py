@@ -219,6 +219,8 @@ def _spawn(world_size: int):
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_ranks_match_single_process(world_size):
+    if BACKEND == "nccl" and world_size > torch.cuda.device_count():
+        pytest.skip(f"NCCL runs one rank per GPU: {world_size} ranks need {world_size} GPUs")
     results = _spawn(world_size)
     n_tensors = 8  # trainable parameter tensors of Mixed
     for res in results:
