@@ -410,3 +410,40 @@ def test_resolve_device():
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="CUDA is not available"):
             resolve_device(0)
+
+
+# -- smoke: the seed loop and `gobrrr bench copy` on the CPU ----------------------------------------------
+def _load_seed_loop():
+    import importlib.util
+    import sys
+    from pathlib import Path
+    path = Path(__file__).resolve().parent.parent / "examples" / "seed_loop.py"
+    spec = importlib.util.spec_from_file_location("seed_loop", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("seed_loop", module)   # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_seed_loop_smoke_on_cpu(capsys):
+    seed_loop = _load_seed_loop()
+    assert seed_loop.main(["--device", "cpu", "--steps", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "naive" in out and "gobrrr" in out and "speedup" in out and "3 steps" in out
+    # both loops saw the same batches and model: the same mean loss
+    losses = [line.split("mean loss")[1].strip() for line in out.splitlines() if "mean loss" in line]
+    assert len(losses) == 2 and losses[0] == losses[1]
+
+
+def test_bench_copy_quick_on_cpu(tmp_path, monkeypatch, capsys):
+    import json
+
+    from bench import copy_bw
+    monkeypatch.setenv("GOBRRR_BENCH_RESULTS", str(tmp_path))
+    device = "cpu"
+    assert copy_bw.main(["--quick", "--sizes", "0.25", "1", "--device", device]) == 0
+    out = capsys.readouterr().out
+    assert "host_memcpy" in out and "GB/s" in out
+    entry = json.loads((tmp_path / "copy.jsonl").read_text().splitlines()[-1])
+    assert entry["bench"] == "copy" and [r["size_MB"] for r in entry["rows"]] == [0.25, 1]
+    assert all(r["GB/s"] > 0 for r in entry["rows"])

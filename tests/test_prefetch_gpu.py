@@ -294,3 +294,25 @@ def test_cuda1_creates_no_context_on_gpu0(tmp_path):
     if "SKIP" in proc.stdout:
         pytest.skip("this torch has no _cuda_hasPrimaryContext")
     assert "CTX False True" in proc.stdout, proc.stdout
+
+
+# -- smoke: the seed loop and `gobrrr bench copy` on the GPU ---------------------------------------------
+def test_seed_loop_smoke_on_gpu(capsys):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("seed_loop", ROOT / "examples" / "seed_loop.py")
+    seed_loop = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("seed_loop", seed_loop)
+    spec.loader.exec_module(seed_loop)
+    assert seed_loop.main(["--steps", "5", "--side", "64"]) == 0
+    out = capsys.readouterr().out
+    assert "naive" in out and "gobrrr" in out and "speedup" in out and "5 steps" in out
+
+
+def test_bench_copy_quick_on_gpu(tmp_path, monkeypatch, capsys):
+    from bench import copy_bw
+    monkeypatch.setenv("GOBRRR_BENCH_RESULTS", str(tmp_path))
+    assert copy_bw.main(["--quick", "--sizes", "4"]) == 0
+    out = capsys.readouterr().out
+    for kind in copy_bw.KINDS:
+        assert kind in out
+    assert "pinned H2D peak" in out
