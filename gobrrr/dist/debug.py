@@ -245,35 +245,40 @@ def _wait_for_all(watch: GroupWatch, keys: list[str], k: int, op: str) -> None:
 
 
 def _wait_for_keys(watch: GroupWatch, keys: dict[int, str], what: str) -> None:
-    """Wait until every key (posted by group rank r) exists; fail fast when a poster is known gone."""
+    """Wait until every key (posted by group rank r) exists; fail fast when a poster is known gone.
+
+    Polls with `check` (non-blocking) and a short back-off rather than `store.wait(timeout)`, whose
+    timeouts log a C++ warning each time."""
     store = watch.store
-    deadline = time.monotonic() + watch.timeout_s
+    start = time.monotonic()
+    deadline, next_look, nap = start + watch.timeout_s, start + _POLL_S, 0.0005
+    pending = dict(keys)
     while True:
-        try:
-            store.wait(list(keys.values()), _timedelta(min(_POLL_S, max(deadline - time.monotonic(), 0.01))))
+        pending = {r: key for r, key in pending.items() if not store.check([key])}
+        if not pending:
             return
-        except RuntimeError:  # DistStoreError (a RuntimeError): not all there yet
-            pass
-        missing = [r for r, key in keys.items() if not store.check([key])]
-        if not missing:
-            return
-        gone = {r: s for r in missing if (s := _peer_state(watch, r)) is not None}
-        if gone or time.monotonic() >= deadline:
-            raise CollectiveTimeoutError(_missing_message(watch, what, missing, gone))
+        now = time.monotonic()
+        if now >= next_look or now >= deadline:
+            next_look = now + _POLL_S
+            gone = {r: s for r in pending if (s := _peer_state(watch, r)) is not None}
+            if gone or now >= deadline:
+                raise CollectiveTimeoutError(_missing_message(watch, what, sorted(pending), gone))
+        time.sleep(nap)
+        nap = min(nap * 2, 0.02)
 
 
 def _missing_message(watch: GroupWatch, what: str, missing: list[int], gone: dict[int, str]) -> str:
-    why = "; ".join(f"rank {i} {s}" for i, s in gone.items())
+    text = f"gobrrr.dist: {what}: rank {watch.me} waited, ranks {missing} never arrived"
+    if gone:
+        text += ": " + "; ".join(f"rank {i} {s}" for i, s in gone.items())
     silent = [i for i in missing if i not in gone]
-    parts = [f"gobrrr.dist: {what}: rank {watch.me} waited, ranks {missing} never arrived"]
-    if why:
-        parts.append(f"({why})")
     if silent:
-        parts.append(f"; ranks {silent} are silent after {watch.timeout_s:g} s (stuck elsewhere or slow)")
-    parts.append(". Look at those ranks' own errors; if they are silent, they are blocked in a different "
-                 "collective or in compute: rerun with GOBRRR_DIST_DEBUG=1 to check that every rank issues "
-                 "the same collectives.")
-    return " ".join(parts).replace(" ;", ";").replace(" .", ".")
+        text += f"{'; ' if gone else ': '}ranks {silent} are silent after {watch.timeout_s:g} s"
+    text += (". Read the errors of the ranks that left. A silent rank is slow, or blocked in compute, "
+             "in point-to-point, or in a collective on another group")
+    if not watch.debugging():
+        text += "; GOBRRR_DIST_DEBUG=1 also checks that every rank issues the same collectives"
+    return text + "."
 
 
 def p2p_post(watch: GroupWatch, kind: str, peer: int, tensor: torch.Tensor):

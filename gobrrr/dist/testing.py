@@ -27,6 +27,7 @@ import datetime as _dt
 import multiprocessing as mp
 import multiprocessing.connection as mpc
 import os
+import pickle
 import time
 import traceback
 from typing import Any, Callable
@@ -90,10 +91,12 @@ def _child(fn: Callable, rank: int, world_size: int, args: tuple, addr: str, por
                 shutdown()
             except Exception:  # tearing down after a failure may fail too; keep the first error
                 pass
-        conn.send(("ok", value))
+        # plain pickle, not the connection's ForkingPickler: torch registers a reduction there that
+        # passes tensors as shared-memory handles, which die with this process
+        conn.send_bytes(pickle.dumps(("ok", value)))
     except BaseException:
         try:
-            conn.send(("err", (traceback.format_exc(), failed_at or time.time())))
+            conn.send_bytes(pickle.dumps(("err", (traceback.format_exc(), failed_at or time.time()))))
         except Exception:
             pass
     finally:
@@ -150,7 +153,7 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float 
                 if r in done:
                     continue
                 try:
-                    kind, payload = readers[r].recv()
+                    kind, payload = pickle.loads(readers[r].recv_bytes())
                 except (EOFError, OSError):  # the process exited without a word
                     procs[r].join(timeout=5)
                     kind, payload = "err", (f"rank {r} exited with code {procs[r].exitcode} before returning "
