@@ -1,0 +1,405 @@
+"""`gobrrr train`: train the reference GPT on one rank or many, resumable bit for bit.
+
+    gobrrr train --model tiny --steps 200 --out runs/tiny                     # CPU or one GPU
+    torchrun --nproc-per-node 8 -m gobrrr train --model 124m --steps 2000 --out runs/124m
+    gobrrr train ... --resume                                                 # continue after a kill
+
+One step, per rank (the same code at every world size; at world size 1 communication is a no-op):
+  1. K micro-batches (--grad-accum K) arrive through `gobrrr.Prefetcher`; micro-batch i of the
+     run is a pure function of (seed, i), and each rank keeps its rows of the global batch;
+  2. forward + backward under bf16 autocast on a GPU; the first K-1 inside `model.no_sync()`,
+     so gradients are reduced once, by `gobrrr.parallel.ddp`, during the last backward;
+  3. clip the gradient norm, set the warmup+cosine learning rate, AdamW step;
+  4. the loss stays on the device; every --log-every steps the stacked losses are averaged over
+     ranks and read in one go (the only host-device sync in the loop), then appended to
+     DIR/metrics.jsonl, one object per step;
+  5. every --ckpt-every steps rank 0 writes DIR/checkpoint.pt atomically (gobrrr.checkpoint).
+
+Why a resumed run equals an uninterrupted one: `--steps` is the schedule's length (the LR at
+step s does not depend on where the run stopped), the data position is the step, and the
+checkpoint holds model, optimizer (with Adam's step counts), the RNG states and that position.
+On a CPU the result is bitwise identical; tests/test_train.py checks it.
+
+metrics.jsonl is only ever appended to. After a resume the steps between the checkpoint and
+the kill appear twice (the later record wins; `read_metrics` does that) and a
+{"event": "resume", "step": s} record marks the seam.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import signal
+import sys
+import time
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from gobrrr.checkpoint import CheckpointError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from gobrrr.data import CharCorpus, SyntheticTokens
+from gobrrr.models.gpt import GPT, GPTConfig
+
+CHECKPOINT = "checkpoint.pt"
+METRICS = "metrics.jsonl"
+FORMAT = "gobrrr-train-v1"
+
+# Peak dense bf16 tensor-core throughput (no 2:4 sparsity), FLOP/s, from the vendors' datasheets;
+# the first name contained in torch.cuda.get_device_name() wins. GOBRRR_PEAK_FLOPS overrides.
+PEAK_BF16_FLOPS = [
+    ("H200", 989e12),
+    ("H100 PCIe", 756e12),
+    ("H100", 989e12),      # SXM
+    ("A100", 312e12),
+    ("L40S", 362e12),
+]
+
+
+class TrainError(RuntimeError):
+    """The run cannot start or continue as asked; the message says what to change."""
+
+
+@dataclass
+class TrainConfig:
+    """Everything a run depends on. Batch sizes are per rank and per micro-step."""
+
+    model: str = "tiny"              # tiny | small | 124m (gobrrr.models.gpt)
+    steps: int = 200                 # optimizer steps in the whole schedule
+    out: str = "runs/gobrrr"         # folder for checkpoint.pt and metrics.jsonl
+    device: str | None = None        # cpu | cuda; default cuda when available
+    batch_size: int = 8              # sequences per rank per micro-step
+    seq_len: int | None = None       # default: the model's block_size
+    grad_accum: int = 1              # micro-steps per optimizer step
+    data: str = "shakespeare"        # shakespeare (shipped text) | synthetic (random tokens)
+    lr: float = 1e-3                 # peak learning rate
+    min_lr: float = 1e-4             # end of the cosine
+    warmup: int | None = None        # linear warmup steps; default min(100, steps // 10)
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0           # max global gradient norm (0 = off)
+    ckpt_every: int = 100            # checkpoint every M steps (and at the end)
+    log_every: int = 10              # read losses back every N steps (one host sync per N steps)
+    resume: bool = False
+    seed: int = 0
+    progress: bool = True            # progress bar / progress lines on rank 0
+    crash_after_step: int | None = None  # testing aid: SIGKILL this process after that step
+
+    def __post_init__(self):
+        if self.warmup is None:
+            self.warmup = min(100, self.steps // 10)
+        for name in ("steps", "batch_size", "grad_accum", "ckpt_every", "log_every"):
+            if getattr(self, name) < 1:
+                raise TrainError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.data not in ("shakespeare", "synthetic"):
+            raise TrainError(f"--data must be 'shakespeare' or 'synthetic', got {self.data!r}")
+        if not 0 <= self.warmup <= self.steps:
+            raise TrainError(f"--warmup {self.warmup} must be between 0 and --steps {self.steps}")
+
+
+# These must match between a checkpoint and the run resuming it, or the continuation is not the
+# same run; --steps may change (a longer schedule), the rest (device, logging, out) may too.
+_SAME_ON_RESUME = ("model", "seq_len", "grad_accum", "data", "lr", "min_lr", "warmup", "weight_decay",
+                   "grad_clip", "seed")
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Learning rate for optimizer step `step` (0-based): linear warmup, then cosine to min_lr
+    (Loshchilov & Hutter 2017, "SGDR", without restarts)."""
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    span = max(1, cfg.steps - cfg.warmup)
+    progress = min(1.0, (step - cfg.warmup) / span)
+    return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (cfg.lr - cfg.min_lr)
+
+
+def peak_flops(device: torch.device) -> tuple[float | None, str]:
+    """(peak dense bf16 FLOP/s, its source) for `device`; (None, why) when unknown (e.g. CPU)."""
+    env = os.environ.get("GOBRRR_PEAK_FLOPS")
+    if env:
+        return float(env), "GOBRRR_PEAK_FLOPS"
+    if device.type != "cuda":
+        return None, "no peak for a CPU"
+    name = torch.cuda.get_device_name(device)
+    for key, flops in PEAK_BF16_FLOPS:
+        if key in name:
+            return flops, f"{key} dense bf16"
+    return None, f"no peak known for {name}; set GOBRRR_PEAK_FLOPS"
+
+
+def make_optimizer(model: GPT, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
+    """AdamW (Loshchilov & Hutter 2019); weight decay on matrices and embeddings, not biases or norms."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    fused = device.type == "cuda"  # one kernel for the whole update on a GPU
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8, fused=fused)
+
+
+def make_data(cfg: TrainConfig, model_cfg: GPTConfig, seq_len: int, rank: int, world_size: int):
+    if cfg.data == "synthetic":
+        return SyntheticTokens(model_cfg.vocab_size, seq_len, cfg.batch_size, cfg.seed, rank=rank,
+                               world_size=world_size)
+    if model_cfg.vocab_size < CharCorpus.vocab_size:
+        raise TrainError(f"model {cfg.model} has vocab {model_cfg.vocab_size} < 256 bytes; use --data synthetic")
+    return CharCorpus(seq_len, cfg.batch_size, cfg.seed, rank=rank, world_size=world_size)
+
+
+def read_metrics(path: str | os.PathLike) -> dict[int, dict[str, Any]]:
+    """metrics.jsonl as {step: record}; for a step logged twice (before a kill and after the resume)
+    the later record wins. Event records ({"event": ...}) are skipped."""
+    records: dict[int, dict[str, Any]] = {}
+    with open(path) as f:
+        for line in f:
+            if line.strip():
+                rec = json.loads(line)
+                if "event" not in rec:
+                    records[rec["step"]] = rec
+    return records
+
+
+class _Progress:
+    """A rich progress bar on a terminal; otherwise one plain line per log interval. Rank 0 only."""
+
+    def __init__(self, enabled: bool, total: int, start: int, title: str):
+        self.bar = None
+        self.enabled = enabled
+        self.total = total
+        if not enabled:
+            return
+        from rich.console import Console
+
+        console = Console(stderr=True)
+        if console.is_terminal:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self.bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                TextColumn("{task.fields[stats]}"), TimeRemainingColumn(), console=console)
+            self.task = self.bar.add_task(title, total=total, completed=start, stats="")
+            self.bar.start()
+
+    def advance(self) -> None:
+        if self.bar is not None:
+            self.bar.advance(self.task)
+
+    def report(self, step: int, loss: float, tokens_per_s: float, mfu: float | None) -> None:
+        if not self.enabled:
+            return
+        stats = f"loss {loss:.4f}  {tokens_per_s:,.0f} tok/s" + (f"  MFU {mfu:.1%}" if mfu is not None else "")
+        if self.bar is not None:
+            self.bar.update(self.task, stats=stats)
+        else:
+            print(f"step {step}/{self.total}  {stats}", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def train(cfg: TrainConfig) -> dict[str, Any]:
+    """Run (or continue) the training described by `cfg`; join the torchrun group if there is one.
+
+    Returns {"step", "losses": {step: loss} logged by this call, "tokens_per_s", "mfu", "peak"}.
+    """
+    device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise TrainError("--device cuda was asked for but torch sees no GPU; use --device cpu")
+    from gobrrr.dist import session  # the rank runtime (engineer D)
+
+    with session(device=device, seed=cfg.seed) as rank:
+        return _train(cfg, rank)
+
+
+def _train(cfg: TrainConfig, rank) -> dict[str, Any]:
+    from gobrrr import Prefetcher
+    from gobrrr.parallel import ddp
+
+    device, W, main = rank.device, rank.world_size, rank.is_main
+    out = Path(cfg.out)
+    ckpt_path, metrics_path = out / CHECKPOINT, out / METRICS
+    model_cfg = GPTConfig.from_name(cfg.model)
+    cfg = replace(cfg, seq_len=cfg.seq_len or model_cfg.block_size)
+    T, B, K = cfg.seq_len, cfg.batch_size, cfg.grad_accum
+    if T > model_cfg.block_size:
+        raise TrainError(f"--seq-len {T} exceeds model {cfg.model}'s block_size {model_cfg.block_size}")
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True  # fp32 leftovers outside autocast use TF32 tensor cores
+        torch.backends.cudnn.allow_tf32 = True
+
+    torch.manual_seed(cfg.seed)  # the same initial weights on every rank and at every world size
+    raw = GPT(model_cfg).to(device)
+    model = ddp(raw)
+    opt = make_optimizer(raw, cfg, device)
+    data = make_data(cfg, model_cfg, T, rank.rank, W)
+
+    start = 0
+    if ckpt_path.exists():
+        if not cfg.resume:
+            raise TrainError(f"{out} already holds a run ({CHECKPOINT}); pass --resume to continue it "
+                             "or choose a new --out")
+        state = load_checkpoint(ckpt_path, map_location=device)
+        _check_resumable(state, cfg, W)
+        raw.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        set_rng_state(state["rng"], device)
+        start = state["step"]
+        if data.check_state(state["data"]) != start * K:
+            raise TrainError(f"checkpoint data position {state['data']['position']} is not step {start} x "
+                             f"--grad-accum {K}; the checkpoint is inconsistent, start afresh")
+    elif metrics_path.exists() and not cfg.resume:
+        raise TrainError(f"{out} already has {METRICS} from another run; choose a new --out (or --resume)")
+
+    if main:
+        out.mkdir(parents=True, exist_ok=True)
+    flops_per_token = raw.flops_per_token(T)
+    peak, peak_src = peak_flops(device)
+    tokens_per_step = B * T * K * W
+    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda"
+                else contextlib.nullcontext())
+
+    metrics = open(metrics_path, "a") if main else None
+    if main and start > 0:
+        metrics.write(json.dumps({"event": "resume", "step": start, "time": time.time()}) + "\n")
+        metrics.flush()
+    progress = _Progress(main and cfg.progress, cfg.steps, start,
+                         f"{cfg.model} x{W} {'cuda' if device.type == 'cuda' else 'cpu'}")
+    logged: dict[int, float] = {}
+    rates: list[float] = []
+    pending: list[torch.Tensor] = []   # per step: (loss, grad_norm) stacked, still on the device
+    t_last, steps_since = time.perf_counter(), 0
+    loader = Prefetcher(data.batches(start * K, cfg.steps * K), device=device)
+    batches = iter(loader)
+
+    def flush(step: int) -> None:
+        nonlocal t_last, steps_since
+        if not pending:
+            return
+        both = torch.stack(pending)             # (n, 2): loss, grad norm per step
+        dist.all_reduce(both)                   # one collective per log interval, not per step
+        rows = (both / W).tolist()              # sync: the one device->host read per log interval
+        now = time.perf_counter()
+        dt = (now - t_last) / len(rows)
+        tok_s = tokens_per_step / dt
+        mfu = flops_per_token * tok_s / (peak * W) if peak else None
+        first = step - len(rows) + 1
+        for i, (loss, norm) in enumerate(rows):
+            s = first + i
+            logged[s] = loss
+            if metrics is not None:
+                metrics.write(json.dumps({"step": s, "loss": loss, "lr": lr_at(s - 1, cfg), "grad_norm": norm,
+                                          "tokens_per_s": tok_s, "step_ms": dt * 1e3, "mfu": mfu}) + "\n")
+        if metrics is not None:
+            metrics.flush()
+        rates.append(tok_s)
+        progress.report(step, rows[-1][0], tok_s, mfu)
+        pending.clear()
+        t_last, steps_since = now, 0
+
+    try:
+        for step in range(start, cfg.steps):
+            lr = lr_at(step, cfg)
+            for group in opt.param_groups:
+                group["lr"] = lr
+            loss_sum = torch.zeros((), device=device)
+            for k in range(K):
+                x, y = next(batches)  # (B, T) int64 each, already on the device
+                sync_ctx = model.no_sync() if k < K - 1 else contextlib.nullcontext()
+                with sync_ctx:
+                    with autocast:
+                        _, loss = model(x, y)
+                    (loss / K).backward()
+                loss_sum += loss.detach()
+            norm = (torch.nn.utils.clip_grad_norm_(raw.parameters(), cfg.grad_clip) if cfg.grad_clip > 0
+                    else torch.zeros((), device=device))
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            pending.append(torch.stack([loss_sum / K, norm.float()]))
+            steps_since += 1
+            progress.advance()
+            done = step + 1
+            last = done == cfg.steps
+            if done % cfg.log_every == 0 or done % cfg.ckpt_every == 0 or last:
+                flush(done)
+            if (done % cfg.ckpt_every == 0 or last) and main:
+                save_checkpoint({"format": FORMAT, "step": done, "model": raw.state_dict(),
+                                 "optimizer": opt.state_dict(), "rng": rng_state(device),
+                                 "data": data.state_dict(done * K), "config": asdict(cfg), "world_size": W},
+                                ckpt_path)
+            if cfg.crash_after_step == done:
+                os.kill(os.getpid(), signal.SIGKILL)  # testing aid: die like a killed job, no cleanup
+    finally:
+        progress.close()
+        loader.close()
+        if metrics is not None:
+            metrics.close()
+
+    steady = rates[1:] or rates  # the first interval includes warm-up (allocation, autotuning)
+    tok_s = sorted(steady)[len(steady) // 2] if steady else None
+    mfu = flops_per_token * tok_s / (peak * W) if (peak and tok_s) else None
+    if main and cfg.progress and logged:
+        last_step = max(logged)
+        print(f"done: step {last_step}, loss {logged[last_step]:.4f}, "
+              + (f"{tok_s:,.0f} tok/s" if tok_s else "")
+              + (f", MFU {mfu:.1%} of {peak / 1e12:.0f} TFLOP/s ({peak_src}) per GPU" if mfu else f" ({peak_src})"),
+              file=sys.stderr, flush=True)
+    return {"step": cfg.steps, "losses": logged, "tokens_per_s": tok_s, "mfu": mfu, "peak": peak}
+
+
+def _check_resumable(state: dict[str, Any], cfg: TrainConfig, world_size: int) -> None:
+    if state.get("format") != FORMAT:
+        raise TrainError(f"checkpoint format {state.get('format')!r} is not {FORMAT!r}; start a new run")
+    old = state["config"]
+    diffs = [f"--{k.replace('_', '-')} {old.get(k)} -> {getattr(cfg, k)}" for k in _SAME_ON_RESUME
+             if old.get(k) != getattr(cfg, k)]
+    old_global = old["batch_size"] * state["world_size"]
+    if old_global != cfg.batch_size * world_size:
+        diffs.append(f"global batch (batch size x ranks) {old['batch_size']}x{state['world_size']} -> "
+                     f"{cfg.batch_size}x{world_size}")
+    if diffs:
+        raise TrainError("cannot resume: the run was started with different settings ("
+                         + "; ".join(diffs) + "); resume with the original arguments")
+    if state["step"] > cfg.steps:
+        raise TrainError(f"the checkpoint is at step {state['step']}, past --steps {cfg.steps}")
+
+
+def parse_args(argv: list[str]) -> TrainConfig:
+    p = argparse.ArgumentParser(prog="gobrrr train", description="Train the reference GPT (works under torchrun).")
+    d = TrainConfig()
+    p.add_argument("--model", default=d.model, choices=["tiny", "small", "124m"])
+    p.add_argument("--steps", type=int, default=d.steps, help="optimizer steps in the whole schedule")
+    p.add_argument("--out", required=True, help="folder for checkpoint.pt and metrics.jsonl")
+    p.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda when available")
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help="sequences per rank per micro-step")
+    p.add_argument("--seq-len", type=int, default=None, help="default: the model's block size")
+    p.add_argument("--grad-accum", type=int, default=d.grad_accum, help="micro-steps per optimizer step")
+    p.add_argument("--data", choices=["shakespeare", "synthetic"], default=d.data)
+    p.add_argument("--lr", type=float, default=d.lr, help="peak learning rate")
+    p.add_argument("--min-lr", type=float, default=d.min_lr)
+    p.add_argument("--warmup", type=int, default=None, help="warmup steps (default min(100, steps // 10))")
+    p.add_argument("--weight-decay", type=float, default=d.weight_decay)
+    p.add_argument("--grad-clip", type=float, default=d.grad_clip, help="max gradient norm, 0 = off")
+    p.add_argument("--ckpt-every", type=int, default=d.ckpt_every)
+    p.add_argument("--log-every", type=int, default=d.log_every, help="steps between loss reads (host syncs)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress output")
+    p.add_argument("--crash-after-step", type=int, default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    return TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)})
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        train(parse_args(argv))
+    except (TrainError, CheckpointError) as e:
+        print(f"gobrrr train: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
