@@ -32,14 +32,10 @@ epoch, as a default DataLoader does, while the slots live as long as the loader.
 """
 from __future__ import annotations
 
-import collections.abc
-import copy
-import dataclasses
-import mmap
 import os
 import queue
 import random
-import threading
+import time
 import traceback
 import warnings
 import weakref
@@ -51,8 +47,8 @@ from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
 from torch.utils.data._utils.collate import collate as _collate, default_collate_fn_map
 from torch.utils.data.dataloader import default_collate
 
-_ALIGN = 256          # every leaf starts on a 256-byte boundary inside its slot
-_PAGE = mmap.PAGESIZE  # every slot starts on a page (cudaHostRegister and DMA like that)
+from gobrrr.device.slots import (ALIGN, NoRoom, SlotRing, SlotWriter, is_leaf_ref, leaf_view, map_tree,
+                                 packed_size)
 
 
 @dataclass
@@ -67,22 +63,12 @@ class Leased:
     release: Callable[[Any], None]
 
 
-@dataclass(frozen=True)
-class _Leaf:
-    """Where one tensor of a batch lives inside its slot."""
-    offset: int
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-
-
 @dataclass
 class _Pickled:
     """A batch that did not fit its slot, sent through ordinary (pickled, shared-memory) transport."""
     batch: Any
 
 
-class _NoRoom(Exception):
-    """The batch does not fit its slot (or has a tensor we cannot place); use the pickled path."""
 
 
 @dataclass
@@ -100,205 +86,6 @@ class _Failure:
         except Exception:  # exception types whose constructor wants other arguments
             err = RuntimeError(msg)
         raise err
-
-
-# ---------------------------------------------------------------- tree helpers (batch structure)
-
-def map_tree(fn: Callable[[Any], Any], x: Any, is_leaf: Callable[[Any], bool]) -> Any:
-    """Rebuild `x` with `fn` applied to every leaf; dict / list / tuple / namedtuple / dataclass kept."""
-    if is_leaf(x):
-        return fn(x)
-    if isinstance(x, collections.abc.Mapping):
-        items = {k: map_tree(fn, v, is_leaf) for k, v in x.items()}
-        try:
-            if isinstance(x, collections.abc.MutableMapping):
-                clone = copy.copy(x)
-                clone.update(items)
-                return clone
-            return type(x)(items)
-        except TypeError:
-            return items
-    if isinstance(x, tuple) and hasattr(x, "_fields"):
-        return type(x)(*(map_tree(fn, v, is_leaf) for v in x))
-    if isinstance(x, (list, tuple)):
-        vals = [map_tree(fn, v, is_leaf) for v in x]
-        try:
-            return type(x)(vals)
-        except TypeError:
-            return vals
-    if dataclasses.is_dataclass(x) and not isinstance(x, type):
-        clone = copy.copy(x)
-        for f in dataclasses.fields(x):
-            object.__setattr__(clone, f.name, map_tree(fn, getattr(x, f.name), is_leaf))
-        return clone
-    return x
-
-
-def _is_tensor(x: Any) -> bool:
-    return isinstance(x, torch.Tensor)
-
-
-def _is_leaf_ref(x: Any) -> bool:
-    return isinstance(x, _Leaf)
-
-
-def _round_up(n: int, to: int) -> int:
-    return (n + to - 1) // to * to
-
-
-class _SlotWriter:
-    """Places tensors one after another in one slot (a flat uint8 tensor); used by the workers."""
-
-    def __init__(self, slot: torch.Tensor):
-        self.slot, self.used = slot, 0      # slot: (slot_bytes,) uint8
-
-    def alloc(self, shape: tuple[int, ...], dtype: torch.dtype) -> tuple[_Leaf, torch.Tensor]:
-        nbytes = _numel(shape) * _itemsize(dtype)
-        off = _round_up(self.used, _ALIGN)
-        if off + nbytes > self.slot.numel():
-            raise _NoRoom(f"batch needs more than the slot's {self.slot.numel()} bytes")
-        self.used = off + nbytes
-        return _Leaf(off, tuple(shape), dtype), _view(self.slot, off, tuple(shape), dtype)
-
-    def stack_fn(self, batch: list[torch.Tensor], *, collate_fn_map=None) -> torch.Tensor:
-        """A `collate_fn_map` entry for tensors: stack the samples straight into this slot."""
-        elem = batch[0]
-        if elem.layout != torch.strided or elem.is_nested or elem.device.type != "cpu":
-            raise _NoRoom("sparse, nested or non-CPU tensors take the pickled path")
-        _, out = self.alloc((len(batch), *elem.shape), elem.dtype)
-        torch.stack(batch, 0, out=out)  # the one and only copy of the batch
-        return out
-
-    def pack(self, batch: Any) -> Any:
-        """Skeleton of `batch`: tensors already in this slot become _Leaf; others are copied in."""
-        base, end = self.slot.data_ptr(), self.slot.data_ptr() + self.slot.numel()
-
-        def leaf(t: torch.Tensor) -> _Leaf:
-            if t.layout != torch.strided or t.device.type != "cpu":
-                raise _NoRoom("sparse or non-CPU tensors take the pickled path")
-            if base <= t.data_ptr() < end and t.is_contiguous():
-                return _Leaf(t.data_ptr() - base, tuple(t.shape), t.dtype)
-            ref, view = self.alloc(tuple(t.shape), t.dtype)
-            view.copy_(t)
-            return ref
-
-        return map_tree(leaf, batch, _is_tensor)
-
-
-def _numel(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= int(s)
-    return n
-
-
-def _itemsize(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
-
-
-def _view(slot: torch.Tensor, off: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    nbytes = _numel(shape) * _itemsize(dtype)
-    return slot[off:off + nbytes].view(dtype).view(shape)
-
-
-def _packed_size(batch: Any) -> int:
-    """Bytes a batch takes in a slot, alignment included."""
-    used = 0
-
-    def add(t: torch.Tensor):
-        nonlocal used
-        used = _round_up(used, _ALIGN) + t.numel() * t.element_size()
-        return t
-
-    map_tree(add, batch, _is_tensor)
-    return used
-
-
-# ---------------------------------------------------------------- the ring of slots
-
-class _Ring:
-    """S equal slots in one anonymous MAP_SHARED mapping, page-locked once, reused after events."""
-
-    def __init__(self, slots: int, slot_bytes: int, pin: bool, device: torch.device | None):
-        self.slot_bytes = _round_up(max(slot_bytes, 1), _PAGE)
-        self.nbytes = slots * self.slot_bytes
-        self._mm = mmap.mmap(-1, self.nbytes)  # anonymous + MAP_SHARED: forked workers share it
-        self.flat = torch.frombuffer(self._mm, dtype=torch.uint8)  # (slots * slot_bytes,)
-        self.flat.fill_(0)  # fault every page in now, not during the first epoch
-        self.views = list(self.flat.view(slots, self.slot_bytes).unbind(0))  # slot s: (slot_bytes,)
-        self.free = collections.deque(range(slots))
-        self.pending: list[tuple[int, Any]] = []   # (slot, copy-done event) not yet completed
-        self.lock = threading.Lock()               # release() may come from a consumer thread
-        self.registered = False
-        if pin:
-            cudart = torch.cuda.cudart()
-            with torch.cuda.device(device if device is not None else torch.cuda.current_device()):
-                # cudaHostRegisterPortable (1): pinned for every device's context, not only this one
-                err = cudart.cudaHostRegister(self.flat.data_ptr(), self.nbytes, 1)
-            if int(err) != 0:
-                raise RuntimeError(
-                    f"cudaHostRegister of {self.nbytes / 2**20:.0f} MiB of worker slots failed with "
-                    f"cudaError {int(err)}; lower `slots=` or pass pin=False (the ring then stays pageable).")
-            self.registered = True
-            # Drivers may mark page-locked ranges MADV_DONTFORK (to keep DMA pages away from a child's
-            # copy-on-write); this mapping is MAP_SHARED, so there is no copy-on-write to fear, and the
-            # workers forked after this point must see it. A no-op when the flag was never set.
-            if hasattr(mmap, "MADV_DOFORK"):
-                self._mm.madvise(mmap.MADV_DOFORK)
-
-    @property
-    def num_slots(self) -> int:
-        return len(self.views)
-
-    def release(self, slot: int, event: Any) -> None:
-        with self.lock:
-            if event is None:
-                self.free.append(slot)
-            else:
-                self.pending.append((slot, event))
-
-    def reclaim(self) -> None:
-        """Move slots whose copy-done event has completed to the free list (non-blocking query)."""
-        with self.lock:
-            still = []
-            for slot, ev in self.pending:
-                if ev.query():
-                    self.free.append(slot)
-                else:
-                    still.append((slot, ev))
-            self.pending = still
-
-    def take(self) -> int | None:
-        with self.lock:
-            return self.free.popleft() if self.free else None
-
-    def wait_oldest(self) -> bool:
-        """Block until the oldest pending copy completes; False when nothing is pending."""
-        with self.lock:
-            if not self.pending:
-                return False
-            slot, ev = self.pending.pop(0)
-        ev.synchronize()  # sync: every slot is in flight to the GPU; this wait is the backpressure
-        with self.lock:
-            self.free.append(slot)
-        return True
-
-    def close(self) -> None:
-        with self.lock:
-            pending, self.pending = self.pending, []
-        for _, ev in pending:
-            ev.synchronize()  # sync: close-time only; no copy may read the slots after unregistering
-        if self.registered:
-            self.registered = False
-            try:
-                torch.cuda.cudart().cudaHostUnregister(self.flat.data_ptr())
-            except Exception:  # CUDA already torn down at interpreter exit: the process is going anyway
-                pass
-        self.views, self.flat = [], None
-        try:
-            self._mm.close()
-        except BufferError:
-            pass  # a caller still holds a view; the mapping goes when that view is collected
 
 
 # ---------------------------------------------------------------- worker process
@@ -333,7 +120,7 @@ def _worker_loop(worker_id: int, dataset, collate_fn, fast_collate: bool, ring_v
         idx, indices, slot = task
         try:
             samples = [dataset[i] for i in indices]
-            writer = _SlotWriter(ring_views[slot])
+            writer = SlotWriter(ring_views[slot])
             try:
                 if fast_collate:
                     fmap = {**default_collate_fn_map, torch.Tensor: writer.stack_fn}
@@ -341,7 +128,7 @@ def _worker_loop(worker_id: int, dataset, collate_fn, fast_collate: bool, ring_v
                 else:
                     batch = collate_fn(samples)
                 result = (idx, slot, writer.pack(batch), None)
-            except _NoRoom:
+            except NoRoom:
                 result = (idx, slot, _Pickled((collate_fn or default_collate)(samples)), None)
         except Exception as e:
             result = (idx, slot, None, _Failure(worker_id, type(e), traceback.format_exc()))
@@ -388,7 +175,7 @@ class PinnedWorkerLoader:
         self.slot_bytes = slot_bytes
         self.pin = torch.cuda.is_available() if pin is None else bool(pin)
         self.device = torch.device(device) if device is not None else None
-        self._ring: _Ring | None = None
+        self._ring: SlotRing | None = None
         self._iter: weakref.ref | None = None  # the live epoch, if any
         self._finalizer = None
         self._warned_fallback = False
@@ -415,10 +202,10 @@ class PinnedWorkerLoader:
         self._iter = weakref.ref(it)  # weak: dropping the iterator (break, GC) stops its workers
         return it
 
-    def _ensure_ring(self, first_batch: Any, scale: int = 1) -> _Ring:
+    def _ensure_ring(self, first_batch: Any, scale: int = 1) -> SlotRing:
         if self._ring is None:
-            need = self.slot_bytes or _packed_size(first_batch) * scale + _ALIGN * 8
-            self._ring = _Ring(self.num_slots, need, self.pin, self.device)
+            need = self.slot_bytes or packed_size(first_batch) * scale + ALIGN * 8
+            self._ring = SlotRing(self.num_slots, need, self.pin, self.device)
             self._finalizer = weakref.finalize(self, self._ring.close)
         return self._ring
 
@@ -434,7 +221,7 @@ class PinnedWorkerLoader:
             it.shutdown()
         self._iter = None
         if self._finalizer is not None:
-            self._finalizer()  # runs _Ring.close once
+            self._finalizer()  # runs SlotRing.close once
         self._ring = None
 
     def __enter__(self):
@@ -498,10 +285,10 @@ class _RingIter:
             scale = max(1, -(-int(full) // max(len(indices), 1)))
             ring = loader._ensure_ring(first, scale)
             slot = ring.take()
-            writer = _SlotWriter(ring.views[slot])
+            writer = SlotWriter(ring.views[slot])
             try:
                 self.ready[0] = (slot, writer.pack(first), None)
-            except _NoRoom:
+            except NoRoom:
                 self.ready[0] = (slot, _Pickled(first), None)
             self.send_idx = 1
         self.ring = loader._ring
@@ -553,7 +340,6 @@ class _RingIter:
 
     def _receive(self) -> None:
         """Wait (bounded) for one worker result; notice dead workers and the overall timeout."""
-        import time
         deadline = time.monotonic() + self.timeout_s
         while True:
             try:
@@ -615,7 +401,7 @@ class _RingIter:
                               "large enough for the biggest batch.", stacklevel=3)
             return Leased(skel.batch, _no_release)
         view = ring.views[slot]
-        batch = map_tree(lambda r: _view(view, r.offset, r.shape, r.dtype), skel, _is_leaf_ref)
+        batch = map_tree(lambda r: leaf_view(view, r.offset, r.shape, r.dtype), skel, is_leaf_ref)
         done = [False]
 
         def release(event: Any = None) -> None:

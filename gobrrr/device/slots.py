@@ -1,0 +1,242 @@
+"""Slots: page-locked shared memory that worker processes write batches into, reused after events.
+
+A `SlotRing` is S equal slots carved out of one anonymous MAP_SHARED mapping. It is allocated in
+the main process before the workers fork, so parent and workers see the same physical pages, and
+it is page-locked once with `cudaHostRegister`, so a host-to-device copy from a slot is a direct
+DMA (no staging through another pinned buffer). A slot is handed out (`take`), filled by a worker,
+leased to the consumer, and comes back (`release(slot, event)`) to be reused only once the event
+of the copy that reads it has completed.
+
+Inside a slot a batch is laid out leaf after leaf (`SlotWriter`): each tensor at a 256-byte
+aligned offset. What travels between processes is only the *skeleton* of the batch, its structure
+with every tensor replaced by a `Leaf(offset, shape, dtype)`; `map_tree` rebuilds views from it.
+"""
+from __future__ import annotations
+
+import collections
+import collections.abc
+import copy
+import dataclasses
+import mmap
+import threading
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+ALIGN = 256           # every leaf starts on a 256-byte boundary inside its slot
+PAGE = mmap.PAGESIZE  # every slot starts on a page (cudaHostRegister and DMA like that)
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """Where one tensor of a batch lives inside its slot."""
+    offset: int
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+class NoRoom(Exception):
+    """The batch does not fit its slot (or has a tensor we cannot place); use the pickled path."""
+
+
+# ---------------------------------------------------------------- batch structure
+
+def map_tree(fn: Callable[[Any], Any], x: Any, is_leaf: Callable[[Any], bool]) -> Any:
+    """Rebuild `x` with `fn` applied to every leaf; dict / list / tuple / namedtuple / dataclass kept."""
+    if is_leaf(x):
+        return fn(x)
+    if isinstance(x, collections.abc.Mapping):
+        items = {k: map_tree(fn, v, is_leaf) for k, v in x.items()}
+        try:
+            if isinstance(x, collections.abc.MutableMapping):
+                clone = copy.copy(x)
+                clone.update(items)
+                return clone
+            return type(x)(items)
+        except TypeError:
+            return items
+    if isinstance(x, tuple) and hasattr(x, "_fields"):
+        return type(x)(*(map_tree(fn, v, is_leaf) for v in x))
+    if isinstance(x, (list, tuple)):
+        vals = [map_tree(fn, v, is_leaf) for v in x]
+        try:
+            return type(x)(vals)
+        except TypeError:
+            return vals
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        clone = copy.copy(x)
+        for f in dataclasses.fields(x):
+            object.__setattr__(clone, f.name, map_tree(fn, getattr(x, f.name), is_leaf))
+        return clone
+    return x
+
+
+def _is_tensor(x: Any) -> bool:
+    return isinstance(x, torch.Tensor)
+
+
+def is_leaf_ref(x: Any) -> bool:
+    return isinstance(x, Leaf)
+
+
+def round_up(n: int, to: int) -> int:
+    return (n + to - 1) // to * to
+
+
+class SlotWriter:
+    """Places tensors one after another in one slot (a flat uint8 tensor); used by the workers."""
+
+    def __init__(self, slot: torch.Tensor):
+        self.slot, self.used = slot, 0      # slot: (slot_bytes,) uint8
+
+    def alloc(self, shape: tuple[int, ...], dtype: torch.dtype) -> tuple[Leaf, torch.Tensor]:
+        nbytes = _numel(shape) * _itemsize(dtype)
+        off = round_up(self.used, ALIGN)
+        if off + nbytes > self.slot.numel():
+            raise NoRoom(f"batch needs more than the slot's {self.slot.numel()} bytes")
+        self.used = off + nbytes
+        return Leaf(off, tuple(shape), dtype), leaf_view(self.slot, off, tuple(shape), dtype)
+
+    def stack_fn(self, batch: list[torch.Tensor], *, collate_fn_map=None) -> torch.Tensor:
+        """A `collate_fn_map` entry for tensors: stack the samples straight into this slot."""
+        elem = batch[0]
+        if elem.layout != torch.strided or elem.is_nested or elem.device.type != "cpu":
+            raise NoRoom("sparse, nested or non-CPU tensors take the pickled path")
+        _, out = self.alloc((len(batch), *elem.shape), elem.dtype)
+        torch.stack(batch, 0, out=out)  # the one and only copy of the batch
+        return out
+
+    def pack(self, batch: Any) -> Any:
+        """Skeleton of `batch`: tensors already in this slot become Leaf; others are copied in."""
+        base, end = self.slot.data_ptr(), self.slot.data_ptr() + self.slot.numel()
+
+        def leaf(t: torch.Tensor) -> Leaf:
+            if t.layout != torch.strided or t.device.type != "cpu":
+                raise NoRoom("sparse or non-CPU tensors take the pickled path")
+            if base <= t.data_ptr() < end and t.is_contiguous():
+                return Leaf(t.data_ptr() - base, tuple(t.shape), t.dtype)
+            ref, view = self.alloc(tuple(t.shape), t.dtype)
+            view.copy_(t)
+            return ref
+
+        return map_tree(leaf, batch, _is_tensor)
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def leaf_view(slot: torch.Tensor, off: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    nbytes = _numel(shape) * _itemsize(dtype)
+    return slot[off:off + nbytes].view(dtype).view(shape)
+
+
+def packed_size(batch: Any) -> int:
+    """Bytes a batch takes in a slot, alignment included."""
+    used = 0
+
+    def add(t: torch.Tensor):
+        nonlocal used
+        used = round_up(used, ALIGN) + t.numel() * t.element_size()
+        return t
+
+    map_tree(add, batch, _is_tensor)
+    return used
+
+
+# ---------------------------------------------------------------- the ring of slots
+
+class SlotRing:
+    """S equal slots in one anonymous MAP_SHARED mapping, page-locked once, reused after events."""
+
+    def __init__(self, slots: int, slot_bytes: int, pin: bool, device: torch.device | None):
+        self.slot_bytes = round_up(max(slot_bytes, 1), PAGE)
+        self.nbytes = slots * self.slot_bytes
+        self._mm = mmap.mmap(-1, self.nbytes)  # anonymous + MAP_SHARED: forked workers share it
+        self.flat = torch.frombuffer(self._mm, dtype=torch.uint8)  # (slots * slot_bytes,)
+        self.flat.fill_(0)  # fault every page in now, not during the first epoch
+        self.views = list(self.flat.view(slots, self.slot_bytes).unbind(0))  # slot s: (slot_bytes,)
+        self.free = collections.deque(range(slots))
+        self.pending: list[tuple[int, Any]] = []   # (slot, copy-done event) not yet completed
+        self.lock = threading.Lock()               # release() may come from a consumer thread
+        self.registered = False
+        if pin:
+            cudart = torch.cuda.cudart()
+            with torch.cuda.device(device if device is not None else torch.cuda.current_device()):
+                # cudaHostRegisterPortable (1): pinned for every device's context, not only this one
+                err = cudart.cudaHostRegister(self.flat.data_ptr(), self.nbytes, 1)
+            if int(err) != 0:
+                warnings.warn(
+                    f"cudaHostRegister of {self.nbytes / 2**20:.0f} MiB of worker slots failed with cudaError "
+                    f"{int(err)}: the slots stay pageable, so host-to-device copies from them are slower. "
+                    "Lower `slots=` (or the batch size), or raise the locked-memory limit.", stacklevel=4)
+                return
+            self.registered = True
+            # Drivers may mark page-locked ranges MADV_DONTFORK (to keep DMA pages away from a child's
+            # copy-on-write); this mapping is MAP_SHARED, so there is no copy-on-write to fear, and the
+            # workers forked after this point must see it. A no-op when the flag was never set.
+            if hasattr(mmap, "MADV_DOFORK"):
+                self._mm.madvise(mmap.MADV_DOFORK)
+
+    @property
+    def num_slots(self) -> int:
+        return len(self.views)
+
+    def release(self, slot: int, event: Any) -> None:
+        with self.lock:
+            if event is None:
+                self.free.append(slot)
+            else:
+                self.pending.append((slot, event))
+
+    def reclaim(self) -> None:
+        """Move slots whose copy-done event has completed to the free list (non-blocking query)."""
+        with self.lock:
+            still = []
+            for slot, ev in self.pending:
+                if ev.query():
+                    self.free.append(slot)
+                else:
+                    still.append((slot, ev))
+            self.pending = still
+
+    def take(self) -> int | None:
+        with self.lock:
+            return self.free.popleft() if self.free else None
+
+    def wait_oldest(self) -> bool:
+        """Block until the oldest pending copy completes; False when nothing is pending."""
+        with self.lock:
+            if not self.pending:
+                return False
+            slot, ev = self.pending.pop(0)
+        ev.synchronize()  # sync: every slot is in flight to the GPU; this wait is the backpressure
+        with self.lock:
+            self.free.append(slot)
+        return True
+
+    def close(self) -> None:
+        with self.lock:
+            pending, self.pending = self.pending, []
+        for _, ev in pending:
+            ev.synchronize()  # sync: close-time only; no copy may read the slots after unregistering
+        if self.registered:
+            self.registered = False
+            try:
+                torch.cuda.cudart().cudaHostUnregister(self.flat.data_ptr())
+            except Exception:  # CUDA already torn down at interpreter exit: the process is going anyway
+                pass
+        self.views, self.flat = [], None
+        try:
+            self._mm.close()
+        except BufferError:
+            pass  # a caller still holds a view; the mapping goes when that view is collected
