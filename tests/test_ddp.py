@@ -263,6 +263,30 @@ def test_world_size_1_same_path_without_a_group():
     check_unused_parameter(_Solo, wrappers()["ddp"])
 
 
+class _FailsInBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        raise ValueError("boom in backward")
+
+
+def test_a_backward_that_died_midway_leaves_no_stale_state():
+    for wrap in wrappers().values():
+        ref, model = make_model(0, "cpu"), wrap(make_model(0, "cpu"))
+        x, y = data(MICRO, "cpu")
+        with pytest.raises(ValueError, match="boom"):  # the parameters' hooks ran, the end-of-backward did not
+            model(_FailsInBackward.apply(x.clone().requires_grad_()), y).backward()
+        model.zero_grad()
+        ref(x, y).backward()
+        model(x, y).backward()
+        for n, g in grads(ref).items():
+            if g is not None:
+                close(model.module.get_parameter(n).grad, g, f"gradient of {n} after a failed backward")
+
+
 def test_bucket_assignment_mixed_sizes_and_dtypes():
     f32, f64, bf16 = torch.float32, torch.float64, torch.bfloat16
     sizes = [(100, f32), (300, f32), (50, bf16), (400, f32), (10, f64), (1000, f32), (20, bf16), (5, f32)]

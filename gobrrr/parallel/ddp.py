@@ -186,13 +186,6 @@ class Bucket:
         return self.buffer.numel() * self.buffer.element_size()
 
 
-class _Done:
-    """Handle of a collective that had nothing to do (world size 1)."""
-
-    def wait(self) -> bool:
-        return True
-
-
 # ---------------------------------------------------------------- shared wrapper mechanics
 
 class _DataParallel(nn.Module):
@@ -214,6 +207,9 @@ class _DataParallel(nn.Module):
         self._hooks: list[Any] = []
 
     def forward(self, *args, **kwargs):
+        if self._callback_queued:  # the last backward died before its end (an exception): start clean
+            self._callback_queued = False
+            self._reset_iteration()
         self._forward_no_sync = self._no_sync
         return self.module(*args, **kwargs)
 
@@ -237,6 +233,9 @@ class _DataParallel(nn.Module):
             torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
 
     def _end_backward(self) -> None:
+        raise NotImplementedError
+
+    def _reset_iteration(self) -> None:
         raise NotImplementedError
 
     def remove_hooks(self) -> None:
@@ -272,10 +271,13 @@ class NaiveDDP(_DataParallel):
             self._queue_end_of_backward()
             self._got_grad[i] = True
 
+    def _reset_iteration(self) -> None:
+        self._got_grad = [False] * len(self._named)
+
     def _end_backward(self) -> None:
         self._callback_queued = False
         missing = [n for (n, _), got in zip(self._named, self._got_grad) if not got]
-        self._got_grad = [False] * len(self._named)
+        self._reset_iteration()
         if missing:
             raise _no_gradient_error(missing)
         for _, p in self._named:
@@ -407,11 +409,14 @@ class DDP(_DataParallel):
             if missing:
                 raise _no_gradient_error(missing)
         finally:
-            self._next_bucket = 0
-            for b in self.buckets:
-                b.ready = [False] * len(b.params)
-                b.n_ready = 0
-                b.work = None
+            self._reset_iteration()
+
+    def _reset_iteration(self) -> None:
+        self._next_bucket = 0
+        for b in self.buckets:
+            b.ready = [False] * len(b.params)
+            b.n_ready = 0
+            b.work = None
 
 
 def ddp(model: nn.Module, *, bucket_mb: float = 25, first_bucket_mb: float = 1, group=None,
