@@ -105,6 +105,21 @@ def test_attribution_skips_library_frames(tmp_path, monkeypatch):
     assert site.hint == syncs.HINTS["unique"]
 
 
+def test_library_code_run_from_the_stdlib_keeps_its_line(monkeypatch):
+    """`python -m gobrrr demo`: the first frame outside gobrrr is runpy; the gobrrr line is the answer."""
+    monkeypatch.setattr(syncs, "_GOBRRR_DIR", os.path.dirname(HERE) + os.sep)  # this file plays gobrrr
+
+    def library_code():
+        warnings.warn(SYNC_WARNING)  # site:library
+
+    with watch_syncs() as report:
+        t = threading.Thread(target=library_code)  # its caller is threading.py: the stdlib
+        t.start()
+        t.join(timeout=30)
+    (site,) = report.sites
+    assert (site.file, site.line) == (HERE, line_of("library"))
+
+
 def test_wrapper_counts_once_and_times_the_stall():
     """One wrapped call that triggers two sync warnings (like .item()) counts one sync, with its stall."""
     def op(x):

@@ -75,6 +75,12 @@ DEFAULT_HINT = "this call waits for the GPU: keep the data on the device or move
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _GOBRRR_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _SKIP_FILES = {warnings.__file__, functools.__file__}
+_STDLIB_DIR = os.path.dirname(os.__file__) + os.sep
+
+
+def _is_stdlib(filename: str) -> bool:
+    """runpy, threading, importlib...: never the line a user wants to see."""
+    return filename.startswith("<") or (filename.startswith(_STDLIB_DIR) and "-packages" not in filename)
 
 
 # ----------------------------------------------------------------------------------------- records
@@ -260,18 +266,24 @@ def budget_message(report: SyncReport, n: int) -> str:
 # ------------------------------------------------------------------------------------ attribution
 
 def user_frame(frame):
-    """The first frame outside torch and gobrrr (the user's line); else the first outside torch."""
-    first_outside_torch = None
+    """The first frame outside torch and gobrrr: the user's line.
+
+    When that frame is the standard library (code run by `python -m gobrrr ...` through runpy, or a
+    thread's bootstrap), the innermost gobrrr frame is the better answer: gobrrr's own code is the user.
+    """
+    first_gobrrr = None
     f = frame
     while f is not None:
         name = f.f_code.co_filename
         if not name.startswith(_TORCH_DIR) and name not in _SKIP_FILES:
             if not name.startswith(_GOBRRR_DIR):
+                if first_gobrrr is not None and _is_stdlib(name):
+                    return first_gobrrr
                 return f
-            if first_outside_torch is None and not name.endswith(os.sep + "syncs.py"):
-                first_outside_torch = f
+            if first_gobrrr is None and name != __file__:
+                first_gobrrr = f
         f = f.f_back
-    return first_outside_torch or frame
+    return first_gobrrr or frame
 
 
 _KIND_CACHE: dict = {}
