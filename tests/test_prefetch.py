@@ -447,3 +447,177 @@ def test_bench_copy_quick_on_cpu(tmp_path, monkeypatch, capsys):
     entry = json.loads((tmp_path / "copy.jsonl").read_text().splitlines()[-1])
     assert entry["bench"] == "copy" and [r["size_MB"] for r in entry["rows"]] == [0.25, 1]
     assert all(r["GB/s"] > 0 for r in entry["rows"])
+
+
+# -- the GPU code path, run on the CPU with stand-ins for streams and events ---------------------------------
+# The real thing runs in test_prefetch_gpu.py; here every CUDA call the Prefetcher makes is replaced by a
+# recording fake, so the ordering logic (what waits on what, which event releases which buffer, how far
+# ahead copies run, what happens on errors and breaks) is checked in CI without a GPU.
+class FakeEvent:
+    def __init__(self, enable_timing=False):
+        self.stream = None
+        self.seq = None
+
+    def record(self, stream=None):
+        stream = stream if stream is not None else torch.cuda.current_stream()
+        self.stream = stream
+        self.seq = len(stream.log)
+        stream.log.append(("record", stream.name, self))
+
+    def query(self):
+        return True
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, other):
+        return 0.5
+
+
+class FakeStream:
+    def __init__(self, name, log):
+        self.name, self.log = name, log
+
+    def wait_event(self, event):
+        assert event.stream is not None, "waiting on an event that was never recorded"
+        self.log.append(("wait", self.name, event))
+
+    def wait_stream(self, other):
+        self.log.append(("wait_stream", self.name, other.name))
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    import contextlib
+
+    from gobrrr.device import prefetch as prefetch_mod
+    log: list = []
+    consumer = FakeStream("consumer", log)
+    current = {"stream": None}
+
+    @contextlib.contextmanager
+    def stream_ctx(s):
+        prev, current["stream"] = current["stream"], s
+        try:
+            yield
+        finally:
+            current["stream"] = prev
+
+    class CudaTimer(GpuTimer):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            self._cuda = True
+
+    recorded: list = []
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: FakeStream("copy", log))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: current["stream"] or consumer)
+    monkeypatch.setattr(torch.cuda, "stream", stream_ctx)
+    monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
+    monkeypatch.setattr(torch.Tensor, "record_stream", lambda t, s: recorded.append((t, s.name)))
+    monkeypatch.setattr(prefetch_mod, "PinnedRing", lambda slots, **kw: PinnedRing(slots, **{**kw, "pin": False}))
+    monkeypatch.setattr(prefetch_mod, "GpuTimer", CudaTimer)
+
+    def make(iterable, **kw):
+        pf = gobrrr.Prefetcher(iterable, device="cpu", **kw)
+        pf._cuda = True   # take the GPU path; "copies" to the CPU device are views, so clone to keep
+        return pf
+    make.log, make.recorded = log, recorded
+    return make
+
+
+def test_gpu_path_orders_every_batch_by_events(fake_cuda):
+    batches = [{"x": torch.full((3, 2), float(i)), "i": i, "p": Pair(torch.arange(2) + i, torch.ones(1))}
+               for i in range(7)]
+    pf = fake_cuda(batches, depth=2)
+    log = fake_cuda.log
+    it = iter(pf)
+    assert ("wait_stream", "copy", "consumer") in log   # the copy stream starts after prior work
+    copies_started = lambda: sum(1 for e in log if e[0] == "record" and e[1] == "copy") // 2  # noqa: E731
+    got = []
+    for k, b in enumerate(it):
+        assert copies_started() == min(7, k + 2)        # depth batches launched when batch k is handed
+        got.append(map_tensors(lambda t: t.clone(), b))
+        waits = [e for e in log if e[0] == "wait" and e[1] == "consumer"]
+        assert len(waits) == k + 1 and waits[-1][2].stream.name == "copy"
+    for a, b in zip(batches, got):
+        assert_same_structure(a, b)
+    # each handed leaf was handed over to the consumer's stream
+    assert len(fake_cuda.recorded) == 7 * 3 and {s for _, s in fake_cuda.recorded} == {"consumer"}
+    # every staging slot was released with a copy-done event recorded on the copy stream
+    for slot in pf._ring._slots:
+        assert slot.buf is not None and not slot.held
+        assert slot.event is None or slot.event.stream.name == "copy"
+    st = pf.stats()
+    assert st.steps == 7 and len(st.device_wait_ms) == 7 and st.copy_ms == pytest.approx(3.5)
+    assert st.bytes == 7 * 3 * 512 and st.gbps == pytest.approx(7 * 3 * 512 / 3.5e6)  # 3 leaves, 512-aligned
+
+
+def test_gpu_path_transform_is_waited_on(fake_cuda):
+    pf = fake_cuda([torch.ones(2) for _ in range(3)], transform=lambda t: t * 3)
+    out = [x.clone() for x in pf]
+    assert all(bool((x == 3).all()) for x in out)
+    log = fake_cuda.log
+    waits = [e[2] for e in log if e[0] == "wait" and e[1] == "consumer"]
+    copy_done = {id(end) for _, end in pf._copy_timer._pending}
+    assert len(waits) == 3 and len(copy_done) == 3
+    for ev in waits:    # the consumer waits on the event recorded after the transform, on the copy stream
+        assert ev.stream.name == "copy" and id(ev) not in copy_done
+
+
+def test_gpu_path_leases_are_released_with_copy_events(fake_cuda):
+    class EventLeases(FakeLeaseLoader):
+        def __iter__(self):
+            for i in range(self.n):
+                def release(event, i=i):
+                    self.releases.append((i, event))
+                yield FakeLease({"x": torch.full((4,), float(i))}, release)
+
+    loader = EventLeases(5)
+    pf = fake_cuda(loader)
+    out = [b["x"].clone() for b in pf]
+    assert [i for i, _ in loader.releases] == list(range(5))
+    assert all(ev is not None and ev.stream.name == "copy" for _, ev in loader.releases)
+    assert_close(torch.stack(out), torch.arange(5.0)[:, None].expand(5, 4))
+
+
+def test_gpu_path_source_error_after_earlier_batches_then_a_fresh_epoch(fake_cuda):
+    state = {"fail": True}
+
+    class Flaky:
+        def __len__(self):
+            return 6
+
+        def __iter__(self):
+            for i in range(6):
+                if i == 4 and state["fail"]:
+                    raise KeyError(f"sample {i} is missing")
+                yield torch.full((2,), float(i))
+
+    pf = fake_cuda(Flaky(), depth=3)
+    seen = []
+    with pytest.raises(KeyError, match="sample 4 is missing") as info:
+        for x in pf:
+            seen.append(float(x[0]))
+    assert seen == [0.0, 1.0, 2.0, 3.0]
+    import traceback
+    assert "in __iter__" in "".join(traceback.format_tb(info.value.__traceback__))  # the source's own frame
+    state["fail"] = False
+    assert [float(x[0]) for x in pf] == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+
+
+def test_gpu_path_break_releases_slots_for_the_next_epoch(fake_cuda):
+    data = [torch.full((100,), float(i)) for i in range(20)]
+    pf = fake_cuda(data, depth=2)
+    for _ in range(4):
+        for k, x in enumerate(pf):
+            if k == 3:
+                break
+    out = [x.clone() for x in pf]
+    assert_close(torch.stack(out), torch.stack(data))
+    assert pf.stats().pinned_allocations == 2 * 2 + 1  # one per slot, reused by every epoch
+
+
+def test_gpu_path_refuses_a_tensor_on_another_device(fake_cuda):
+    with pytest.raises(ValueError, match="already on meta"):
+        list(fake_cuda([{"x": torch.empty(2, device="meta")}]))
