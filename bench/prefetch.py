@@ -23,6 +23,7 @@ import gc
 import inspect
 import multiprocessing
 import time
+import traceback
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
@@ -316,6 +317,8 @@ def _available(needs, cuda: bool) -> str | None:
             import timm.data.loader  # noqa: F401
         except ImportError:
             return "timm not installed"
+        except Exception as e:  # e.g. a torchvision built for another torch
+            return f"timm does not import here ({type(e).__name__})"
     if "prefetcher" in needs:
         try:
             from gobrrr.device.prefetch import Prefetcher  # noqa: F401
@@ -367,16 +370,20 @@ def run(cfg: Config) -> list[dict[str, Any]]:
             why = _available(needs, bench.cuda)
             ms = None
             if why is None:
-                with torch.no_grad():
-                    ms = getattr(bench, method)(model)
-                measured[method] = ms
+                try:
+                    with torch.no_grad():
+                        ms = getattr(bench, method)(model)
+                    measured[method] = ms
+                except Exception as e:  # one broken row must not cost the whole (GPU) run
+                    traceback.print_exc()
+                    why = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''}"
                 settle()  # the row's workers are gone before the next row starts
             regime_rows.append((name, method, kind, ms, why))
             print(f"  [{regime}] {name}: " + (f"{ms:.3f} ms/step" if ms is not None else f"skipped ({why})"),
                   flush=True)
         floors = {k: measured[k] for k in ("compute", "copy", "production") if k in measured}
-        in_proc = max(v for k, v in floors.items() if k != "production")
-        workers = max(floors.values())
+        in_proc = max((v for k, v in floors.items() if k != "production"), default=None)
+        workers = max(floors.values(), default=None)
         for name, method, kind, ms, why in regime_rows:
             floor = {"in-process": in_proc, "workers": workers}.get(kind)
             rows_out.append({
