@@ -31,11 +31,13 @@ POSITIVE = {
         ("for b in range(3):\n    x = torch.ones(2, device='cuda')\n    v = x.sum().item()", 3),
         ("def f(xs):\n    for x in xs:\n        x.cpu()", 3),
         ("def f(loss: torch.Tensor):\n    while True:\n        s = float(loss)", 3),
-        ("def f(y):\n    for _ in range(3):\n        y = y * 2\n        y.tolist()", 4),
+        ("def f(y: torch.Tensor):\n    for _ in range(3):\n        y = y * 2\n        y.tolist()", 4),
         ("def f(t):\n    return [v.item() for v in t]", 2),
         ("def f(x):\n    for _ in range(2):\n        a = x.numpy(force=True)", 3),
     ],
     "GB003": [
+        ("class M:\n    def f(self, x):\n        x = x.cuda()\n        for _ in range(3):\n"
+         "            out = self.net(x)\n            print(out)", 6),
         ("x = torch.randn(3, device='cuda')\nfor i in range(3):\n    print(x)", 3),
         ("def f(loss: torch.Tensor):\n    for i in range(9):\n        msg = f'loss {loss:.3f}'", 3),
         ("x = torch.randn(3, device='cuda')\nfor i in range(3):\n    s = 'x=%s' % x", 3),
@@ -85,6 +87,7 @@ NEGATIVE = {
         "def f(loss, step: int):\n    for i in range(3):\n        if step % 100 == 0:\n            print(loss.item())",
         "h = torch.zeros(3)\nfor i in range(3):\n    h.item()",          # a host tensor does not sync
         "def f(x):\n    for _ in range(3):\n        x.numpy()",         # .numpy() of a CUDA tensor raises
+        "def f(arr):\n    for _ in range(3):\n        arr.tolist()",      # unknown: as likely numpy
         "x = torch.ones(2, device='cuda')\nfor i in range(3):\n    v = x.sum().item()  # sync: logged every step on purpose",
     ],
     "GB003": [

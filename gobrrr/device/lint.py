@@ -275,7 +275,8 @@ class _Checker(ast.NodeVisitor):
             if method in ("any", "all", "sum", "mean", "max", "min", "norm", "argmax", "argmin", "std", "var",
                           "detach", "float", "half", "bfloat16", "abs", "sqrt", "exp", "log", "softmax"):
                 return "tensor" if recv is None and not isinstance(func.value, ast.Constant) else None
-            return None
+            if recv is not None:
+                return None
         # an unknown callable fed a device tensor (a model, a loss) gives a device tensor
         kinds = {self.kind(a) for a in node.args}
         if kinds & TENSORISH:
@@ -525,7 +526,9 @@ class _Checker(ast.NodeVisitor):
             # GB002: reading a device value on the host
             forced = isinstance(kw.get("force"), ast.Constant) and kw["force"].value is True
             if method in READS and recv not in HOSTISH and not isinstance(func.value, ast.Constant) \
-                    and (method != "numpy" or forced):  # .numpy() of a CUDA tensor raises unless force=True
+                    and (method != "numpy" or forced) \
+                    and (method != "tolist" or recv in TENSORISH):  # .numpy() of a CUDA tensor raises
+                # unless force=True; .tolist() of something unknown is as likely a numpy array
                 self.flag(node, "GB002", what=f"`.{method}()`")
             elif isinstance(func, ast.Name) and func.id in ("float", "int", "bool") and len(node.args) == 1 \
                     and self.kind(node.args[0]) in TENSORISH:
