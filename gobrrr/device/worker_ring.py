@@ -261,9 +261,10 @@ class _RingIter:
     def __init__(self, loader: PinnedWorkerLoader):
         self.loader = loader
         self.timeout_s = loader.timeout_s
+        # the same order as DataLoader: the sampler's iterator first, then the workers' base seed
+        self.batches = iter(loader.batch_sampler)
         g = loader.generator
         self.base_seed = int(torch.empty((), dtype=torch.int64).random_(generator=g).item())
-        self.batches = iter(loader.batch_sampler)
         self.ready: dict[int, tuple[int, Any, Any]] = {}  # batch idx -> (slot, skeleton, failure)
         self.outstanding: dict[int, int] = {}              # batch idx -> slot, while a worker owns it
         self.send_idx = self.rcvd_idx = 0
@@ -348,6 +349,11 @@ class _RingIter:
             except queue.Empty:
                 dead = [(i, w) for i, w in enumerate(self.workers) if not w.is_alive()]
                 if dead:
+                    try:  # a worker that reported its error and exited: read the report first
+                        idx, slot, skel, failure = self.result_q.get(timeout=0.5)
+                        break
+                    except queue.Empty:
+                        pass
                     i, w = dead[0]
                     self.shutdown()
                     raise RuntimeError(f"PinnedWorkerLoader worker {i} (pid {w.pid}) exited unexpectedly with "
