@@ -214,7 +214,7 @@ def test_prefetcher_loop_is_sync_free():
             steps += 1
     assert steps == 12
     assert report.count == 0, report.summary()
-    torch.testing.assert_close(total, torch.stack([b.sum() for b in batches]).sum().cuda(), rtol=1e-4, atol=1e-3)
+    torch.testing.assert_close(total, torch.stack([b.sum() for b in batches]).sum().cuda(), rtol=1e-4, atol=1e-2)
 
 
 def test_plugin_marker_and_fixture(pytester):
