@@ -542,8 +542,13 @@ def test_gpu_path_orders_every_batch_by_events(fake_cuda):
         assert len(waits) == k + 1 and waits[-1][2].stream.name == "copy"
     for a, b in zip(batches, got):
         assert_same_structure(a, b)
-    # each handed leaf was handed over to the consumer's stream
-    assert len(fake_cuda.recorded) == 7 * 3 and {s for _, s in fake_cuda.recorded} == {"consumer"}
+    # memory is allocated in the consumer's order, so no record_stream is needed without a transform;
+    # instead every copy waited (on the "GPU") for the consumer's work enqueued before its allocation
+    assert fake_cuda.recorded == []
+    copy_waits = [e[2] for e in log if e[0] == "wait" and e[1] == "copy"]
+    starts = [e[2] for e in log if e[0] == "record" and e[1] == "copy"][0::2]
+    assert len(copy_waits) == 7 and all(ev.stream.name == "consumer" for ev in copy_waits)
+    assert all(w.seq < s.seq for w, s in zip(copy_waits, starts))
     # every staging slot was released with a copy-done event recorded on the copy stream
     for slot in pf._ring._slots:
         assert slot.buf is not None and not slot.held
@@ -563,6 +568,8 @@ def test_gpu_path_transform_is_waited_on(fake_cuda):
     assert len(waits) == 3 and len(copy_done) == 3
     for ev in waits:    # the consumer waits on the event recorded after the transform, on the copy stream
         assert ev.stream.name == "copy" and id(ev) not in copy_done
+    # the transform's inputs were read on the copy stream; its outputs, allocated there, used on the consumer's
+    assert sorted(s for _, s in fake_cuda.recorded) == ["consumer"] * 3 + ["copy"] * 3
 
 
 def test_gpu_path_leases_are_released_with_copy_events(fake_cuda):
@@ -609,10 +616,15 @@ def test_gpu_path_source_error_after_earlier_batches_then_a_fresh_epoch(fake_cud
 def test_gpu_path_break_releases_slots_for_the_next_epoch(fake_cuda):
     data = [torch.full((100,), float(i)) for i in range(20)]
     pf = fake_cuda(data, depth=2)
+    log = fake_cuda.log
     for _ in range(4):
         for k, x in enumerate(pf):
             if k == 3:
                 break
+        del x
+        gc.collect()
+        # the batch launched but never handed over: the consumer's stream was ordered after its copy
+        assert log[-1][:2] == ("wait", "consumer") and log[-1][2].stream.name == "copy"
     out = [x.clone() for x in pf]
     assert_close(torch.stack(out), torch.stack(data))
     assert pf.stats().pinned_allocations == 2 * 2 + 1  # one per slot, reused by every epoch

@@ -21,10 +21,12 @@ The rules it follows (the reasons are in the docs of each piece):
   a PinnedWorkerLoader's shared slots) are copied directly. Pageable ones go through a
   `PinnedRing` filled by background threads; a slot is rewritten only after the event that
   marks the end of its last copy.
-- The consumer's stream waits on the batch's event (`wait_event`); the device tensors are
-  then `record_stream`-ed on the consumer's stream, so the caching allocator, which saw them
-  allocated on the copy stream, does not hand their memory to the next copy until the
-  consumer's work queued before their release has run.
+- The consumer's stream waits on the batch's event (`wait_event`). The device tensors are
+  allocated in the consumer stream's order and the copy stream first waits (on the GPU) for
+  the consumer's work enqueued before that allocation, so the caching allocator's ordinary
+  stream-ordered reuse is safe and device memory stays at depth + 1 batches however far the
+  host runs ahead. Only a transform's outputs, allocated on the copy stream, are handed over
+  with `record_stream` (the proof is in `_Epoch._launch`).
 - `stats()` is measured with CUDA events and resolved only when asked for: no sync per step.
 
 A `DataLoader` with worker processes is swapped for engineer A2's `PinnedWorkerLoader`
@@ -213,7 +215,7 @@ class _Epoch:
         self.leases = bool(getattr(owner.source, "yields_leases", False))
         self.it: Any = iter(owner.source)
         self.pending: deque[_Pending] = deque()
-        self.launched: deque[tuple[Any, Any]] = deque()   # (device batch, ready event)
+        self.launched: deque[tuple] = deque()   # (device batch, ready event, consumer stream, transformed)
         self.exhausted = False
         self.error: BaseException | None = None
         self.closed = False
@@ -242,17 +244,18 @@ class _Epoch:
             if error is not None:
                 raise error
             raise StopIteration
-        batch, ready = self.launched.popleft()
+        batch, ready, allocated_on, transformed = self.launched.popleft()
         consumer = torch.cuda.current_stream(self.device)
         pf = self.pf
         pf._wait_timer.start(consumer)
         consumer.wait_event(ready)   # the consumer's stream, not the host, waits for the copy
         pf._wait_timer.stop(consumer)
-        for t in tensors(batch):
-            if t.device == self.device:
-                # memory allocated on the copy stream is now used on the consumer's stream: tell
-                # the allocator, so a later copy cannot reuse it before this step's kernels ran
-                t.record_stream(consumer)
+        if transformed or consumer != allocated_on:
+            for t in tensors(batch):
+                if t.device == self.device:
+                    # memory allocated on another stream is now used on this one: tell the allocator,
+                    # so that it does not hand the block out again before this step's kernels ran
+                    t.record_stream(consumer)
         pf._host_wait.append(self.waited * 1e3)
         self.waited = 0.0
         self._pull()  # start pinning the next batches while this step computes
@@ -311,53 +314,75 @@ class _Epoch:
             self._launch(self.pending.popleft())
 
     def _launch(self, p: _Pending) -> None:
-        pf = self.pf
-        ring = pf._ring
+        """Enqueue batch p's host-to-device copy on the copy stream; never waits on the GPU."""
+        pf, staged = self.pf, p.staged
         t0 = time.perf_counter()
         try:
-            host_batch = p.staged.result()   # waits only if the pinning threads are behind
+            host_batch = staged.result()   # waits only if the pinning threads are behind
+            consumer = torch.cuda.current_stream(self.device)
+            # Destinations are allocated HERE, on the host, in the consumer stream's order (the
+            # current stream): when the consumer drops a batch its memory returns to the consumer
+            # stream's pool, where stream order alone makes reuse safe. The copy stream writes into
+            # fresh memory only after the consumer's work enqueued so far (which may still read
+            # that memory under an earlier owner) has run: `allocated` below. Device memory is
+            # then at most depth + 1 batches however far the host runs ahead, which record_stream
+            # (reuse delayed until an event, so fresh cudaMallocs meanwhile) does not give.
+            copies: list[tuple[torch.Tensor, torch.Tensor]] = []   # (device dst, pinned src)
+
+            def destination(t: torch.Tensor) -> torch.Tensor:
+                if t.device == self.device:
+                    return t  # already there: nothing to copy
+                if t.device.type != "cpu":
+                    raise ValueError(f"a batch tensor is already on {t.device} but this Prefetcher moves batches "
+                                     f"to {self.device}; keep the dataset's tensors on the CPU, or create the "
+                                     f"Prefetcher with device='{t.device}'")
+                dst = torch.empty_like(t, device=self.device)
+                copies.append((dst, t))
+                return dst
+
+            if staged.slot is not None and staged.nbytes:
+                # one DMA for every staged tensor of the batch: the slot's used bytes, then views
+                flat = torch.empty(staged.nbytes, dtype=torch.uint8, device=self.device)   # (nbytes,) uint8
+                copies.append((flat, staged.slot.buf[:staged.nbytes]))
+                batch = staged.rebuild(flat, destination)
+            else:
+                batch = map_tensors(destination, host_batch)
         except BaseException:
-            if ring is not None:
-                ring.release(p.staged, None)
+            self._release(p, None)   # nothing was enqueued from it
             raise
         finally:
             self.waited += time.perf_counter() - t0
+        allocated = torch.cuda.Event()
+        allocated.record(consumer)
         stream = pf._stream
         with torch.cuda.stream(stream):
-            # overlap: this copy (copy stream, DMA) with the step the consumer is running now
+            # overlap: this copy (copy stream, DMA engine) with the step the consumer runs now
+            stream.wait_event(allocated)
             pf._copy_timer.start(stream)
             try:
-                staged = p.staged
-                if staged.slot is not None and staged.nbytes:
-                    # one DMA for every staged tensor of the batch: the slot's used bytes, then views
-                    flat = staged.slot.buf[:staged.nbytes].to(self.device, non_blocking=True)  # (nbytes,) uint8
-                    pf._bytes += staged.nbytes
-                    batch = staged.rebuild(flat, self._to_device)
-                else:
-                    batch = map_tensors(self._to_device, host_batch)
+                for dst, src in copies:
+                    dst.copy_(src, non_blocking=True)   # pinned source: an asynchronous DMA
+                    pf._bytes += src.numel() * src.element_size()
             finally:
                 copied = pf._copy_timer.stop(stream)
-                if p.release is not None:
-                    p.release(copied)               # the loader reuses the slot after `copied`
-                elif ring is not None:
-                    ring.release(p.staged, copied)  # the ring rewrites the slot after `copied`
+                self._release(p, copied)  # the slot is rewritten only after `copied` completed
             if pf.transform is not None:
+                inputs = [t for t in tensors(batch) if t.device == self.device]
                 batch = pf.transform(batch)
+                for t in inputs:
+                    t.record_stream(stream)   # read on the copy stream, allocated in consumer order
                 ready = torch.cuda.Event()
                 ready.record(stream)
             else:
                 ready = copied
-        self.launched.append((batch, ready))
+        # a transform allocates its outputs on the copy stream: those need record_stream at hand-over
+        self.launched.append((batch, ready, consumer, pf.transform is not None))
 
-    def _to_device(self, t: torch.Tensor) -> torch.Tensor:
-        if t.device == self.device:
-            return t  # already there: nothing to copy
-        if t.device.type != "cpu":
-            raise ValueError(f"a batch tensor is already on {t.device} but this Prefetcher moves batches to "
-                             f"{self.device}; keep the dataset's tensors on the CPU, or create the Prefetcher "
-                             f"with device='{t.device}'")
-        self.pf._bytes += t.numel() * t.element_size()
-        return t.to(self.device, non_blocking=True)  # pinned source: an async DMA on the copy stream
+    def _release(self, p: _Pending, event: Any) -> None:
+        if p.release is not None:
+            p.release(event)                    # a PinnedWorkerLoader slot
+        elif self.pf._ring is not None:
+            self.pf._ring.release(p.staged, event)
 
     # -- lifetime ------------------------------------------------------------------------------------------
     def close(self) -> None:
@@ -374,7 +399,11 @@ class _Epoch:
                 # the single coordinator thread finishes this fill before it starts any later one
                 # for the same slot, so the slot can be handed out again without an event
                 ring.release(p.staged, None)
-        self.launched.clear()       # device batches never handed over die on the copy stream: safe
+        while self.launched:
+            _, ready, allocated_on, _ = self.launched.popleft()
+            # a batch never handed over goes back to the consumer stream's pool while its copy may
+            # still be running: order that stream after the copy (on the GPU) before letting it go
+            allocated_on.wait_event(ready)
         it, self.it = self.it, None
         # a generator runs its finally blocks now; a DataLoader's worker processes stop now (left to
         # GC, an iterator whose worker raised takes 5 s to shut down, and a traceback may keep it alive)
