@@ -34,6 +34,7 @@ import torch.distributed as dist
 
 from gobrrr.dist import debug as _debug
 
+_AVG = dist.ReduceOp.AVG
 _OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "mean": dist.ReduceOp.AVG,
         "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN, "product": dist.ReduceOp.PRODUCT,
         "prod": dist.ReduceOp.PRODUCT}
@@ -45,44 +46,66 @@ _reduce_scatter_tensor = getattr(dist, "reduce_scatter_single", None) or dist.re
 class Handle:
     """A launched communication. `wait()` until its result is usable; `is_completed()` polls."""
 
-    __slots__ = ("_works", "_explain", "_after", "_verify", "_done")
+    __slots__ = ("_work", "_explain", "_after", "_verify", "_done")
 
-    def __init__(self, works, explain: Callable[[BaseException], BaseException],
-                 after: Callable[[], None] | None = None, verify: Callable[[], None] | None = None):
-        self._works = [w for w in (works if isinstance(works, (list, tuple)) else [works]) if w is not None]
-        self._explain, self._after, self._verify, self._done = explain, after, verify, False
+    def __init__(self, work, explain: Callable[[BaseException], BaseException] | None,
+                 after: Callable[[], None] | None = None, verify: Callable[[], None] | None = None,
+                 done: bool = False):
+        self._work = work  # a torch Work, a list of them (batched p2p), or None
+        self._explain, self._after, self._verify, self._done = explain, after, verify, done
 
     def wait(self) -> None:
         if self._done:
             return
         if self._verify is not None:  # debug mode, async p2p: check the peer agrees before trusting data
             self._verify()
-        try:
-            for work in self._works:
-                work.wait()  # sync: (gloo) host waits for the transfer; (NCCL) current stream waits, host does not
-        except _debug.CollectiveError:
-            raise
-        except RuntimeError as exc:
-            raise self._explain(exc) from exc
+        _wait(self._work, self._explain)
         if self._after is not None:  # e.g. divide by n for an emulated AVG, copy out an emulated result
             self._after()
         self._done = True
 
     def is_completed(self) -> bool:
-        return self._done or all(w.is_completed() for w in self._works)
+        w = self._work
+        if self._done or w is None:
+            return True
+        return all(x.is_completed() for x in w) if isinstance(w, list) else w.is_completed()
+
+
+_DONE = Handle(None, None, done=True)  # what every blocking call returns: already waited, immutable
+
+
+def _wait(work, explain) -> None:
+    try:
+        if isinstance(work, list):
+            for w in work:
+                w.wait()  # sync: (gloo) host waits for the transfer; (NCCL) current stream waits, host does not
+        elif work is not None:
+            work.wait()  # sync: as above
+    except _debug.CollectiveError:
+        raise
+    except RuntimeError as exc:
+        raise explain(exc) from exc
 
 
 # ----------------------------------------------------------------------------------------------
 # plumbing: count, check, launch, explain
 
+_NAMES = {"mean": "avg", "prod": "product"}
+
+
 def _reduce_op(op) -> tuple[str, dist.ReduceOp]:
-    if isinstance(op, str):
+    """(canonical name, ReduceOp) for "sum"/"avg"/... or a ReduceOp."""
+    if op.__class__ is str:
         try:
-            return op.lower(), _OPS[op.lower()]
+            return _NAMES.get(op, op), _OPS[op]
         except KeyError:
+            if op.lower() in _OPS:
+                return _reduce_op(op.lower())
             raise ValueError(f"unknown reduce op {op!r}; use one of {sorted(_OPS)}") from None
-    name = {v: k for k, v in _OPS.items()}.get(op, str(op))
-    return name, op
+    for name, value in _OPS.items():
+        if value == op:
+            return _NAMES.get(name, name), op
+    return str(op), op
 
 
 def _backend(watch: _debug.GroupWatch, group) -> str:
@@ -92,26 +115,31 @@ def _backend(watch: _debug.GroupWatch, group) -> str:
 
 
 def _collective(name: str, group, sig: Sequence[torch.Tensor | None], attrs: dict, launch: Callable,
-                async_op: bool, after: Callable[[], None] | None = None) -> Handle:
-    watch = _debug.watch_for(group)
+                async_op: bool, after: Callable[[], None] | None = None,
+                watch: _debug.GroupWatch | None = None) -> Handle:
+    """Count the call as op #k on its group, check it in debug mode, launch it, wait if blocking.
+    Kept lean (~1 us of Python): it sits in front of every small message."""
+    watch = watch or _debug.watch_for(group)
     k = watch.seq
     watch.seq = k + 1
-    if watch.debugging():
+    if watch.debug:
         _debug.check_in(watch, k, _debug.signature(name, sig, attrs), name)
 
     def explain(exc: BaseException) -> BaseException:
         return _debug.explain_failure(watch, k, name, exc)
 
     try:
-        works = launch(watch)
+        work = launch(watch)
     except (_debug.CollectiveError, ValueError, TypeError):
         raise
     except RuntimeError as exc:
         raise explain(exc) from exc
-    handle = Handle(works, explain, after)
-    if not async_op:
-        handle.wait()
-    return handle
+    if async_op:
+        return Handle(work, explain, after)
+    _wait(work, explain)
+    if after is not None:
+        after()
+    return _DONE
 
 
 def _unsupported(exc: BaseException) -> bool:
@@ -169,7 +197,7 @@ def _p2p(ops: Sequence[P2P], group, async_op: bool, tag: int = 0, batch: bool = 
         if o.kind not in ("send", "recv"):
             raise ValueError(f"P2P kind must be 'send' or 'recv', got {o.kind!r}")
     verifies = []
-    if watch.debugging() and watch.store is not None:
+    if watch.debug and watch.store is not None:
         verifies = [_debug.p2p_post(watch, o.kind, o.peer, o.tensor) for o in ops if o.peer is not None]
     if verifies and not async_op:  # blocking: check before moving data, so a mismatch cannot hang
         for v in verifies:
@@ -195,10 +223,10 @@ def _p2p(ops: Sequence[P2P], group, async_op: bool, tag: int = 0, batch: bool = 
         for v in verifies:
             v()
 
-    handle = Handle(works, explain, verify=verify_all if verifies else None)
-    if not async_op:
-        handle.wait()
-    return handle
+    if async_op:
+        return Handle(works, explain, verify=verify_all if verifies else None)
+    _wait(works, explain)
+    return _DONE
 
 
 def send(tensor: torch.Tensor, dst: int, *, group=None, tag: int = 0, async_op: bool = False) -> Handle:
@@ -278,15 +306,15 @@ def all_reduce(tensor: torch.Tensor, op="sum", *, group=None, async_op: bool = F
     """
     name, rop = _reduce_op(op)
     watch = _debug.watch_for(group)
-    emulate = _avg_emulated(watch, group, rop, tensor)
+    emulate = _avg_emulated(watch, group, name, tensor)
     after = (lambda: tensor.div_(watch.size)) if emulate else None
     return _collective("all_reduce", group, (tensor,), {"op": name},
                        lambda w: dist.all_reduce(tensor, op=dist.ReduceOp.SUM if emulate else rop, group=group,
-                                                 async_op=True), async_op, after)
+                                                 async_op=True), async_op, after, watch)
 
 
-def _avg_emulated(watch, group, rop, t) -> bool:
-    return rop == dist.ReduceOp.AVG and _needs_avg_emulation(watch, group, rop, t)
+def _avg_emulated(watch, group, name: str, t) -> bool:
+    return name == "avg" and _needs_avg_emulation(watch, group, _AVG, t)
 
 
 def reduce(tensor: torch.Tensor, dst: int = 0, op="sum", *, group=None, async_op: bool = False) -> Handle:
@@ -300,7 +328,7 @@ def reduce(tensor: torch.Tensor, dst: int = 0, op="sum", *, group=None, async_op
     """
     name, rop = _reduce_op(op)
     watch = _debug.watch_for(group)
-    emulate = _avg_emulated(watch, group, rop, tensor)
+    emulate = _avg_emulated(watch, group, name, tensor)
     me_is_dst = watch.ranks[watch.me] == dst
     after = (lambda: tensor.div_(watch.size)) if emulate and me_is_dst else None
     return _collective("reduce", group, (tensor,), {"dst": dst, "op": name},
@@ -382,7 +410,7 @@ def reduce_scatter(output: torch.Tensor, input: torch.Tensor | list[torch.Tensor
     """
     name, rop = _reduce_op(op)
     watch = _debug.watch_for(group)
-    avg = _avg_emulated(watch, group, rop, output)
+    avg = _avg_emulated(watch, group, name, output)
     use_op = dist.ReduceOp.SUM if avg else rop
     state: dict = {}
 

@@ -69,7 +69,7 @@ class GroupWatch:
     ranks: list[int]               # global rank of each group member, in group-rank order
     me: int                        # this process's rank within the group
     timeout_s: float
-    debug: bool = False
+    debug: bool = False            # debug mode: from init(debug=...) or GOBRRR_DIST_DEBUG, read once at init
     seq: int = 0                   # collectives issued on this group so far (op #seq is next)
     p2p: dict[tuple[int, int], int] = field(default_factory=dict)  # (src, dst) -> messages so far
     backend: str = ""              # filled on first use by comm.py
@@ -80,7 +80,7 @@ class GroupWatch:
         return len(self.ranks)
 
     def debugging(self) -> bool:
-        return self.debug or os.environ.get(ENV_DEBUG, "0").lower() not in ("", "0", "false", "no")
+        return self.debug
 
 
 _WATCHES: dict[str, GroupWatch] = {}

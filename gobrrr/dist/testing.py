@@ -79,7 +79,7 @@ def _child(fn: Callable, rank: int, world_size: int, args: tuple, addr: str, por
     try:
         store = dist.TCPStore(addr, port, world_size, False, timeout=_dt.timedelta(seconds=pg_timeout_s))
         device = "cpu" if backend == "gloo" else None
-        rank_info = init(backend, timeout_s=pg_timeout_s, device=device, debug=debug, store=store)
+        rank_info = init(backend, timeout_s=pg_timeout_s, device=device, debug=debug or None, store=store)
         try:
             value = fn(rank_info, *args)
         except BaseException as exc:
