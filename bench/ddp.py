@@ -207,12 +207,16 @@ def run_bench(rank, cfg: BenchConfig) -> dict:
                      "step_min_ms": min(times[v.name]) * 1e3, "step_max_ms": max(times[v.name]) * 1e3})
     figures = _figures(rows, cfg, world)
     ours = next((v.model for v in variants if v.name == "ddp"), None)
+    if ours is not None:
+        figures["buckets"] = len(ours.buckets)
+        figures["grad_mb"] = sum(b.nbytes for b in ours.buckets) / 2**20
     if ours is not None and world > 1 and "plain" in step_s:
         t_ar = _allreduce_alone(ours, device, reps=max(2, cfg.rounds))
         figures["allreduce_alone_ms"] = t_ar * 1e3
-        if t_ar > 0:
-            exposed = max(0.0, step_s["ddp"] - step_s["plain"])
-            figures["hidden_allreduce_fraction_est"] = max(0.0, min(1.0, 1 - exposed / t_ar))
+        for name in ("ddp", "torch-ddp", "naive"):
+            if t_ar > 0 and name in step_s:  # exposed communication = step time beyond the plain step's
+                exposed = max(0.0, step_s[name] - step_s["plain"])
+                figures[f"hidden_allreduce_fraction_est_{name}"] = max(0.0, min(1.0, 1 - exposed / t_ar))
     return {"rows": rows, "figures": figures}
 
 

@@ -177,7 +177,9 @@ def check_unused_parameter(r, wrap) -> str:
     with pytest.raises(RuntimeError, match=r"unused\.weight") as err:
         model(x, y).backward()
     assert "unused.bias" in str(err.value)
-    # the wrapper recovers: with the unused layer frozen in a new wrapper, a step works
+    model.zero_grad()
+    with pytest.raises(RuntimeError, match=r"unused\.weight"):  # state was reset: the same error, not a hang
+        model(x, y).backward()
     return str(err.value)
 
 
