@@ -18,6 +18,7 @@ import collections.abc
 import copy
 import dataclasses
 import mmap
+import os
 import threading
 import warnings
 from dataclasses import dataclass
@@ -169,6 +170,7 @@ class SlotRing:
         self.pending: list[tuple[int, Any]] = []   # (slot, copy-done event) not yet completed
         self.lock = threading.Lock()               # release() may come from a consumer thread
         self.registered = False
+        self.owner_pid = os.getpid()               # only this process unregisters and frees it
         if pin:
             cudart = torch.cuda.cudart()
             with torch.cuda.device(device if device is not None else torch.cuda.current_device()):
@@ -225,6 +227,8 @@ class SlotRing:
         return True
 
     def close(self) -> None:
+        if os.getpid() != self.owner_pid:
+            return  # a forked worker collecting an inherited ring: CUDA and the mapping belong to the parent
         with self.lock:
             pending, self.pending = self.pending, []
         for _, ev in pending:

@@ -231,8 +231,10 @@ class PinnedWorkerLoader:
         self.close()
 
 
-def _shutdown_epoch(workers, index_qs, result_q, ring, outstanding: dict, ready: dict) -> None:
+def _shutdown_epoch(workers, index_qs, result_q, ring, outstanding: dict, ready: dict, owner_pid: int) -> None:
     """Stop one epoch's workers, then hand back the slots they (or the reorder buffer) held."""
+    if os.getpid() != owner_pid:
+        return  # collected inside a forked child: these workers are not its children
     for q in index_qs:
         try:
             q.put(None)
@@ -314,7 +316,7 @@ class _RingIter:
             self.workers.append(w)
             self.index_qs.append(iq)
         self._finalizer = weakref.finalize(self, _shutdown_epoch, self.workers, self.index_qs, self.result_q,
-                                           self.ring, self.outstanding, self.ready)
+                                           self.ring, self.outstanding, self.ready, os.getpid())
 
     def __iter__(self):
         return self
@@ -423,7 +425,7 @@ class _RingIter:
         if self._finalizer is not None and self._finalizer.alive:
             self._finalizer()  # joins (or terminates) the workers, then returns their slots
         elif self.ring is not None:  # no workers started (empty or one-batch epoch)
-            _shutdown_epoch([], [], None, self.ring, self.outstanding, self.ready)
+            _shutdown_epoch([], [], None, self.ring, self.outstanding, self.ready, os.getpid())
         self.exhausted = True
 
     close = shutdown  # a consumer that closes its source iterator (as a generator) stops the workers
