@@ -252,6 +252,7 @@ def _train(cfg: TrainConfig, rank) -> dict[str, Any]:
     elif metrics_path.exists() and not cfg.resume:
         raise TrainError(f"{out} already has {METRICS} from another run; choose a new --out (or --resume)")
 
+    dist.barrier()  # every rank has looked at DIR before rank 0 writes to it
     if main:
         out.mkdir(parents=True, exist_ok=True)
     flops_per_token = raw.flops_per_token(T)
