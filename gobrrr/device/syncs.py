@@ -200,7 +200,6 @@ class watch_syncs:
         self.all_threads = all_threads
         self.report: SyncReport | None = None
         self._thread = None
-        self._warned: set = set()
 
     def _clone(self) -> "watch_syncs":
         return watch_syncs(self.mode, all_threads=self.all_threads)
@@ -286,19 +285,8 @@ def user_frame(frame):
     return first_gobrrr or frame
 
 
-_KIND_CACHE: dict = {}
-
-
 def call_kind(frame) -> str:
     """Name of the call the frame is executing, read from its source (`torch.unique(x)` -> 'unique')."""
-    key = (frame.f_code, frame.f_lasti)
-    kind = _KIND_CACHE.get(key)
-    if kind is None:
-        kind = _KIND_CACHE[key] = _read_call_kind(frame)
-    return kind
-
-
-def _read_call_kind(frame) -> str:
     try:
         positions = list(frame.f_code.co_positions())
         l0, l1, c0, c1 = positions[frame.f_lasti // 2]
@@ -345,6 +333,14 @@ class _Hooks:
         self._filter = None
         self._show = None
         self._debug_mode = None
+        self.kinds: dict = {}  # (code, instruction offset) -> call name, for syncs seen through warnings
+
+    def kind_at(self, frame) -> str:
+        key = (frame.f_code, frame.f_lasti)
+        kind = self.kinds.get(key)
+        if kind is None:
+            kind = self.kinds[key] = call_kind(frame)
+        return kind
 
     # -- watcher bookkeeping (copy-on-write tuple: readers never lock)
     def add(self, watcher: watch_syncs) -> None:
@@ -399,6 +395,7 @@ class _Hooks:
             else:
                 setattr(owner, name, current)
         self._saved.clear()
+        self.kinds.clear()
         self._uninstall_warning_net()
 
     def _install_warning_net(self) -> None:
@@ -442,7 +439,7 @@ def _on_warning(hooks: _Hooks, show: Callable, msg) -> None:
         state.hit = True  # the wrapped call around this one counts it, once
         return None
     frame = sys._getframe(1)
-    hooks.record(call_kind(user_frame(frame)), frame, 0.0)
+    hooks.record(hooks.kind_at(user_frame(frame)), frame, 0.0)
     return None
 
 
