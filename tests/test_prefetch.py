@@ -288,7 +288,7 @@ class GateEvent:
 
 def test_ring_stages_mixed_tensors_exactly():
     ring = PinnedRing(3, threads=2, pin=False, chunk_bytes=1000)
-    big = torch.randn(1000)                                   # several chunks
+    big = torch.randn(10000)                                  # 40 kB: two chunks of 20 kB on 2 threads
     shared = torch.arange(6, dtype=torch.int16)
     batch = {
         "big": big, "nc": torch.randn(4, 6).t(),              # non-contiguous

@@ -35,7 +35,7 @@ import torch
 from gobrrr.device.tree import map_tensors, tensors
 
 ALIGN = 512                 # bytes; any dtype's element size divides it
-CHUNK_BYTES = 4 << 20       # one memcpy task; big enough to amortise the task, small enough to spread
+CHUNK_BYTES = 1 << 20       # smallest memcpy task: big enough to amortise submitting it
 GROW_ROUND = 2 << 20        # buffers grow in 2 MiB steps
 
 
@@ -189,8 +189,10 @@ class PinnedRing:
                 tasks.append(self._pool.submit(_torch_copy, dst, src))
                 continue
             src_np = src.detach().reshape(-1).view(torch.uint8).numpy()
-            for a in range(0, n, self.chunk_bytes):
-                b = min(n, a + self.chunk_bytes)
+            # one chunk per thread (large memcpys stream best), none smaller than chunk_bytes
+            chunk = max(self.chunk_bytes, -(-n // (self.threads * 4096)) * 4096)
+            for a in range(0, n, chunk):
+                b = min(n, a + chunk)
                 tasks.append(self._pool.submit(np.copyto, buf_np[off + a:off + b], src_np[a:b]))
         wait(tasks)
         for t in tasks:
