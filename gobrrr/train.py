@@ -252,7 +252,7 @@ def _train(cfg: TrainConfig, rank) -> dict[str, Any]:
     elif metrics_path.exists() and not cfg.resume:
         raise TrainError(f"{out} already has {METRICS} from another run; choose a new --out (or --resume)")
 
-    dist.barrier()  # every rank has looked at DIR before rank 0 writes to it
+    dist.barrier()  # sync: once, at start: every rank has looked at DIR before rank 0 writes to it
     if main:
         out.mkdir(parents=True, exist_ok=True)
     flops_per_token = raw.flops_per_token(T)
@@ -324,11 +324,20 @@ def _train(cfg: TrainConfig, rank) -> dict[str, Any]:
             last = done == cfg.steps
             if done % cfg.log_every == 0 or done % cfg.ckpt_every == 0 or last:
                 flush(done)
-            if (done % cfg.ckpt_every == 0 or last) and main:
-                save_checkpoint({"format": FORMAT, "step": done, "model": raw.state_dict(),
-                                 "optimizer": opt.state_dict(), "rng": rng_state(device),
-                                 "data": data.state_dict(done * K), "config": asdict(cfg), "world_size": W},
-                                ckpt_path)
+            if done % cfg.ckpt_every == 0 or last:
+                error = None
+                if main:
+                    try:
+                        save_checkpoint({"format": FORMAT, "step": done, "model": raw.state_dict(),
+                                         "optimizer": opt.state_dict(), "rng": rng_state(device),
+                                         "data": data.state_dict(done * K), "config": asdict(cfg),
+                                         "world_size": W}, ckpt_path)
+                    except CheckpointError as e:
+                        error = e
+                failed = torch.tensor([0.0 if error is None else 1.0], device=device)
+                dist.all_reduce(failed)  # every rank learns whether rank 0's write failed
+                if failed.item():  # sync: once per checkpoint, so all ranks stop together instead of hanging
+                    raise error or CheckpointError("rank 0 could not write the checkpoint; see its error message")
             if cfg.crash_after_step == done:
                 os.kill(os.getpid(), signal.SIGKILL)  # testing aid: die like a killed job, no cleanup
     finally:

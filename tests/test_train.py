@@ -178,3 +178,18 @@ def test_two_gloo_ranks_under_torchrun_match_one_rank(tmp_path):
     assert c2["world_size"] == 2
     for name, t in c1["model"].items():
         torch.testing.assert_close(c2["model"][name], t, rtol=1e-4, atol=1e-5)
+
+
+def test_a_failed_checkpoint_write_stops_the_run_with_a_clear_error(tmp_path, monkeypatch, capsys):
+    import gobrrr.train as train_mod
+
+    def no_space(state, path):
+        raise CheckpointError(f"could not write checkpoint {path}: No space left on device; the previous "
+                              "checkpoint (if any) is untouched; the disk is full")
+
+    monkeypatch.setattr(train_mod, "save_checkpoint", no_space)
+    argv = SMALL_ARGS + ["--steps", "4", "--ckpt-every", "2", "--out", str(tmp_path / "run")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "gobrrr train: error:" in err and "No space left on device" in err
+    assert sorted(losses(tmp_path / "run")) == [1, 2]  # it stopped at the first checkpoint
