@@ -129,12 +129,12 @@ def rng_state(device: torch.device | None = None) -> dict[str, Any]:
 
 def set_rng_state(state: dict[str, Any], device: torch.device | None = None) -> None:
     """Restore what `rng_state` captured (the CUDA part only when `device` is a GPU and it was saved)."""
-    torch.set_rng_state(state["torch"])
+    torch.set_rng_state(state["torch"].cpu())  # generator states are CPU byte tensors, wherever they were loaded
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     n = state["numpy"]
     np.random.set_state({"bit_generator": n["bit_generator"],
-                         "state": {"key": n["key"].numpy().astype(np.uint32), "pos": n["pos"]},
+                         "state": {"key": n["key"].cpu().numpy().astype(np.uint32), "pos": n["pos"]},
                          "has_gauss": n["has_gauss"], "gauss": n["gauss"]})
     if state.get("cuda") is not None and device is not None and torch.device(device).type == "cuda":
-        torch.cuda.set_rng_state(state["cuda"], device)
+        torch.cuda.set_rng_state(state["cuda"].cpu(), device)

@@ -240,7 +240,7 @@ def _train(cfg: TrainConfig, rank) -> dict[str, Any]:
         if not cfg.resume:
             raise TrainError(f"{out} already holds a run ({CHECKPOINT}); pass --resume to continue it "
                              "or choose a new --out")
-        state = load_checkpoint(ckpt_path, map_location=device)
+        state = load_checkpoint(ckpt_path)  # to host memory; load_state_dict copies onto the device
         _check_resumable(state, cfg, W)
         raw.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])

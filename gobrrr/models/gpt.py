@@ -166,8 +166,9 @@ class GPT(nn.Module):
         logits = self.lm_head(self.ln_f(x))  # (B, T, V)
         loss = None
         if targets is not None:
-            # Cross-entropy in float32 even under autocast: the softmax over V wants the range.
-            loss = F.cross_entropy(logits.float().view(B * T, -1), targets.view(B * T))
+            # Under bf16 autocast, cross_entropy runs in float32 (it is on autocast's fp32 list), so the
+            # softmax over V keeps its range without a float32 copy of the (B, T, V) logits here.
+            loss = F.cross_entropy(logits.view(B * T, -1), targets.view(B * T))
         return logits, loss
 
     def num_params(self, include_position: bool = True) -> int:
