@@ -198,6 +198,11 @@ class _DataParallel(nn.Module):
         self.world_size = _group_size(group)
         # world size 1: the same path, the collective a no-op (tests force it to exercise NCCL on one GPU)
         self._communicate = self.world_size > 1 or force_communication
+        if self.world_size > 1 and "nccl" in str(dist.get_backend(group)):
+            on_cpu = [n for n, p in module.named_parameters() if not p.is_cuda]
+            if on_cpu:
+                raise ValueError(f"data parallel wrap: NCCL reduces GPU tensors but {on_cpu[:3]} are on the CPU; "
+                                 "move the model to its GPU (model.to(rank.device)) before wrapping it.")
         check_same_model(module, group, settings)
         broadcast_from_rank0(module, group)
         self._no_sync = False            # inside a no_sync() block right now
