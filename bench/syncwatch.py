@@ -67,10 +67,10 @@ def run_mode(mode: str, x: torch.Tensor, steps: int, kernels: int, reads: int) -
 
 def patched_attributes() -> int:
     """How many torch attributes the detective has replaced right now (0 when nobody watches)."""
-    from gobrrr.device import syncs
+    from gobrrr.device import sync_rules, syncs
 
     mine = syncs.__file__
-    return sum(1 for owner, name, _ in syncs._targets()
+    return sum(1 for owner, name, _ in sync_rules.targets()
                if getattr(getattr(getattr(owner, name, None), "__code__", None), "co_filename", None) == mine)
 
 

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import gobrrr
-from gobrrr.device import syncs
+from gobrrr.device import sync_rules, syncs
 from gobrrr.device.syncs import SYNC_WARNING, SyncError, SyncWarning, sync_budget, watch_syncs
 
 pytest_plugins = ["pytester"]
@@ -146,7 +146,7 @@ def test_wrapper_counts_once_and_times_the_stall():
 
 def test_rule_predicts_without_a_warning():
     """The three kinds sync debug mode misses are counted from the wrapper's own rule."""
-    wrapped = syncs._wrap(lambda: None, "synchronize", syncs._always("event_synchronize"), syncs._HOOKS)
+    wrapped = syncs._wrap(lambda: None, "synchronize", sync_rules.always("event_synchronize"), syncs._HOOKS)
     with watch_syncs() as report:
         wrapped()  # site:rule
     (site,) = report.sites
@@ -170,7 +170,7 @@ def _t(cuda: bool, pinned: bool = False):
 ])
 def test_copy_classification(src_cuda, dst_cuda, pinned, non_blocking, expected):
     src = _t(src_cuda, pinned)
-    assert syncs._copy_kind(src, dst_cuda, lambda: pinned, non_blocking) == expected
+    assert sync_rules.copy_kind(src, dst_cuda, lambda: pinned, non_blocking) == expected
 
 
 def test_warn_mode_warns_once_per_site():
@@ -203,7 +203,7 @@ def _walk_tb(tb):
 
 def test_raise_mode_before_the_call():
     ran = []
-    wrapped = syncs._wrap(lambda: ran.append(1), "synchronize", syncs._always("device_synchronize"), syncs._HOOKS)
+    wrapped = syncs._wrap(lambda: ran.append(1), "synchronize", sync_rules.always("device_synchronize"), syncs._HOOKS)
     with pytest.raises(SyncError):
         with watch_syncs("raise"):
             wrapped()

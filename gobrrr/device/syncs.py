@@ -44,6 +44,8 @@ from typing import Any, Callable, TextIO
 
 import torch
 
+from gobrrr.device.sync_rules import DEFAULT_KIND, targets
+
 SYNC_WARNING = "called a synchronizing CUDA operation"  # torch's text for sync debug mode
 MODES = ("count", "warn", "raise")
 
@@ -379,7 +381,7 @@ class _Hooks:
 
     # -- patches
     def _install(self) -> None:
-        for owner, name, rule in _targets():
+        for owner, name, rule in targets():
             current = owner.__dict__.get(name, _MISSING)
             original = getattr(owner, name, _MISSING)
             if original is _MISSING:
@@ -445,7 +447,7 @@ def _on_warning(hooks: _Hooks, show: Callable, msg) -> None:
 
 def _wrap(original: Callable, name: str, rule: Callable, hooks: _Hooks) -> Callable:
     """A thin wrapper: predict from the arguments whether the call syncs, time it, count it once."""
-    default_kind = _DEFAULT_KIND.get(name, name)
+    default_kind = DEFAULT_KIND.get(name, name)
     state = hooks.state
 
     @functools.wraps(original)
@@ -473,118 +475,6 @@ def _wrap(original: Callable, name: str, rule: Callable, hooks: _Hooks) -> Calla
         return out
 
     return wrapper
-
-
-# -------------------------------------------------------------------- rules: does this call sync?
-
-def _cuda_read(kind: str) -> Callable:
-    def rule(args, kwargs):
-        self = args[0] if args else None
-        return kind if isinstance(self, torch.Tensor) and self.is_cuda else None
-    return rule
-
-
-def _repr_rule(kind: str) -> Callable:
-    def rule(args, kwargs):
-        self = args[0] if args else None
-        return kind if isinstance(self, torch.Tensor) and self.is_cuda and self.numel() > 0 else None
-    return rule
-
-
-def _numpy_rule(args, kwargs):
-    self = args[0]
-    force = kwargs.get("force", args[1] if len(args) > 1 else False)
-    return "numpy" if self.is_cuda and force else None
-
-
-def _index_rule(args, kwargs):
-    self, index = args[0], args[1] if len(args) > 1 else None
-    if not self.is_cuda:
-        return None
-    items = index if isinstance(index, tuple) else (index,)
-    for i in items:
-        if isinstance(i, torch.Tensor) and i.is_cuda and i.dtype in (torch.bool, torch.uint8):
-            return "bool_mask_index"
-    return None
-
-
-def _copy_kind(src: torch.Tensor, dst_is_cuda: bool, dst_pinned: Callable[[], bool], non_blocking: bool):
-    """Classify a copy between host and device; None when it does not block the host."""
-    if src.is_cuda and not dst_is_cuda:
-        if not non_blocking:
-            return "d2h_copy"
-        return None if dst_pinned() else "pageable_non_blocking_copy"
-    if not src.is_cuda and dst_is_cuda and src.device.type == "cpu":
-        if not non_blocking:
-            return "h2d_copy"
-        return None if src.is_pinned() else "pageable_non_blocking_copy"
-    return None
-
-
-def _to_rule(args, kwargs):
-    self = args[0]
-    try:
-        device, _dtype, non_blocking, _fmt = torch._C._nn._parse_to(*args[1:], **kwargs)
-    except (TypeError, RuntimeError, AttributeError):
-        return None
-    if device is None:
-        return None
-    # D2H with non_blocking lands in pinned memory that torch allocates: never pageable
-    return _copy_kind(self, device.type == "cuda", lambda: True, bool(non_blocking))
-
-
-def _cuda_rule(args, kwargs):
-    self = args[0]
-    non_blocking = kwargs.get("non_blocking", args[2] if len(args) > 2 else False)
-    return _copy_kind(self, True, lambda: True, bool(non_blocking))
-
-
-def _copy_rule(args, kwargs):
-    dst = args[0]
-    src = args[1] if len(args) > 1 else kwargs.get("src")
-    non_blocking = kwargs.get("non_blocking", args[2] if len(args) > 2 else False)
-    if not isinstance(src, torch.Tensor):
-        return None
-    if src.is_cuda and dst.device.type == "cpu":
-        return _copy_kind(src, False, dst.is_pinned, bool(non_blocking))
-    if dst.is_cuda:
-        return _copy_kind(src, True, lambda: True, bool(non_blocking))
-    return None
-
-
-def _first_tensor_rule(kind: str) -> Callable:
-    def rule(args, kwargs):
-        x = args[0] if args else kwargs.get("input")
-        return kind if isinstance(x, torch.Tensor) and x.is_cuda else None
-    return rule
-
-
-def _always(kind: str) -> Callable:
-    return lambda args, kwargs: kind
-
-
-_DEFAULT_KIND = {"__bool__": "bool", "__float__": "float", "__int__": "int", "__index__": "index",
-                 "__complex__": "complex", "__repr__": "print", "__format__": "format",
-                 "__getitem__": "bool_mask_index", "to": "copy", "cuda": "copy", "copy_": "copy",
-                 "argwhere": "nonzero", "unique_consecutive": "unique"}
-
-
-def _targets() -> list:
-    """(owner, attribute, rule) for every entry point we wrap while watching."""
-    T = torch.Tensor
-    out = [(T, n, _cuda_read(_DEFAULT_KIND.get(n, n))) for n in
-           ("item", "tolist", "cpu", "__bool__", "__float__", "__int__", "__index__", "__complex__")]
-    out += [(T, "numpy", _numpy_rule), (T, "__repr__", _repr_rule("print")), (T, "__format__", _repr_rule("format")),
-            (T, "__getitem__", _index_rule), (T, "to", _to_rule), (T, "cuda", _cuda_rule), (T, "copy_", _copy_rule)]
-    for name, kind in (("nonzero", "nonzero"), ("argwhere", "nonzero"), ("masked_select", "masked_select")):
-        out += [(T, name, _first_tensor_rule(kind)), (torch, name, _first_tensor_rule(kind))]
-    out += [(torch, "unique", _first_tensor_rule("unique")), (torch, "unique_consecutive", _first_tensor_rule("unique"))]
-    out += [(torch.cuda, "synchronize", _always("device_synchronize"))]
-    for cls, kind in ((getattr(torch.cuda, "Stream", None), "stream_synchronize"),
-                      (getattr(torch.cuda, "Event", None), "event_synchronize")):
-        if isinstance(cls, type) and "synchronize" in cls.__dict__:
-            out.append((cls, "synchronize", _always(kind)))
-    return out
 
 
 _HOOKS = _Hooks()
