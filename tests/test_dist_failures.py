@@ -23,18 +23,18 @@ def _catch(fn) -> str:
 
 def dtype_mismatch(rank) -> str:
     # rank 1 reduces int32 where the others reduce float32: same byte count, so gloo would not notice
-    t = torch.ones(4, dtype=torch.int32 if rank.rank == 1 else torch.float32)
+    t = torch.ones(4, dtype=torch.int32 if rank.rank == 1 else torch.float32, device=rank.device)
     comm.all_reduce(t)  # debug mode compares this call across ranks before any data moves
     return "no error"
 
 
 def dtype_mismatch_caught(rank) -> str:
-    comm.all_reduce(torch.ones(2))  # one good collective first: the check counts ops per group
+    comm.all_reduce(torch.ones(2, device=rank.device))  # one good collective first: the check counts ops per group
     return _catch(lambda: dtype_mismatch(rank))
 
 
 def op_mismatch_caught(rank) -> str:
-    t = torch.ones(3)
+    t = torch.ones(3, device=rank.device)
     return _catch(lambda: comm.barrier() if rank.rank == 2 else comm.all_reduce(t))
 
 
@@ -76,7 +76,7 @@ def test_debug_mode_from_environment_variable():
 def raiser(rank):
     if rank.rank == 2:
         raise ValueError("boom in the data loader")
-    comm.all_reduce(torch.ones(8))
+    comm.all_reduce(torch.ones(8, device=rank.device))
     return "finished"
 
 

@@ -165,9 +165,9 @@ def test_every_op_matches_local_result(world_size, async_op):
 
 def overlap_compute(rank) -> float:
     """An async all_reduce is in flight while this rank computes; the result is right after wait()."""
-    t = torch.full((1 << 16,), float(rank.rank + 1))
+    t = torch.full((1 << 16,), float(rank.rank + 1), device=rank.device)
     h = comm.all_reduce(t, async_op=True)
-    x = torch.randn(64, 64)
+    x = torch.randn(64, 64, device=rank.device)
     for _ in range(10):  # overlap: all_reduce with this matmul loop
         x = torch.tanh(x @ x)
     h.wait()

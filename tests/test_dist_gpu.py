@@ -1,0 +1,85 @@
+"""gobrrr.dist on GPUs with NCCL: the same checks as the CPU/gloo tests, one process per GPU.
+
+World size 1 runs on any CUDA machine; the multi-rank cases run when several GPUs exist (marked
+multigpu). The bodies are the CPU tests' own functions: only `backend="nccl"` changes.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from gobrrr.dist.testing import SpawnError, spawn
+from test_dist_failures import dtype_mismatch_caught, op_mismatch_caught, raiser
+from test_dist_ops import ALL_OPS, all_op_checks, overlap_compute
+
+ROOT = Path(__file__).resolve().parent.parent
+N_GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _world_sizes() -> list[int]:
+    return sorted({n for n in (2, 4, N_GPUS) if 2 <= n <= N_GPUS}) or [2]
+
+
+def nccl_rank_facts(rank):
+    t = torch.ones(4, device=rank.device)
+    return (rank.backend, str(rank.device), torch.cuda.current_device(), t.device.index)
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(240)
+def test_nccl_world_size_one_every_op():
+    facts = spawn(nccl_rank_facts, 1, backend="nccl", timeout_s=120)
+    assert facts == [("nccl", "cuda:0", 0, 0)]
+    for async_op in (False, True):
+        (done,) = spawn(all_op_checks, 1, async_op, backend="nccl", timeout_s=120)
+        assert set(done) == ALL_OPS
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(240)
+def test_bench_comm_on_one_gpu(tmp_path):
+    """`python -m bench.comm` without torchrun: world size 1, NCCL, CUDA-event timing."""
+    env = {**os.environ, "GOBRRR_BENCH_RESULTS": str(tmp_path),
+           "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(var, None)
+    proc = subprocess.run([sys.executable, "-m", "bench.comm", "--quick", "--ops", "all_reduce,all_gather"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=200)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rec = json.loads((tmp_path / "comm.jsonl").read_text().splitlines()[-1])
+    assert rec["config"]["backend"] == "nccl" and rec["config"]["device"] == "cuda"
+    assert all(r["time_us"] > 0 and r["vs_raw"] > 0 for r in rec["rows"])
+
+
+@pytest.mark.gpu
+@pytest.mark.multigpu
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("world_size", _world_sizes())
+@pytest.mark.parametrize("async_op", [False, True], ids=["blocking", "async"])
+def test_nccl_every_op_matches_local_result(world_size, async_op):
+    results = spawn(all_op_checks, world_size, async_op, backend="nccl", timeout_s=200)
+    for done in results:
+        assert set(done) == ALL_OPS | {"send_recv", "batch_p2p"}
+    assert spawn(overlap_compute, world_size, backend="nccl", timeout_s=120) == [
+        float(sum(range(1, world_size + 1)))] * world_size
+
+
+@pytest.mark.gpu
+@pytest.mark.multigpu
+@pytest.mark.timeout(300)
+def test_nccl_debug_mode_raises_instead_of_hanging():
+    n = min(N_GPUS, 3)
+    for m in spawn(dtype_mismatch_caught, n, backend="nccl", debug=True, timeout_s=120, pg_timeout_s=30):
+        assert "Mismatching ranks: [1]" in m, m
+    if n >= 3:
+        for m in spawn(op_mismatch_caught, n, backend="nccl", debug=True, timeout_s=120, pg_timeout_s=30):
+            assert "Mismatching ranks: [2]" in m, m
+        with pytest.raises(SpawnError) as info:  # a rank that raises is named; NCCL never gets to hang
+            spawn(raiser, n, backend="nccl", debug=True, timeout_s=120, pg_timeout_s=30)
+        assert "rank 2 raised valueerror" in info.value.failures[0].lower()
