@@ -270,12 +270,12 @@ def _train(cfg: TrainConfig, rank) -> dict[str, Any]:
     logged: dict[int, float] = {}
     rates: list[float] = []
     pending: list[torch.Tensor] = []   # per step: (loss, grad_norm) stacked, still on the device
-    t_last, steps_since = time.perf_counter(), 0
+    t_last = time.perf_counter()
     loader = Prefetcher(data.batches(start * K, cfg.steps * K), device=device)
     batches = iter(loader)
 
     def flush(step: int) -> None:
-        nonlocal t_last, steps_since
+        nonlocal t_last
         if not pending:
             return
         both = torch.stack(pending)             # (n, 2): loss, grad norm per step
@@ -297,7 +297,7 @@ def _train(cfg: TrainConfig, rank) -> dict[str, Any]:
         rates.append(tok_s)
         progress.report(step, rows[-1][0], tok_s, mfu)
         pending.clear()
-        t_last, steps_since = now, 0
+        t_last = now
 
     try:
         for step in range(start, cfg.steps):
@@ -318,7 +318,6 @@ def _train(cfg: TrainConfig, rank) -> dict[str, Any]:
             opt.step()
             opt.zero_grad(set_to_none=True)
             pending.append(torch.stack([loss_sum / K, norm.float()]))
-            steps_since += 1
             progress.advance()
             done = step + 1
             last = done == cfg.steps
