@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.distributed as dist
 from torch.testing import assert_close
 
 from gobrrr.dist import comm
@@ -145,6 +146,16 @@ def all_op_checks(rank, async_op: bool) -> list[str]:
             comm.all_reduce(ref, op)
             assert_close(ring_all_reduce(mine, op), ref)
     done.append("ring_all_reduce")
+
+    if n >= 4:  # subgroups: {0, 1} and {2, 3, ...}; every rank creates both, uses its own
+        groups = [dist.new_group([0, 1]), dist.new_group(list(range(2, n)))]
+        mine, members = (groups[0], [0, 1]) if r < 2 else (groups[1], list(range(2, n)))
+        t = data(r, device=dev)
+        comm.all_reduce(t, group=mine, async_op=async_op).wait()
+        assert_close(t, sum(everyone[i] for i in members))
+        t = data(r, shape=(5,), device=dev)
+        assert_close(ring_all_reduce(t, group=mine), sum(data(i, shape=(5,), device=dev) for i in members))
+        done.append("subgroups")
     return done
 
 
@@ -153,11 +164,14 @@ ALL_OPS = {"all_reduce", "broadcast", "reduce", "scatter", "gather", "all_gather
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("world_size", [1, 2, 4])
-@pytest.mark.parametrize("async_op", [False, True], ids=["blocking", "async"])
-def test_every_op_matches_local_result(world_size, async_op):
-    results = spawn(all_op_checks, world_size, async_op, timeout_s=90)
+@pytest.mark.parametrize("world_size, async_op, debug", [
+    (1, False, False), (1, True, False), (2, False, False), (2, True, False), (4, False, False), (4, True, False),
+    (3, True, True),  # debug mode: every op and p2p message checked, and no false alarm on a correct program
+], ids=lambda v: str(v))
+def test_every_op_matches_local_result(world_size, async_op, debug):
+    results = spawn(all_op_checks, world_size, async_op, timeout_s=90, debug=debug)
     expected = ALL_OPS | ({"send_recv", "batch_p2p"} if world_size > 1 else set())
+    expected |= {"subgroups"} if world_size >= 4 else set()
     assert len(results) == world_size
     for done in results:
         assert set(done) == expected
