@@ -13,6 +13,8 @@ import torch
 from torch.testing import assert_close
 
 pytestmark = pytest.mark.gpu
+# same kernels on both sides; the slack only absorbs run-to-run noise of GPU reductions (atomics)
+TOL = {"rtol": 1e-4, "atol": 1e-6}
 
 
 def _tiny_gpt(device):
@@ -30,7 +32,7 @@ def _batches(device, n: int = 3):
 
 
 def _backward(model, x, y):
-    with torch.autocast("cuda", dtype=torch.bfloat16):
+    with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=x.is_cuda):
         _, loss = model(x, y)
     loss.backward()
     return loss.detach()
@@ -45,7 +47,11 @@ def _sync_counter():
 
 
 def test_ddp_step_equals_plain_step_world_size_1():
-    dev = torch.device("cuda")
+    step_parity(torch.device("cuda"))
+
+
+def step_parity(dev: torch.device) -> None:
+    """Three AdamW steps of the tiny GPT, unwrapped and wrapped, at world size 1 (no process group)."""
     from gobrrr.parallel import ddp
 
     base = _tiny_gpt(dev)
@@ -53,13 +59,13 @@ def test_ddp_step_equals_plain_step_world_size_1():
     opt_p = torch.optim.AdamW(plain.parameters(), lr=1e-3, fused=True)
     opt_o = torch.optim.AdamW(ours.parameters(), lr=1e-3, fused=True)
     for step, (x, y) in enumerate(_batches(dev)):
-        assert_close(_backward(ours, x, y), _backward(plain, x, y))
+        assert_close(_backward(ours, x, y), _backward(plain, x, y), **TOL)
         for (n, p), q in zip(plain.named_parameters(), ours.module.parameters()):
-            assert_close(q.grad, p.grad, msg=f"step {step}: gradient of {n}")
+            assert_close(q.grad, p.grad, msg=f"step {step}: gradient of {n}", **TOL)
         opt_p.step(), opt_o.step()
         opt_p.zero_grad(), opt_o.zero_grad()
     for (n, p), q in zip(plain.named_parameters(), ours.module.parameters()):
-        assert_close(q, p, msg=f"weights of {n}")
+        assert_close(q, p, msg=f"weights of {n}", **TOL)
 
 
 def nccl_one_gpu(rank) -> dict:
@@ -85,7 +91,7 @@ def nccl_one_gpu(rank) -> dict:
                 with watch(mode="count") as report:
                     _backward(ours, x, y)
                 counts.append((report.count, base_report.count, [s.where() for s in report.sites]))
-            tol = {} if grad_dtype is None else {"rtol": 2e-2, "atol": 1e-4}
+            tol = TOL if grad_dtype is None else {"rtol": 2e-2, "atol": 1e-4}
             for (n, p), q in zip(plain.named_parameters(), ours.module.parameters()):
                 assert_close(q.grad, p.grad, msg=f"{label}: gradient of {n}", **tol)
             plain.zero_grad(), ours.zero_grad()
