@@ -54,3 +54,16 @@ def test_killed_cuda_run_resumes_to_the_same_losses(tmp_path):
     # the same arithmetic on the same GPU: equal up to kernel-level nondeterminism (atomics in backward)
     torch.testing.assert_close(torch.tensor([b[s]["loss"] for s in range(1, 13)]),
                                torch.tensor([a[s]["loss"] for s in range(1, 13)]), rtol=1e-3, atol=1e-3)
+
+
+def test_the_training_loop_does_not_sync_every_step(tmp_path):
+    import gobrrr
+
+    counts = {}
+    for steps in (20, 60):
+        with gobrrr.watch_syncs() as report:
+            train(TrainConfig(model="tiny", device="cuda", steps=steps, batch_size=8, seq_len=64, log_every=20,
+                              ckpt_every=1000, progress=False, out=str(tmp_path / f"s{steps}")))
+        counts[steps] = report.count
+    # 40 more steps add two loss reads (one per 20 steps), not 40 or more syncs
+    assert counts[60] - counts[20] <= 10, (counts, report.to_json())
