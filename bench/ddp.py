@@ -242,16 +242,15 @@ def _figures(rows: list[dict], cfg: BenchConfig, world: int) -> dict:
 
 
 def _baseline_tokens_per_gpu(path: str) -> float:
-    """The plain variant's tokens/s per GPU from the last record in a world-size-1 bench/ddp JSONL file."""
+    """The plain variant's tokens/s per GPU from the last world-size-1 record of a bench/ddp JSONL file."""
     with open(path) as fh:
-        lines = [ln for ln in fh if ln.strip()]
-    if not lines:
-        raise ValueError(f"--baseline-json {path} is empty; run `gobrrr bench ddp` on one GPU first.")
-    rec = json.loads(lines[-1])
-    plain = [r for r in rec.get("rows", []) if r.get("variant") == "plain"]
-    if not plain:
-        raise ValueError(f"--baseline-json {path}: its last record has no 'plain' row; rerun with the plain variant.")
-    return float(plain[0]["tokens_per_s_per_gpu"])
+        records = [json.loads(ln) for ln in fh if ln.strip()]
+    for rec in reversed(records):
+        plain = [r for r in rec.get("rows", []) if r.get("variant") == "plain"]
+        if rec.get("world_size") == 1 and plain:
+            return float(plain[0]["tokens_per_s_per_gpu"])
+    raise ValueError(f"--baseline-json {path} holds no world-size-1 record with a 'plain' row; "
+                     "run `gobrrr bench ddp` on one GPU first.")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,6 +11,7 @@ Each world size is one spawn that runs many checks, so the file costs a few seco
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 
 import pytest
@@ -325,9 +326,13 @@ def test_no_sync_on_an_unwrapped_model_raises():
 
 def test_bench_quick_runs_on_cpu(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("GOBRRR_BENCH_RESULTS", str(tmp_path))
-    from bench.ddp import main
+    from bench.ddp import _baseline_tokens_per_gpu, main
 
     assert main(["--quick", "--variants", "plain,ddp"]) == 0  # the 2-rank spawn above runs every variant
     out = capsys.readouterr().out
     assert "ddp/plain" in out
-    assert (tmp_path / "ddp.jsonl").exists()
+    rec = json.loads((tmp_path / "ddp.jsonl").read_text().splitlines()[-1])
+    plain = next(r for r in rec["rows"] if r["variant"] == "plain")
+    assert rec["world_size"] == 1 and rec["figures"]["ddp_over_plain_step_time"] > 0
+    # a later multi-GPU run reads this record as its single-GPU baseline
+    assert _baseline_tokens_per_gpu(str(tmp_path / "ddp.jsonl")) == plain["tokens_per_s_per_gpu"]
