@@ -26,19 +26,18 @@ def _world_sizes() -> list[int]:
     return sorted({n for n in (2, 4, N_GPUS) if 2 <= n <= N_GPUS}) or [2]
 
 
-def nccl_rank_facts(rank):
-    t = torch.ones(4, device=rank.device)
-    return (rank.backend, str(rank.device), torch.cuda.current_device(), t.device.index)
+def nccl_facts_and_ops(rank):
+    """Where the rank landed, then every op blocking and async, in one process (GPU start-up is slow)."""
+    facts = (rank.backend, str(rank.device), torch.cuda.current_device())
+    return facts, all_op_checks(rank, False), all_op_checks(rank, True)
 
 
 @pytest.mark.gpu
 @pytest.mark.timeout(240)
 def test_nccl_world_size_one_every_op():
-    facts = spawn(nccl_rank_facts, 1, backend="nccl", timeout_s=120)
-    assert facts == [("nccl", "cuda:0", 0, 0)]
-    for async_op in (False, True):
-        (done,) = spawn(all_op_checks, 1, async_op, backend="nccl", timeout_s=120)
-        assert set(done) == ALL_OPS
+    ((facts, blocking, async_),) = spawn(nccl_facts_and_ops, 1, backend="nccl", timeout_s=180)
+    assert facts == ("nccl", "cuda:0", 0)
+    assert set(blocking) == set(async_) == ALL_OPS
 
 
 @pytest.mark.gpu

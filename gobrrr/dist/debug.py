@@ -28,6 +28,11 @@ store, waits a couple of seconds for the others to post theirs, and builds one m
 which ranks reached op #k, which raised and left (the `session()` context manager and the test
 harness post a rank's exception on its way out), which processes are dead, and which are silent.
 
+On NCCL the always-on path sees less: a collective whose peer never comes does not raise in
+Python (the host has only queued it; the GPU waits), so the first sign is NCCL's watchdog ending
+the process after `timeout_s` with its own message (op and sequence number). Debug mode is what
+names the missing ranks on NCCL, because its check-in happens on the host, before the launch.
+
 The watch table is module-level, keyed by group name, because torch.distributed's own group table
 is global: ours mirrors it, is filled by `gobrrr.dist.init()` and emptied by `shutdown()`.
 """
@@ -321,8 +326,11 @@ def explain_failure(watch: GroupWatch, k: int, op: str, exc: BaseException) -> C
     """Build the error to raise when op #k raised `exc`: who reached it, who left, who is silent."""
     first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
     head = f"gobrrr.dist: {op} (collective #{k} on group {watch.name}) failed on rank {watch.me}: {first}"
-    if watch.store is None or watch.size == 1:
-        return CollectiveError(head + ". Call gobrrr.dist.init() so that errors can name the ranks involved.")
+    if watch.size == 1:
+        return CollectiveError(head + ".")
+    if watch.store is None:
+        return CollectiveError(head + ". (Create the group with gobrrr.dist.init() so that errors can name "
+                               "the ranks involved.)")
     try:
         watch.store.set(f"fail/{watch.me}", f"{k} {op}")
         others = [i for i in range(watch.size) if i != watch.me]

@@ -17,9 +17,9 @@ Failure handling, so that no test hangs:
     then they are killed;
   * past `timeout_s` -> every rank is killed and `TimeoutError` names the ranks still running.
 
-Processes come from a fork server that has already imported torch (fork of a warm interpreter,
-~50 ms, instead of a cold `spawn` at ~2-3 s per rank); no CUDA is touched before the fork, so it
-is safe for NCCL too.
+Gloo ranks come from a fork server that has already imported torch (fork of a warm interpreter,
+~50 ms, instead of a cold `spawn` at ~2-3 s per rank). NCCL ranks use `spawn` (fresh
+interpreters), so no rank can inherit an initialised CUDA driver.
 """
 from __future__ import annotations
 
@@ -59,8 +59,10 @@ def _last_line(tb: str) -> str:
     return lines[-1] if lines else "(no traceback)"
 
 
-def _context() -> mp.context.BaseContext:
-    if "forkserver" in mp.get_all_start_methods():
+def _context(backend: str) -> mp.context.BaseContext:
+    # GPU ranks start from a fresh interpreter: a fork of any process that has touched the CUDA
+    # driver cannot use CUDA, and we cannot promise what an import does on every torch version.
+    if backend == "gloo" and "forkserver" in mp.get_all_start_methods():
         ctx = mp.get_context("forkserver")
         ctx.set_forkserver_preload(_PRELOAD)  # only takes effect when the server first starts
         return ctx
@@ -120,7 +122,7 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float 
     addr = "127.0.0.1"
     server = dist.TCPStore(addr, 0, world_size, True, timeout=_dt.timedelta(seconds=timeout_s),
                            wait_for_workers=False)
-    ctx = _context()
+    ctx = _context(backend)
     procs, readers = [], []
     for r in range(world_size):
         recv, send = ctx.Pipe(duplex=False)
