@@ -49,6 +49,12 @@ backward outside `no_sync()` reduces the sum once.
 
 World size 1 runs the same phases; the collective and the division are no-ops.
 
+Limits, on purpose: one device per rank, and the model is wrapped after it is moved there.
+Buckets keep their wrap-time order (torch's DDP re-buckets after the first iteration in the
+order gradients actually arrived; for a GPT, reverse registration order already is that
+order). A parameter unused on *some* ranks only: those ranks raise, the others wait in their
+next collective until the process-group timeout.
+
 Room for ZeRO (Rajbhandari et al. 2020): a `Bucket` is a flat, dtype-uniform gradient buffer
 and launching its reduction is one method (`DDP._reduce`). ZeRO-2 would reduce-scatter the
 same buffer (padded to a multiple of the world size) so that each rank keeps only the shard
