@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         # the time of a collective is its slowest rank's: one MAX all-reduce over every measurement
         t = torch.tensor(times, dtype=torch.float64, device=dev).reshape(-1, 2)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        for row, (t_ours, t_raw) in zip(rows, t.tolist()):
+        for row, (t_ours, t_raw) in zip(rows, t.tolist()):  # sync: once, after all measurements
             algbw = row["size"] / t_ours / 1e9
             row.update(time_us=t_ours * 1e6, algbw=algbw, busbw=algbw * bus_factor(row["op"], n),
                        raw_us=t_raw * 1e6, vs_raw=t_raw / t_ours)

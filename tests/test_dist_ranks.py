@@ -118,3 +118,16 @@ def test_rank_sampler_with_a_dataloader():
     assert set(seen) == set(range(10)) and len(seen) == 12  # 2 padded repeats
     with pytest.raises(ValueError, match="rank 3 is not in 0..2"):
         RankSampler(10, 3, 3)
+
+
+def init_twice(rank):
+    """init() inside an initialised rank adopts the group instead of failing or creating another."""
+    again = gobrrr.dist.init(device="cpu")
+    t = torch.ones(2)
+    comm.all_reduce(t)
+    return again == rank, t.tolist()
+
+
+@pytest.mark.timeout(60)
+def test_init_adopts_an_existing_group():
+    assert spawn(init_twice, 2, timeout_s=45) == [(True, [2.0, 2.0])] * 2

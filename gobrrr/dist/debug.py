@@ -14,7 +14,7 @@ through, the group's members, and a counter of collectives issued on it (op #k).
 Debug mode (`init(debug=True)` or `GOBRRR_DIST_DEBUG=1`), before every collective:
 
     rank r:  store.set("c/<k>/<r>", "all_reduce(float32[1024], op=sum)")   # my signature for op #k
-             store.wait(["c/<k>/0", ..., "c/<k>/<n-1>"])                    # everyone's signature
+             poll store.check("c/<k>/0" ... "c/<k>/<n-1>")                  # everyone's signature
              compare  -> equal: go ahead;  different: CollectiveMismatchError on EVERY rank
              missing past the timeout, or the missing rank is known dead: CollectiveTimeoutError
 
@@ -224,7 +224,8 @@ def check_in(watch: GroupWatch, k: int, sig: str, op: str) -> None:
     store.set(f"c/{k}/{watch.me}", sig)
     keys = [f"c/{k}/{i}" for i in range(watch.size)]
     _wait_for_all(watch, keys, k, op)
-    sigs = [s.decode() for s in store.multi_get(keys)]
+    raw = store.multi_get(keys) if hasattr(store, "multi_get") else [store.get(key) for key in keys]
+    sigs = [s.decode() for s in raw]
     if len(set(sigs)) > 1:
         by_sig: dict[str, list[int]] = {}
         for r, s in enumerate(sigs):

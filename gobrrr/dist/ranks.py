@@ -135,11 +135,15 @@ def init(backend: str | None = None, *, timeout_s: float | None = None, seed: in
         dev = _pick_device(device, backend, local_rank)
         if dev.type == "cuda":
             torch.cuda.set_device(dev)
-        try:  # private but long-stable; without it we simply lose the named-rank diagnostics
-            adopted_store = dist.distributed_c10d._get_default_store()
-        except Exception:
-            adopted_store = None
-        _debug.install(adopted_store, rank, world_size, timeout_s, debug)
+        world = _debug._WATCHES.get("WORLD")
+        if world is not None:  # our own group (e.g. init() called again inside gobrrr.dist.testing.spawn)
+            world.debug = world.debug or debug
+        else:
+            try:  # private but long-stable; without it we simply lose the named-rank diagnostics
+                adopted_store = dist.distributed_c10d._get_default_store()
+            except Exception:
+                adopted_store = None
+            _debug.install(adopted_store, rank, world_size, timeout_s, debug)
         _seed_everything(seed)
         return Rank(rank, local_rank, world_size, dev, rank == 0, backend, seed)
 
