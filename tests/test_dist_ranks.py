@@ -131,3 +131,17 @@ def init_twice(rank):
 @pytest.mark.timeout(60)
 def test_init_adopts_an_existing_group():
     assert spawn(init_twice, 2, timeout_s=45) == [(True, [2.0, 2.0])] * 2
+
+
+
+
+def rank_with_worker_processes(rank):
+    """A rank may start processes of its own (DataLoader workers), so ranks must not be daemonic."""
+    loader = DataLoader(torch.arange(8.0), batch_size=4, num_workers=1,
+                        sampler=RankSampler(8, rank.rank, rank.world_size))
+    return [b.tolist() for b in loader]
+
+
+@pytest.mark.timeout(90)
+def test_a_rank_can_use_dataloader_workers():
+    assert spawn(rank_with_worker_processes, 2, timeout_s=60) == [[[0.0, 2.0, 4.0, 6.0]], [[1.0, 3.0, 5.0, 7.0]]]

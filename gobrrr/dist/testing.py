@@ -126,7 +126,8 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float 
     procs, readers = [], []
     for r in range(world_size):
         recv, send = ctx.Pipe(duplex=False)
-        p = ctx.Process(target=_child, name=f"gobrrr-rank{r}", daemon=True,
+        # not daemonic: a rank may start processes of its own (DataLoader workers); we reap them below
+        p = ctx.Process(target=_child, name=f"gobrrr-rank{r}", daemon=False,
                         args=(fn, r, world_size, args, addr, server.port, backend, pg_timeout_s, debug,
                               dict(env or {}), send))
         p.start()
