@@ -133,8 +133,6 @@ def test_init_adopts_an_existing_group():
     assert spawn(init_twice, 2, timeout_s=45) == [(True, [2.0, 2.0])] * 2
 
 
-
-
 def rank_with_worker_processes(rank):
     """A rank may start processes of its own (DataLoader workers), so ranks must not be daemonic."""
     loader = DataLoader(torch.arange(8.0), batch_size=4, num_workers=1,
