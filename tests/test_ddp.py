@@ -295,7 +295,9 @@ def test_bucket_assignment_mixed_sizes_and_dtypes():
     sizes = [(100, f32), (300, f32), (50, bf16), (400, f32), (10, f64), (1000, f32), (20, bf16), (5, f32)]
     # caps: first bucket 1000 bytes (250 fp32), then 2000 bytes
     got = assign_buckets(sizes, bucket_bytes=2000, first_bucket_bytes=1000)
-    assert got == [[0, 1], [4], [3, 5], [2, 6], [7]]  # in the order they complete
+    # 5 fills a whole bucket alone: it travels alone and closes the open bucket [3] before it
+    assert got == [[0, 1], [3], [4], [5], [2, 6], [7]]  # in the order they complete
+    assert assign_buckets(sizes, bucket_bytes=10_000, first_bucket_bytes=10_000) == [[4], [2, 6], [0, 1, 3, 5, 7]]
     # a single parameter larger than the cap gets a bucket to itself
     assert assign_buckets([(10_000, f32), (1, f32)], 16, 16) == [[0], [1]]
 

@@ -157,17 +157,25 @@ def assign_buckets(sizes: list[tuple[int, torch.dtype]], bucket_bytes: int, firs
 
     `sizes[i] = (numel, dtype)`. One bucket is open per (dtype, key); a parameter joins the
     open bucket of its kind, which closes once it holds at least the cap: `first_bucket_bytes`
-    until the first bucket has closed, `bucket_bytes` after. A parameter larger than the cap
-    gets a bucket to itself. Buckets are returned in the order they complete (by their last index).
+    until the first bucket has closed, `bucket_bytes` after. A parameter of `bucket_bytes` or
+    more travels alone, and first closes the open bucket so it does not hold that one back.
+    Buckets are returned in the order they complete (by their last index).
     """
     closed: list[list[int]] = []
     open_: dict[Any, list[int]] = {}
     open_bytes: dict[Any, int] = {}
     for i, (numel, dtype) in enumerate(sizes):
         kind = (dtype, None if keys is None else keys[i])
-        open_.setdefault(kind, []).append(i)
-        open_bytes[kind] = open_bytes.get(kind, 0) + numel * torch.empty((), dtype=dtype).element_size()
+        nbytes = numel * torch.empty((), dtype=dtype).element_size()
         cap = first_bucket_bytes if not closed else bucket_bytes
+        if nbytes >= bucket_bytes:
+            if kind in open_:
+                closed.append(open_.pop(kind))
+                del open_bytes[kind]
+            closed.append([i])
+            continue
+        open_.setdefault(kind, []).append(i)
+        open_bytes[kind] = open_bytes.get(kind, 0) + nbytes
         if open_bytes[kind] >= cap:
             closed.append(open_.pop(kind))
             del open_bytes[kind]
@@ -323,6 +331,10 @@ class DDP(_DataParallel):
             for j, p in enumerate(b.params):
                 self._hooks.append(p.register_post_accumulate_grad_hook(
                     lambda p, b=b, j=j: self._grad_ready(b, j)))
+
+    def extra_repr(self) -> str:
+        sizes = ", ".join(f"{b.nbytes / MB:.1f}" for b in self.buckets)
+        return f"world_size={self.world_size}, buckets MB=[{sizes}], grad_dtype={self.grad_dtype}"
 
     @torch.no_grad()
     def _make_bucket(self, index: int, named: list[tuple[str, nn.Parameter]]) -> Bucket:
