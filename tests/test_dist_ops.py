@@ -145,6 +145,12 @@ def all_op_checks(rank, async_op: bool) -> list[str]:
             ref = mine.clone()
             comm.all_reduce(ref, op)
             assert_close(ring_all_reduce(mine, op), ref)
+    odd = data(r, shape=(4, 3), device=dev).t()  # not contiguous: reduced in a copy, written back
+    ref = odd.clone()
+    comm.all_reduce(ref)
+    out = ring_all_reduce(odd)
+    assert out is odd
+    assert_close(odd, ref)
     done.append("ring_all_reduce")
 
     if n >= 4:  # subgroups: {0, 1} and {2, 3, ...}; every rank creates both, uses its own
