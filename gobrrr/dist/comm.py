@@ -383,7 +383,7 @@ def all_gather(output: torch.Tensor | list[torch.Tensor], tensor: torch.Tensor, 
         r1: [b]    ->     r1: [a b c]
         r2: [c]           r2: [a b c]
 
-    Moves: (n-1) * S per rank (n-1)/n of the output.
+    Moves: (n-1) * S per rank, in and out (S = one rank's input; that is (n-1)/n of the output).
     """
     if isinstance(output, (list, tuple)):
         return _collective("all_gather", group, (tensor,), {"outputs": len(output)},
@@ -406,7 +406,7 @@ def reduce_scatter(output: torch.Tensor, input: torch.Tensor | list[torch.Tensor
         r1: [b0 b1 b2]  ->    r1: [a1+b1+c1]
         r2: [c0 c1 c2]        r2: [a2+b2+c2]
 
-    Moves: (n-1)/n of the input per rank (the first half of a ring all-reduce).
+    Moves: (n-1)/n of the input per rank, in and out (the first half of a ring all-reduce).
     """
     name, rop = _reduce_op(op)
     watch = _debug.watch_for(group)
