@@ -31,6 +31,7 @@ import argparse
 import contextlib
 import copy
 import json
+import os
 import time
 from dataclasses import asdict, dataclass, replace
 
@@ -278,6 +279,11 @@ def main(argv: list[str] | None = None) -> int:
     if a.variants:
         cfg = replace(cfg, variants=tuple(x.strip() for x in a.variants.split(",") if x.strip()))
     device = a.device or ("cpu" if a.quick or not torch.cuda.is_available() else None)
+    if cfg.baseline_json:  # fail before the run, not after it
+        if not os.path.exists(cfg.baseline_json):
+            p.error(f"--baseline-json {cfg.baseline_json} does not exist; run `gobrrr bench ddp` on one GPU first "
+                    "or drop the flag (the same-run scaling figure needs no baseline).")
+        _baseline_tokens_per_gpu(cfg.baseline_json)
 
     import gobrrr.dist as gd
 
