@@ -5,18 +5,22 @@ scalar (`.item()`, a real sync, like reading the loss). Two scenarios in one run
 launches: what arming the detective costs when nothing syncs) and reads=1 (one sync per step).
 Modes, measured side by side:
 
-    off              gobrrr.device.syncs not imported yet (measured first, before the import)
-    imported         imported, nobody watching: nothing is patched, so this must match `off`
-    count            inside `watch_syncs()`                       target: <= 5% over off
+    off              gobrrr.device.syncs never imported: a fresh child process, alternated with ...
+    imported         ... a child that imports it first (nobody watching): A/B/A/B child pairs,
+                     so the import's cost is measured against clock drift, not beside it
+    not_watching     in this process, imported, nobody watching: the baseline of the rows below
+    count            inside `watch_syncs()`                       target: <= 5% over not_watching
     warn             inside `watch_syncs("warn")`
     torch_warn       torch.cuda.set_sync_debug_mode("warn") alone (torch's prototype, for reference)
 
-After the import the watched modes run round-robin (repeat r of every mode before repeat r+1) so
-clock drift hits them alike; the figure is the median ms/step over repeats.
+The in-process modes run round-robin (repeat r of every mode before repeat r+1) so clock drift
+hits them alike; every figure is the median ms/step over repeats.
 """
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
 import sys
 import time
 import warnings
@@ -25,7 +29,8 @@ import torch
 
 from bench.common import median, print_table, record
 
-MODES = ("off", "imported", "count", "warn", "torch_warn")
+MODES = ("not_watching", "count", "warn", "torch_warn")  # in-process, round-robin
+CHILD_MODES = ("off", "imported")  # fresh child processes, alternated
 
 
 def loop(x: torch.Tensor, steps: int, kernels: int, reads: int) -> float:
@@ -44,7 +49,7 @@ def loop(x: torch.Tensor, steps: int, kernels: int, reads: int) -> float:
 
 def run_mode(mode: str, x: torch.Tensor, steps: int, kernels: int, reads: int) -> tuple[float, int]:
     """ms/step and syncs counted per step for one mode."""
-    if mode in ("off", "imported"):
+    if mode == "not_watching":
         return loop(x, steps, kernels, reads), 0
     if mode == "torch_warn":
         torch.cuda.set_sync_debug_mode("warn")
@@ -65,6 +70,23 @@ def run_mode(mode: str, x: torch.Tensor, steps: int, kernels: int, reads: int) -
     return ms, (report.count - harness) // steps
 
 
+def child_ms(mode: str, args: argparse.Namespace, reads: int) -> float:
+    """Median ms/step of `loop` in a fresh interpreter that imports the detective only if `mode` says so."""
+    code = (
+        "import sys, torch\n"
+        + ("import gobrrr.device.syncs\n" if mode == "imported" else "")
+        + "from bench.syncwatch import loop\n"
+        + "from bench.common import median\n"
+        + f"x = torch.randn(256, device={args.device!r})\n"
+        + f"loop(x, {max(args.steps // 5, 2)}, {args.kernels}, {reads})\n"
+        + f"print(median(loop(x, {args.steps}, {args.kernels}, {reads}) for _ in range({args.repeats})))\n"
+        + ("assert 'gobrrr.device.syncs' not in sys.modules\n" if mode == "off" else "")
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return float(out.stdout.strip().splitlines()[-1])
+
+
 def patched_attributes() -> int:
     """How many torch attributes the detective has replaced right now (0 when nobody watches)."""
     from gobrrr.device import sync_rules, syncs
@@ -80,38 +102,41 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=300, help="steps per measurement (default 300)")
     p.add_argument("--repeats", type=int, default=7, help="measurements per mode; the median is reported")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--child-pairs", type=int, default=4,
+                   help="off/imported child-process pairs, alternated (default 4)")
     p.add_argument("--quick", action="store_true", help="tiny sizes: a CPU smoke run in a few seconds")
     args = p.parse_args(argv)
     if args.quick:
-        args.kernels, args.steps, args.repeats = 8, 20, 3
-    if "gobrrr.device.syncs" in sys.modules:
-        print("note: gobrrr.device.syncs was already imported, so `off` is measured after the import too")
+        args.kernels, args.steps, args.repeats, args.child_pairs = 8, 20, 3, 1
     device = torch.device(args.device)
     cuda = device.type == "cuda"
     modes = [m for m in MODES if cuda or m != "torch_warn"]  # sync debug mode exists only on CUDA
     x = torch.randn(256, device=device)  # (256,)
 
     rows, figures = [], {}
+    import gobrrr.device.syncs  # noqa: F401  (in this process: imported, nobody watching)
+
     for reads in (0, 1):
         loop(x, max(args.steps // 5, 2), args.kernels, reads)  # warm up: kernels loaded, clocks up
-        times: dict[str, list[float]] = {m: [] for m in modes}
+        times: dict[str, list[float]] = {m: [] for m in list(CHILD_MODES) + modes}
         counted: dict[str, int] = {m: 0 for m in modes}
-        for _ in range(args.repeats):  # `off` first, before anything imports the detective
-            times["off"].append(run_mode("off", x, args.steps, args.kernels, reads)[0])
-        import gobrrr.device.syncs  # noqa: F401  (from here on: `imported`)
-
-        for m in modes[1:]:  # one untimed pass: first-use costs (patch tables, source lines) out of the way
+        for _ in range(args.child_pairs):  # off / imported: A, B, A, B ... in fresh processes
+            for m in CHILD_MODES:
+                times[m].append(child_ms(m, args, reads))
+        for m in modes:  # one untimed pass: first-use costs (patch tables, source lines) out of the way
             run_mode(m, x, max(args.steps // 5, 2), args.kernels, reads)
         for _ in range(args.repeats):
-            for m in modes[1:]:
+            for m in modes:
                 ms, per_step = run_mode(m, x, args.steps, args.kernels, reads)
                 times[m].append(ms)
                 counted[m] = per_step
-        base = median(times["off"])
-        for m in modes:
+        for m in list(CHILD_MODES) + modes:
+            base = median(times["off" if m in CHILD_MODES else "not_watching"])
             ms = median(times[m])
-            rows.append({"reads/step": reads, "mode": m, "ms/step": ms, "vs off": ms / base,
-                         "overhead %": (ms / base - 1) * 100, "syncs counted/step": counted[m] if m in ("count", "warn") else None})
+            rows.append({"reads/step": reads, "mode": m, "ms/step": ms,
+                         "vs": "off" if m in CHILD_MODES else "not_watching", "ratio": ms / base,
+                         "overhead %": (ms / base - 1) * 100,
+                         "syncs counted/step": counted[m] if m in ("count", "warn") else None})
             figures[f"reads{reads}_{m}_overhead_pct"] = (ms / base - 1) * 100
     figures["patched_while_not_watching"] = patched_attributes()
 
@@ -123,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"reads/step={reads}: count {c:+.2f}% (target <= 5%: {'ok' if c <= 5 else 'OVER'}), "
               f"imported {i:+.2f}% (target <= 1%: {'ok' if i <= 1 else 'OVER'})")
     path = record("syncwatch", config={"kernels": args.kernels, "steps": args.steps, "repeats": args.repeats,
-                                       "device": str(device)}, rows=rows, figures=figures)
+                                       "child_pairs": args.child_pairs, "device": str(device)}, rows=rows, figures=figures)
     print(f"results appended to {path}")
     return 0
 

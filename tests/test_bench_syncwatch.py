@@ -14,6 +14,6 @@ def test_syncwatch_quick(tmp_path, monkeypatch, capsys):
     (line,) = (tmp_path / "syncwatch.jsonl").read_text().splitlines()
     entry = json.loads(line)
     modes = {(r["reads/step"], r["mode"]) for r in entry["rows"]}
-    assert modes == {(r, m) for r in (0, 1) for m in ("off", "imported", "count", "warn")}
+    assert modes == {(r, m) for r in (0, 1) for m in ("off", "imported", "not_watching", "count", "warn")}
     assert entry["figures"]["patched_while_not_watching"] == 0
     assert all(r["ms/step"] > 0 for r in entry["rows"])
