@@ -152,3 +152,43 @@ def test_spawn_kills_everything_past_its_timeout():
 def test_error_classes():
     assert issubclass(CollectiveMismatchError, CollectiveError)
     assert issubclass(CollectiveTimeoutError, TimeoutError)
+
+
+MONITOR_ENV = {"GOBRRR_DIST_MONITOR": "1", "GOBRRR_DIST_MONITOR_STALL_S": "1"}  # on for gloo, fast
+
+
+def stuck_behind_departed_peer(rank):
+    from gobrrr.dist import debug
+
+    if rank.rank == 1:
+        debug.note_exit(ValueError("boom in step 7"))  # what session() posts on its way out
+        time.sleep(4)  # alive: a dead peer would make gloo raise by itself (NCCL would not)
+        return "slept"
+    comm.all_reduce(torch.ones(4), async_op=True)  # pending: rank 1 never joins
+    time.sleep(30)  # stands in for the host blocked in a CUDA sync behind an NCCL kernel
+    return "never"
+
+
+def busy_after_peer_departed(rank):
+    from gobrrr.dist import debug
+
+    comm.all_reduce(torch.ones(4))  # completes: both ranks take part
+    if rank.rank == 1:
+        debug.note_exit(ValueError("boom after the last step"))
+        return "left"
+    time.sleep(3)  # computing, not waiting on a collective: the monitor must leave this rank alone
+    return "finished"
+
+
+@pytest.mark.timeout(60)
+def test_monitor_exits_a_rank_stuck_behind_a_departed_peer():
+    t0 = time.monotonic()
+    with pytest.raises(SpawnError) as info:
+        spawn(stuck_behind_departed_peer, 2, timeout_s=40, pg_timeout_s=30, env=MONITOR_ENV)
+    text = info.value.failures[0]
+    assert "exited with code 75" in text, text
+    assert "rank 0 gives up: rank 1 raised ValueError: boom in step 7 and left" in text, text
+    assert "all_reduce #0 on group WORLD" in text, text
+    assert time.monotonic() - t0 < 20  # not the 30 s collective timeout
+    assert spawn(busy_after_peer_departed, 2, timeout_s=40, pg_timeout_s=30, env=MONITOR_ENV) == [
+        "finished", "left"]

@@ -134,6 +134,7 @@ def _collective(name: str, group, sig: Sequence[torch.Tensor | None], attrs: dic
         raise
     except RuntimeError as exc:
         raise explain(exc) from exc
+    watch.last_work, watch.last_op = work, (name, k)  # for the peer monitor (monitor.py)
     if async_op:
         return Handle(work, explain, after)
     _wait(work, explain)
@@ -218,6 +219,7 @@ def _p2p(ops: Sequence[P2P], group, async_op: bool, tag: int = 0, batch: bool = 
         raise
     except RuntimeError as exc:
         raise explain(exc) from exc
+    watch.last_work, watch.last_op = works, (what, None)
 
     def verify_all() -> None:
         for v in verifies:

@@ -79,6 +79,9 @@ class GroupWatch:
     p2p: dict[tuple[int, int], int] = field(default_factory=dict)  # (src, dst) -> messages so far
     backend: str = ""              # filled on first use by comm.py
     emulated: set[str] = field(default_factory=set)  # ops this backend lacks, done another way (comm.py)
+    last_work: object = None       # the Work (or list) of the latest op issued here: is it still pending?
+    last_op: tuple = ("", None)    # ("all_reduce", 17) or ("send to rank 1", None), for messages
+    monitor_stop: object = None    # threading.Event that stops the peer monitor (monitor.py), world only
 
     @property
     def size(self) -> int:
@@ -108,6 +111,9 @@ def install(store: dist.Store | None, rank: int, world_size: int, timeout_s: flo
 
 
 def uninstall() -> None:
+    for watch in _WATCHES.values():
+        if watch.monitor_stop is not None:
+            watch.monitor_stop.set()
     _WATCHES.clear()
 
 
@@ -160,6 +166,7 @@ def note_exit(exc: BaseException | None = None, rank: int | None = None) -> None
     try:
         if not world.root.check([f"exit/{r}"]):
             world.root.set(f"exit/{r}", text)
+            world.root.add("exits", 1)  # one counter the peer monitors poll, instead of n keys each
     except Exception:  # the store itself may be gone; the original exception matters more
         pass
 

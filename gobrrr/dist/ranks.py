@@ -38,6 +38,7 @@ import torch.distributed as dist
 from torch.utils.data import Sampler
 
 from gobrrr.dist import debug as _debug
+from gobrrr.dist import monitor as _monitor
 
 DEFAULT_TIMEOUT_S = 300.0
 log = logging.getLogger("gobrrr.dist")
@@ -169,7 +170,8 @@ def init(backend: str | None = None, *, timeout_s: float | None = None, seed: in
         kwargs["device_id"] = dev  # eager NCCL init: errors surface here, not at the first collective
     dist.init_process_group(backend, store=dist.PrefixStore("gobrrr-pg/", store), rank=rank,
                             world_size=world_size, timeout=timeout, **kwargs)
-    _debug.install(store, rank, world_size, timeout_s, debug)
+    world = _debug.install(store, rank, world_size, timeout_s, debug)
+    _monitor.start(world, backend)  # NCCL: exit with a message when a peer left and we wait for it
     _seed_everything(seed)
     return Rank(rank, local_rank, world_size, dev, rank == 0, backend, seed)
 

@@ -15,7 +15,9 @@ Failure handling, so that no test hangs:
   * a rank raises -> `SpawnError` carrying that rank's traceback (and every other rank's error,
     which usually names the rank that left); the other ranks get `pg_timeout_s + 5 s` to report,
     then they are killed;
-  * past `timeout_s` -> every rank is killed and `TimeoutError` names the ranks still running.
+  * past `timeout_s` -> every rank is killed and `TimeoutError` names the ranks still running;
+  * each rank's stderr goes to a temporary file; for a rank that exits without a word (killed, a
+    native crash, the peer monitor) its last lines are part of the error.
 
 Gloo ranks come from a fork server that has already imported torch (fork of a warm interpreter,
 ~50 ms, instead of a cold `spawn` at ~2-3 s per rank). NCCL ranks use `spawn` (fresh
@@ -28,6 +30,8 @@ import multiprocessing as mp
 import multiprocessing.connection as mpc
 import os
 import pickle
+import shutil
+import tempfile
 import time
 import traceback
 from typing import Any, Callable
@@ -59,6 +63,16 @@ def _last_line(tb: str) -> str:
     return lines[-1] if lines else "(no traceback)"
 
 
+def _tail(path: str, chars: int = 3000) -> str:
+    """The end of a rank's stderr, for the report on a rank that exited without a word."""
+    try:
+        with open(path, errors="replace") as f:
+            text = f.read()[-chars:].strip()
+    except OSError:
+        return ""
+    return f"\nlast lines of its stderr:\n{text}" if text else ""
+
+
 def _context(backend: str) -> mp.context.BaseContext:
     # GPU ranks start from a fresh interpreter: a fork of any process that has touched the CUDA
     # driver cannot use CUDA, and we cannot promise what an import does on every torch version.
@@ -70,7 +84,10 @@ def _context(backend: str) -> mp.context.BaseContext:
 
 
 def _child(fn: Callable, rank: int, world_size: int, args: tuple, addr: str, port: int, backend: str,
-           pg_timeout_s: float, debug: bool, env: dict[str, str], conn) -> None:
+           pg_timeout_s: float, debug: bool, env: dict[str, str], conn, stderr_path: str) -> None:
+    fd = os.open(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.dup2(fd, 2)  # this rank's stderr (warnings, native crashes) goes to a file the parent reads back
+    os.close(fd)
     os.environ.update(env)
     os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
                        "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": addr, "MASTER_PORT": str(port)})
@@ -123,13 +140,14 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float 
     server = dist.TCPStore(addr, 0, world_size, True, timeout=_dt.timedelta(seconds=timeout_s),
                            wait_for_workers=False)
     ctx = _context(backend)
+    logs = tempfile.mkdtemp(prefix="gobrrr-spawn-")
     procs, readers = [], []
     for r in range(world_size):
         recv, send = ctx.Pipe(duplex=False)
         # not daemonic: a rank may start processes of its own (DataLoader workers); we reap them below
         p = ctx.Process(target=_child, name=f"gobrrr-rank{r}", daemon=False,
                         args=(fn, r, world_size, args, addr, server.port, backend, pg_timeout_s, debug,
-                              dict(env or {}), send))
+                              dict(env or {}), send, os.path.join(logs, f"rank{r}.stderr")))
         p.start()
         send.close()
         procs.append(p)
@@ -160,7 +178,8 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float 
                 except (EOFError, OSError):  # the process exited without a word
                     procs[r].join(timeout=5)
                     kind, payload = "err", (f"rank {r} exited with code {procs[r].exitcode} before returning "
-                                            f"(killed, os._exit, or a crash in native code)", time.time())
+                                            f"(killed, os._exit, or a crash in native code)"
+                                            + _tail(os.path.join(logs, f"rank{r}.stderr")), time.time())
                 done.add(r)
                 if kind == "ok":
                     results[r] = payload
@@ -180,6 +199,7 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float 
                 p.join(timeout=5)
         for rd in readers:
             rd.close()
+        shutil.rmtree(logs, ignore_errors=True)
     if failures:
         raise SpawnError(failures, min(failed_at, key=failed_at.get), running)
     if running:
