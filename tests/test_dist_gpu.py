@@ -41,15 +41,18 @@ def test_nccl_world_size_one_every_op():
 
 
 @pytest.mark.gpu
-@pytest.mark.timeout(240)
-def test_bench_comm_on_one_gpu(tmp_path):
-    """`python -m bench.comm` without torchrun: world size 1, NCCL, CUDA-event timing."""
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("launcher", ["plain", "torchrun"])
+def test_bench_comm_on_one_gpu(tmp_path, launcher):
+    """`python -m bench.comm` alone (world size 1, in-process store) and under torchrun (env://), NCCL."""
     env = {**os.environ, "GOBRRR_BENCH_RESULTS": str(tmp_path),
            "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(var, None)
-    proc = subprocess.run([sys.executable, "-m", "bench.comm", "--quick", "--ops", "all_reduce,all_gather"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=200)
+    run = ([sys.executable, "-m", "bench.comm"] if launcher == "plain" else
+           [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", "-m", "bench.comm"])
+    proc = subprocess.run(run + ["--quick", "--ops", "all_reduce,all_gather"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rec = json.loads((tmp_path / "comm.jsonl").read_text().splitlines()[-1])
     assert rec["config"]["backend"] == "nccl" and rec["config"]["device"] == "cuda"
