@@ -319,9 +319,16 @@ def analyze(trace, *, source_roots: Iterable[str] = (), launch_gap_us: float = 2
     host_idle: dict[str, float] = defaultdict(float)
     host_sites: dict[str, Site] = {}
     for c, d in empty:
-        gap = d - c
         nxt = gpu[min(bisect.bisect_left(starts, d - 1e-6), len(gpu) - 1)]
         launch = by_corr.get(nxt.correlation)
+        if launch is not None and nxt.kind == "memcpy" and nxt.direction == "H2D" and launch.ts < d:
+            # the host was inside the copy call (staging a pageable copy): the GPU waits for data
+            staged = d - max(c, launch.ts)
+            cause_us["waiting_for_data"] += staged
+            d = max(c, launch.ts)
+            if d - c <= 0:
+                continue
+        gap = d - c
         blocker = _blocking_sync(syncs, sync_ends, c, d, sync_tolerance_us)
         if blocker is not None:
             cause_us["sync_blocked"] += gap
@@ -397,8 +404,19 @@ def _site_of(c: HostCall, cache) -> Site:
 
 
 def _site_at(tr: Trace, tid: int, t: float, resolver) -> Site:
+    """What the host thread was running at time t: a user line, else the innermost torch op."""
     frames = tr.frames.get(tid, [])
-    return attribute(stacks_at(frames, [t])[0], resolver, fallback="host") if frames else Site(callee="host")
+    if frames:
+        site = attribute(stacks_at(frames, [t])[0], resolver)
+        if site.line:
+            return site
+    ops = tr.ops.get(tid, [])
+    i = bisect.bisect_right(ops, (t, float("inf"), "")) - 1
+    for j in range(i, max(i - 500, -1), -1):
+        if ops[j][1] >= t:
+            name = tr.thread_names.get(tid, "")
+            return Site(callee=f"{ops[j][2]} ({name or f'thread {tid}'})")
+    return Site(callee=f"host thread {tid}")
 
 
 def _sync_table(calls: list[HostCall], cache) -> list[dict]:
