@@ -1,0 +1,438 @@
+"""`gobrrr doctor script.py`: run a script unmodified under the profiler and say where the GPU waits.
+
+    gobrrr doctor [--steps N] [--warmup W] [--out DIR] script.py [script args...]
+
+The script runs as `__main__` (runpy), with its own argv. The doctor records a bounded window:
+
+1. From the start it records, in case the script never steps (a time window of `--window-s`
+   seconds, stopped by a SIGALRM handler on the main thread, or the whole run if shorter).
+2. Steps are found where the script steps an optimizer (a global optimizer step post-hook;
+   only the first optimizer that steps counts) or where it calls `gobrrr.doctor.step()`
+   (manual marks win over optimizer steps). After W warmup steps the start-up recording is
+   dropped and a fresh one records N steps, each marked `ProfilerStep#k` in the trace, then
+   the profiler stops: the trace covers N steps, not the run.
+3. The trace goes through gobrrr.device.timeline (figures), timeline_plot (timeline.png)
+   and advice (what to fix, merged with gobrrr lint); report.json, timeline.png and
+   trace.json land in DIR and a summary is printed.
+
+The script's exit code is passed through; an exception in the script still writes the report
+of what was recorded up to that point, prints the script's traceback and exits 1.
+
+Python API: `gobrrr.doctor.profile(fn, steps=5)` profiles a function called once per step and
+returns the report; `with gobrrr.doctor.profile() as doc: ... gobrrr.doctor.step()` profiles a
+loop. Method after Holistic Trace Analysis (Meta, 2023): idle time and its causes from the trace.
+"""
+from __future__ import annotations
+
+import argparse
+import contextvars
+import json
+import os
+import runpy
+import signal
+import statistics
+import sys
+import threading
+import time
+import traceback
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gobrrr.device.timeline_report import side_by_side, summary
+
+NO_GPU_NOTE = ("GPU figures need a CUDA GPU: torch.cuda.is_available() is False here, so this report "
+               "has the host timeline, lint and the time per step only.")
+
+_ACTIVE: contextvars.ContextVar["Session | None"] = contextvars.ContextVar("gobrrr_doctor", default=None)
+
+
+@dataclass
+class DoctorConfig:
+    steps: int = 5              # steps recorded
+    warmup: int = 2             # steps run before recording starts
+    out_dir: str = "gobrrr-doctor"
+    window_s: float = 10.0      # time window when the script never steps
+    draw_steps: int = 3         # steps drawn in timeline.png
+    print_summary: bool = True
+    source_roots: list[str] = field(default_factory=list)
+
+    def __post_init__(self):
+        if self.steps < 1:
+            raise ValueError(f"--steps must be at least 1, got {self.steps}.")
+        if self.warmup < 0:
+            raise ValueError(f"--warmup must be 0 or more, got {self.warmup}.")
+
+
+def step() -> None:
+    """Mark a step boundary for the doctor (a no-op when no doctor is running)."""
+    session = _ACTIVE.get()
+    if session is not None:
+        session.step(manual=True)
+
+
+class Session:
+    """One doctor run: the profiler state machine, the step hooks and the outputs."""
+
+    def __init__(self, cfg: DoctorConfig, *, script: str | None = None, argv: list[str] | None = None,
+                 auto_steps: bool = True):
+        import torch
+
+        self.torch = torch
+        self.cfg = cfg
+        self.script, self.argv = script, list(argv or [])
+        self.cuda = torch.cuda.is_available()
+        self.out = Path(cfg.out_dir)
+        # window: recording from the start, no boundary yet; warmup: start-up dropped, waiting for
+        # step W; steps: recording steps; done: trace saved; window-closed: time window saved.
+        self.mode = "idle"
+        self.boundaries = 0         # step boundaries seen
+        self.step_source = "time-window"
+        self.manual = not auto_steps
+        self.auto_steps = auto_steps
+        self.report: dict | None = None
+        self._prof = None
+        self._first_opt = None
+        self._hook = None
+        self._token = None
+        self._trace_path: Path | None = None
+        self._alarm = False
+        self._busy = False
+        self._t_start = 0.0
+
+    # -- profiler control -------------------------------------------------------------------
+    # One torch.profiler.profile drives everything through its schedule (the supported way to
+    # start and stop tracing from inside a training loop, here from an optimizer hook): step k
+    # is the span after boundary k, step 0 runs from the start to the first boundary.
+
+    def _schedule(self, k: int):
+        A = self.torch.profiler.ProfilerAction
+        W, N = self.cfg.warmup, self.cfg.steps
+        if W == 0:
+            return A.RECORD if k < N - 1 else A.RECORD_AND_SAVE if k == N - 1 else A.NONE
+        if k == 0:
+            return A.RECORD_AND_SAVE  # the start-up window: kept only if the script never steps
+        if k < W:
+            return A.WARMUP
+        return A.RECORD if k < W + N - 1 else A.RECORD_AND_SAVE if k == W + N - 1 else A.NONE
+
+    def _on_trace_ready(self, prof) -> None:
+        if self.cfg.warmup >= 1 and 1 <= self.boundaries < self.cfg.warmup + 1 and self.mode in ("window", "warmup"):
+            return  # the start-up window (or a cut-short warmup): superseded by the steps to come
+        self.out.mkdir(parents=True, exist_ok=True)
+        self._trace_path = self.out / "trace.json"
+        prof.export_chrome_trace(str(self._trace_path))
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def start(self) -> "Session":
+        torch = self.torch
+        self._token = _ACTIVE.set(self)
+        self._t_start = time.perf_counter()
+        if self.auto_steps:
+            from torch.optim.optimizer import register_optimizer_step_post_hook
+
+            self._hook = register_optimizer_step_post_hook(self._on_optimizer_step)
+        acts = [torch.profiler.ProfilerActivity.CPU]
+        if self.cuda:
+            acts.append(torch.profiler.ProfilerActivity.CUDA)
+        with warnings.catch_warnings():  # "events are cleared at the end of each cycle": we want that
+            warnings.simplefilter("ignore", UserWarning)
+            self._prof = torch.profiler.profile(activities=acts, with_stack=True, record_shapes=False,
+                                                schedule=self._schedule, on_trace_ready=self._on_trace_ready)
+            self.mode = "window"
+            self._prof.start()
+        if self.cfg.window_s > 0 and threading.current_thread() is threading.main_thread() \
+                and signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, None):
+            signal.signal(signal.SIGALRM, self._on_alarm)
+            signal.setitimer(signal.ITIMER_REAL, self.cfg.window_s)
+            self._alarm = True
+        return self
+
+    def _cancel_alarm(self) -> None:
+        if self._alarm:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, signal.SIG_DFL)
+            self._alarm = False
+
+    def _on_alarm(self, signum, frame) -> None:
+        """The time window ran out before any step: keep what was recorded so far, record no more."""
+        if self._busy:  # inside our own step handling: try again shortly
+            signal.setitimer(signal.ITIMER_REAL, 0.05)
+            return
+        self._cancel_alarm()
+        if self.mode == "window" and self._prof is not None:
+            self._prof.stop()  # saves the window through _on_trace_ready
+            self._prof = None
+            self.mode = "window-closed"
+
+    def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
+        if self.manual:
+            return
+        if self._first_opt is None:
+            self._first_opt = id(optimizer)
+        if id(optimizer) == self._first_opt:
+            self._boundary("optimizer")
+
+    def step(self, manual: bool = True) -> None:
+        if manual and not self.manual:
+            self.manual = True  # manual marks win over optimizer steps from now on
+        self._boundary("manual" if manual else "optimizer")
+
+    def _boundary(self, source: str) -> None:
+        if self.mode not in ("window", "warmup", "steps") or self._prof is None:
+            self.boundaries += 1  # counted, not recorded
+            return
+        self._busy = True
+        try:
+            self.boundaries += 1
+            self._cancel_alarm()
+            self.step_source = source
+            k = self.boundaries
+            with warnings.catch_warnings():  # "events are cleared at the end of each cycle": we want that
+                warnings.simplefilter("ignore", UserWarning)
+                self._prof.step()
+            W, N = self.cfg.warmup, self.cfg.steps
+            if k >= W + N:
+                self.mode = "done"
+                self._prof = None
+                self._analyze()
+                print(f"gobrrr doctor: recorded {N} steps; report in {self.out}/ (the script carries on)",
+                      file=sys.stderr)
+            else:
+                self.mode = "warmup" if k < W else "steps"
+        finally:
+            self._busy = False
+
+    def finish(self, exit_code: int = 0, error: BaseException | None = None) -> dict:
+        """Stop recording (if still on), analyze what was recorded, write and print the report."""
+        self._cancel_alarm()
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+        if self._prof is not None:
+            self._prof.stop()  # saves what was recorded through _on_trace_ready
+            self._prof = None
+        if self._token is not None:
+            _ACTIVE.reset(self._token)
+            self._token = None
+        if self.report is None:
+            self._analyze()
+        assert self.report is not None
+        self.report["exit_code"] = exit_code
+        self.report["steps"]["seen"] = self.boundaries
+        self.report["wall_s"] = round(time.perf_counter() - self._t_start, 3)
+        if error is not None:
+            self.report["error"] = {"type": type(error).__name__, "message": str(error),
+                                    "traceback": "".join(traceback.format_exception(error))[-4000:]}
+            self.report["notes"].append(f"the script raised {type(error).__name__}: the report covers what "
+                                        "was recorded until then")
+        self._write_report()
+        if self.cfg.print_summary:
+            print(summary(self.report))
+        return self.report
+
+    def __enter__(self) -> "Session":
+        return self.start()
+
+    def __exit__(self, et, ev, tb) -> bool:
+        self.finish(exit_code=0 if ev is None else 1, error=ev)
+        return False
+
+    # -- outputs ----------------------------------------------------------------------------
+
+    def _analyze(self) -> None:
+        from gobrrr.device import advice, timeline, timeline_plot
+
+        torch = self.torch
+        self.out.mkdir(parents=True, exist_ok=True)
+        notes: list[str] = [] if self.cuda else [NO_GPU_NOTE]
+        roots = list(self.cfg.source_roots)
+        if self.script:
+            roots.insert(0, str(Path(self.script).resolve().parent))
+        fig = None
+        if self._trace_path is not None and self._trace_path.exists():
+            tr = timeline.parse(self._trace_path)
+            fig = timeline.analyze(tr, source_roots=roots)
+            sites = {k: v.key for k, v in getattr(fig, "call_sites", {}).items()}
+            title = f"gobrrr doctor: {Path(self.script).name if self.script else 'profile'}  -  "
+            try:
+                timeline_plot.plot_timeline(tr, fig, self.out / "timeline.png", max_steps=self.cfg.draw_steps,
+                                            title=title + timeline_plot._default_title(fig), sync_sites=sites)
+            except Exception as e:  # a drawing failure must not lose the figures
+                notes.append(f"timeline.png not drawn: {type(e).__name__}: {e}")
+            if self.cuda and not fig.has_gpu:
+                notes.append("no GPU work was recorded in the window: is the script using the GPU?")
+        else:
+            notes.append("nothing was recorded (the script ended before the profiler started)")
+        findings, lint_note = advice.lint_script([self.script]) if self.script else ([], "")
+        if lint_note:
+            notes.append(lint_note)
+        recs = advice.recommend(fig, findings) if fig is not None else advice._merge_lint([], findings)
+        steps_ms = fig.steps_ms if fig else []
+        source = self.step_source
+        if self.boundaries == 0:
+            source, steps_ms = "time-window", []
+            notes.append("no step boundary was seen (no optimizer.step() and no gobrrr.doctor.step()): "
+                         "the report covers a time window of the run")
+        elif self.boundaries < self.cfg.warmup:
+            steps_ms = []
+            notes.append(f"the script ended after {self.boundaries} step(s), before the {self.cfg.warmup} warmup "
+                         "steps were over: nothing was recorded; rerun with a smaller --warmup")
+        elif self.boundaries < self.cfg.warmup + self.cfg.steps:
+            notes.append(f"the script ended after {self.boundaries - self.cfg.warmup} recorded step(s) of "
+                         f"{self.cfg.steps}")
+        fig_dict = fig.to_dict() if fig else {}
+        self.report = {
+            "script": self.script, "argv": self.argv, "exit_code": None, "error": None,
+            "cuda": self.cuda, "device": torch.cuda.get_device_name() if self.cuda else "cpu",
+            "torch": torch.__version__,
+            "steps": {"source": source, "requested": self.cfg.steps, "warmup": self.cfg.warmup,
+                      "seen": self.boundaries, "recorded": len(steps_ms), "ms": steps_ms,
+                      "median_ms": round(statistics.median(steps_ms), 4) if steps_ms else None},
+            "gpu": _gpu_part(fig_dict) if fig is not None and fig.has_gpu else None,
+            "host": {"threads": fig_dict.get("host_threads", {}), "syncs": fig_dict.get("syncs", [])},
+            "advice": [r.to_dict() for r in recs],
+            "lint": [f.to_dict() if hasattr(f, "to_dict") else dict(f) for f in findings],
+            "notes": notes,
+            "files": {"report": str(self.out / "report.json"),
+                      "timeline": str(self.out / "timeline.png") if (self.out / "timeline.png").exists() else None,
+                      "trace": str(self._trace_path) if self._trace_path else None},
+        }
+        self._write_report()
+
+    def _write_report(self) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        with open(self.out / "report.json", "w") as f:
+            json.dump(self.report, f, indent=1, default=str)
+
+
+def _gpu_part(d: dict) -> dict:
+    keys = ("span_ms", "idle_pct", "compute_idle_pct", "idle_breakdown_ms", "idle_breakdown_pct", "top_cause",
+            "copy_overlap_pct", "h2d_overlap_pct", "copies", "pageable", "h2d_sites", "host_bound_sites",
+            "queue_lead_ms", "top_kernels", "launch", "streams")
+    return {k: d.get(k) for k in keys}
+
+
+# ----------------------------------------------------------------------------------------------
+# Running a script, the CLI and the Python API
+
+
+def run_script(script: str, args: list[str], cfg: DoctorConfig) -> tuple[int, dict]:
+    """Run `script` as __main__ under a doctor session; returns (exit code, report)."""
+    path = Path(script)
+    if not path.is_file():
+        raise FileNotFoundError(f"gobrrr doctor: no such script {script!r}; pass the path of a Python file.")
+    session = Session(cfg, script=str(path), argv=list(args))
+    old_argv, old_path = sys.argv, list(sys.path)
+    sys.argv = [str(path)] + list(args)
+    sys.path.insert(0, str(path.resolve().parent))
+    code, error = 0, None
+    session.start()
+    try:
+        runpy.run_path(str(path), run_name="__main__")
+    except SystemExit as e:
+        code = _exit_code(e)
+    except KeyboardInterrupt as e:
+        code, error = 130, e
+    except BaseException as e:  # the script's own failure: report it the way Python would
+        code, error = 1, e
+        _print_script_traceback(e, path)
+    finally:
+        sys.argv, sys.path[:] = old_argv, old_path
+    report = session.finish(exit_code=code, error=error)
+    return code, report
+
+
+def _exit_code(e: SystemExit) -> int:
+    if e.code is None:
+        return 0
+    if isinstance(e.code, int):
+        return e.code
+    print(e.code, file=sys.stderr)
+    return 1
+
+
+def _print_script_traceback(e: BaseException, path: Path) -> None:
+    """The traceback from the script's first frame on (without runpy's and the doctor's frames)."""
+    tb = e.__traceback__
+    target = str(path.resolve())
+    while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) != target:
+        tb = tb.tb_next
+    traceback.print_exception(type(e), e, tb or e.__traceback__, file=sys.stderr)
+
+
+def profile(fn=None, *, steps: int = 5, warmup: int = 2, out_dir: str = "gobrrr-doctor",
+            window_s: float = 10.0, print_summary: bool = True):
+    """Profile a function called once per step, or (without `fn`) a block whose steps you mark.
+
+        report = gobrrr.doctor.profile(train_step, steps=5)    # calls train_step() warmup + steps times
+        with gobrrr.doctor.profile(steps=5) as doc:            # or mark steps yourself
+            for batch in loader: train_step(batch); gobrrr.doctor.step()
+        doc.report["gpu"]["compute_idle_pct"]
+    """
+    cfg = DoctorConfig(steps=steps, warmup=warmup, out_dir=out_dir, window_s=window_s,
+                       print_summary=print_summary)
+    if fn is None:
+        return Session(cfg, auto_steps=True)
+    session = Session(cfg, auto_steps=False)
+    session.start()
+    try:
+        for _ in range(warmup + steps):
+            fn()
+            session.step(manual=True)
+    except BaseException as e:
+        session.finish(exit_code=1, error=e)
+        raise
+    return session.finish(exit_code=0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="gobrrr doctor", description="Run a script under the profiler and show where the GPU waits.")
+    p.add_argument("--steps", type=int, default=5, help="steps to record (default 5)")
+    p.add_argument("--warmup", type=int, default=2, help="steps to run before recording (default 2)")
+    p.add_argument("--out", default="gobrrr-doctor", help="output directory (default ./gobrrr-doctor)")
+    p.add_argument("--window-s", type=float, default=10.0,
+                   help="seconds recorded when the script never steps (default 10)")
+    p.add_argument("--quiet", action="store_true", help="write the files, print no summary")
+    p.add_argument("script", help="the Python script to run, unmodified")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
+    a = p.parse_args(argv)
+    try:
+        cfg = DoctorConfig(steps=a.steps, warmup=a.warmup, out_dir=a.out, window_s=a.window_s,
+                           print_summary=not a.quiet)
+        code, _ = run_script(a.script, a.args, cfg)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"gobrrr doctor: {e}", file=sys.stderr)
+        return 2
+    return code
+
+
+def demo_doctor(out_dir) -> dict[str, dict]:
+    """`make demo`: the doctor on examples/seed_loop.py, naive then gobrrr, figures side by side."""
+    import torch
+
+    root = Path(__file__).resolve().parent.parent
+    seed = root / "examples" / "seed_loop.py"
+    if not seed.is_file():
+        print(f"gobrrr doctor demo: {seed} is missing; nothing to profile.")
+        return {}
+    cuda = torch.cuda.is_available()
+    extra = ["--steps", "12"] if cuda else ["--device", "cpu", "--steps", "6"]
+    steps, warmup = (5, 3) if cuda else (3, 2)
+    reports = {}
+    for mode in ("naive", "gobrrr"):
+        cfg = DoctorConfig(steps=steps, warmup=warmup, out_dir=str(Path(out_dir) / mode), print_summary=False)
+        code, report = run_script(str(seed), ["--mode", mode] + extra, cfg)
+        if code != 0:
+            print(f"gobrrr doctor demo: seed_loop.py --mode {mode} exited with {code}")
+        reports[mode] = report
+    if not cuda:
+        print(NO_GPU_NOTE)
+    print(side_by_side(reports))
+    first = reports["naive"].get("advice") or []
+    if first:
+        a = first[0]
+        print(f"doctor's first fix for the naive loop: {a['site']}  {a['code'][:60]}\n  -> {a['change']}")
+    return reports

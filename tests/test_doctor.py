@@ -1,0 +1,203 @@
+"""`gobrrr doctor` on CPU: the CLI end to end, exit codes and exceptions passed through,
+scripts that never step, manual steps, the Python API and bounded traces."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from gobrrr import doctor
+from gobrrr.doctor import DoctorConfig, run_script
+
+ROOT = Path(__file__).resolve().parent.parent
+
+TRAIN = """
+import sys
+import torch
+
+model = torch.nn.Linear(32, 8)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+steps = int(sys.argv[1])
+for i in range(steps):
+    x = torch.randn(16, 32)
+    loss = model(x).square().mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    if i == int(sys.argv[2]):
+        raise RuntimeError("boom at step %d" % i)
+print("trained", steps)
+sys.exit(int(sys.argv[3]))
+"""
+
+
+def _script(tmp_path: Path, text: str, name: str = "train.py") -> Path:
+    p = tmp_path / name
+    p.write_text(textwrap.dedent(text))
+    return p
+
+
+def _check_outputs(out: Path) -> dict:
+    report = json.loads((out / "report.json").read_text())
+    trace = json.loads((out / "trace.json").read_text())
+    assert isinstance(trace["traceEvents"], list) and trace["traceEvents"]
+    png = (out / "timeline.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    return report
+
+
+@pytest.mark.timeout(120)
+def test_cli_end_to_end_passes_the_exit_code(tmp_path):
+    script = _script(tmp_path, TRAIN)
+    out = tmp_path / "doc"
+    cmd = [sys.executable, "-m", "gobrrr", "doctor", "--steps", "3", "--warmup", "1", "--out", str(out),
+           str(script), "8", "-1", "3"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=110, cwd=tmp_path)
+    assert r.returncode == 3, r.stderr[-2000:]
+    assert "trained 8" in r.stdout  # the script ran, with its own argv
+    assert "gobrrr doctor:" in r.stdout and "GPU figures need a CUDA GPU" in r.stdout
+    report = _check_outputs(out)
+    assert report["exit_code"] == 3 and report["argv"] == ["8", "-1", "3"]
+    st = report["steps"]
+    assert st["source"] == "optimizer" and st["recorded"] == 3 and st["seen"] == 8
+    assert len(st["ms"]) == 3 and all(ms > 0 for ms in st["ms"])
+    assert report["gpu"] is None and report["cuda"] is False
+    # the recorded window holds exactly the 3 steps after the warmup step
+    trace = json.loads((out / "trace.json").read_text())
+    steps = sorted(e["name"] for e in trace["traceEvents"] if e.get("name", "").startswith("ProfilerStep#"))
+    assert steps == ["ProfilerStep#1", "ProfilerStep#2", "ProfilerStep#3"]
+
+
+@pytest.mark.timeout(60)
+def test_exception_in_script_still_reports(tmp_path, capsys):
+    script = _script(tmp_path, TRAIN)
+    cfg = DoctorConfig(steps=3, warmup=1, out_dir=str(tmp_path / "doc"), print_summary=False)
+    code, report = run_script(str(script), ["8", "2", "0"], cfg)
+    assert code == 1
+    assert report["error"]["type"] == "RuntimeError" and "boom at step 2" in report["error"]["message"]
+    err = capsys.readouterr().err
+    assert "RuntimeError: boom at step 2" in err and str(script) in err  # the script's own traceback
+    assert "runpy" not in err  # without the doctor's frames
+    on_disk = _check_outputs(tmp_path / "doc")
+    assert on_disk["exit_code"] == 1 and on_disk["error"]["type"] == "RuntimeError"
+    # steps 1 and 2 were recorded before the exception (warmup 1)
+    assert on_disk["steps"]["seen"] == 3 and len(on_disk["steps"]["ms"]) >= 1
+
+
+@pytest.mark.timeout(60)
+def test_script_that_never_steps_gets_a_time_window(tmp_path):
+    script = _script(tmp_path, """
+        import torch
+        x = torch.randn(64, 64)
+        for _ in range(20):
+            x = torch.tanh(x @ x)
+        print(float(x.sum()))
+    """)
+    cfg = DoctorConfig(out_dir=str(tmp_path / "doc"), print_summary=False)
+    code, report = run_script(str(script), [], cfg)
+    assert code == 0
+    assert report["steps"]["source"] == "time-window" and report["steps"]["recorded"] == 0
+    assert any("no step boundary" in n for n in report["notes"])
+    trace = json.loads((tmp_path / "doc" / "trace.json").read_text())
+    names = {e.get("name") for e in trace["traceEvents"]}
+    assert "aten::mm" in names and "aten::tanh" in names  # the window holds the script's work
+
+
+@pytest.mark.timeout(60, method="thread")  # the doctor's time window uses SIGALRM itself
+def test_time_window_bounds_a_long_run_without_steps(tmp_path):
+    script = _script(tmp_path, """
+        import time, torch
+        t0 = time.perf_counter()
+        x = torch.randn(32, 32)
+        while time.perf_counter() - t0 < 1.5:
+            x = torch.tanh(x @ x)
+            time.sleep(0.01)
+    """)
+    cfg = DoctorConfig(out_dir=str(tmp_path / "doc"), print_summary=False, window_s=0.3)
+    code, report = run_script(str(script), [], cfg)
+    assert code == 0 and report["wall_s"] >= 1.5
+    trace = json.loads((tmp_path / "doc" / "trace.json").read_text())
+    ops = [e for e in trace["traceEvents"] if e.get("cat") == "cpu_op"]
+    span_s = (max(e["ts"] + e["dur"] for e in ops) - min(e["ts"] for e in ops)) / 1e6
+    assert span_s < 1.0  # recording stopped after the 0.3 s window, not at the end of the 1.5 s run
+
+
+@pytest.mark.timeout(60)
+def test_manual_steps_and_sys_exit_none(tmp_path):
+    script = _script(tmp_path, """
+        import sys, torch
+        import gobrrr
+        x = torch.randn(16, 16)
+        for i in range(6):
+            x = torch.tanh(x @ x)
+            gobrrr.doctor.step()
+        sys.exit()
+    """)
+    cfg = DoctorConfig(steps=2, warmup=2, out_dir=str(tmp_path / "doc"), print_summary=False)
+    code, report = run_script(str(script), [], cfg)
+    assert code == 0
+    assert report["steps"]["source"] == "manual" and report["steps"]["recorded"] == 2
+
+
+@pytest.mark.timeout(60)
+def test_script_ending_in_warmup_says_so(tmp_path):
+    script = _script(tmp_path, TRAIN)
+    cfg = DoctorConfig(steps=3, warmup=5, out_dir=str(tmp_path / "doc"), print_summary=False)
+    code, report = run_script(str(script), ["2", "-1", "0"], cfg)
+    assert code == 0 and report["steps"]["recorded"] == 0
+    assert any("smaller --warmup" in n for n in report["notes"])
+
+
+@pytest.mark.timeout(60)
+def test_python_api_function_and_block(tmp_path):
+    import torch
+
+    calls = []
+    w = torch.randn(32, 32)
+
+    def step_fn():
+        calls.append(1)
+        return torch.tanh(w @ w)
+
+    report = doctor.profile(step_fn, steps=2, warmup=1, out_dir=str(tmp_path / "fn"), print_summary=False)
+    assert len(calls) == 3 and report["steps"]["recorded"] == 2 and report["steps"]["source"] == "manual"
+    _check_outputs(tmp_path / "fn")
+
+    with doctor.profile(steps=2, warmup=1, out_dir=str(tmp_path / "blk"), print_summary=False) as doc:
+        for _ in range(4):
+            step_fn()
+            doctor.step()
+    assert doc.report["steps"]["recorded"] == 2
+    doctor.step()  # outside a session: a no-op
+
+
+def test_cli_errors():
+    assert doctor.main(["--steps", "0", "x.py"]) == 2
+    assert doctor.main(["/nonexistent/script.py"]) == 2
+
+
+def test_summary_and_side_by_side_text():
+    from gobrrr.device.advice import recommend
+    from gobrrr.device.timeline import analyze
+    from gobrrr.device.timeline_report import side_by_side, summary
+
+    data = ROOT / "tests" / "data" / "traces"
+    reports = {}
+    for name in ("naive", "prefetched"):
+        f = analyze(data / f"{name}.json.gz", source_roots=[data.parent])
+        d = f.to_dict()
+        reports[name] = {
+            "script": f"{name}.py", "argv": [], "exit_code": 0, "notes": [],
+            "steps": {"source": "optimizer", "recorded": 3, "warmup": 2, "median_ms": 1.0},
+            "gpu": doctor._gpu_part(d), "host": {"syncs": d["syncs"]},
+            "advice": [r.to_dict() for r in recommend(f)], "files": {"report": f"/tmp/{name}/report.json"}}
+    text = summary(reports["naive"])
+    assert "waiting for data" in text and "record_traces.py:47" in text and "pageable" in text
+    table = side_by_side(reports)
+    assert "GPU idle, no kernel (%)" in table and "waiting_for_data" in table
+    row = next(line for line in table.splitlines() if line.startswith("copy/compute overlap"))
+    assert row.split()[-1] == f"{reports['prefetched']['gpu']['copy_overlap_pct']:.1f}"
