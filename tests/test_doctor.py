@@ -200,4 +200,4 @@ def test_summary_and_side_by_side_text():
     table = side_by_side(reports)
     assert "GPU idle, no kernel (%)" in table and "waiting_for_data" in table
     row = next(line for line in table.splitlines() if line.startswith("copy/compute overlap"))
-    assert row.split()[-1] == f"{reports['prefetched']['gpu']['copy_overlap_pct']:.1f}"
+    assert row.split()[-1] == f"{reports['prefetched']['gpu']['overlap_pct']:.1f}"

@@ -8,6 +8,7 @@ attached to the measured recommendation on the same line.
 """
 from __future__ import annotations
 
+import linecache
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -121,9 +122,11 @@ def _merge_lint(recs: list[Recommendation], findings: list) -> list[Recommendati
         if key in by_line:
             by_line[key].rules.append(d.get("rule", ""))
             continue
+        path, line = str(d.get("path", "")), int(d.get("line", 0))
         static.append(Recommendation(
-            d.get("fix") or d.get("message", ""), f"{d.get('path')}:{d.get('line')}", why=d.get("message", ""),
-            source="lint", rules=[d.get("rule", "")]))
+            d.get("fix") or d.get("message", ""), f"{Path(path).name}:{line}",
+            linecache.getline(path, line).strip(), why=d.get("message", ""), source="lint",
+            rules=[d.get("rule", "")]))
     return recs + static
 
 

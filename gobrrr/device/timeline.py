@@ -21,7 +21,9 @@ and the GPU work it enqueued share a `correlation` id. From these we compute:
   `launch_gap_us`, the cost of launching back-to-back small kernels) and `other`;
 - `copy_overlap_pct`: share of memcpy time during which some compute kernel runs (closest HTA
   figure: "COMPUTATION overlapping MEMORY" / all MEMORY time of its kernel-type breakdown;
-  HTA's MEMORY also counts memsets);
+  HTA's MEMORY also counts memsets); `overlap_pct`: the same overlapped time as a share of the
+  shorter of copy time and compute time, so a perfect pipeline reads 100% whichever side is
+  longer (a copy-bound loop cannot hide more of its copies than it has compute);
 - copies by direction (count, bytes, GB/s), pageable copies named by source line, host time
   blocked in syncs per source line, queue lead, top kernels and a launch-bound flag.
 
@@ -248,7 +250,8 @@ class Figures:
     idle_breakdown_ms: dict = field(default_factory=dict)
     idle_breakdown_pct: dict = field(default_factory=dict)
     top_cause: str = ""
-    copy_overlap_pct: float | None = None
+    copy_overlap_pct: float | None = None  # share of memcpy time with a kernel running (HTA-comparable)
+    overlap_pct: float | None = None       # share of the shorter of (memcpy, kernel) time run alongside the other
     h2d_overlap_pct: float | None = None
     copies: dict = field(default_factory=dict)       # direction -> {count, bytes, ms, gbps}
     pageable: list = field(default_factory=list)     # [{site, code, name, count, bytes, ms, gbps}]
@@ -351,7 +354,9 @@ def analyze(trace, *, source_roots: Iterable[str] = (), launch_gap_us: float = 2
         ({"site": k, "code": host_sites[k].code, "idle_ms": round(v / 1e3, 4)} for k, v in host_idle.items()),
         key=lambda r: -r["idle_ms"])
 
-    fig.copy_overlap_pct = _pct(total(intersect(copies, compute)), total(copies)) if copies else None
+    both = total(intersect(copies, compute))
+    fig.copy_overlap_pct = _pct(both, total(copies)) if copies else None
+    fig.overlap_pct = _pct(both, min(total(copies), total(compute))) if copies and compute else None
     fig.h2d_overlap_pct = _pct(total(intersect(h2d, compute)), total(h2d)) if h2d else None
     fig.copies, fig.pageable, fig.h2d_sites = _copy_tables(gpu, by_corr, site_cache, no_compute)
     fig.queue_lead_ms = _queue_lead(gpu, by_corr)

@@ -123,4 +123,4 @@ def _default_title(f: Figures) -> str:
     cause = f.top_cause.replace("_", " ")
     return (f"GPU idle (no kernel running) {f.compute_idle_pct:.1f}% of {f.span_ms:.2f} ms"
             f"  -  top cause: {cause}  -  copy/compute overlap "
-            f"{'n/a' if f.copy_overlap_pct is None else f'{f.copy_overlap_pct:.0f}%'}")
+            f"{'n/a' if f.overlap_pct is None else f'{f.overlap_pct:.0f}%'}")

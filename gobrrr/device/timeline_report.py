@@ -43,9 +43,10 @@ def summary(r: dict) -> str:
         for cause in sorted(pct, key=lambda c: -pct[c]):
             if pct[cause] > 0:
                 out.append(f"    {pct[cause]:6.1f}%  {CAUSE_WORDS.get(cause, cause)}")
-        ov = g["copy_overlap_pct"]
-        out.append(f"  nothing at all running {g['idle_pct']:.1f}%; copy/compute overlap "
-                   f"{'n/a (no copies)' if ov is None else f'{ov:.1f}%'}")
+        ov, cov = g.get("overlap_pct"), g["copy_overlap_pct"]
+        text = "n/a (no copies)" if cov is None else (
+            f"{ov if ov is not None else 0:.1f}% of the shorter side ({cov:.1f}% of copy time under a kernel)")
+        out.append(f"  nothing at all running {g['idle_pct']:.1f}%; copy/compute overlap {text}")
         for d, c in sorted(g["copies"].items()):
             pg = f", {c['pageable']} pageable" if c["pageable"] else ""
             out.append(f"  {d}: {c['count']} copies, {_mb(c['bytes'])}, {c['gbps']:.1f} GB/s{pg}")
@@ -95,7 +96,8 @@ def side_by_side(reports: dict[str, dict]) -> str:
         ("  host-bound (%)", lambda r: g(r, "idle_breakdown_pct", "host_bound")),
         ("  launch gaps (%)", lambda r: g(r, "idle_breakdown_pct", "launch_gaps")),
         ("top cause", lambda r: g(r, "top_cause", fmt="{}")),
-        ("copy/compute overlap (%)", lambda r: g(r, "copy_overlap_pct")),
+        ("copy/compute overlap (%)", lambda r: g(r, "overlap_pct")),
+        ("  copy time under a kernel (%)", lambda r: g(r, "copy_overlap_pct")),
         ("H2D GB/s", lambda r: g(r, "copies", "H2D", "gbps")),
         ("pageable copies", lambda r: str(sum(p["count"] for p in (r.get("gpu") or {}).get("pageable", [])))
          if r.get("gpu") else "-"),
