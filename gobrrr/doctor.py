@@ -98,14 +98,30 @@ class Session:
         self._trace_path: Path | None = None
         self._alarm = False
         self._busy = False
+        self._step0 = 0             # the boundary at which the current profiler's step 0 began
         self._t_start = 0.0
 
     # -- profiler control -------------------------------------------------------------------
-    # One torch.profiler.profile drives everything through its schedule (the supported way to
-    # start and stop tracing from inside a training loop, here from an optimizer hook): step k
-    # is the span after boundary k, step 0 runs from the start to the first boundary.
+    # A torch.profiler.profile is driven by its schedule (the supported way to start and stop
+    # tracing from inside a training loop, here from an optimizer hook): step k is the span
+    # after boundary k, step 0 runs from the start to the first boundary. Starting a fresh
+    # profiler happens only at the start or after the time window closed (never in the same
+    # hook that stopped another one: that crashes torch 2.13 at exit).
+
+    def _new_profiler(self, schedule):
+        torch = self.torch
+        acts = [torch.profiler.ProfilerActivity.CPU]
+        if self.cuda:
+            acts.append(torch.profiler.ProfilerActivity.CUDA)
+        with warnings.catch_warnings():  # "events are cleared at the end of each cycle": we want that
+            warnings.simplefilter("ignore", UserWarning)
+            prof = torch.profiler.profile(activities=acts, with_stack=True, record_shapes=False,
+                                          schedule=schedule, on_trace_ready=self._on_trace_ready)
+            prof.start()
+        return prof
 
     def _schedule(self, k: int):
+        """The first profiler: start-up window, then W warmup steps, then N recorded steps."""
         A = self.torch.profiler.ProfilerAction
         W, N = self.cfg.warmup, self.cfg.steps
         if W == 0:
@@ -116,8 +132,15 @@ class Session:
             return A.WARMUP
         return A.RECORD if k < W + N - 1 else A.RECORD_AND_SAVE if k == W + N - 1 else A.NONE
 
+    def _schedule_late(self, k: int):
+        """A profiler started at a step boundary after the time window closed: N recorded steps."""
+        A = self.torch.profiler.ProfilerAction
+        N = self.cfg.steps
+        return A.RECORD if k < N - 1 else A.RECORD_AND_SAVE if k == N - 1 else A.NONE
+
     def _on_trace_ready(self, prof) -> None:
-        if self.cfg.warmup >= 1 and 1 <= self.boundaries < self.cfg.warmup + 1 and self.mode in ("window", "warmup"):
+        W = self.cfg.warmup
+        if self._step0 == 0 and W >= 1 and 1 <= self.boundaries <= W and self.mode in ("window", "warmup"):
             return  # the start-up window (or a cut-short warmup): superseded by the steps to come
         self.out.mkdir(parents=True, exist_ok=True)
         self._trace_path = self.out / "trace.json"
@@ -126,22 +149,14 @@ class Session:
     # -- lifecycle --------------------------------------------------------------------------
 
     def start(self) -> "Session":
-        torch = self.torch
         self._token = _ACTIVE.set(self)
         self._t_start = time.perf_counter()
         if self.auto_steps:
             from torch.optim.optimizer import register_optimizer_step_post_hook
 
             self._hook = register_optimizer_step_post_hook(self._on_optimizer_step)
-        acts = [torch.profiler.ProfilerActivity.CPU]
-        if self.cuda:
-            acts.append(torch.profiler.ProfilerActivity.CUDA)
-        with warnings.catch_warnings():  # "events are cleared at the end of each cycle": we want that
-            warnings.simplefilter("ignore", UserWarning)
-            self._prof = torch.profiler.profile(activities=acts, with_stack=True, record_shapes=False,
-                                                schedule=self._schedule, on_trace_ready=self._on_trace_ready)
-            self.mode = "window"
-            self._prof.start()
+        self.mode = "window"
+        self._prof = self._new_profiler(self._schedule)
         if self.cfg.window_s > 0 and threading.current_thread() is threading.main_thread() \
                 and signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, None):
             signal.signal(signal.SIGALRM, self._on_alarm)
@@ -156,10 +171,19 @@ class Session:
             self._alarm = False
 
     def _on_alarm(self, signum, frame) -> None:
-        """The time window ran out before any step: keep what was recorded so far, record no more."""
+        """The time window ran out before any step: save what was recorded, wait for steps."""
         if self._busy:  # inside our own step handling: try again shortly
-            signal.setitimer(signal.ITIMER_REAL, 0.05)
+            signal.setitimer(signal.ITIMER_REAL, 0.02)
             return
+        f = frame
+        while f is not None:  # stop only from the user's own code, not from inside torch
+            name = f.f_code.co_filename.replace("\\", "/")
+            if name.endswith("/runpy.py"):
+                break  # below this are the doctor's frames that run the script
+            if "/torch/" in name:
+                signal.setitimer(signal.ITIMER_REAL, 0.02)
+                return
+            f = f.f_back
         self._cancel_alarm()
         if self.mode == "window" and self._prof is not None:
             self._prof.stop()  # saves the window through _on_trace_ready
@@ -180,27 +204,30 @@ class Session:
         self._boundary("manual" if manual else "optimizer")
 
     def _boundary(self, source: str) -> None:
-        if self.mode not in ("window", "warmup", "steps") or self._prof is None:
-            self.boundaries += 1  # counted, not recorded
-            return
+        self.boundaries += 1
+        k, W, N = self.boundaries, self.cfg.warmup, self.cfg.steps
         self._busy = True
         try:
-            self.boundaries += 1
+            if self.mode == "window-closed" and k >= max(W, 1):
+                # steps came after the time window closed: record N of them with a fresh profiler
+                self.step_source, self._step0, self.mode = source, k, "steps"
+                self._prof = self._new_profiler(self._schedule_late)
+                return
+            if self.mode not in ("window", "warmup", "steps") or self._prof is None:
+                return  # counted, not recorded
             self._cancel_alarm()
             self.step_source = source
-            k = self.boundaries
             with warnings.catch_warnings():  # "events are cleared at the end of each cycle": we want that
                 warnings.simplefilter("ignore", UserWarning)
                 self._prof.step()
-            W, N = self.cfg.warmup, self.cfg.steps
-            if k >= W + N:
+            if k - self._step0 >= (N if self._step0 else W + N):
                 self.mode = "done"
                 self._prof = None
                 self._analyze()
                 print(f"gobrrr doctor: recorded {N} steps; report in {self.out}/ (the script carries on)",
                       file=sys.stderr)
             else:
-                self.mode = "warmup" if k < W else "steps"
+                self.mode = "warmup" if self._step0 == 0 and k < W else "steps"
         finally:
             self._busy = False
 
@@ -279,6 +306,9 @@ class Session:
             steps_ms = []
             notes.append(f"the script ended after {self.boundaries} step(s), before the {self.cfg.warmup} warmup "
                          "steps were over: nothing was recorded; rerun with a smaller --warmup")
+        elif self._step0 and self._trace_path is not None:
+            notes.append(f"no step came within the {self.cfg.window_s:g} s time window; steps "
+                         f"{self._step0}..{self._step0 + self.cfg.steps - 1} were recorded when they came")
         elif self.boundaries < self.cfg.warmup + self.cfg.steps:
             notes.append(f"the script ended after {self.boundaries - self.cfg.warmup} recorded step(s) of "
                          f"{self.cfg.steps}")

@@ -201,3 +201,26 @@ def test_summary_and_side_by_side_text():
     assert "GPU idle, no kernel (%)" in table and "waiting_for_data" in table
     row = next(line for line in table.splitlines() if line.startswith("copy/compute overlap"))
     assert row.split()[-1] == f"{reports['prefetched']['gpu']['overlap_pct']:.1f}"
+
+
+@pytest.mark.timeout(120, method="thread")
+def test_steps_after_a_closed_time_window_are_still_recorded(tmp_path):
+    # a slow start (no step within the window), then training: the window is saved, then
+    # replaced by the steps when they come; a subprocess, so a crash at exit would show
+    script = _script(tmp_path, """
+        import time, torch
+        time.sleep(0.8)
+        model = torch.nn.Linear(8, 8)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(6):
+            model(torch.randn(4, 8)).sum().backward()
+            opt.step()
+    """)
+    out = tmp_path / "doc"
+    cmd = [sys.executable, "-m", "gobrrr", "doctor", "--quiet", "--window-s", "0.3", "--steps", "2",
+           "--warmup", "1", "--out", str(out), str(script)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=110, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    report = _check_outputs(out)
+    assert report["steps"]["source"] == "optimizer" and report["steps"]["recorded"] == 2
+    assert any("time window" in n for n in report["notes"])
