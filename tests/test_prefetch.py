@@ -633,3 +633,26 @@ def test_gpu_path_break_releases_slots_for_the_next_epoch(fake_cuda):
 def test_gpu_path_refuses_a_tensor_on_another_device(fake_cuda):
     with pytest.raises(ValueError, match="already on meta"):
         list(fake_cuda([{"x": torch.empty(2, device="meta")}]))
+
+
+def test_gpu_path_gc_of_the_prefetcher_stops_its_pinning_threads(fake_cuda):
+    def pin_threads():
+        return {t for t in threading.enumerate() if t.name.startswith("gobrrr-pin")}
+
+    before = pin_threads()
+    pf = fake_cuda([torch.randn(5000) for _ in range(6)], pin_threads=2)
+    it = iter(pf)
+    next(it)
+    next(it)                      # break mid-epoch, holding the iterator
+    mine = pin_threads() - before
+    assert mine
+    del it, pf
+    gc.collect()
+    deadline = time.time() + 5
+    while any(t.is_alive() for t in mine) and time.time() < deadline:
+        time.sleep(0.02)
+    import sys
+    import traceback
+    frames = sys._current_frames()
+    alive = [t for t in mine if t.is_alive()]
+    assert not alive, [(t.name, "".join(traceback.format_stack(frames[t.ident])[-3:])) for t in alive if t.ident in frames]

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import os
 import time
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -194,9 +194,14 @@ class PinnedRing:
             for a in range(0, n, chunk):
                 b = min(n, a + chunk)
                 tasks.append(self._pool.submit(np.copyto, buf_np[off + a:off + b], src_np[a:b]))
-        wait(tasks)
-        for t in tasks:
-            t.result()  # re-raise the first copy error, if any
+        first_error = None
+        for t in tasks:  # result(), not futures.wait(): wait() never returns for a future cancelled at shutdown
+            try:
+                t.result()
+            except BaseException as e:  # keep waiting: no chunk may still be writing when we return
+                first_error = first_error or e
+        if first_error is not None:
+            raise first_error
         return map_tensors(lambda t: views.get(id(t), t), batch)
 
     # -- lifetime ----------------------------------------------------------------------------------
@@ -206,8 +211,8 @@ class PinnedRing:
         if self._closed:
             return
         self._closed = True
-        self._coordinator.shutdown(wait=False, cancel_futures=True)
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._coordinator.shutdown(wait=False, cancel_futures=True)   # fills not started are dropped
+        self._pool.shutdown(wait=False)   # memcpys already queued finish (a running fill waits for them)
         for s in self._slots:
             s.buf = None
             s.event = None
