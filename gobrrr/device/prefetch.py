@@ -29,8 +29,8 @@ The rules it follows (the reasons are in the docs of each piece):
   with `record_stream` (the proof is in `_Epoch._launch`).
 - `stats()` is measured with CUDA events and resolved only when asked for: no sync per step.
 
-A `DataLoader` with worker processes is swapped for engineer A2's `PinnedWorkerLoader`
-(workers collate straight into page-locked shared memory) when that module is present and
+A `DataLoader` with worker processes is swapped for a `PinnedWorkerLoader`
+(gobrrr/device/worker_ring.py: workers collate straight into page-locked shared memory) when
 the target is a GPU; pass `worker_ring=False` to keep the DataLoader as it is.
 On the CPU (or `device=None` without CUDA) the same API passes batches through unchanged.
 """
