@@ -36,7 +36,7 @@ from gobrrr.device.tree import map_tensors, tensors
 
 ALIGN = 512                 # bytes; any dtype's element size divides it
 CHUNK_BYTES = 1 << 20       # smallest memcpy task: big enough to amortise submitting it
-GROW_ROUND = 2 << 20        # buffers grow in 2 MiB steps
+GROW_ROUND = 2 << 20        # the smallest buffer; larger ones are powers of two
 
 
 def default_pin_threads() -> int:
@@ -172,7 +172,9 @@ class PinnedRing:
             slot.event = None
         if slot.buf is None or slot.buf.numel() < nbytes:
             slot.buf = None  # drop the old buffer first; its last copy has completed (waited above)
-            size = -(-nbytes // GROW_ROUND) * GROW_ROUND
+            # a power of two: torch's pinned allocator rounds every request up to one anyway, so
+            # this is the memory really held, and a slowly growing batch reallocates rarely
+            size = max(GROW_ROUND, 1 << (nbytes - 1).bit_length())
             slot.buf = torch.empty(size, dtype=torch.uint8, pin_memory=self.pin)
             self.allocations += 1
         views: dict[int, torch.Tensor] = {}
