@@ -102,7 +102,10 @@ class Prefetcher:
     depth: batches on the device at once from the Prefetcher's side (the one handed over and
         depth-1 being copied ahead). 2 overlaps one copy with one step; more absorbs jitter.
     transform: optional `fn(batch) -> batch` run on the device, on the copy stream, e.g.
-        uint8 -> float and normalise. It must not synchronize.
+        uint8 -> float and normalise. It must not synchronize. Its outputs are allocated on the
+        copy stream and handed over with record_stream, so with a transform the device memory
+        held grows with how far the host runs ahead of a slow consumer (without one it is
+        depth + 1 batches).
     pin_threads: threads that copy pageable tensors into pinned memory (default: half the cores, <= 8).
     worker_ring: swap a DataLoader with workers for a PinnedWorkerLoader when one is available.
     """
