@@ -80,6 +80,10 @@ class Session:
 
         self.torch = torch
         self.cfg = cfg
+        # torch's profiler crashes (torch 2.13, ~1 run in 3) when one step() both stops the
+        # start-up trace and starts the recording, so recording starts at boundary 2 at the
+        # earliest; warmup 0 records from the start instead (no restart at all).
+        self.warmup = 2 if cfg.warmup == 1 else cfg.warmup
         self.script, self.argv = script, list(argv or [])
         self.cuda = torch.cuda.is_available()
         self.out = Path(cfg.out_dir)
@@ -106,7 +110,7 @@ class Session:
     # tracing from inside a training loop, here from an optimizer hook): step k is the span
     # after boundary k, step 0 runs from the start to the first boundary. Starting a fresh
     # profiler happens only at the start or after the time window closed (never in the same
-    # hook that stopped another one: that crashes torch 2.13 at exit).
+    # step() that stops another trace: torch 2.13 then crashes now and then, see __init__).
 
     def _new_profiler(self, schedule):
         torch = self.torch
@@ -123,7 +127,7 @@ class Session:
     def _schedule(self, k: int):
         """The first profiler: start-up window, then W warmup steps, then N recorded steps."""
         A = self.torch.profiler.ProfilerAction
-        W, N = self.cfg.warmup, self.cfg.steps
+        W, N = self.warmup, self.cfg.steps
         if W == 0:
             return A.RECORD if k < N - 1 else A.RECORD_AND_SAVE if k == N - 1 else A.NONE
         if k == 0:
@@ -139,7 +143,7 @@ class Session:
         return A.RECORD if k < N - 1 else A.RECORD_AND_SAVE if k == N - 1 else A.NONE
 
     def _on_trace_ready(self, prof) -> None:
-        W = self.cfg.warmup
+        W = self.warmup
         if self._step0 == 0 and W >= 1 and 1 <= self.boundaries <= W and self.mode in ("window", "warmup"):
             return  # the start-up window (or a cut-short warmup): superseded by the steps to come
         self.out.mkdir(parents=True, exist_ok=True)
@@ -205,7 +209,7 @@ class Session:
 
     def _boundary(self, source: str) -> None:
         self.boundaries += 1
-        k, W, N = self.boundaries, self.cfg.warmup, self.cfg.steps
+        k, W, N = self.boundaries, self.warmup, self.cfg.steps
         self._busy = True
         try:
             if self.mode == "window-closed" and k >= max(W, 1):
@@ -245,6 +249,9 @@ class Session:
             self._token = None
         if self.report is None:
             self._analyze()
+        if self.warmup != self.cfg.warmup:
+            self.report["notes"].append(f"--warmup {self.cfg.warmup} ran as {self.warmup}: the profiler cannot "
+                                        "stop its start-up trace and start recording in the same step")
         assert self.report is not None
         self.report["exit_code"] = exit_code
         self.report["steps"]["seen"] = self.boundaries
@@ -302,22 +309,22 @@ class Session:
             source, steps_ms = "time-window", []
             notes.append("no step boundary was seen (no optimizer.step() and no gobrrr.doctor.step()): "
                          "the report covers a time window of the run")
-        elif self.boundaries < self.cfg.warmup:
+        elif self.boundaries < self.warmup:
             steps_ms = []
-            notes.append(f"the script ended after {self.boundaries} step(s), before the {self.cfg.warmup} warmup "
+            notes.append(f"the script ended after {self.boundaries} step(s), before the {self.warmup} warmup "
                          "steps were over: nothing was recorded; rerun with a smaller --warmup")
         elif self._step0 and self._trace_path is not None:
             notes.append(f"no step came within the {self.cfg.window_s:g} s time window; steps "
                          f"{self._step0}..{self._step0 + self.cfg.steps - 1} were recorded when they came")
-        elif self.boundaries < self.cfg.warmup + self.cfg.steps:
-            notes.append(f"the script ended after {self.boundaries - self.cfg.warmup} recorded step(s) of "
+        elif self.boundaries < self.warmup + self.cfg.steps:
+            notes.append(f"the script ended after {self.boundaries - self.warmup} recorded step(s) of "
                          f"{self.cfg.steps}")
         fig_dict = fig.to_dict() if fig else {}
         self.report = {
             "script": self.script, "argv": self.argv, "exit_code": None, "error": None,
             "cuda": self.cuda, "device": torch.cuda.get_device_name() if self.cuda else "cpu",
             "torch": torch.__version__,
-            "steps": {"source": source, "requested": self.cfg.steps, "warmup": self.cfg.warmup,
+            "steps": {"source": source, "requested": self.cfg.steps, "warmup": self.warmup,
                       "seen": self.boundaries, "recorded": len(steps_ms), "ms": steps_ms,
                       "median_ms": round(statistics.median(steps_ms), 4) if steps_ms else None},
             "gpu": _gpu_part(fig_dict) if fig is not None and fig.has_gpu else None,
@@ -408,7 +415,7 @@ def profile(fn=None, *, steps: int = 5, warmup: int = 2, out_dir: str = "gobrrr-
     session = Session(cfg, auto_steps=False)
     session.start()
     try:
-        for _ in range(warmup + steps):
+        for _ in range(session.warmup + steps):
             fn()
             session.step(manual=True)
     except BaseException as e:

@@ -66,10 +66,11 @@ def test_cli_end_to_end_passes_the_exit_code(tmp_path):
     assert st["source"] == "optimizer" and st["recorded"] == 3 and st["seen"] == 8
     assert len(st["ms"]) == 3 and all(ms > 0 for ms in st["ms"])
     assert report["gpu"] is None and report["cuda"] is False
-    # the recorded window holds exactly the 3 steps after the warmup step
+    # --warmup 1 runs as 2 (see Session.__init__); the window holds exactly the 3 steps after it
+    assert report["steps"]["warmup"] == 2 and any("--warmup 1 ran as 2" in n for n in report["notes"])
     trace = json.loads((out / "trace.json").read_text())
     steps = sorted(e["name"] for e in trace["traceEvents"] if e.get("name", "").startswith("ProfilerStep#"))
-    assert steps == ["ProfilerStep#1", "ProfilerStep#2", "ProfilerStep#3"]
+    assert steps == ["ProfilerStep#2", "ProfilerStep#3", "ProfilerStep#4"]
 
 
 @pytest.mark.timeout(60)
@@ -164,7 +165,7 @@ def test_python_api_function_and_block(tmp_path):
         return torch.tanh(w @ w)
 
     report = doctor.profile(step_fn, steps=2, warmup=1, out_dir=str(tmp_path / "fn"), print_summary=False)
-    assert len(calls) == 3 and report["steps"]["recorded"] == 2 and report["steps"]["source"] == "manual"
+    assert len(calls) == 4 and report["steps"]["recorded"] == 2  # warmup 1 runs as 2 and report["steps"]["source"] == "manual"
     _check_outputs(tmp_path / "fn")
 
     with doctor.profile(steps=2, warmup=1, out_dir=str(tmp_path / "blk"), print_summary=False) as doc:
