@@ -286,6 +286,9 @@ class Session:
             roots.insert(0, str(Path(self.script).resolve().parent))
         fig = None
         if self._trace_path is not None and self._trace_path.exists():
+            mb = self._trace_path.stat().st_size / 1e6
+            if mb > 50:
+                notes.append(f"trace.json is {mb:.0f} MB: pass fewer --steps for a lighter trace")
             tr = timeline.parse(self._trace_path)
             fig = timeline.analyze(tr, source_roots=roots)
             sites = {k: v.key for k, v in getattr(fig, "call_sites", {}).items()}
@@ -428,7 +431,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="gobrrr doctor", description="Run a script under the profiler and show where the GPU waits.")
     p.add_argument("--steps", type=int, default=5, help="steps to record (default 5)")
-    p.add_argument("--warmup", type=int, default=2, help="steps to run before recording (default 2)")
+    p.add_argument("--warmup", type=int, default=2,
+                   help="steps to run before recording (default 2; 1 runs as 2; 0 records from the start)")
     p.add_argument("--out", default="gobrrr-doctor", help="output directory (default ./gobrrr-doctor)")
     p.add_argument("--window-s", type=float, default=10.0,
                    help="seconds recorded when the script never steps (default 10)")
