@@ -225,3 +225,23 @@ def test_steps_after_a_closed_time_window_are_still_recorded(tmp_path):
     report = _check_outputs(out)
     assert report["steps"]["source"] == "optimizer" and report["steps"]["recorded"] == 2
     assert any("time window" in n for n in report["notes"])
+
+
+def test_report_from_a_recorded_gpu_trace(tmp_path, capsys):
+    # the GPU half of the doctor's outputs, run here on a trace recorded on an H200
+    from gobrrr.doctor import Session
+    from gobrrr.device.timeline_report import summary
+
+    data = ROOT / "tests" / "data"
+    s = Session(DoctorConfig(out_dir=str(tmp_path), print_summary=False), script=str(data / "record_traces.py"))
+    s._trace_path = data / "traces" / "naive.json.gz"
+    s.boundaries, s.step_source = 5, "optimizer"
+    s._analyze()
+    r = s.report
+    assert r["gpu"]["top_cause"] == "waiting_for_data" and r["steps"]["recorded"] == 3
+    assert r["advice"][0]["site"] == "record_traces.py:47" and "Prefetcher" in r["advice"][0]["change"]
+    png = (tmp_path / "timeline.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    text = summary(r)
+    assert "waiting for data" in text and "record_traces.py:47" in text and "record_traces.py:52" in text
+    json.dumps(r)  # the report is plain JSON

@@ -93,12 +93,17 @@ def test_handmade_copies_and_bandwidth():
 
 def test_handmade_sync_attribution():
     f = _fig()
-    assert len(f.syncs) == 1
-    s = f.syncs[0]
-    assert s["site"] == "handmade_train.py:16" and s["callee"] == "item"
-    assert s["code"] == "return loss.item()  # sync: line 16"
+    rows = {(s["site"], s["kind"]): s for s in f.syncs}
+    assert set(rows) == {("handmade_train.py:16", "stream sync"), ("handmade_train.py:12", "pageable copy"),
+                         ("handmade_train.py:16", "pageable copy")}
+    s = rows[("handmade_train.py:16", "stream sync")]
+    assert s["callee"] == "item" and s["code"] == "return loss.item()  # sync: line 16"
     assert s["count"] == 2 and s["total_ms"] == pytest.approx(0.028)  # 2 x 14 us
     assert s["idle_ms"] == pytest.approx(0.495)
+    # the host also blocks inside copies to or from pageable memory: 2 x 180 us at the .to() line
+    assert rows[("handmade_train.py:12", "pageable copy")]["total_ms"] == pytest.approx(0.36)
+    assert rows[("handmade_train.py:16", "pageable copy")]["total_ms"] == pytest.approx(0.01)
+    assert f.syncs[0]["site"] == "handmade_train.py:12"  # sorted by host time blocked
 
 
 def test_handmade_queue_lead_kernels_streams_launch():

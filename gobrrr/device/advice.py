@@ -106,7 +106,24 @@ def recommend(fig: Figures, lint_findings: list | None = None) -> list[Recommend
                 why=f"{br['launch_gaps']:.3f} ms of gaps shorter than a launch between kernels"))
 
     recs.sort(key=lambda r: -(r.saved_ms or 0.0))
-    return _merge_lint(recs, lint_findings or [])
+    return _merge_lint(_merge_same_site(recs), lint_findings or [])
+
+
+def _merge_same_site(recs: list[Recommendation]) -> list[Recommendation]:
+    """One recommendation per source line: a pageable `.to()` both waits for data and syncs."""
+    out: list[Recommendation] = []
+    seen: dict[str, Recommendation] = {}
+    for r in recs:
+        first = seen.get(r.site) if r.site else None
+        if first is None:
+            out.append(r)
+            if r.site:
+                seen[r.site] = r
+            continue
+        first.saved_ms = round((first.saved_ms or 0.0) + (r.saved_ms or 0.0), 4)
+        first.why += "; " + r.why
+    out.sort(key=lambda r: -(r.saved_ms or 0.0))
+    return out
 
 
 def _merge_lint(recs: list[Recommendation], findings: list) -> list[Recommendation]:

@@ -295,7 +295,8 @@ def analyze(trace, *, source_roots: Iterable[str] = (), launch_gap_us: float = 2
     site_cache: dict[tuple[int, float], Site] = {}
     _prime_sites(tr, calls, resolver, site_cache)
     fig.call_sites = site_cache  # (tid, ts) -> Site for syncs and copies; not serialised
-    fig.syncs = _sync_table(calls, site_cache)
+    pageable_calls = {g.correlation for g in gpu if g.pageable}
+    fig.syncs = _sync_table(calls, site_cache, pageable_calls)
     if not gpu:
         return fig
 
@@ -318,7 +319,7 @@ def analyze(trace, *, source_roots: Iterable[str] = (), launch_gap_us: float = 2
     syncs = [c for c in calls if c.name in SYNC_CALLS]
     sync_ends = [s.end for s in syncs]
     starts = [g.ts for g in gpu]
-    sync_idle: dict[str, float] = defaultdict(float)
+    sync_idle: dict[tuple[str, str], float] = defaultdict(float)
     host_idle: dict[str, float] = defaultdict(float)
     host_sites: dict[str, Site] = {}
     for c, d in empty:
@@ -335,7 +336,7 @@ def analyze(trace, *, source_roots: Iterable[str] = (), launch_gap_us: float = 2
         blocker = _blocking_sync(syncs, sync_ends, c, d, sync_tolerance_us)
         if blocker is not None:
             cause_us["sync_blocked"] += gap
-            sync_idle[_site_of(blocker, site_cache).key] += gap
+            sync_idle[(_site_of(blocker, site_cache).key, SYNC_CALLS[blocker.name])] += gap
         elif gap <= launch_gap_us:
             cause_us["launch_gaps"] += gap
         elif launch is not None and launch.ts > c:
@@ -349,7 +350,7 @@ def analyze(trace, *, source_roots: Iterable[str] = (), launch_gap_us: float = 2
     fig.idle_breakdown_pct = {k: _pct(v, span) for k, v in cause_us.items()}
     fig.top_cause = max(cause_us, key=cause_us.get) if total(no_compute) > 0 else ""
     for row in fig.syncs:
-        row["idle_ms"] = round(sync_idle.get(row["site"], 0.0) / 1e3, 4)
+        row["idle_ms"] = round(sync_idle.get((row["site"], row["kind"]), 0.0) / 1e3, 4)
     fig.host_bound_sites = sorted(
         ({"site": k, "code": host_sites[k].code, "idle_ms": round(v / 1e3, 4)} for k, v in host_idle.items()),
         key=lambda r: -r["idle_ms"])
@@ -424,10 +425,13 @@ def _site_at(tr: Trace, tid: int, t: float, resolver) -> Site:
     return Site(callee=f"host thread {tid}")
 
 
-def _sync_table(calls: list[HostCall], cache) -> list[dict]:
+def _sync_table(calls: list[HostCall], cache, pageable_calls: set[int] = frozenset()) -> list[dict]:
+    """Host time blocked per source line: sync calls, and copy calls that block on pageable memory."""
     rows: dict[tuple[str, str], dict] = {}
     for c in calls:
         kind = SYNC_CALLS.get(c.name)
+        if kind is None and c.correlation in pageable_calls:
+            kind = "pageable copy"
         if kind is None:
             continue
         site = _site_of(c, cache)

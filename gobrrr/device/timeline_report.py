@@ -66,14 +66,14 @@ def summary(r: dict) -> str:
             out.append(f"  kernel {k['pct']:5.1f}%  {k['count']:5d} x {k['mean_us']:8.1f} us  {k['name'][:60]}")
     syncs = (r.get("host") or {}).get("syncs") or []
     for s in syncs[:5]:
-        out.append(f"  sync at {s['site']}: {s['count']} x {s['kind']}, host blocked {s['total_ms']:.2f} ms"
+        out.append(f"  host blocked at {s['site']}: {s['count']} x {s['kind']}, {s['total_ms']:.2f} ms"
                    f"   {s['code'][:50]}")
     if r.get("advice"):
         out.append("  what to fix (estimated GPU time saved per step):")
         for i, a in enumerate(r["advice"][:8], 1):
             saved = f"{a['saved_ms']:7.3f} ms" if a["saved_ms"] is not None else "   (lint)"
             rules = f" [{', '.join(a['rules'])}]" if a.get("rules") else ""
-            out.append(f"   {i}. {saved}  {a['site']}{rules}  {a['code'][:50]}")
+            out.append(f"   {i}. {saved}  {a['site'] or '(the whole step)'}{rules}  {a['code'][:50]}")
             out.append(f"        -> {a['change']}")
     files = r.get("files") or {}
     out.append("  files: " + ", ".join(str(v) for v in files.values() if v))
@@ -101,7 +101,7 @@ def side_by_side(reports: dict[str, dict]) -> str:
         ("H2D GB/s", lambda r: g(r, "copies", "H2D", "gbps")),
         ("pageable copies", lambda r: str(sum(p["count"] for p in (r.get("gpu") or {}).get("pageable", [])))
          if r.get("gpu") else "-"),
-        ("syncs in window", lambda r: str(sum(s["count"] for s in (r.get("host") or {}).get("syncs", [])))),
+        ("blocking calls in window", lambda r: str(sum(s["count"] for s in (r.get("host") or {}).get("syncs", [])))),
         ("top fix", lambda r: (r["advice"][0]["site"] if r.get("advice") else "-")),
     ]
     labels = list(reports)
