@@ -200,8 +200,8 @@ def test_summary_and_side_by_side_text():
     assert "waiting for data" in text and "record_traces.py:47" in text and "pageable" in text
     table = side_by_side(reports)
     assert "GPU idle, no kernel (%)" in table and "waiting_for_data" in table
-    row = next(line for line in table.splitlines() if line.startswith("copy/compute overlap"))
-    assert row.split()[-1] == f"{reports['prefetched']['gpu']['overlap_pct']:.1f}"
+    row = next(line for line in table.splitlines() if line.startswith("H2D hidden from compute"))
+    assert row.split()[-2:] == [f"{reports[n]['gpu']['copy_hidden_pct']:.1f}" for n in ("naive", "prefetched")]
 
 
 @pytest.mark.timeout(120, method="thread")

@@ -38,6 +38,7 @@ def test_naive_seed_loop_waits_for_data(tmp_path):
     assert g["compute_idle_pct"] > 50, g["idle_breakdown_pct"]
     assert g["top_cause"] == "waiting_for_data", g["idle_breakdown_pct"]
     assert g["copies"]["H2D"]["pageable"] >= 5  # one pageable batch copy per step, named by line
+    assert g["copy_hidden_pct"] < 50  # the pageable copies hold compute up
     assert any(p["site"].startswith("seed_loop.py:") for p in g["pageable"])
     assert r["advice"] and r["advice"][0]["site"].startswith("seed_loop.py:")
 
@@ -48,4 +49,8 @@ def test_prefetcher_seed_loop_overlaps(tmp_path):
     r = _doctor(tmp_path, "gobrrr")
     g = r["gpu"]
     assert g["copies"]["H2D"]["pageable"] == 0
-    assert g["overlap_pct"] > 80, (g["overlap_pct"], g["copy_overlap_pct"], g["idle_breakdown_pct"])
+    figs = {k: g[k] for k in ("copy_hidden_pct", "copy_overlap_pct", "overlap_pct", "idle_breakdown_pct")}
+    # overlap, as the doctor defines it for a prefetcher: the share of H2D copy time that no
+    # compute waited for (under the profiler this loop runs host-bound, so plain time overlap
+    # of copies and kernels measures coincidence; all three figures are printed above)
+    assert g["copy_hidden_pct"] > 80, figs

@@ -13,12 +13,17 @@ and the GPU work it enqueued share a `correlation` id. From these we compute:
   breakdown `idle_time_pctg`);
 - `compute_idle_pct`: share of the span with no compute kernel running (= 100 minus HTA's
   `compute_time_pctg`); this is the headline "GPU idle" and it is broken down, each part in ms
-  and % of span, into: `waiting_for_data` (an H2D copy runs while nothing computes: the copy
-  is on the critical path), `other_copies` (D2H / D2D / memset alone), and the truly empty
+  and % of span, into: `waiting_for_data` (an H2D copy runs while nothing computes and compute
+  waits for it: the next kernel is already queued behind it, or the host sits in the copy call,
+  as a pageable `.to()` makes it), `other_copies` (D2H / D2D / memset alone), and the truly empty
   gaps, each classed by what the host was doing: `sync_blocked` (the host sat in a
   synchronising call when the GPU ran dry, attributed to the source line of that call),
-  `host_bound` (the next launch came after the GPU ran dry), `launch_gaps` (gaps shorter than
-  `launch_gap_us`, the cost of launching back-to-back small kernels) and `other`;
+  `host_bound` (the next launch came after the GPU ran dry; copies that nobody waited for count
+  here too), `launch_gaps` (gaps shorter than `launch_gap_us`, the cost of launching
+  back-to-back small kernels) and `other`; an empty gap that ends with an H2D copy whose call
+  the host had already entered (staging a pageable copy) counts as waiting for data from the
+  moment of that call;
+- `copy_hidden_pct`: share of H2D copy time off the critical path (what prefetching buys);
 - `copy_overlap_pct`: share of memcpy time during which some compute kernel runs (closest HTA
   figure: "COMPUTATION overlapping MEMORY" / all MEMORY time of its kernel-type breakdown;
   HTA's MEMORY also counts memsets); `overlap_pct`: the same overlapped time as a share of the
@@ -252,6 +257,7 @@ class Figures:
     top_cause: str = ""
     copy_overlap_pct: float | None = None  # share of memcpy time with a kernel running (HTA-comparable)
     overlap_pct: float | None = None       # share of the shorter of (memcpy, kernel) time run alongside the other
+    copy_hidden_pct: float | None = None   # share of H2D time off the critical path (what prefetching buys)
     h2d_overlap_pct: float | None = None
     copies: dict = field(default_factory=dict)       # direction -> {count, bytes, ms, gbps}
     pageable: list = field(default_factory=list)     # [{site, code, name, count, bytes, ms, gbps}]
@@ -314,7 +320,9 @@ def analyze(trace, *, source_roots: Iterable[str] = (), launch_gap_us: float = 2
     fig.compute_idle_pct = _pct(total(no_compute), span)
 
     cause_us = dict.fromkeys(CAUSES, 0.0)
-    cause_us["waiting_for_data"] = total(intersect(no_compute, h2d))
+    critical = _critical_h2d(gpu, calls, by_corr, no_compute, h2d)
+    cause_us["waiting_for_data"] = total(critical)
+    cause_us["host_bound"] = total(intersect(no_compute, h2d)) - total(critical)  # copies nobody waited for
     cause_us["other_copies"] = total(subtract(intersect(no_compute, every), h2d))
     syncs = [c for c in calls if c.name in SYNC_CALLS]
     sync_ends = [s.end for s in syncs]
@@ -359,12 +367,43 @@ def analyze(trace, *, source_roots: Iterable[str] = (), launch_gap_us: float = 2
     fig.copy_overlap_pct = _pct(both, total(copies)) if copies else None
     fig.overlap_pct = _pct(both, min(total(copies), total(compute))) if copies and compute else None
     fig.h2d_overlap_pct = _pct(total(intersect(h2d, compute)), total(h2d)) if h2d else None
-    fig.copies, fig.pageable, fig.h2d_sites = _copy_tables(gpu, by_corr, site_cache, no_compute)
+    fig.copy_hidden_pct = round(100.0 - _pct(total(critical), total(h2d)), 3) if h2d else None
+    fig.copies, fig.pageable, fig.h2d_sites = _copy_tables(gpu, by_corr, site_cache, critical)
     fig.queue_lead_ms = _queue_lead(gpu, by_corr)
     fig.top_kernels = _top_kernels(gpu, top)
     fig.launch = _launch_bound(gpu, calls)
     fig.streams = _streams(gpu, span)
     return fig
+
+
+def _critical_h2d(gpu: list[GpuEvent], calls: list[HostCall], by_corr, no_compute: Intervals,
+                  h2d: Intervals) -> Intervals:
+    """The H2D copy time on the critical path: no kernel runs, and compute is waiting for the copy.
+
+    A copy that runs while no kernel does holds up compute when the next kernel was already
+    launched (queued behind the copy: a stream or event dependency), or when the thread that
+    launches it sat in a copy or sync call (a pageable `.to()` blocks the host until the data
+    is over). A copy that merely coincides with idle time the host caused is not critical.
+    """
+    kernels = [g for g in gpu if g.kind == "kernel"]
+    kstarts = [k.ts for k in kernels]
+    blocking: dict[int, list] = defaultdict(list)
+    for c in calls:
+        if c.name in SYNC_CALLS or "emcpy" in c.name:
+            blocking[c.tid].append((c.ts, c.end))
+    blocked = {tid: merge(v) for tid, v in blocking.items()}
+    out: Intervals = []
+    for a, b in intersect(no_compute, h2d):
+        i = bisect.bisect_left(kstarts, b - 1e-6)
+        if i >= len(kernels):
+            continue  # no compute after it in the window: nothing waits for this copy
+        launch = by_corr.get(kernels[i].correlation)
+        r = launch.ts if launch is not None else a
+        if r < b:
+            out.append((max(a, r), b))  # the kernel was queued behind the copy
+        if r > a:
+            out += intersect([(a, min(b, r))], blocked.get(launch.tid, []))
+    return merge(out)
 
 
 def _pct(part: float, whole: float) -> float:
@@ -446,12 +485,12 @@ def _sync_table(calls: list[HostCall], cache, pageable_calls: set[int] = frozens
     return out
 
 
-def _copy_tables(gpu: list[GpuEvent], by_corr, cache, no_compute: Intervals) -> tuple[dict, list, list]:
+def _copy_tables(gpu: list[GpuEvent], by_corr, cache, critical: Intervals) -> tuple[dict, list, list]:
     """Copies by direction; pageable copies by source line; H2D copies by source line.
 
-    `critical_ms` of a site: its copy time during which no kernel ran (the copy was on the critical path).
+    `critical_ms` of a site: its copy time on the critical path (see `_critical_h2d`).
     """
-    nc_starts = [s for s, _ in no_compute]
+    nc_starts = [s for s, _ in critical]
     table: dict[str, dict] = {}
     sites: dict[tuple[str, str, bool], dict] = {}
     for g in gpu:
@@ -467,7 +506,7 @@ def _copy_tables(gpu: list[GpuEvent], by_corr, cache, no_compute: Intervals) -> 
         p = sites.setdefault((site.key, g.direction, g.pageable), {
             "site": site.key, "code": site.code, "name": g.name, "direction": g.direction,
             "pageable": g.pageable, "count": 0, "bytes": 0, "ms": 0.0, "gbps": 0.0, "critical_ms": 0.0})
-        p["critical_ms"] += _covered(no_compute, nc_starts, g.ts, g.end) / 1e3
+        p["critical_ms"] += _covered(critical, nc_starts, g.ts, g.end) / 1e3 if g.direction == "H2D" else 0.0
         p["count"] += 1
         p["bytes"] += g.nbytes
         p["ms"] += g.dur / 1e3

@@ -122,5 +122,5 @@ def _default_title(f: Figures) -> str:
         return "host timeline: no GPU work recorded (the stream lanes need a CUDA run)"
     cause = f.top_cause.replace("_", " ")
     return (f"GPU idle (no kernel running) {f.compute_idle_pct:.1f}% of {f.span_ms:.2f} ms"
-            f"  -  top cause: {cause}  -  copy/compute overlap "
-            f"{'n/a' if f.overlap_pct is None else f'{f.overlap_pct:.0f}%'}")
+            f"  -  top cause: {cause}  -  H2D hidden from compute "
+            f"{'n/a' if f.copy_hidden_pct is None else f'{f.copy_hidden_pct:.0f}%'}")

@@ -43,10 +43,12 @@ def summary(r: dict) -> str:
         for cause in sorted(pct, key=lambda c: -pct[c]):
             if pct[cause] > 0:
                 out.append(f"    {pct[cause]:6.1f}%  {CAUSE_WORDS.get(cause, cause)}")
-        ov, cov = g.get("overlap_pct"), g["copy_overlap_pct"]
-        text = "n/a (no copies)" if cov is None else (
-            f"{ov if ov is not None else 0:.1f}% of the shorter side ({cov:.1f}% of copy time under a kernel)")
-        out.append(f"  nothing at all running {g['idle_pct']:.1f}%; copy/compute overlap {text}")
+        out.append(f"  nothing at all running {g['idle_pct']:.1f}%")
+        if g["copy_overlap_pct"] is not None:
+            hid = g.get("copy_hidden_pct")
+            hid_text = f"{hid:.1f}% of H2D time off the critical path; " if hid is not None else ""
+            out.append(f"  copy/compute overlap: {hid_text}{g['copy_overlap_pct']:.1f}% of copy time under a "
+                       f"kernel ({g.get('overlap_pct') or 0:.1f}% of the shorter side)")
         for d, c in sorted(g["copies"].items()):
             pg = f", {c['pageable']} pageable" if c["pageable"] else ""
             out.append(f"  {d}: {c['count']} copies, {_mb(c['bytes'])}, {c['gbps']:.1f} GB/s{pg}")
@@ -96,8 +98,9 @@ def side_by_side(reports: dict[str, dict]) -> str:
         ("  host-bound (%)", lambda r: g(r, "idle_breakdown_pct", "host_bound")),
         ("  launch gaps (%)", lambda r: g(r, "idle_breakdown_pct", "launch_gaps")),
         ("top cause", lambda r: g(r, "top_cause", fmt="{}")),
-        ("copy/compute overlap (%)", lambda r: g(r, "overlap_pct")),
-        ("  copy time under a kernel (%)", lambda r: g(r, "copy_overlap_pct")),
+        ("H2D hidden from compute (%)", lambda r: g(r, "copy_hidden_pct")),
+        ("copy time under a kernel (%)", lambda r: g(r, "copy_overlap_pct")),
+        ("  overlap of the shorter (%)", lambda r: g(r, "overlap_pct")),
         ("H2D GB/s", lambda r: g(r, "copies", "H2D", "gbps")),
         ("pageable copies", lambda r: str(sum(p["count"] for p in (r.get("gpu") or {}).get("pageable", [])))
          if r.get("gpu") else "-"),
