@@ -107,8 +107,6 @@ class PinnedRing:
         if slots < 1:
             raise ValueError(f"a PinnedRing needs at least one slot, got slots={slots}")
         self.pin = pin
-        if device is not None and device.type == "cuda" and device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())   # the thread that fills must know which GPU
         self.device = device
         self.chunk_bytes = chunk_bytes
         self.should_stage = should_stage
