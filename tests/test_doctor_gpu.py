@@ -41,8 +41,8 @@ def test_naive_seed_loop_waits_for_data(tmp_path):
     assert g["top_cause"] == "waiting_for_data", g["idle_breakdown_pct"]
     assert g["copies"]["H2D"]["pageable"] >= 5  # one pageable batch copy per step, named by line
     assert g["copy_hidden_pct"] < 50  # the pageable copies hold compute up
-    assert any(p["site"].startswith("seed_loop.py:") for p in g["pageable"])
-    assert r["advice"] and r["advice"][0]["site"].startswith("seed_loop.py:")
+    assert any("seed_loop.py:" in p["site"] for p in g["pageable"])
+    assert r["advice"] and "seed_loop.py:" in r["advice"][0]["site"], r["advice"][:2]
 
 
 @pytest.mark.gpu
