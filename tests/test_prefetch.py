@@ -364,6 +364,53 @@ def test_ring_refuses_to_overrun_held_slots_and_passes_nothing_to_stage():
         ring.stage([torch.ones(1)])
 
 
+def test_ring_deals_one_task_per_thread_covering_every_byte_once():
+    import numpy as np
+    from gobrrr.device.pinned import _deal
+    rng = np.random.default_rng(0)
+    pieces, off = [], 0
+    for n in rng.integers(1, 50_000, size=40):              # 40 tensors, 1 B to 50 kB
+        pieces.append((off, rng.integers(0, 255, size=int(n), dtype=np.uint8)))
+        off += -(-int(n) // 512) * 512
+    groups = _deal(pieces, 3, 4096)
+    assert len(groups) == 3                                  # one task per thread, not one per tensor
+    sizes = [sum(len(s) for _, s in g) for g in groups]
+    assert max(sizes) - min(sizes) <= 4096 * 3               # balanced to the page
+    dst = np.zeros(off, np.uint8)
+    hits = np.zeros(off, np.int64)
+    for g in groups:
+        for o, s in g:
+            dst[o:o + len(s)] = s
+            hits[o:o + len(s)] += 1
+    for o, s in pieces:
+        assert (dst[o:o + len(s)] == s).all() and (hits[o:o + len(s)] == 1).all()
+    assert len(_deal(pieces, 8, 10 ** 9)) == 1              # a small batch is one task, not 8 tiny ones
+    assert _deal([], 4, 1) == []
+
+
+def test_ring_many_tensors_stage_exactly_with_few_threads():
+    ring = PinnedRing(2, threads=3, pin=False, chunk_bytes=4096)
+    batch = [torch.randn(int(n)) for n in torch.randint(1, 20_000, (25,), generator=torch.Generator().manual_seed(1))]
+    for _ in range(3):
+        s = ring.stage(batch)
+        out = s.result()
+        for a, b in zip(batch, out):
+            assert_close(a, b)
+        ring.release(s, None)
+    ring.close()
+
+
+def test_default_pin_threads_shares_cores_among_local_ranks(monkeypatch):
+    from gobrrr.device import pinned
+    monkeypatch.setattr(pinned.os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert pinned.default_pin_threads() == 12
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    assert pinned.default_pin_threads() == 1
+    monkeypatch.setattr(pinned.os, "sched_getaffinity", lambda pid: set(range(128)), raising=False)
+    assert pinned.default_pin_threads() == 12
+
+
 def test_ring_close_and_gc_stop_its_threads():
     def pin_threads():
         return {t for t in threading.enumerate() if t.name.startswith("gobrrr-pin")}

@@ -9,9 +9,9 @@ What: `PinnedRing` holds `slots` flat pinned byte buffers. `stage(batch)` picks 
 slot, lays every pageable CPU tensor of the batch out in it (512-byte aligned views) and
 returns a future for the staged batch at once; a coordinator thread waits until the
 slot's previous H2D copy has finished (its copy-done event), grows the buffer if the batch
-is larger than any before, then splits the byte copies into chunks over a pool of threads.
-numpy's copy releases the GIL, so the chunks really run in parallel and the main thread
-keeps enqueueing GPU work meanwhile:
+is larger than any before, then deals the bytes out as one task per thread (whole tensors and
+slices of large ones, balanced by bytes). numpy's copy releases the GIL, so the tasks really
+run in parallel and the main thread keeps enqueueing GPU work meanwhile:
 
     # overlap: pool threads memcpy pageable -> pinned for batch k+2 while the copy stream
     #          moves batch k+1 to the GPU and the compute stream runs step k.
@@ -20,6 +20,20 @@ After the caller has enqueued the H2D copy out of the slot it calls `release(sta
 with an event recorded on the copy stream after that copy; the slot is written again only
 once that event has completed. In steady state nothing is allocated: the same `slots`
 buffers are reused batch after batch and epoch after epoch (`allocations` counts).
+
+What bounds it (measured on the H200 VM: 16 cores, glibc 2.39, a 300 MB L3; a one-off sweep
+of threads, task sizes and copy functions on one 78.6 MB batch, BENCHMARKS.md):
+- Python tasks are the first limit: the pool copied 45-54 GB/s with one task per thread
+  but 14-26 GB/s in 1 MiB tasks and 5-9 GB/s in 256 KiB tasks (submit/GIL cost per task).
+  Hence one task per thread and never less than `chunk_bytes` (4 MiB) in a task.
+- Then host DRAM: with sources and slots bigger than the L3 (the real case), memcpy reached
+  18 GB/s on 4 threads, 26 on 8, 27-33 on 12-16, and 23-29 while the copy engine read pinned
+  memory at 47-52 GB/s. glibc's memcpy uses ordinary stores below its non-temporal threshold
+  (about L3/4 here, far above any chunk), so every destination line is read before it is
+  written: 3 bytes of DRAM traffic per byte staged. The same copies with non-temporal stores
+  (`GLIBC_TUNABLES=glibc.cpu.x86_non_temporal_threshold=0x100000`, set before Python starts)
+  ran at 38-43 GB/s on 8-16 threads. The staging floor for pageable batches is therefore
+  about batch / 27 GB/s while the DMA runs (2.9 ms for 78.6 MB, 2.0x the 55 GB/s copy floor).
 """
 from __future__ import annotations
 
@@ -35,13 +49,27 @@ import torch
 from gobrrr.device.tree import map_tensors, tensors
 
 ALIGN = 512                 # bytes; any dtype's element size divides it
-CHUNK_BYTES = 1 << 20       # smallest memcpy task: big enough to amortise submitting it
+CHUNK_BYTES = 4 << 20       # least bytes in one memcpy task: 1 MiB tasks ran at half speed (module doc)
+MAX_PIN_THREADS = 12        # host memcpy bandwidth saturated at 12 threads on a 16-core H200 VM
 GROW_ROUND = 2 << 20        # the smallest buffer; larger ones are powers of two
 
 
 def default_pin_threads() -> int:
-    """Threads that memcpy into pinned memory: half the cores, at most 8 (memory bandwidth saturates)."""
-    return max(1, min(8, (os.cpu_count() or 2) // 2))
+    """Threads that memcpy into pinned memory: 3/4 of this process's share of the cores, at most 12.
+
+    The share is the cores this process may run on divided by the processes of this node
+    (`LOCAL_WORLD_SIZE`, set by torchrun). Measured: 8 threads staged 23 GB/s next to a running
+    DMA, 12 threads 26-29, 16 no more (host DRAM is saturated; see the module doc).
+    """
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 2
+    try:
+        local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        local = 1
+    return max(1, min(MAX_PIN_THREADS, cores // local * 3 // 4))
 
 
 def needs_staging(t: torch.Tensor) -> bool:
@@ -107,6 +135,8 @@ class PinnedRing:
         if slots < 1:
             raise ValueError(f"a PinnedRing needs at least one slot, got slots={slots}")
         self.pin = pin
+        if device is not None and device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())   # the thread that fills must know which GPU
         self.device = device
         self.chunk_bytes = chunk_bytes
         self.should_stage = should_stage
@@ -180,6 +210,7 @@ class PinnedRing:
         views: dict[int, torch.Tensor] = {}
         tasks = []
         buf_np = slot.buf.numpy()
+        pieces: list[tuple[int, np.ndarray]] = []   # (slot offset, source bytes) of the plain tensors
         for key, (off, src) in layout.items():
             n = src.numel() * src.element_size()
             dst = slot.buf[off:off + n].view(src.dtype).view(src.shape)
@@ -190,12 +221,9 @@ class PinnedRing:
             if not plain:
                 tasks.append(self._pool.submit(_torch_copy, dst, src))
                 continue
-            src_np = src.detach().reshape(-1).view(torch.uint8).numpy()
-            # one chunk per thread (large memcpys stream best), none smaller than chunk_bytes
-            chunk = max(self.chunk_bytes, -(-n // (self.threads * 4096)) * 4096)
-            for a in range(0, n, chunk):
-                b = min(n, a + chunk)
-                tasks.append(self._pool.submit(np.copyto, buf_np[off + a:off + b], src_np[a:b]))
+            pieces.append((off, src.detach().reshape(-1).view(torch.uint8).numpy()))
+        for group in _deal(pieces, self.threads, self.chunk_bytes):
+            tasks.append(self._pool.submit(_copy_group, [(buf_np[o:o + len(s)], s) for o, s in group]))
         first_error = None
         for t in tasks:  # result(), not futures.wait(): wait() never returns for a future cancelled at shutdown
             try:
@@ -253,6 +281,38 @@ def _use_device(device: torch.device | None) -> None:
 
 def _aligned(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
+
+
+def _deal(pieces: list[tuple[int, np.ndarray]], threads: int, least: int) -> list[list[tuple[int, np.ndarray]]]:
+    """Split (offset, bytes) pieces into at most `threads` groups of about equal bytes, none
+    under `least` bytes unless it is the only one; a large piece is cut across groups.
+
+    One task per thread: submitting a task and taking the GIL back costs tens of microseconds,
+    which at 1 MiB per task halved the copy rate (module doc).
+    """
+    total = sum(len(s) for _, s in pieces)
+    if total == 0:
+        return []
+    groups = max(1, min(threads, total // max(1, least)))
+    share = -(-total // (groups * 4096)) * 4096          # bytes per group, whole pages
+    out: list[list[tuple[int, np.ndarray]]] = [[]]
+    room = share
+    for off, src in pieces:
+        a = 0
+        while a < len(src):
+            take = min(len(src) - a, room)
+            out[-1].append((off + a, src[a:a + take]))
+            a += take
+            room -= take
+            if room == 0:
+                out.append([])
+                room = share
+    return [g for g in out if g]
+
+
+def _copy_group(group: list[tuple[np.ndarray, np.ndarray]]) -> None:
+    for dst, src in group:
+        np.copyto(dst, src)   # releases the GIL for the memcpy
 
 
 def _torch_copy(dst: torch.Tensor, src: torch.Tensor) -> None:

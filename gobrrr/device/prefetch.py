@@ -106,7 +106,7 @@ class Prefetcher:
         copy stream and handed over with record_stream, so with a transform the device memory
         held grows with how far the host runs ahead of a slow consumer (without one it is
         depth + 1 batches).
-    pin_threads: threads that copy pageable tensors into pinned memory (default: half the cores, <= 8).
+    pin_threads: threads that copy pageable tensors into pinned memory (default: 3/4 of the cores, <= 12).
     worker_ring: swap a DataLoader with workers for a PinnedWorkerLoader when one is available.
     """
 
