@@ -8,9 +8,10 @@ The script runs as `__main__` (runpy), with its own argv. The doctor records a b
    seconds, stopped by a SIGALRM handler on the main thread, or the whole run if shorter).
 2. Steps are found where the script steps an optimizer (a global optimizer step post-hook;
    only the first optimizer that steps counts) or where it calls `gobrrr.doctor.step()`
-   (manual marks win over optimizer steps). After W warmup steps the start-up recording is
-   dropped and a fresh one records N steps, each marked `ProfilerStep#k` in the trace, then
-   the profiler stops: the trace covers N steps, not the run.
+   (manual marks win over optimizer steps). At the first step the start-up recording is
+   dropped; after W warmup steps (1 runs as 2: see Session) N steps are recorded, each marked
+   `ProfilerStep#k`, then the profiler stops: the trace covers N steps, not the run. Steps
+   that first come after the time window closed are recorded the same way.
 3. The trace goes through gobrrr.device.timeline (figures), timeline_plot (timeline.png)
    and advice (what to fix, merged with gobrrr lint); report.json, timeline.png and
    trace.json land in DIR and a summary is printed.
@@ -153,6 +154,8 @@ class Session:
     # -- lifecycle --------------------------------------------------------------------------
 
     def start(self) -> "Session":
+        for name in ("report.json", "timeline.png", "trace.json"):  # no stale files from an earlier run
+            (self.out / name).unlink(missing_ok=True)
         self._token = _ACTIVE.set(self)
         self._t_start = time.perf_counter()
         if self.auto_steps:
@@ -289,8 +292,13 @@ class Session:
             mb = self._trace_path.stat().st_size / 1e6
             if mb > 50:
                 notes.append(f"trace.json is {mb:.0f} MB: pass fewer --steps for a lighter trace")
-            tr = timeline.parse(self._trace_path)
-            fig = timeline.analyze(tr, source_roots=roots)
+            try:
+                tr = timeline.parse(self._trace_path)
+                fig = timeline.analyze(tr, source_roots=roots)
+            except Exception as e:  # keep the run's report (steps, exit code, lint) even then
+                notes.append(f"the trace could not be analysed ({type(e).__name__}: {e}); trace.json is kept "
+                             "for Perfetto; please report this")
+        if fig is not None:
             sites = {k: v.key for k, v in getattr(fig, "call_sites", {}).items()}
             title = f"gobrrr doctor: {Path(self.script).name if self.script else 'profile'}  -  "
             try:
@@ -300,7 +308,7 @@ class Session:
                 notes.append(f"timeline.png not drawn: {type(e).__name__}: {e}")
             if self.cuda and not fig.has_gpu:
                 notes.append("no GPU work was recorded in the window: is the script using the GPU?")
-        else:
+        elif self._trace_path is None:
             notes.append("nothing was recorded (the script ended before the profiler started)")
         findings, lint_note = advice.lint_script([self.script]) if self.script else ([], "")
         if lint_note:

@@ -245,3 +245,15 @@ def test_report_from_a_recorded_gpu_trace(tmp_path, capsys):
     text = summary(r)
     assert "waiting for data" in text and "record_traces.py:47" in text and "record_traces.py:52" in text
     json.dumps(r)  # the report is plain JSON
+
+
+def test_unreadable_trace_still_gives_a_report(tmp_path):
+    from gobrrr.doctor import Session
+
+    bad = tmp_path / "trace.json"
+    bad.write_text("{not json")
+    s = Session(DoctorConfig(out_dir=str(tmp_path / "out"), print_summary=False))
+    s._trace_path, s.boundaries = bad, 3
+    s._analyze()
+    assert any("could not be analysed" in n for n in s.report["notes"]) and s.report["gpu"] is None
+    assert json.loads((tmp_path / "out" / "report.json").read_text())["steps"]["seen"] == 3
