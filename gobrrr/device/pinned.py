@@ -28,12 +28,13 @@ of threads, task sizes and copy functions on one 78.6 MB batch, BENCHMARKS.md):
   Hence one task per thread and never less than `chunk_bytes` (4 MiB) in a task.
 - Then host DRAM: with sources and slots bigger than the L3 (the real case), memcpy reached
   18 GB/s on 4 threads, 26 on 8, 27-33 on 12-16, and 23-29 while the copy engine read pinned
-  memory at 47-52 GB/s. glibc's memcpy uses ordinary stores below its non-temporal threshold
-  (about L3/4 here, far above any chunk), so every destination line is read before it is
-  written: 3 bytes of DRAM traffic per byte staged. The same copies with non-temporal stores
+  memory at 47-52 GB/s. glibc's memcpy switches to non-temporal stores only above a threshold
+  derived from the L3 size, evidently above our per-thread chunks, so each destination line
+  is probably read before it is written. Forcing that threshold down
   (`GLIBC_TUNABLES=glibc.cpu.x86_non_temporal_threshold=0x100000`, set before Python starts)
-  ran at 38-43 GB/s on 8-16 threads. The staging floor for pageable batches is therefore
-  about batch / 27 GB/s while the DMA runs (2.9 ms for 78.6 MB, 2.0x the 55 GB/s copy floor).
+  made the same copies 30-40% faster: 38-43 GB/s on 8-16 threads (measured without a DMA
+  running). With the default, staging a pageable batch takes about batch / 27 GB/s while the
+  DMA runs: 2.9 ms for 78.6 MB, 2.0x the 55 GB/s pinned copy floor.
 """
 from __future__ import annotations
 
