@@ -107,9 +107,12 @@ def plot_timeline(trace: Trace, figures: Figures, path: str | Path, *, max_steps
 
 def _view(trace: Trace, figures: Figures, max_steps: int) -> tuple[float, float]:
     """The time range to draw: the first `max_steps` steps, else the GPU window, else the host range."""
-    if trace.steps:
+    if trace.steps:  # the steps' host time, stretched to the end of the GPU work they launched
         shown = trace.steps[:max_steps]
-        return shown[0][1], shown[-1][2]
+        t0, t1 = shown[0][1], shown[-1][2]
+        launched = {c.correlation for c in trace.calls if t0 <= c.ts <= t1 and c.correlation >= 0}
+        ends = [g.end for g in trace.gpu if g.correlation in launched]
+        return t0, max([t1] + ends)
     if figures.window_us[1] > figures.window_us[0]:
         return figures.window_us
     times = [c.ts for c in trace.calls] + [s for ol in trace.ops.values() for s, _, _ in ol]
