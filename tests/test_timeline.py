@@ -187,6 +187,9 @@ def test_source_resolver_finds_the_call_line():
     assert r.call_lines("handmade_train.py", 11, "step", "to") == [12]
     assert r.call_lines("handmade_train.py", 11, "step", "nothing") == []
     assert r.call_lines("missing.py", 1, "f", "item") == []
+    src = DATA.parent / "loop_src.py"
+    assert r.call_lines(str(src), 4, "train", "__next__") == [5]  # the for loop pulls the next batch
+    assert r.call_lines(str(src), 4, "train", "step") == [6]
 
 
 # -- real traces (H200) --------------------------------------------------------------------
@@ -305,3 +308,12 @@ def test_load_trace_errors(tmp_path):
                                   "ts": 0, "dur": 5}]))
     assert tl.load_trace(bare)["traceEvents"][0]["name"] == "aten::add"
     assert os.path.exists(HANDMADE)
+
+
+def test_advice_for_a_host_bound_data_loop():
+    f = tl.Figures(has_gpu=True, steps_ms=[10.0, 10.0, 10.0], span_ms=30.0,
+                   idle_breakdown_ms={"host_bound": 3.0, "launch_gaps": 0.0},
+                   host_bound_sites=[{"site": "t.py:5", "code": "for x, y in loader:", "idle_ms": 3.0}],
+                   launch={"launch_bound": False})
+    (rec,) = recommend(f)
+    assert rec.site == "t.py:5" and "num_workers" in rec.change and rec.saved_ms == pytest.approx(1.0)

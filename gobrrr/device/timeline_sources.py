@@ -102,6 +102,8 @@ class SourceResolver:
             return []
         lines = set()
         for node in _walk_scope(scope):
+            if callee == "__next__" and isinstance(node, (ast.For, ast.AsyncFor)):
+                lines.add(node.lineno)  # `for batch in loader:` calls the iterator's __next__
             if isinstance(node, ast.Call):
                 f = node.func
                 name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
