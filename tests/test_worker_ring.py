@@ -153,7 +153,7 @@ def test_tensors_are_views_of_the_slots_collated_in_place():
             assert base <= t.data_ptr() < base + size, "batch tensor is not inside the shared slots"
         lease.release(None)
     assert n == 2
-    assert ring.ring_bytes == (2 * 2 + 4) * ring._ring.slot_bytes
+    assert ring.ring_bytes == 3 * 2 * ring._ring.slot_bytes  # 3 slots per worker by default
     ring.close()
 
 
@@ -367,4 +367,73 @@ def test_a_slot_is_reused_only_after_its_event_completed():
     for g, w in zip(got, want, strict=True):
         assert_same(g, w)
     assert any(e.waited for e in events), "with every slot in flight the loader must wait (backpressure)"
+    ring.close()
+
+
+class WhoBuilt(Dataset):
+    """Each sample: (a 1 KiB tensor, the pid of the process that built it)."""
+
+    def __len__(self):
+        return 60
+
+    def __getitem__(self, i):
+        return torch.full((256,), float(i)), os.getpid()
+
+
+def test_each_worker_writes_only_its_own_slots():
+    """Batch i is built by worker i % W into a slot s with s % W == i % W, in every epoch: a worker
+    never writes (and so never page-faults on) another worker's slots."""
+    ring = PinnedWorkerLoader(WhoBuilt(), 4, num_workers=3)
+    for _ in range(2):
+        builders: dict[int, set] = collections.defaultdict(set)   # slot -> pids that built into it
+        for i, lease in enumerate(ring):
+            x, pid = lease.batch
+            slot = (x.data_ptr() - ring._ring.flat.data_ptr()) // ring._ring.slot_bytes
+            assert slot % 3 == i % 3, f"batch {i} went to slot {slot}, which worker {i % 3} does not own"
+            torch.testing.assert_close(x[:, 0], torch.arange(4 * i, 4 * i + 4, dtype=torch.float32))
+            builders[slot].update(pid.tolist())
+            lease.release(None)
+        assert i == 14
+        # (in the first epoch the main process collates batch 0 into slot 0 to size the slots)
+        workers_per_slot = [p - {os.getpid()} for p in builders.values()]
+        assert all(len(p) <= 1 for p in workers_per_slot), f"a slot written by two workers: {builders}"
+        assert len(set().union(*builders.values()) - {os.getpid()}) == 3
+    ring.close()
+    assert no_children_left()
+
+
+def _faults_writing(ring_views, use_prefault, q):
+    import resource
+
+    from gobrrr.device.slots import prefault
+    torch.set_num_threads(1)  # as the loader's workers do: the parent's thread pool did not survive the fork
+    s = 1 if use_prefault else 0
+    view = ring_views[s]                      # nothing of it is mapped in this child yet
+    n = view.numel()
+    want = (torch.arange(s * n, (s + 1) * n, dtype=torch.int64) % 256).to(torch.uint8)   # the parent's pattern
+    how = prefault(view) if use_prefault else "none"
+    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    same = bool(torch.equal(view, want)) if use_prefault else None   # a read would map the pages too
+    view.fill_(7)
+    q.put((how, same, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0))
+
+
+def test_prefault_maps_a_slot_so_the_workers_writes_take_no_page_faults():
+    from gobrrr.device.slots import PAGE, SlotRing
+    ring = SlotRing(2, 4096 * PAGE, pin=False, device=None)   # 2 slots of 4096 pages
+    ring.flat.copy_(torch.arange(ring.nbytes, dtype=torch.int64).to(torch.uint8))
+    ctx = multiprocessing.get_context("fork")
+    got = {}
+    for use in (False, True):
+        q = ctx.Queue()
+        p = ctx.Process(target=_faults_writing, args=(ring.views, use, q))
+        p.start()
+        got[use] = q.get(timeout=30)
+        p.join(timeout=30)
+        assert p.exitcode == 0
+    how, same, faults = got[True]
+    assert how in ("populate", "touch") and same, "prefault must not change what a copy may be reading"
+    assert faults < 256, f"{faults} page faults writing a prefaulted 4096-page slot"
+    assert torch.equal(ring.views[1], torch.full_like(ring.views[1], 7)), "the child's writes are shared"
+    print(f"faults writing 4096 pages in a forked child: {got[False][2]} without prefault, {faults} after {how}")
     ring.close()
