@@ -120,6 +120,8 @@ def test_handmade_queue_lead_kernels_streams_launch():
     assert [k["name"] for k in f.top_kernels] == ["ampere_sgemm_128x64_nn", "elementwise_kernel", "reduce_kernel"]
     assert f.top_kernels[0]["total_ms"] == pytest.approx(0.2) and f.top_kernels[0]["count"] == 2
     assert f.streams["7"]["busy_ms"] == pytest.approx(0.71) and f.streams["20"]["copies"] == 1
+    assert f.streams["20"]["busy_intervals_ms"] == [[1.25, 1.35]]  # 2350-2450 us, window from 1100
+    assert f.streams["7"]["busy_intervals_ms"][:2] == [[0.0, 0.3], [0.31, 0.35]]
     # median kernel 40 us, median launch 10 us: not launch-bound
     assert f.launch["launch_bound"] is False and f.launch["median_kernel_us"] == 40.0
     assert f.steps_ms == [1.0, 1.0]

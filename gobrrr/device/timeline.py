@@ -185,7 +185,7 @@ def analyze(trace, *, source_roots: Iterable[str] = (), launch_gap_us: float = 2
     fig.queue_lead_ms = _queue_lead(gpu, by_corr)
     fig.top_kernels = _top_kernels(gpu, top)
     fig.launch = _launch_bound(gpu, calls)
-    fig.streams = _streams(gpu, span)
+    fig.streams = _streams(gpu, w0, span)
     return fig
 
 
@@ -378,15 +378,18 @@ def _launch_bound(gpu: list[GpuEvent], calls: list[HostCall]) -> dict:
             "kernels": len(kernels), "launches": len(launches)}
 
 
-def _streams(gpu: list[GpuEvent], span: float) -> dict:
+def _streams(gpu: list[GpuEvent], w0: float, span: float, max_intervals: int = 200) -> dict:
+    """Per CUDA stream: busy time and its merged busy intervals (ms from the window start, the first 200)."""
     out: dict[str, dict] = {}
     for stream in sorted({g.stream for g in gpu}):
         mine = [g for g in gpu if g.stream == stream]
-        busy = total(merge((g.ts, g.end) for g in mine))
-        out[str(stream)] = {"busy_ms": round(busy / 1e3, 4), "busy_pct": _pct(busy, span),
+        busy = merge((g.ts, g.end) for g in mine)
+        out[str(stream)] = {"busy_ms": round(total(busy) / 1e3, 4), "busy_pct": _pct(total(busy), span),
                             "kernels": sum(g.kind == "kernel" for g in mine),
                             "copies": sum(g.kind == "memcpy" for g in mine),
-                            "memsets": sum(g.kind == "memset" for g in mine)}
+                            "memsets": sum(g.kind == "memset" for g in mine),
+                            "busy_intervals_ms": [[round((s - w0) / 1e3, 4), round((e - w0) / 1e3, 4)]
+                                                  for s, e in busy[:max_intervals]]}
     return out
 
 
