@@ -400,11 +400,3 @@ def _host_threads(tr: Trace, h0: float, h1: float) -> dict:
         out[str(tid)] = {"name": tr.thread_names.get(tid, ""), "busy_ms": round(busy / 1e3, 4),
                          "ops": len(ol)}
     return out
-
-
-def stream_busy(trace: Trace) -> dict[int, Intervals]:
-    """Per CUDA stream, the merged busy intervals (us), for plotting."""
-    out: dict[int, list] = defaultdict(list)
-    for g in trace.gpu:
-        out[g.stream].append((g.ts, g.end))
-    return {s: merge(v) for s, v in out.items()}
