@@ -13,6 +13,11 @@ Floors (each measured here, in this run):
 Every row is reported as ms/step and as a ratio to the floor that binds it:
 max(copy, compute) for in-process sources, max(copy, compute, prod) for worker sources.
 
+Every worker row, the production floor included, is one epoch of freshly forked workers over the
+same dataset, timed over the same steps: the fork, the first batches and each worker's first touch
+of the memory it writes (its private buffer; its 3 ring slots, batches 0-17) fall inside the 20
+warmup steps, so no row pays a start-up cost the floor does not.
+
     python -m bench.prefetch            # full run on a GPU (about 2 minutes)
     python -m bench.prefetch --quick    # tiny sizes on the CPU: a smoke test of every code path
 """
