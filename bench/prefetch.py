@@ -15,7 +15,7 @@ max(copy, compute) for in-process sources, max(copy, compute, prod) for worker s
 
 Every worker row, the production floor included, is one epoch of freshly forked workers over the
 same dataset, timed over the same steps: the fork, the first batches and each worker's first touch
-of the memory it writes (its private buffer; its 3 ring slots, batches 0-17) fall inside the 20
+of the memory it writes (its private buffer; its 4 ring slots, batches 0-23) fall inside the 30
 warmup steps, so no row pays a start-up cost the floor does not.
 
     python -m bench.prefetch            # full run on a GPU (about 2 minutes)
@@ -46,7 +46,7 @@ class Config:
     side: int = 160            # images are (3, side, side) float32
     width: int = 1024          # MLP width; depth comes from the regime
     workers: int = 6
-    warmup: int = 20          # > one burst of 6 workers finishing together: time the steady state
+    warmup: int = 30          # > every worker's first write to each of its 4 ring slots (batches 0-23)
     steps: int = 80
     copy_ms: float = 0.8       # target compute time of the copy-bound regime
     compute_ms: float = 2.1    # target compute time of the compute-bound regime

@@ -153,7 +153,7 @@ def test_tensors_are_views_of_the_slots_collated_in_place():
             assert base <= t.data_ptr() < base + size, "batch tensor is not inside the shared slots"
         lease.release(None)
     assert n == 2
-    assert ring.ring_bytes == 3 * 2 * ring._ring.slot_bytes  # 3 slots per worker by default
+    assert ring.ring_bytes == 4 * 2 * ring._ring.slot_bytes  # 4 slots per worker for small batches
     ring.close()
 
 
@@ -393,7 +393,7 @@ def test_each_worker_writes_only_its_own_slots():
             torch.testing.assert_close(x[:, 0], torch.arange(4 * i, 4 * i + 4, dtype=torch.float32))
             builders[slot].update(pid.tolist())
             lease.release(None)
-        assert i == 14
+        assert i == 14 and ring.num_slots == 12
         # (in the first epoch the main process collates batch 0 into slot 0 to size the slots)
         workers_per_slot = [p - {os.getpid()} for p in builders.values()]
         assert all(len(p) <= 1 for p in workers_per_slot), f"a slot written by two workers: {builders}"
@@ -437,3 +437,13 @@ def test_prefault_maps_a_slot_so_the_workers_writes_take_no_page_faults():
     assert torch.equal(ring.views[1], torch.full_like(ring.views[1], 7)), "the child's writes are shared"
     print(f"faults writing 4096 pages in a forked child: {got[False][2]} without prefault, {faults} after {how}")
     ring.close()
+
+
+def test_default_slots_per_worker_shrink_for_big_batches_but_never_below_two():
+    from gobrrr.device.worker_ring import default_slots
+    gib = 2**30
+    assert default_slots(6, 80 * 2**20, ram_bytes=128 * gib) == 24          # 1.9 GiB of slots: 4 each
+    assert default_slots(8, 160 * 2**20, ram_bytes=128 * gib) == 8 * 4       # 5 GiB, under the 8 GiB cap
+    assert default_slots(8, 300 * 2**20, ram_bytes=128 * gib) == 8 * 3       # 4 each would be 9.4 GiB
+    assert default_slots(8, 300 * 2**20, ram_bytes=16 * gib) == 8 * 2        # RAM / 4 = 4 GiB: floor of 2
+    assert default_slots(1, 2**40, ram_bytes=16 * gib) == 2

@@ -15,6 +15,10 @@ paying for that first touch deep into the epoch. So slot s belongs to worker `s 
 only ever writes its own few slots, and before its first write to one it maps the slot's pages in a
 single `madvise(MADV_POPULATE_WRITE)` call (Linux >= 5.14; a read of one byte per page, which
 maps 16 pages per fault, elsewhere), see `prefault`.
+Measured on an H200 host (6 workers, 78.6 MB batches, no GPU copy): with one shared free list the
+workers took 6,037 minor faults per batch and the ring made a batch every 4.66 ms, the same workers
+stacking into private buffers every 2.44 ms; with owned, prefaulted slots 1 fault per batch. A
+first write that faults costs a worker ~51 ms per batch instead of ~12.5 ms; the madvise ~7.6 ms.
 
 Inside a slot a batch is laid out leaf after leaf (`SlotWriter`): each tensor at a 256-byte
 aligned offset. What travels between processes is only the *skeleton* of the batch, its structure

@@ -25,8 +25,9 @@ Each worker owns its slots (slot s belongs to worker s % num_workers; batch i go
 i % num_workers, as in a DataLoader) and maps a slot's pages with one madvise before its first
 write to it. Why: a forked child inherits the shared mapping but not its page-table entries, so
 every first write to a 4 KiB page is a minor fault. With a shared free list each worker wrote most
-slots over an epoch and the ring produced batches at ~6.1 ms where the same workers stacking into
-private buffers took ~4.0 ms (6 workers, 78.6 MB batches, H200 host); see slots.py.
+slots over an epoch, taking ~6,000 faults per batch, and the ring produced a batch every 4.7-6.1 ms
+where the same workers stacking into private buffers took 2.4-4.0 ms (6 workers, 78.6 MB batches,
+H200 host); see slots.py. Slots: 4 per worker by default (`default_slots`).
 
 Slots are sized from the first batch, which the main process collates itself (it learns the leaf
 shapes and dtypes and yields that batch from slot 0). A smaller batch (the odd last one) uses the
@@ -148,6 +149,30 @@ def _worker_loop(worker_id: int, dataset, collate_fn, fast_collate: bool, ring_v
 
 # ---------------------------------------------------------------- the loader
 
+SLOTS_PER_WORKER = 4  # one being filled, up to three built ahead of a worker that lags behind
+
+
+def default_slots(num_workers: int, slot_bytes: int, ram_bytes: int | None = None) -> int:
+    """Slots per worker: 4, or fewer (down to 2) while the ring would exceed min(8 GiB, RAM / 4).
+
+    Why 4: batches are delivered in order, round-robin over the workers, so one worker that is
+    momentarily slow (a busy core) stalls the others once their own slots are full; measured on an
+    H200 host (6 workers, 78.6 MB batches, no GPU copy), 4 slots per worker produced a batch every
+    2.50-2.95 ms over 3 runs, 3 per worker every 3.05-4.02 ms. Page-locked memory is scarce, hence
+    the cap; pass `slots=` to choose.
+    """
+    if ram_bytes is None:
+        try:
+            ram_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            ram_bytes = 32 * 2**30
+    budget = min(8 * 2**30, ram_bytes // 4)
+    per = SLOTS_PER_WORKER
+    while per > 2 and per * num_workers * slot_bytes > budget:
+        per -= 1
+    return max(per * num_workers, 2)
+
+
 class PinnedWorkerLoader:
     """A DataLoader whose workers collate into page-locked shared slots; yields `Leased` batches.
 
@@ -180,8 +205,8 @@ class PinnedWorkerLoader:
         self.dataset, self.batch_sampler, self.generator = dataset, batch_sampler, generator
         self.collate_fn = collate_fn if collate_fn is not None else default_collate
         self.num_workers, self.worker_init_fn, self.timeout_s = num_workers, worker_init_fn, timeout_s
-        # 3 per worker: one being filled, one ready in order, one leased or in flight to the GPU
-        self.num_slots = slots if slots is not None else 3 * num_workers
+        self._auto_slots = slots is None  # sized from the first batch by default_slots()
+        self.num_slots = slots if slots is not None else SLOTS_PER_WORKER * num_workers
         if self.num_slots < 2:
             raise ValueError(f"slots={slots}: need at least 2 (one being filled, one being copied).")
         self.slot_bytes = slot_bytes
@@ -217,6 +242,8 @@ class PinnedWorkerLoader:
     def _ensure_ring(self, first_batch: Any, scale: int = 1) -> SlotRing:
         if self._ring is None:
             need = self.slot_bytes or packed_size(first_batch) * scale + ALIGN * 8
+            if self._auto_slots:
+                self.num_slots = default_slots(self.num_workers, need)
             self._ring = SlotRing(self.num_slots, need, self.pin, self.device, owners=self.num_workers)
             self._finalizer = weakref.finalize(self, self._ring.close)
         return self._ring
