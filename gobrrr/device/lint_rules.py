@@ -397,29 +397,26 @@ class Checker(ast.NodeVisitor):
         if isinstance(node.iter, ast.Call) and self.kind(node.iter) == "loader_pageable":
             self.loaders.append({"name": None, "node": node.iter, "loop": node})
         self.bind_loop_target(node.target, node.iter)
+        self.visit_loop_body(node)
+
+    visit_AsyncFor = visit_For
+
+    def visit_loop_body(self, node, *every_iteration: ast.AST) -> None:
+        """Visit what runs every iteration (`every_iteration`, then the body) as loop code, with no
+        guard carried in from outside; `else:` runs once, after the loop."""
         self.loop += 1
         saved_guard, self.guard = self.guard, 0
-        for stmt in node.body:
-            self.visit(stmt)
+        for part in (*every_iteration, *node.body):
+            self.visit(part)
         self.loop -= 1
         self.guard = saved_guard
         for stmt in node.orelse:
             self.visit(stmt)
-
-    visit_AsyncFor = visit_For
 
     def visit_While(self, node: ast.While) -> None:
         if self.kind(node.test) in TENSORISH:
             self.flag(node.test, "GB007", where=" in a while loop")
-        self.loop += 1
-        saved_guard, self.guard = self.guard, 0
-        self.visit(node.test)  # evaluated every iteration
-        for stmt in node.body:
-            self.visit(stmt)
-        self.loop -= 1
-        self.guard = saved_guard
-        for stmt in node.orelse:
-            self.visit(stmt)
+        self.visit_loop_body(node, node.test)  # the test is evaluated every iteration
 
     def visit_If(self, node: ast.If) -> None:
         self.check_condition(node.test)
