@@ -122,6 +122,9 @@ def _collective(name: str, group, sig: Sequence[torch.Tensor | None], attrs: dic
     backend's blocking form, not async + wait: on NCCL that runs on the current stream with no event
     pair (about 10 us less per call on an H200). Its Work is then None, so the peer monitor
     (monitor.py) only sees async collectives; a blocking one behind a dead peer ends at the timeout."""
+    for t in sig:
+        if t is not None and not t.is_contiguous():
+            raise _not_contiguous(name, t)
     watch = watch or _debug.watch_for(group)
     k = watch.seq
     watch.seq = k + 1
@@ -144,6 +147,15 @@ def _collective(name: str, group, sig: Sequence[torch.Tensor | None], attrs: dic
     if after is not None:
         after()
     return _DONE
+
+
+def _not_contiguous(name: str, t: torch.Tensor) -> ValueError:
+    """NCCL rejects strided tensors and gloo takes them: checked here on every backend, so a program
+    tested on CPU does not first fail on the GPUs."""
+    return ValueError(
+        f"{name}: the tensor (shape {tuple(t.shape)}, strides {t.stride()}) is not contiguous, and NCCL "
+        "moves contiguous memory only. Pass t.contiguous() and copy the result back (t.copy_(c)), or use "
+        "gobrrr.dist.ring_all_reduce, which does that for you.")
 
 
 def _unsupported(exc: BaseException) -> bool:
