@@ -105,6 +105,9 @@ class Session:
         self._busy = False
         self._step0 = 0             # the boundary at which the current profiler's step 0 began
         self._t_start = 0.0
+        # the sync detective (gobrrr.device.syncs) watches exactly what the trace records
+        self._detective = None
+        self.sync_report = None
 
     # -- profiler control -------------------------------------------------------------------
     # A torch.profiler.profile is driven by its schedule (the supported way to start and stop
@@ -164,6 +167,7 @@ class Session:
             self._hook = register_optimizer_step_post_hook(self._on_optimizer_step)
         self.mode = "window"
         self._prof = self._new_profiler(self._schedule)
+        self._watch()
         if self.cfg.window_s > 0 and threading.current_thread() is threading.main_thread() \
                 and signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, None):
             signal.signal(signal.SIGALRM, self._on_alarm)
@@ -195,6 +199,7 @@ class Session:
         if self.mode == "window" and self._prof is not None:
             self._prof.stop()  # saves the window through _on_trace_ready
             self._prof = None
+            self._unwatch()
             self.mode = "window-closed"
 
     def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
@@ -219,6 +224,7 @@ class Session:
                 # steps came after the time window closed: record N of them with a fresh profiler
                 self.step_source, self._step0, self.mode = source, k, "steps"
                 self._prof = self._new_profiler(self._schedule_late)
+                self._watch()
                 return
             if self.mode not in ("window", "warmup", "steps") or self._prof is None:
                 return  # counted, not recorded
@@ -230,11 +236,16 @@ class Session:
             if k - self._step0 >= (N if self._step0 else W + N):
                 self.mode = "done"
                 self._prof = None
+                self._unwatch()
                 self._analyze()
                 print(f"gobrrr doctor: recorded {N} steps; report in {self.out}/ (the script carries on)",
                       file=sys.stderr)
             else:
                 self.mode = "warmup" if self._step0 == 0 and k < W else "steps"
+                if self._step0 == 0 and W >= 1 and k == 1:
+                    self._unwatch(keep=False)  # the start-up window is dropped: so are its syncs
+                if self._step0 == 0 and W >= 1 and k == W:
+                    self._watch()  # recording starts with the step after boundary W
         finally:
             self._busy = False
 
@@ -247,6 +258,7 @@ class Session:
         if self._prof is not None:
             self._prof.stop()  # saves what was recorded through _on_trace_ready
             self._prof = None
+        self._unwatch()
         if self._token is not None:
             _ACTIVE.reset(self._token)
             self._token = None
@@ -268,6 +280,21 @@ class Session:
         if self.cfg.print_summary:
             print(summary(self.report))
         return self.report
+
+    def _watch(self) -> None:
+        """Start the sync detective for a new recording (it replaces an earlier one's report)."""
+        from gobrrr.device.syncs import watch_syncs
+
+        self._unwatch(keep=False)
+        self._detective = watch_syncs("count")
+        self.sync_report = self._detective.__enter__()
+
+    def _unwatch(self, keep: bool = True) -> None:
+        if self._detective is not None:
+            self._detective.__exit__(None, None, None)
+            self._detective = None
+        if not keep:
+            self.sync_report = None
 
     def __enter__(self) -> "Session":
         return self.start()
@@ -313,7 +340,8 @@ class Session:
         findings, lint_note = advice.lint_script([self.script]) if self.script else ([], "")
         if lint_note:
             notes.append(lint_note)
-        recs = advice.recommend(fig, findings) if fig is not None else advice._merge_lint([], findings)
+        detective = advice.detective_rows(self.sync_report, roots)
+        recs = advice.recommend(fig, findings, detective)
         steps_ms = fig.steps_ms if fig else []
         source = self.step_source
         if self.boundaries == 0:
@@ -339,7 +367,10 @@ class Session:
                       "seen": self.boundaries, "recorded": len(steps_ms), "ms": steps_ms,
                       "median_ms": round(statistics.median(steps_ms), 4) if steps_ms else None},
             "gpu": _gpu_part(fig_dict) if fig is not None and fig.has_gpu else None,
-            "host": {"threads": fig_dict.get("host_threads", {}), "syncs": fig_dict.get("syncs", [])},
+            # syncs: blocking CUDA calls seen in the trace; sync_detective: the runtime detective's
+            # sites over the same window (the Python call that synced, its kind and host stall)
+            "host": {"threads": fig_dict.get("host_threads", {}), "syncs": fig_dict.get("syncs", []),
+                     "sync_detective": detective},
             "advice": [r.to_dict() for r in recs],
             "lint": [f.to_dict() if hasattr(f, "to_dict") else dict(f) for f in findings],
             "notes": notes,

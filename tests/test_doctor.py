@@ -73,6 +73,39 @@ def test_cli_end_to_end_passes_the_exit_code(tmp_path):
     assert steps == ["ProfilerStep#2", "ProfilerStep#3", "ProfilerStep#4"]
 
 
+WATCHED = """
+import json, sys
+import torch
+from gobrrr.device.syncs import watching
+
+model = torch.nn.Linear(8, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+seen = []
+for i in range(9):
+    seen.append(watching())  # is the sync detective on during this step?
+    model(torch.randn(4, 8)).sum().backward()
+    opt.step()
+seen.append(watching())
+json.dump(seen, open(sys.argv[1], "w"))
+"""
+
+
+@pytest.mark.timeout(60)
+def test_sync_detective_watches_the_recorded_steps_only(tmp_path):
+    """The runtime sync detective runs over exactly the window the trace records: not during warmup,
+    not after, and its table is in the report (empty on CPU, where nothing syncs)."""
+    script = _script(tmp_path, WATCHED)
+    flags = tmp_path / "flags.json"
+    cfg = DoctorConfig(steps=3, warmup=2, out_dir=str(tmp_path / "doc"), print_summary=False)
+    code, report = run_script(str(script), [str(flags)], cfg)
+    assert code == 0
+    # step 0 is the start-up window (watched, then dropped), steps 1 warmup, 2-4 recorded, then done
+    assert json.loads(flags.read_text()) == [True, False, True, True, True, False, False, False, False, False]
+    assert report["host"]["sync_detective"] == []
+    from gobrrr.device.syncs import watching
+    assert not watching()
+
+
 @pytest.mark.timeout(60)
 def test_exception_in_script_still_reports(tmp_path, capsys):
     script = _script(tmp_path, TRAIN)

@@ -16,6 +16,12 @@ ROOT = Path(__file__).resolve().parent.parent
 SEED = ROOT / "examples" / "seed_loop.py"
 
 
+def _line(text: str) -> str:
+    """`seed_loop.py:N` for the first line of the seed loop holding `text`."""
+    n = next(i for i, line in enumerate(SEED.read_text().splitlines(), 1) if text in line)
+    return f"seed_loop.py:{n}"
+
+
 def _doctor(tmp_path: Path, mode: str) -> dict:
     out = tmp_path / mode
     # seed_loop.py runs 5 warm-up + 10 timed steps and drains the GPU (a sync) at the start of step 5:
@@ -41,8 +47,15 @@ def test_naive_seed_loop_waits_for_data(tmp_path):
     assert g["top_cause"] == "waiting_for_data", g["idle_breakdown_pct"]
     assert g["copies"]["H2D"]["pageable"] >= 5  # one pageable batch copy per step, named by line
     assert g["copy_hidden_pct"] < 50  # the pageable copies hold compute up
-    assert any("seed_loop.py:" in p["site"] for p in g["pageable"])
-    assert r["advice"] and "seed_loop.py:" in r["advice"][0]["site"], r["advice"][:2]
+    copy_line, item_line = _line("x, y = x.to(device), y.to(device)"), _line("total += loss.item()")
+    # the trace names the lines (the loop's frame was already running when recording began)
+    assert [p["site"] for p in g["pageable"]] == [copy_line], g["pageable"]
+    assert r["advice"] and r["advice"][0]["site"] == copy_line, r["advice"][:2]
+    assert any(s["site"] == item_line for s in r["host"]["syncs"]), r["host"]["syncs"]
+    # the runtime sync detective, over the same 5 steps, names the same lines and the kind of sync
+    det = {(d["site"], d["kind"]): d["count"] for d in r["host"]["sync_detective"]}
+    assert det.get((item_line, "item")) == 5, det
+    assert det.get((copy_line, "h2d_copy"), 0) + det.get((copy_line, "pageable_non_blocking_copy"), 0) >= 5, det
 
 
 @pytest.mark.gpu
@@ -51,6 +64,7 @@ def test_prefetcher_seed_loop_overlaps(tmp_path):
     r = _doctor(tmp_path, "gobrrr")
     g = r["gpu"]
     assert g["copies"]["H2D"]["pageable"] == 0
+    assert r["host"]["sync_detective"] == [], r["host"]["sync_detective"]  # the gobrrr loop never syncs
     figs = {k: g[k] for k in ("copy_hidden_pct", "copy_overlap_pct", "overlap_pct", "idle_breakdown_pct")}
     # overlap, as the doctor defines it for a prefetcher: the share of H2D copy time that no
     # compute waited for (under the profiler this loop runs host-bound, so plain time overlap

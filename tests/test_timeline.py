@@ -16,7 +16,7 @@ import pytest
 
 from gobrrr.device import timeline as tl
 from gobrrr.device.advice import recommend
-from gobrrr.device.timeline_sources import SourceResolver, callee_name, is_library_file, stacks_at, Frame
+from gobrrr.device.timeline_sources import SourceResolver, attribute, callee_name, is_library_file, stacks_at, Frame
 
 DATA = Path(__file__).parent / "data" / "traces"
 HANDMADE = DATA / "handmade.json"
@@ -165,6 +165,29 @@ def test_advice_merges_lint_findings():
     assert recs[-1].source == "lint" and recs[-1].site == "handmade_train.py:8" and recs[-1].saved_ms is None
 
 
+def test_advice_merges_the_sync_detective():
+    from gobrrr.device.advice import detective_rows
+    from gobrrr.device.syncs import HINTS, SyncReport
+
+    rep = SyncReport()
+    for _ in range(2):
+        rep._add("bool", str(DATA / "handmade_train.py"), 16, 0.004)   # the line the trace saw sync
+    rep._add("device_synchronize", str(DATA / "handmade_train.py"), 8, 0.001)  # a line the trace did not
+    rows = detective_rows(rep, [str(DATA)])
+    assert rows[0] == {"site": "handmade_train.py:16", "kind": "bool", "count": 2, "stall_ms": 8.0,
+                       "code": "return loss.item()  # sync: line 16", "fix": HINTS["bool"]}
+    recs = recommend(_fig(), [], rows)
+    first = recs[0]  # measured first: the trace's saving, the detective's kind and fix
+    assert first.site == "handmade_train.py:16" and first.saved_ms == pytest.approx(0.2475)
+    assert first.change == HINTS["bool"] and "sync detective: 2 x bool, host blocked 8.000 ms" in first.why
+    last = recs[-1]
+    assert (last.site, last.source, last.saved_ms) == ("handmade_train.py:8", "detective", None)
+    assert last.change == HINTS["device_synchronize"]
+    # no trace at all (a CPU run, an unreadable trace): the detective's and lint's rows still come
+    only = recommend(None, [{"path": "handmade_train.py", "line": 12, "rule": "GB001", "message": "m"}], rows)
+    assert [r.source for r in only] == ["detective", "detective", "lint"]
+
+
 # -- source attribution --------------------------------------------------------------------
 
 def test_stacks_at_and_attribution():
@@ -183,11 +206,29 @@ def test_stacks_at_and_attribution():
     assert not is_library_file("train.py") and not is_library_file("examples/seed_loop.py")
 
 
+def test_attribution_sees_through_the_sync_detective():
+    """While the doctor runs the sync detective, its wrapper sits between the user's line and the
+    call: the site is still the user's line and the callee the wrapped call."""
+    import gobrrr.device.syncs as syncs_mod
+    wrapper_file = syncs_mod.__file__  # absolute, as an editable install shows it
+    stack = [Frame("handmade_train.py", 15, "step", 0, 100, "handmade_train.py(15): step"),
+             Frame(wrapper_file, 454, "wrapper", 10, 50, f"{wrapper_file}(454): wrapper"),
+             Frame("<built-in>", 0, "item", 20, 30, "<built-in method item of Tensor object at 0x1>")]
+    site = attribute(stack, SourceResolver([DATA]))
+    assert (site.file, site.line, site.callee) == ("handmade_train.py", 16, "item")
+    assert is_library_file(wrapper_file) and is_library_file("gobrrr/device/syncs.py")
+
+
 def test_source_resolver_finds_the_call_line():
     r = SourceResolver([DATA])
     assert r.call_lines("handmade_train.py", 11, "step", "item") == [16]
     assert r.call_lines("handmade_train.py", 11, "step", "to") == [12]
     assert r.call_lines("handmade_train.py", 11, "step", "nothing") == []
+    # a frame already running when the profiler started is named by its current line (here the
+    # opt.step() whose hook started recording), not by its def: the enclosing function still counts
+    assert r.call_lines("handmade_train.py", 15, "step", "item") == [16]
+    assert r.call_lines("handmade_train.py", 15, "step", "to") == [12]
+    assert r.call_lines("handmade_train.py", 15, "other", "to") == []
     assert r.call_lines("missing.py", 1, "f", "item") == []
     src = DATA.parent / "loop_src.py"
     assert r.call_lines(str(src), 4, "train", "__next__") == [5]  # the for loop pulls the next batch

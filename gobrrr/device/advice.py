@@ -36,15 +36,43 @@ class Recommendation:
     code: str = ""                # the source line
     why: str = ""                 # the measured reason
     saved_ms: float | None = None  # estimated GPU time saved per step (None: static finding)
-    source: str = "trace"         # "trace" | "lint"
+    source: str = "trace"         # "trace" | "detective" | "lint"
     rules: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def recommend(fig: Figures, lint_findings: list | None = None) -> list[Recommendation]:
-    """Recommendations from one trace's figures plus lint findings, largest estimated saving first."""
+def detective_rows(report, roots: list[str] | None = None) -> list[dict]:
+    """The sync detective's sites (a gobrrr.device.syncs.SyncReport) as report rows: the site is
+    written relative to the first root it lies under (the script's folder), like the trace's sites."""
+    rows = []
+    for s in report.sites if report is not None else []:
+        where = s.where()
+        for root in roots or []:
+            try:
+                where = f"{Path(s.file).resolve().relative_to(Path(root).resolve())}:{s.line}"
+                break
+            except ValueError:
+                continue
+        rows.append({"site": where, "kind": s.kind, "count": s.count, "stall_ms": round(s.stall_s * 1e3, 4),
+                     "code": s.code, "fix": s.hint})
+    return rows
+
+
+def _by_line(site: str) -> tuple[str, int] | None:
+    """`dir/file.py:12` -> ("file.py", 12): how trace, detective and lint sites are matched."""
+    file, _, line = site.rpartition(":")
+    return (Path(file).name, int(line)) if line.isdigit() else None
+
+
+def recommend(fig: Figures | None, lint_findings: list | None = None,
+              detective: list[dict] | None = None) -> list[Recommendation]:
+    """Recommendations from one trace's figures (None: no trace), the sync detective's rows
+    (detective_rows) and lint findings: measured savings first, largest first; then syncs only the
+    detective saw; then lint."""
+    if fig is None:
+        return _merge_lint(_merge_detective([], detective or []), lint_findings or [])
     n = max(len(fig.steps_ms), 1)
     per_step = lambda ms: round(ms / n, 4)  # noqa: E731
     recs: list[Recommendation] = []
@@ -106,7 +134,26 @@ def recommend(fig: Figures, lint_findings: list | None = None) -> list[Recommend
                 why=f"{br['launch_gaps']:.3f} ms of gaps shorter than a launch between kernels"))
 
     recs.sort(key=lambda r: -(r.saved_ms or 0.0))
-    return _merge_lint(_merge_same_site(recs), lint_findings or [])
+    return _merge_lint(_merge_detective(_merge_same_site(recs), detective or []), lint_findings or [])
+
+
+def _merge_detective(recs: list[Recommendation], rows: list[dict]) -> list[Recommendation]:
+    """The runtime sync detective names the exact kind of each sync (`bool`, `item`, a pageable
+    `copy_`...): on a line the trace already recommends, its fix and counts join that recommendation;
+    a line only the detective saw (no GPU idle measured after it) gets its own, after the measured ones."""
+    by_line = {_by_line(r.site): r for r in recs if _by_line(r.site)}
+    extra = []
+    for row in rows:
+        seen = f"sync detective: {row['count']} x {row['kind']}, host blocked {row['stall_ms']:.3f} ms"
+        r = by_line.get(_by_line(row["site"]))
+        if r is not None:
+            r.why += "; " + seen
+            if r.change in _SYNC_FIXES.values() or not r.change:
+                r.change = row["fix"]  # the detective's kind is the precise one
+            continue
+        extra.append(Recommendation(row["fix"], row["site"], row["code"], why=seen, source="detective"))
+        by_line[_by_line(row["site"])] = extra[-1]
+    return recs + extra
 
 
 def _merge_same_site(recs: list[Recommendation]) -> list[Recommendation]:
@@ -127,11 +174,7 @@ def _merge_same_site(recs: list[Recommendation]) -> list[Recommendation]:
 
 
 def _merge_lint(recs: list[Recommendation], findings: list) -> list[Recommendation]:
-    by_line = {}
-    for r in recs:
-        file, _, line = r.site.rpartition(":")
-        if line.isdigit():
-            by_line[(Path(file).name, int(line))] = r
+    by_line = {_by_line(r.site): r for r in recs if _by_line(r.site)}
     static = []
     for f in findings:
         d = f.to_dict() if hasattr(f, "to_dict") else dict(f)

@@ -70,10 +70,18 @@ def summary(r: dict) -> str:
     for s in syncs[:5]:
         out.append(f"  host blocked at {s['site']}: {s['count']} x {s['kind']}, {s['total_ms']:.2f} ms"
                    f"   {s['code'][:50]}")
+    det = (r.get("host") or {}).get("sync_detective")
+    if det is not None:  # None: an older report, or a run that never recorded
+        total, stall = sum(d["count"] for d in det), sum(d["stall_ms"] for d in det)
+        out.append(f"  sync detective, same window: {total} host-device syncs at {len(det)} lines, "
+                   f"host blocked {stall:.2f} ms")
+        for d in det[:5]:
+            out.append(f"    {d['count']:4d} x {d['kind']:<18} {d['stall_ms']:8.3f} ms  {d['site']}   {d['code'][:50]}")
     if r.get("advice"):
         out.append("  what to fix (estimated GPU time saved per step):")
         for i, a in enumerate(r["advice"][:8], 1):
-            saved = f"{a['saved_ms']:7.3f} ms" if a["saved_ms"] is not None else "   (lint)"
+            saved = (f"{a['saved_ms']:7.3f} ms" if a["saved_ms"] is not None
+                     else f"{'(' + a.get('source', 'lint') + ')':>10}")
             rules = f" [{', '.join(a['rules'])}]" if a.get("rules") else ""
             out.append(f"   {i}. {saved}  {a['site'] or '(the whole step)'}{rules}  {a['code'][:50]}")
             out.append(f"        -> {a['change']}")
@@ -105,6 +113,7 @@ def side_by_side(reports: dict[str, dict]) -> str:
         ("pageable copies", lambda r: str(sum(p["count"] for p in (r.get("gpu") or {}).get("pageable", [])))
          if r.get("gpu") else "-"),
         ("blocking calls in window", lambda r: str(sum(s["count"] for s in (r.get("host") or {}).get("syncs", [])))),
+        ("syncs (sync detective)", lambda r: str(sum(d["count"] for d in (r.get("host") or {}).get("sync_detective") or []))),
         ("top fix", lambda r: (r["advice"][0]["site"] if r.get("advice") else "-")),
     ]
     labels = list(reports)

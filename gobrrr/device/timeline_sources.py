@@ -20,6 +20,7 @@ from typing import Iterable
 
 FRAME_RE = re.compile(r"^(.*)\((\d+)\): (.*)$")
 _BUILTIN_RE = re.compile(r"^<built-in (?:method|function) ([\w.]+)")
+_GOBRRR_DIR = str(Path(__file__).resolve().parent.parent) + os.sep  # an editable install is not under sys.prefix
 _LIBRARY_TOPS = {"torch", "gobrrr", "numpy", "triton", "functorch", "_pytest", "pytest", "runpy"}
 
 
@@ -53,9 +54,15 @@ def is_library_file(file: str) -> bool:
         return True
     parts = file.replace("\\", "/").lstrip("/").split("/")
     top = parts[0].removesuffix(".py") if parts else ""
-    if len(parts) > 1 and os.path.isabs(file):  # an absolute path: library if under the interpreter
-        return file.startswith(sys.base_prefix) or file.startswith(sys.prefix)
+    if len(parts) > 1 and os.path.isabs(file):  # an absolute path: library if under the interpreter or gobrrr
+        return file.startswith((sys.base_prefix, sys.prefix, _GOBRRR_DIR))
     return top in _LIBRARY_TOPS or top in sys.stdlib_module_names
+
+
+def _is_detective(file: str) -> bool:
+    """The sync detective's wrappers (gobrrr/device/syncs.py) sit between a user's line and the call
+    it makes while the doctor watches: transparent, the callee is the call below them."""
+    return file.replace("\\", "/").endswith("gobrrr/device/syncs.py")
 
 
 def callee_name(frame_name: str) -> str:
@@ -68,7 +75,8 @@ def callee_name(frame_name: str) -> str:
 
 
 class SourceResolver:
-    """Finds the line, inside a function known by (file, first line), that calls a given callee."""
+    """Finds the line, inside a function known by (file, first line or a line of its body), that calls a
+    given callee."""
 
     def __init__(self, roots: Iterable[str | os.PathLike] = ()):
         self.roots = [Path(r) for r in roots] + [Path.cwd()] + [Path(p) for p in sys.path if p]
@@ -113,14 +121,23 @@ class SourceResolver:
 
 
 def _find_scope(tree: ast.AST, def_line: int, func: str):
+    """The function `func` that starts at `def_line` or, failing that, the innermost one named `func`
+    whose body holds `def_line`: a frame that was already running when the profiler started is named
+    by the line it stood at (e.g. the `opt.step()` whose hook started the recording), not its `def`."""
+    around = None
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             first = min([node.lineno] + [d.lineno for d in node.decorator_list])
-            if def_line in (node.lineno, first) and node.name == func:
+            if node.name != func:
+                continue
+            if def_line in (node.lineno, first):
                 return node
+            if node.lineno <= def_line <= (node.end_lineno or node.lineno) and (
+                    around is None or node.lineno > around.lineno):
+                around = node
         elif isinstance(node, ast.Lambda) and func == "<lambda>" and node.lineno == def_line:
             return node
-    return None
+    return around
 
 
 def _walk_scope(scope: ast.AST):
@@ -162,7 +179,8 @@ def attribute(stack: list[Frame], resolver: SourceResolver, fallback: str = "") 
         f = stack[k]
         if is_library_file(f.file):
             continue
-        callee = callee_name(stack[k + 1].raw) if k + 1 < len(stack) else ""
+        below = [g for g in stack[k + 1:] if not _is_detective(g.file)]
+        callee = callee_name(below[0].raw) if below else ""
         lines = resolver.call_lines(f.file, f.line, f.func, callee)
         line = lines[0] if lines else f.line
         return Site(f.file, line, resolver.code(f.file, line), f.func, callee)
