@@ -197,9 +197,9 @@ class Session:
             f = f.f_back
         self._cancel_alarm()
         if self.mode == "window" and self._prof is not None:
+            self._unwatch()  # first: stopping the profiler syncs
             self._prof.stop()  # saves the window through _on_trace_ready
             self._prof = None
-            self._unwatch()
             self.mode = "window-closed"
 
     def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
@@ -230,13 +230,15 @@ class Session:
                 return  # counted, not recorded
             self._cancel_alarm()
             self.step_source = source
+            last = k - self._step0 >= (N if self._step0 else W + N)
+            if last:
+                self._unwatch()  # before the profiler stops: saving the trace syncs, and that sync is ours
             with warnings.catch_warnings():  # "events are cleared at the end of each cycle": we want that
                 warnings.simplefilter("ignore", UserWarning)
                 self._prof.step()
-            if k - self._step0 >= (N if self._step0 else W + N):
+            if last:
                 self.mode = "done"
                 self._prof = None
-                self._unwatch()
                 self._analyze()
                 print(f"gobrrr doctor: recorded {N} steps; report in {self.out}/ (the script carries on)",
                       file=sys.stderr)
@@ -255,10 +257,10 @@ class Session:
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
+        self._unwatch()  # first: stopping the profiler syncs
         if self._prof is not None:
             self._prof.stop()  # saves what was recorded through _on_trace_ready
             self._prof = None
-        self._unwatch()
         if self._token is not None:
             _ACTIVE.reset(self._token)
             self._token = None
