@@ -16,6 +16,7 @@ import pytest
 
 from gobrrr.device import timeline as tl
 from gobrrr.device.advice import recommend
+from gobrrr.device.syncs import HINTS
 from gobrrr.device.timeline_sources import SourceResolver, attribute, callee_name, is_library_file, stacks_at, Frame
 
 DATA = Path(__file__).parent / "data" / "traces"
@@ -151,7 +152,7 @@ def test_advice_ordered_by_saving():
     assert saved == sorted(saved, reverse=True)
     # two steps: the .item() sync left 495 us empty, the pageable copies held compute up 360 us
     assert recs[0].site == "handmade_train.py:16" and recs[0].saved_ms == pytest.approx(0.2475)
-    assert "item" in recs[0].change
+    assert recs[0].change == HINTS["item"]  # the sync detective's fix for the kind
     assert recs[1].site == "handmade_train.py:12" and "Prefetcher" in recs[1].change
     assert recs[1].saved_ms == pytest.approx(0.18)
 
@@ -167,7 +168,7 @@ def test_advice_merges_lint_findings():
 
 def test_advice_merges_the_sync_detective():
     from gobrrr.device.advice import detective_rows
-    from gobrrr.device.syncs import HINTS, SyncReport
+    from gobrrr.device.syncs import SyncReport
 
     rep = SyncReport()
     for _ in range(2):

@@ -12,20 +12,13 @@ import linecache
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from gobrrr.device.syncs import DEFAULT_HINT, HINTS
 from gobrrr.device.timeline import Figures
 
-# callee of a sync (the Python call found in the trace) -> the change that removes it
-_SYNC_FIXES = {
-    "item": "keep the value on the device (total += loss.detach()) and call .item() once every N steps",
-    "tolist": "keep the values on the device and read them back once every N steps",
-    "cpu": "copy to pinned memory with non_blocking=True and wait on an event only where the value is needed",
-    "numpy": "keep the tensor on the device; convert to numpy once, outside the step",
-    "synchronize": "replace torch.cuda.synchronize() with CUDA events (gobrrr.GpuTimer, or Event.record() "
-                   "and elapsed_time() read after the loop), or delete it",
-    "to": "copy from pinned memory with non_blocking=True (or wrap the loader in gobrrr.Prefetcher)",
-    "nonzero": "avoid data-dependent shapes in the step (masked ops instead of nonzero / boolean indexing)",
-    "__bool__": "avoid Python control flow on GPU values (if tensor: ...); use torch.where or check every N steps",
-}
+# callee of a sync (the Python call found in the trace) -> the sync detective's kind, whose fix
+# (gobrrr.device.syncs.HINTS) is the one change we recommend for it, in the doctor and the detective alike
+_CALLEE_KIND = {"item": "item", "tolist": "tolist", "cpu": "cpu", "numpy": "numpy", "to": "h2d_copy",
+                "synchronize": "device_synchronize", "nonzero": "nonzero", "__bool__": "bool"}
 SMALL_COPY_BYTES = 64 * 1024
 
 
@@ -102,8 +95,7 @@ def recommend(fig: Figures | None, lint_findings: list | None = None,
         idle = row.get("idle_ms", 0.0)
         if idle <= 0 and row["total_ms"] <= 0:
             continue
-        change = _SYNC_FIXES.get(row.get("callee", ""), "take this synchronisation off the hot path "
-                                 "(wait on a CUDA event, or read results every N steps)")
+        change = HINTS.get(_CALLEE_KIND.get(row.get("callee", ""), ""), DEFAULT_HINT)
         recs.append(Recommendation(
             change, row["site"], row["code"], saved_ms=per_step(idle),
             why=f"{row['count']} x {row['call']} ({row['kind']}): host blocked {row['total_ms']:.3f} ms, "
@@ -148,7 +140,7 @@ def _merge_detective(recs: list[Recommendation], rows: list[dict]) -> list[Recom
         r = by_line.get(_by_line(row["site"]))
         if r is not None:
             r.why += "; " + seen
-            if r.change in _SYNC_FIXES.values() or not r.change:
+            if r.change in HINTS.values() or r.change == DEFAULT_HINT or not r.change:
                 r.change = row["fix"]  # the detective's kind is the precise one
             continue
         extra.append(Recommendation(row["fix"], row["site"], row["code"], why=seen, source="detective"))
