@@ -19,6 +19,9 @@ of the memory it writes (its private buffer; its 4 ring slots, batches 0-23) fal
 warmup steps, so no row pays a start-up cost the floor does not.
 
     python -m bench.prefetch            # full run on a GPU (about 2 minutes)
+    python -m bench.prefetch --kinds workers --repeats 3
+                                        # worker rows only, 3 interleaved passes: the median and the
+                                        # spread (min-max), since the workers' own rate moves between runs
     python -m bench.prefetch --quick    # tiny sizes on the CPU: a smoke test of every code path
 """
 from __future__ import annotations
@@ -27,6 +30,7 @@ import argparse
 import gc
 import inspect
 import multiprocessing
+import statistics
 import time
 import traceback
 from dataclasses import asdict, dataclass
@@ -53,6 +57,8 @@ class Config:
     depths: tuple[int, ...] | None = None  # explicit (copy-bound, compute-bound) depths
     regimes: tuple[str, ...] = ("copy-bound", "compute-bound")
     device: str = "cuda"
+    repeats: int = 1           # passes over the rows, interleaved (row order r1 r2 .. r1 r2 ..); median kept
+    kinds: tuple[str, ...] = ("floor", "info", "in-process", "workers")  # which rows (floors always run)
 
 
 QUICK = dict(batch=8, side=16, width=64, workers=2, warmup=2, steps=5, depths=(1, 2), device="cpu")
@@ -369,32 +375,41 @@ def run(cfg: Config) -> list[dict[str, Any]]:
     bench = Rows(cfg, dev)
     for regime in cfg.regimes:
         model = mlp(cfg, depths[regime], dev)
-        measured: dict[str, float] = {}
-        regime_rows = []
-        for name, method, kind, needs in ROWS:
-            why = _available(needs, bench.cuda)
-            ms = None
-            if why is None:
+        rows = [r for r in ROWS if r[2] == "floor" or r[2] in cfg.kinds]
+        times: dict[str, list[float]] = {method: [] for _, method, _, _ in rows}
+        why_not: dict[str, str | None] = {method: _available(needs, bench.cuda) for _, method, _, needs in rows}
+        for r in range(cfg.repeats):  # interleaved passes: drift between passes hits every row alike
+            for name, method, kind, needs in rows:
+                if why_not[method] is not None:
+                    continue
                 try:
                     with torch.no_grad():
                         ms = getattr(bench, method)(model)
-                    measured[method] = ms
+                    times[method].append(ms)
                 except Exception as e:  # one broken row must not cost the whole (GPU) run
                     traceback.print_exc()
-                    why = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''}"
+                    why_not[method] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''}"
                 settle()  # the row's workers are gone before the next row starts
-            regime_rows.append((name, method, kind, ms, why))
-            print(f"  [{regime}] {name}: " + (f"{ms:.3f} ms/step" if ms is not None else f"skipped ({why})"),
-                  flush=True)
+                pass_ = f" (pass {r + 1}/{cfg.repeats})" if cfg.repeats > 1 else ""
+                print(f"  [{regime}] {name}{pass_}: " + (f"{times[method][-1]:.3f} ms/step" if times[method]
+                      and why_not[method] is None else f"skipped ({why_not[method]})"), flush=True)
+        measured = {m: statistics.median(t) for m, t in times.items() if t and why_not[m] is None}
+        regime_rows = [(name, method, kind, measured.get(method), why_not[method] or "",
+                        (min(times[method]), max(times[method])) if method in measured else None)
+                       for name, method, kind, _ in rows]
+        for name, _, _, _, why, _ in regime_rows:
+            if why:
+                print(f"  [{regime}] {name}: skipped ({why})", flush=True)
         floors = {k: measured[k] for k in ("compute", "copy", "production") if k in measured}
         in_proc = max((v for k, v in floors.items() if k != "production"), default=None)
         workers = max(floors.values(), default=None)
-        for name, method, kind, ms, why in regime_rows:
+        for name, method, kind, ms, why, spread in regime_rows:
             floor = {"in-process": in_proc, "workers": workers}.get(kind)
             rows_out.append({
                 "regime": regime, "depth": depths[regime], "row": name, "kind": kind,
                 "ms_per_step": ms, "x_floor": (ms / floor) if (ms is not None and floor) else None,
                 "GB/s": (bench.nbytes / ms / 1e6) if (ms and method != "compute") else None,
+                "min-max ms": f"{spread[0]:.2f}-{spread[1]:.2f}" if spread and cfg.repeats > 1 else "",
                 "note": why or "",
             })
     return rows_out
@@ -409,11 +424,20 @@ def parse(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
     p.add_argument("--workers", type=int, help="DataLoader workers (default 6)")
     p.add_argument("--steps", type=int, help="timed steps per row (default 80)")
     p.add_argument("--device", help="device (default cuda; cpu with --quick)")
+    p.add_argument("--repeats", type=int, help="interleaved passes over the rows; the median is kept (default 1)")
+    p.add_argument("--kinds", help="comma-separated row kinds to run, from in-process,workers,info "
+                                   "(floors always run; default all)")
     args = p.parse_args(argv)
     kw: dict[str, Any] = dict(QUICK) if args.quick else {}
     if args.depths:
         kw["depths"] = tuple(int(d) for d in args.depths.split(","))
-    for k in ("width", "workers", "steps", "device"):
+    if args.kinds:
+        kinds = tuple(k.strip() for k in args.kinds.split(","))
+        bad = set(kinds) - {"in-process", "workers", "info", "floor"}
+        if bad:
+            p.error(f"--kinds: unknown {sorted(bad)}; choose from in-process, workers, info")
+        kw["kinds"] = ("floor",) + kinds
+    for k in ("width", "workers", "steps", "device", "repeats"):
         if getattr(args, k) is not None:
             kw[k] = getattr(args, k)
     if args.regime != "both":
@@ -428,10 +452,12 @@ def main(argv: list[str] | None = None) -> int:
     cfg, _ = parse(argv)
     mb = cfg.batch * 3 * cfg.side * cfg.side * 4 / 1e6
     print(f"bench prefetch: batch {cfg.batch}x3x{cfg.side}x{cfg.side} float32 ({mb:.1f} MB), "
-          f"MLP width {cfg.width}, {cfg.workers} workers, {cfg.steps} steps per row on {cfg.device}")
+          f"MLP width {cfg.width}, {cfg.workers} workers, {cfg.steps} steps per row"
+          + (f", {cfg.repeats} interleaved passes" if cfg.repeats > 1 else "") + f" on {cfg.device}")
     t0 = time.perf_counter()
     rows = run(cfg)
-    cols = ["regime", "depth", "row", "ms_per_step", "x_floor", "GB/s", "note"]
+    cols = ["regime", "depth", "row", "ms_per_step", "x_floor", "GB/s"]
+    cols += (["min-max ms"] if cfg.repeats > 1 else []) + ["note"]
     print_table(rows, cols, title="\nms/step; x_floor = ratio to max(copy, compute) for in-process rows, "
                                   "max(copy, compute, production) for worker rows")
     figures = {}

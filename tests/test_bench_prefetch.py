@@ -35,3 +35,25 @@ def test_quick_run_records_every_row(tmp_path, monkeypatch, capsys):
         assert naive["x_floor"] == pytest.approx(naive["ms_per_step"] / compute)
         assert by[(regime, "floor: copy only (pinned H2D)")]["note"] == "needs CUDA"
     assert entry["config"]["device"] == "cpu"
+
+
+@pytest.mark.timeout(120)
+def test_repeated_worker_rows_keep_the_median_and_spread(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("GOBRRR_BENCH_RESULTS", str(tmp_path))
+    assert prefetch.main(["--quick", "--steps", "3", "--kinds", "workers", "--repeats", "2",
+                          "--regime", "copy-bound"]) == 0
+    out = capsys.readouterr().out
+    assert "(pass 2/2)" in out and "min-max ms" in out
+    entry = json.loads((tmp_path / "prefetch.jsonl").read_text().splitlines()[-1])
+    assert entry["config"]["repeats"] == 2
+    kinds = {r["kind"] for r in entry["rows"]}
+    assert kinds == {"floor", "workers"}  # floors always run: the ratios need them
+    for r in entry["rows"]:
+        if r["ms_per_step"] is not None:
+            lo, hi = (float(x) for x in r["min-max ms"].split("-"))
+            assert lo - 0.005 <= r["ms_per_step"] <= hi + 0.005, r
+
+
+def test_unknown_kind_is_refused():
+    with pytest.raises(SystemExit):
+        prefetch.main(["--quick", "--kinds", "gpu-rows"])
