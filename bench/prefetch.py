@@ -386,13 +386,12 @@ def run(cfg: Config) -> list[dict[str, Any]]:
                     with torch.no_grad():
                         ms = getattr(bench, method)(model)
                     times[method].append(ms)
+                    pass_ = f" (pass {r + 1}/{cfg.repeats})" if cfg.repeats > 1 else ""
+                    print(f"  [{regime}] {name}{pass_}: {ms:.3f} ms/step", flush=True)
                 except Exception as e:  # one broken row must not cost the whole (GPU) run
                     traceback.print_exc()
                     why_not[method] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''}"
                 settle()  # the row's workers are gone before the next row starts
-                pass_ = f" (pass {r + 1}/{cfg.repeats})" if cfg.repeats > 1 else ""
-                print(f"  [{regime}] {name}{pass_}: " + (f"{times[method][-1]:.3f} ms/step" if times[method]
-                      and why_not[method] is None else f"skipped ({why_not[method]})"), flush=True)
         measured = {m: statistics.median(t) for m, t in times.items() if t and why_not[m] is None}
         regime_rows = [(name, method, kind, measured.get(method), why_not[method] or "",
                         (min(times[method]), max(times[method])) if method in measured else None)
@@ -433,7 +432,7 @@ def parse(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
         kw["depths"] = tuple(int(d) for d in args.depths.split(","))
     if args.kinds:
         kinds = tuple(k.strip() for k in args.kinds.split(","))
-        bad = set(kinds) - {"in-process", "workers", "info", "floor"}
+        bad = set(kinds) - set(Config.kinds)
         if bad:
             p.error(f"--kinds: unknown {sorted(bad)}; choose from in-process, workers, info")
         kw["kinds"] = ("floor",) + kinds

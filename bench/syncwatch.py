@@ -141,6 +141,7 @@ def _run(args: argparse.Namespace, pinned: list[int] | None) -> int:
     x = torch.randn(256, device=device)  # (256,)
 
     rows, figures = [], {}
+    stat = min if args.stat == "min" else median
     import gobrrr.device.syncs  # noqa: F401  (in this process: imported, nobody watching)
 
     for reads in (0, 1):
@@ -158,7 +159,6 @@ def _run(args: argparse.Namespace, pinned: list[int] | None) -> int:
                 times[m].append(ms)
                 counted[m] = per_step
         for m in list(CHILD_MODES) + modes:
-            stat = min if args.stat == "min" else median
             base = stat(times["off" if m in CHILD_MODES else "not_watching"])
             ms = stat(times[m])
             rows.append({"reads/step": reads, "mode": m, "ms/step": ms,
