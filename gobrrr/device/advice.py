@@ -59,6 +59,15 @@ def _by_line(site: str) -> tuple[str, int] | None:
     return (Path(file).name, int(line)) if line.isdigit() else None
 
 
+def _index_by_line(recs: list[Recommendation]) -> dict[tuple[str, int], Recommendation]:
+    out = {}
+    for r in recs:
+        key = _by_line(r.site)
+        if key is not None:
+            out[key] = r
+    return out
+
+
 def recommend(fig: Figures | None, lint_findings: list | None = None,
               detective: list[dict] | None = None) -> list[Recommendation]:
     """Recommendations from one trace's figures (None: no trace), the sync detective's rows
@@ -133,7 +142,7 @@ def _merge_detective(recs: list[Recommendation], rows: list[dict]) -> list[Recom
     """The runtime sync detective names the exact kind of each sync (`bool`, `item`, a pageable
     `copy_`...): on a line the trace already recommends, its fix and counts join that recommendation;
     a line only the detective saw (no GPU idle measured after it) gets its own, after the measured ones."""
-    by_line = {_by_line(r.site): r for r in recs if _by_line(r.site)}
+    by_line = _index_by_line(recs)
     extra = []
     for row in rows:
         seen = f"sync detective: {row['count']} x {row['kind']}, host blocked {row['stall_ms']:.3f} ms"
@@ -166,7 +175,7 @@ def _merge_same_site(recs: list[Recommendation]) -> list[Recommendation]:
 
 
 def _merge_lint(recs: list[Recommendation], findings: list) -> list[Recommendation]:
-    by_line = {_by_line(r.site): r for r in recs if _by_line(r.site)}
+    by_line = _index_by_line(recs)
     static = []
     for f in findings:
         d = f.to_dict() if hasattr(f, "to_dict") else dict(f)
