@@ -84,16 +84,16 @@ class CausalSelfAttention(nn.Module):
         self.resid_drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, T, C = x.shape  # (B, T, C)
-        H = self.n_head
-        q, k, v = self.qkv(x).split(C, dim=2)  # 3 x (B, T, C)
-        q = q.view(B, T, H, C // H).transpose(1, 2)  # (B, H, T, D)
-        k = k.view(B, T, H, C // H).transpose(1, 2)  # (B, H, T, D)
-        v = v.view(B, T, H, C // H).transpose(1, 2)  # (B, H, T, D)
+        B, T, _ = x.shape  # (B, T, C)
+        H = self.n_head  # the heads this module computes (C = H * D; tensor parallelism lowers both)
+        q, k, v = self.qkv(x).chunk(3, dim=2)  # 3 x (B, T, C)
+        q = q.view(B, T, H, -1).transpose(1, 2)  # (B, H, T, D)
+        k = k.view(B, T, H, -1).transpose(1, 2)  # (B, H, T, D)
+        v = v.view(B, T, H, -1).transpose(1, 2)  # (B, H, T, D)
         y = F.scaled_dot_product_attention(
             q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
         )  # (B, H, T, D)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
+        y = y.transpose(1, 2).contiguous().view(B, T, -1)  # (B, T, C)
         return self.resid_drop(self.proj(y))
 
 
