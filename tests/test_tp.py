@@ -159,6 +159,8 @@ def _errors(rank) -> dict[str, str]:
 def _four_ranks(rank):
     from gobrrr.parallel.mesh import make_mesh
 
+    torch.set_num_threads(1)  # 4 ranks on a 2-core CI box: one thread each
+
     counts: dict = {}
     peaks: dict = {}
     for n in (2, 4):
@@ -173,6 +175,7 @@ def _four_ranks(rank):
 
 
 def _two_ranks(rank):
+    torch.set_num_threads(1)
     counts: dict = {}
     peaks: dict = {}
     _parity(None, True, 2, counts, peaks, (2, True))       # tp over the whole world, no mesh
@@ -183,7 +186,7 @@ def _two_ranks(rank):
 @pytest.fixture(scope="module")
 def four():
     try:
-        return spawn(_four_ranks, 4, timeout_s=120)
+        return spawn(_four_ranks, 4, timeout_s=300)
     except SpawnError as e:
         pytest.fail(str(e), pytrace=False)
 
@@ -236,7 +239,7 @@ def test_errors_name_the_numbers_on_every_rank(four, what, needles):
 
 def test_two_ranks_world_group_and_tp1_same_path():
     try:
-        counts = spawn(_two_ranks, 2, timeout_s=90)[0]
+        counts = spawn(_two_ranks, 2, timeout_s=200)[0]
     except SpawnError as e:
         pytest.fail(str(e), pytrace=False)
     assert counts[((1, False), 2)] == ({}, {})  # tp = 1: not one collective
