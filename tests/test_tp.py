@@ -245,3 +245,12 @@ def test_two_ranks_world_group_and_tp1_same_path():
     assert counts[((1, False), 2)] == ({}, {})  # tp = 1: not one collective
     fwd, bwd = counts[((2, True), 2)]
     assert fwd == {"reduce_scatter": 5, "all_gather": 6}
+
+
+def test_bench_tp_runs_in_one_process():
+    from bench.tp import BenchConfig, run_bench
+
+    cfg = BenchConfig(model="tiny", batch_size=2, seq_len=16, steps=1, rounds=1, warmup=1)
+    result = run_bench(cfg, torch.device("cpu"), world=1)
+    assert [r["variant"] for r in result["rows"]] == ["plain", "tp", "tp-sp"]
+    assert result["figures"]["tp_over_plain"] > 0

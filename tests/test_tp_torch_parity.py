@@ -2,7 +2,8 @@
 RowwiseParallel, SequenceParallel, PrepareModuleInput/Output, loss_parallel) on DTensor gives the same
 loss, logits and gradients as `gobrrr.parallel.tp` (2 ranks, gloo, CPU; with and without SP).
 
-Two differences in how the model must be fed to torch's TP, both forced by DTensor, not by us:
+Two differences in how the model must be fed to torch's TP, both forced by DTensor, not by us (bench/tp.py's
+torch_tp does both, and the benchmark times that same model):
   * torch shards the fused QKV weight as one contiguous block of rows (rank 0 would get all of q and
     half of k), so its rows are permuted first into [q_0 k_0 v_0 | q_1 k_1 v_1]: then each rank holds
     the same [q_r; k_r; v_r] as with our Colwise(chunks=3), and the gradient is permuted back;
@@ -15,46 +16,19 @@ import copy
 
 import pytest
 import torch
-from torch import nn
 from torch.testing import assert_close
 
+from bench.tp import qkv_rows, torch_tp
 from gobrrr.dist.testing import SpawnError, spawn
 from gobrrr.models.gpt import GPT, GPTConfig
 
 B, T = 2, 16
 
 
-def _torch_plan(sp: bool) -> dict:
-    from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleOutput,
-                                                   RowwiseParallel, SequenceParallel)
-
-    if not sp:
-        return {"wte": RowwiseParallel(input_layouts=Replicate()),
-                "blocks.*.attn.qkv": ColwiseParallel(), "blocks.*.attn.proj": RowwiseParallel(),
-                "blocks.*.mlp.fc": ColwiseParallel(), "blocks.*.mlp.proj": RowwiseParallel(),
-                "lm_head": ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)}
-    gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
-    return {"wte": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
-            "wpe": PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Shard(0)),
-            "blocks.*.ln1": SequenceParallel(), "blocks.*.ln2": SequenceParallel(), "ln_f": SequenceParallel(),
-            "blocks.*.attn": gather, "blocks.*.mlp": gather,
-            "blocks.*.attn.qkv": ColwiseParallel(), "blocks.*.attn.proj": RowwiseParallel(output_layouts=Shard(1)),
-            "blocks.*.mlp.fc": ColwiseParallel(), "blocks.*.mlp.proj": RowwiseParallel(output_layouts=Shard(1)),
-            "lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False)}
-
-
-def _qkv_rows(n: int, C: int, inverse: bool = False) -> torch.Tensor:
-    """Row order that groups q, k, v by tp rank: [q_0 k_0 v_0 | q_1 k_1 v_1 ...] (or back)."""
-    order = torch.arange(3 * C).view(3, n, C // n).transpose(0, 1).reshape(-1)
-    return torch.argsort(order) if inverse else order
-
-
 def _compare(rank, sp: bool) -> None:
     import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor
-    from torch.distributed.tensor.parallel import loss_parallel, parallelize_module
+    from torch.distributed.tensor.parallel import loss_parallel
 
     from gobrrr.parallel.tp import full_state, tp
 
@@ -72,22 +46,14 @@ def _compare(rank, sp: bool) -> None:
     dist.all_gather(parts, logits.detach().contiguous())
     our_logits, our_grads = torch.cat(parts, -1), full_state(ours, grads=True)
 
-    theirs = copy.deepcopy(ref)
-    theirs.lm_head.weight = nn.Parameter(theirs.wte.weight.detach().clone())  # DTensor TP unties them anyway
-    rows = _qkv_rows(n, cfg.n_embd)
-    with torch.no_grad():
-        for blk in theirs.blocks:
-            blk.attn.qkv.weight.copy_(blk.attn.qkv.weight[rows])
-            blk.attn.qkv.bias.copy_(blk.attn.qkv.bias[rows])
-            blk.attn.n_head //= n
-    parallelize_module(theirs, init_device_mesh("cpu", (n,)), _torch_plan(sp))
+    theirs = torch_tp(copy.deepcopy(ref), n, torch.device("cpu"), sp)
     with loss_parallel():
         t_logits, t_loss = theirs(x, y)
         t_loss.backward()
     assert isinstance(t_logits, DTensor)
     assert_close(loss, t_loss.full_tensor() if isinstance(t_loss, DTensor) else t_loss)
     assert_close(our_logits, t_logits.full_tensor())
-    back = _qkv_rows(n, cfg.n_embd, inverse=True)
+    back = qkv_rows(n, cfg.n_embd, inverse=True)
     for name, p in theirs.named_parameters():
         grad = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
         if name.endswith("attn.qkv.weight") or name.endswith("attn.qkv.bias"):

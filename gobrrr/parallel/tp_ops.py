@@ -221,42 +221,53 @@ def vocab_parallel_embedding(ids: torch.Tensor, weight: torch.Tensor, vocab_star
 class _VocabParallelCE(Function):
     """Per-token loss -log softmax(z)[t] from logits split by vocabulary, never gathering (N, V).
 
-        r0: z[:, 0:V/2]    lse0 = logsumexp(z0), p0 = z0[t] if r0 holds t else 0    (N,) each
-        r1: z[:, V/2:V]    lse1, p1
+        r0: z[:, 0:V/2]   ls0 = log_softmax(z0) (my columns), lse0 = z0[:,0] - ls0[:,0], p0 = z0[t] or 0
+        r1: z[:, V/2:V]   ls1, lse1, p1                                                  (N,) each
         all-gather the (2, N) stats -> lse = logsumexp(lse0, lse1), p = p0 + p1, loss = lse - p
-        backward, locally: dz_r = (exp(z_r - lse) - onehot_r(t)) * dloss   (softmax of my columns)
-    Moves: (n-1) * 2N * 4 bytes forward (one all-gather; Megatron uses two all-reduces: max, then
-    sum of exp and the target logit); nothing backward. Saves the logits in their own dtype and
-    the (N,) lse: the (N, V/n) fp32 softmax exists only inside backward.
+        ls_r += lse_r - lse: now log of *my columns of the global* softmax (saved for backward)
+        backward, locally: dz_r = (exp(ls_r) - onehot_r(t)) * dloss
+    Moves: (n-1) * 2N * 4 bytes forward (one all-gather; Megatron uses two all-reduces, a max and a
+    sum); nothing backward. At n = 1 it is F.cross_entropy's own arithmetic: loss = -log_softmax(z)[t].
+
+    Memory traffic over (N, V/n), the reason for this shape: forward one fused log_softmax that
+    reads bf16 and writes fp32 (as autocast's F.cross_entropy does), backward one exp and one
+    scale-and-cast to the logits' dtype. It saves what F.cross_entropy saves: the fp32 log-softmax.
     """
 
     @staticmethod
     def forward(ctx, logits, target, vocab_start, tpg, ignore_index):
-        z = logits.float()                                      # (N, V/n); a no-op when already fp32
-        vl = z.shape[-1]
+        ls = F.log_softmax(logits, dim=-1, dtype=torch.float32)  # (N, V/n) fp32, fused with the upcast
+        vl = ls.shape[-1]
         local = target - vocab_start                            # (N,)
         inside = (local >= 0) & (local < vl)
         local = local.clamp(0, vl - 1)
-        stats = torch.stack([torch.logsumexp(z, dim=-1),        # (2, N): lse_r, p_r
-                             z.gather(1, local.unsqueeze(1)).squeeze(1) * inside])
-        if tpg.size > 1:
-            every = stats.new_empty((tpg.size * 2, stats.shape[1]))   # (n*2, N): ranks' stats stacked
+        if tpg.size == 1:
+            loss = -ls.gather(1, local.unsqueeze(1)).squeeze(1)
+        else:
+            lse_mine = logits[:, 0].float() - ls[:, 0]          # (N,) logsumexp of my columns
+            pred = logits.gather(1, local.unsqueeze(1)).squeeze(1).float() * inside
+            stats = torch.stack([lse_mine, pred])               # (2, N)
+            every = stats.new_empty((tpg.size * 2, stats.shape[1]))  # (n*2, N): ranks' stats stacked
             comm.all_gather(every, stats, group=tpg.group)
             every = every.view(tpg.size, 2, -1)                 # (n, 2, N)
-            lse, pred = torch.logsumexp(every[:, 0], dim=0), every[:, 1].sum(0)
-        else:
-            lse, pred = stats[0], stats[1]
+            lse = torch.logsumexp(every[:, 0], dim=0)
+            loss = lse - every[:, 1].sum(0)
+            ls.add_((lse_mine - lse).unsqueeze(1))              # log of my columns of the global softmax
         valid = target != ignore_index                          # (N,)
-        ctx.save_for_backward(logits, lse, local, inside, valid)
-        return (lse - pred) * valid                             # (N,)
+        ctx.dtype = logits.dtype
+        ctx.save_for_backward(ls, local, inside, valid)
+        return loss * valid                                     # (N,)
 
     @staticmethod
     def backward(ctx, grad):
-        logits, lse, local, inside, valid = ctx.saved_tensors
-        dz = torch.exp(logits.float() - lse.unsqueeze(1))      # (N, V/n): my columns of the softmax
+        ls, local, inside, valid = ctx.saved_tensors
+        dz = ls.exp()                                           # (N, V/n) fp32: my columns of the softmax
         dz.scatter_add_(1, local.unsqueeze(1), -inside.to(dz.dtype).unsqueeze(1))
-        dz.mul_((grad * valid).unsqueeze(1))
-        return dz.to(logits.dtype), None, None, None, None
+        scale = (grad * valid).unsqueeze(1).to(dz.dtype)        # (N, 1)
+        if ctx.dtype == dz.dtype:
+            return dz.mul_(scale), None, None, None, None
+        out = torch.empty(dz.shape, dtype=ctx.dtype, device=dz.device)
+        return torch.mul(dz, scale, out=out), None, None, None, None  # one pass: scale and cast
 
 
 def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor, vocab_start: int, tpg: TPGroup,
