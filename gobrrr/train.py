@@ -15,6 +15,12 @@ One step, per rank (the same code at every world size; at world size 1 communica
      DIR/metrics.jsonl, one object per step;
   5. every --ckpt-every steps rank 0 writes DIR/checkpoint.pt atomically (gobrrr.checkpoint).
 
+With --tp N the W ranks form a (W/N, N) mesh (gobrrr.parallel.mesh): the model is tensor-parallel
+over each group of N consecutive ranks (gobrrr.parallel.tp; --sequence-parallel adds SP) and ddp
+averages over the W/N data-parallel ranks, which alone read different rows; the gradient norm is
+taken over both dimensions, and every rank writes its shards through torch.distributed.checkpoint
+(gobrrr.parallel.tp_checkpoint.save_run), so a run resumes at another N.
+
 Why a resumed run equals an uninterrupted one: `--steps` is the schedule's length (the LR at
 step s does not depend on where the run stopped), the data position is the step, and the
 checkpoint holds model, optimizer (with Adam's step counts), the RNG states and that position.
@@ -87,6 +93,8 @@ class TrainConfig:
     seed: int = 0
     progress: bool = True            # progress bar / progress lines on rank 0
     crash_after_step: int | None = None  # testing aid: SIGKILL this process after that step
+    tp: int = 1                      # tensor-parallel degree (gobrrr.parallel.tp); world = dp x tp
+    sequence_parallel: bool = False  # with --tp: shard LayerNorm/dropout activations along the sequence
 
     def __post_init__(self):
         if self.warmup is None:
@@ -96,6 +104,8 @@ class TrainConfig:
                 raise TrainError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.data not in ("shakespeare", "synthetic"):
             raise TrainError(f"--data must be 'shakespeare' or 'synthetic', got {self.data!r}")
+        if self.tp < 1:
+            raise TrainError(f"--tp must be >= 1, got {self.tp}")
         if not 0 <= self.warmup <= self.steps:
             raise TrainError(f"--warmup {self.warmup} must be between 0 and --steps {self.steps}")
 
@@ -215,7 +225,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
 
 def _train(cfg: TrainConfig, rank) -> dict[str, Any]:
     from gobrrr import Prefetcher
-    from gobrrr.parallel import ddp
+    from gobrrr.parallel.tp import clip_grad_norm_
+    from gobrrr.parallel.tp_checkpoint import latest_run, load_run, save_run
 
     device, W, main = rank.device, rank.world_size, rank.is_main
     out = Path(cfg.out)
@@ -231,19 +242,28 @@ def _train(cfg: TrainConfig, rank) -> dict[str, Any]:
 
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank and at every world size
     raw = GPT(model_cfg).to(device)
-    model = ddp(raw)
+    flops_per_token = raw.flops_per_token(T)  # the whole model's, before --tp shards it
+    model, raw, dp_rank, DP = parallelize(raw, cfg, rank)
     opt = make_optimizer(raw, cfg, device)
-    data = make_data(cfg, model_cfg, T, rank.rank, W)
+    data = make_data(cfg, model_cfg, T, dp_rank, DP)  # the tp ranks of one dp rank read the same rows
 
     start = 0
-    if ckpt_path.exists():
+    tp_ckpt = latest_run(out)
+    if ckpt_path.exists() or tp_ckpt is not None:
         if not cfg.resume:
-            raise TrainError(f"{out} already holds a run ({CHECKPOINT}); pass --resume to continue it "
-                             "or choose a new --out")
-        state = load_checkpoint(ckpt_path)  # to host memory; load_state_dict copies onto the device
-        _check_resumable(state, cfg, W)
-        raw.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
+            raise TrainError(f"{out} already holds a run ({CHECKPOINT if tp_ckpt is None else tp_ckpt.name}); "
+                             "pass --resume to continue it or choose a new --out")
+        if (tp_ckpt is not None) != (cfg.tp > 1):
+            raise TrainError(f"{out} holds a {'--tp > 1' if tp_ckpt is not None else '--tp 1'} run; resume it with "
+                             f"{'--tp 2 or more (any degree that divides the heads)' if tp_ckpt else '--tp 1'}")
+        if cfg.tp > 1:
+            state = load_run(out, model, opt)  # every rank reads its shards, at any tp degree
+            _check_resumable(state, cfg, DP)
+        else:
+            state = load_checkpoint(ckpt_path)  # to host memory; load_state_dict copies onto the device
+            _check_resumable(state, cfg, DP)
+            raw.load_state_dict(state["model"])
+            opt.load_state_dict(state["optimizer"])
         set_rng_state(state["rng"], device)
         start = state["step"]
         if data.check_state(state["data"]) != start * K:
@@ -255,9 +275,8 @@ def _train(cfg: TrainConfig, rank) -> dict[str, Any]:
     dist.barrier()  # sync: once, at start: every rank has looked at DIR before rank 0 writes to it
     if main:
         out.mkdir(parents=True, exist_ok=True)
-    flops_per_token = raw.flops_per_token(T)
     peak, peak_src = peak_flops(device)
-    tokens_per_step = B * T * K * W
+    tokens_per_step = B * T * K * DP
     autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda"
                 else contextlib.nullcontext())
 
@@ -266,7 +285,8 @@ def _train(cfg: TrainConfig, rank) -> dict[str, Any]:
         metrics.write(json.dumps({"event": "resume", "step": start, "time": time.time()}) + "\n")
         metrics.flush()
     progress = _Progress(main and cfg.progress, cfg.steps, start,
-                         f"{cfg.model} x{W} {'cuda' if device.type == 'cuda' else 'cpu'}")
+                         f"{cfg.model} x{W}{f' (tp {cfg.tp})' if cfg.tp > 1 else ''} "
+                         f"{'cuda' if device.type == 'cuda' else 'cpu'}")
     logged: dict[int, float] = {}
     rates: list[float] = []
     pending: list[torch.Tensor] = []   # per step: (loss, grad_norm) stacked, still on the device
@@ -313,7 +333,7 @@ def _train(cfg: TrainConfig, rank) -> dict[str, Any]:
                         _, loss = model(x, y)
                     (loss / K).backward()
                 loss_sum += loss.detach()
-            norm = (torch.nn.utils.clip_grad_norm_(raw.parameters(), cfg.grad_clip) if cfg.grad_clip > 0
+            norm = (clip_grad_norm_(model, cfg.grad_clip) if cfg.grad_clip > 0  # over tp shards too
                     else torch.zeros((), device=device))
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -323,14 +343,18 @@ def _train(cfg: TrainConfig, rank) -> dict[str, Any]:
             last = done == cfg.steps
             if done % cfg.log_every == 0 or done % cfg.ckpt_every == 0 or last:
                 flush(done)
-            if done % cfg.ckpt_every == 0 or last:
+            if cfg.tp > 1 and (done % cfg.ckpt_every == 0 or last):  # every rank writes its shards (DCP)
+                _save_tp_run(save_run, out, model, opt, {
+                    "format": FORMAT, "step": done, "rng": rng_state(device), "data": data.state_dict(done * K),
+                    "config": asdict(cfg), "world_size": DP})
+            elif done % cfg.ckpt_every == 0 or last:
                 error = None
                 if main:
                     try:
                         save_checkpoint({"format": FORMAT, "step": done, "model": raw.state_dict(),
                                          "optimizer": opt.state_dict(), "rng": rng_state(device),
                                          "data": data.state_dict(done * K), "config": asdict(cfg),
-                                         "world_size": W}, ckpt_path)
+                                         "world_size": DP}, ckpt_path)
                     except CheckpointError as e:
                         error = e
                 failed = torch.tensor([0.0 if error is None else 1.0], device=device)
@@ -355,6 +379,32 @@ def _train(cfg: TrainConfig, rank) -> dict[str, Any]:
               + (f", MFU {mfu:.1%} of {peak / 1e12:.0f} TFLOP/s ({peak_src}) per GPU" if mfu else f" ({peak_src})"),
               file=sys.stderr, flush=True)
     return {"step": cfg.steps, "losses": logged, "tokens_per_s": tok_s, "mfu": mfu, "peak": peak}
+
+
+def parallelize(raw: GPT, cfg: TrainConfig, rank):
+    """(model, raw, dp_rank, dp_size): ddp over every rank; with --tp N, tp() over each group of N
+    consecutive ranks of a (W/N, N) mesh and ddp over the other dimension (raw is then the sharded GPT)."""
+    from gobrrr.parallel import ddp
+
+    if cfg.tp == 1:
+        return ddp(raw), raw, rank.rank, rank.world_size
+    from gobrrr.parallel.mesh import MeshError, make_mesh
+    from gobrrr.parallel.tp import TPError, tp
+
+    try:
+        mesh = make_mesh(cfg.tp)
+        raw = tp(raw, mesh, sequence_parallel=cfg.sequence_parallel)
+    except (MeshError, TPError) as e:
+        raise TrainError(str(e)) from None
+    return ddp(raw, group=mesh["dp"].get_group()), raw, mesh.get_local_rank("dp"), mesh["dp"].size()
+
+
+def _save_tp_run(save_run, out: Path, model, opt, state: dict[str, Any]) -> None:
+    try:
+        save_run(out, model, opt, state)
+    except OSError as e:
+        raise CheckpointError(f"could not write the tensor-parallel checkpoint in {out}: {e}; the previous one is "
+                              "untouched; check the disk") from e
 
 
 def _check_resumable(state: dict[str, Any], cfg: TrainConfig, world_size: int) -> None:
@@ -396,6 +446,8 @@ def parse_args(argv: list[str]) -> TrainConfig:
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress output")
     p.add_argument("--crash-after-step", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--tp", type=int, default=d.tp, help="tensor-parallel degree: world size = dp x tp (torchrun)")
+    p.add_argument("--sequence-parallel", action="store_true", help="with --tp: sequence parallelism as well")
     args = p.parse_args(argv)
     return TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)})
 

@@ -1,4 +1,7 @@
-"""Parallelism applied to an unmodified model: `ddp(model)` today; ZeRO and tensor parallel next."""
+"""Parallelism applied to an unmodified model: `ddp(model)`, `tp(model, mesh)` (tensor parallel); ZeRO next."""
 from gobrrr.parallel.ddp import DDP, NaiveDDP, ddp, no_sync
+from gobrrr.parallel.mesh import make_mesh
+from gobrrr.parallel.tp import GPT_PLAN, clip_grad_norm_, loss_parallel, tp, tp_state
 
-__all__ = ["DDP", "NaiveDDP", "ddp", "no_sync"]
+__all__ = ["DDP", "NaiveDDP", "ddp", "no_sync", "tp", "make_mesh", "GPT_PLAN", "clip_grad_norm_", "loss_parallel",
+           "tp_state"]

@@ -299,6 +299,9 @@ class TPState:
             self._mode.__enter__()
 
     def _root_pre(self, module, args) -> None:
+        if getattr(module, "fused_loss", None) is not None:  # a head+loss op reading lm_head.weight whole
+            raise TPError("tp: model.fused_loss is set, but under tp lm_head.weight holds only this rank's V/tp rows; "
+                          "set model.fused_loss = None (the loss then runs vocab-parallel)")
         self._depth += 1
 
     def _root_post(self, module, args, out) -> None:

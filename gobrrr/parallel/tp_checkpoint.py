@@ -1,7 +1,7 @@
 """Checkpoints of a tensor-parallel model through torch.distributed.checkpoint (DCP), loadable at another tp.
 
     save_tp(path, model, optimizer, extra={"step": 100})     # every rank writes its shards (collective);
-                                                              # extra: anything json can write
+                                                              # extra: what torch.load(weights_only) reads
     extra = load_tp(path, model, optimizer)                   # model built and tp()'d at any degree first
 
 Each parameter goes into the checkpoint as a DTensor on the tp mesh whose *global* shape is the
@@ -20,13 +20,21 @@ views of the live parameters and moments, so `dcp.load` writes straight into the
 Replicas over dp write nothing twice (DCP keeps one writer per chunk). Names and shapes of everything
 but fused weights are the plain model's.
 
+For a trainer, `save_run(dir, ...)` / `load_run(dir, ...)` make it atomic: DCP writes into
+DIR/.tp-step-<s>.tmp, rank 0 renames it to DIR/tp-step-<s>.<ns> and then points DIR/tp_latest.pt at
+it (gobrrr.checkpoint's atomic file write), and removes the older folders. A kill at any moment leaves
+the previous checkpoint loadable.
+
 A fresh optimizer has no state yet: `load_tp` first creates it with one step at learning rate 0 on
 zero gradients (which changes no parameter for SGD/Adam/AdamW), then overwrites it.
 """
 from __future__ import annotations
 
-import json
+import io
 import os
+import shutil
+import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -103,7 +111,9 @@ def save_tp(path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Op
     import torch.distributed.checkpoint as dcp
 
     sd = tp_state_dict(model, optimizer)
-    sd["extra"] = json.dumps(extra or {})  # one string: DCP loads a non-tensor value only under a key it is given
+    buf = io.BytesIO()
+    torch.save(extra or {}, buf)  # one opaque value: DCP loads a non-tensor only under a key it is given
+    sd["extra"] = buf.getvalue()
     dcp.save(sd, checkpoint_id=str(path))
 
 
@@ -115,6 +125,69 @@ def load_tp(path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Op
     if optimizer is not None:
         _init_optimizer_state(optimizer)
     sd = tp_state_dict(model, optimizer)
-    sd["extra"] = ""
+    sd["extra"] = b""
     dcp.load(sd, checkpoint_id=str(path))
-    return json.loads(sd["extra"])
+    return torch.load(io.BytesIO(sd["extra"]), weights_only=True)
+
+
+# ---------------------------------------------------------------- a trainer's run folder, atomically
+
+LATEST = "tp_latest.pt"
+
+
+def _main() -> bool:
+    import torch.distributed as dist
+
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()  # sync: checkpoint time only; every rank's shards are on disk before rank 0 publishes
+
+
+def latest_run(out: str | os.PathLike) -> Path | None:
+    """The checkpoint folder DIR/tp_latest.pt points at, or None when DIR holds no tp checkpoint."""
+    from gobrrr.checkpoint import load_checkpoint
+
+    out = Path(out)
+    if not (out / LATEST).is_file():
+        return None
+    return out / load_checkpoint(out / LATEST)["dir"]
+
+
+def save_run(out: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer,
+             state: dict[str, Any]) -> Path:
+    """Write model, optimizer and the trainer's `state` (with a "step") under DIR atomically; every rank calls."""
+    from gobrrr.checkpoint import save_checkpoint
+
+    out = Path(out)
+    tmp = out / f".tp-step-{state['step']}.tmp"
+    if _main():
+        shutil.rmtree(tmp, ignore_errors=True)  # left by a save that was killed
+        out.mkdir(parents=True, exist_ok=True)
+    _barrier()
+    save_tp(tmp, model, optimizer, extra=state)
+    _barrier()
+    final = out / f"tp-step-{state['step']}.{time.time_ns()}"
+    if _main():
+        os.replace(tmp, final)
+        save_checkpoint({"dir": final.name}, out / LATEST)  # the switch: atomic rename of a small file
+        for old in out.glob("tp-step-*"):
+            if old != final:
+                shutil.rmtree(old, ignore_errors=True)
+    _barrier()
+    return final
+
+
+def load_run(out: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """Load DIR's latest tp checkpoint into `model` (any tp degree) and `optimizer`; return the trainer's state."""
+    from gobrrr.checkpoint import CheckpointError
+
+    path = latest_run(out)
+    if path is None or not path.is_dir():
+        raise CheckpointError(f"no tensor-parallel checkpoint in {out} ({LATEST} missing or pointing nowhere); "
+                              "start without --resume")
+    return load_tp(path, model, optimizer)
