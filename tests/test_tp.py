@@ -4,6 +4,8 @@ The 4-rank spawn checks, at tp = 2 (a (dp 2, tp 2) mesh: two tp groups side by s
 and without sequence parallelism:
   * the loss, the logits (gathered over the vocabulary) and every parameter's gradient equal the
     single-process model's (fp32, assert_close with the default tolerances);
+  * the collectives of a step and their sizes, read from the c10d calls, equal tp_report.comm_plan's
+    rows (the formula the user can print);
   * the collectives of forward and backward, counted with torch's CommDebugMode at 1 and 2 layers:
     per block 2 all-reduces each way (SP: 2 all-gathers + 2 reduce-scatters each way, and in backward
     one all-reduce per replicated parameter used on the sequence shard: 6), plus only the embedding's,
@@ -36,6 +38,24 @@ B, T = 2, 16
 def _batch(vocab: int):
     g = torch.Generator().manual_seed(7)
     return torch.randint(0, vocab, (B, T), generator=g), torch.randint(0, vocab, (B, T), generator=g)
+
+
+class _Sizes(TorchDispatchMode):
+    """(op kind) -> [calls, elements of the whole tensor] for every c10d collective while active."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: dict[str, list[int]] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func).split(".")[-2] if str(func).count(".") > 1 else str(func)
+        kind = _KIND.get(name)
+        if kind is not None:
+            whole = {"all_reduce": lambda: args[0][0], "all_gather": lambda: args[0],
+                     "reduce_scatter": lambda: args[1]}[kind]()
+            calls, elems = self.seen.get(kind, [0, 0])
+            self.seen[kind] = [calls + 1, elems + whole.numel()]
+        return func(*args, **(kwargs or {}))
 
 
 class _Peak(TorchDispatchMode):
@@ -79,6 +99,7 @@ def _parity(group_or_mesh, sp: bool, n_layer: int, counts: dict, peaks: dict, ke
     from torch.distributed.tensor.debug import CommDebugMode
 
     from gobrrr.parallel.tp import full_state, tp, tp_state
+    from gobrrr.parallel.tp_report import comm_plan, totals
 
     cfg = GPTConfig.from_name("tiny", n_layer=n_layer, n_head=4, n_embd=32)
     torch.manual_seed(0)
@@ -87,11 +108,15 @@ def _parity(group_or_mesh, sp: bool, n_layer: int, counts: dict, peaks: dict, ke
     tpg = tp_state(model).tpg
     x, y = _batch(cfg.vocab_size)
     with _Peak() as peak:
-        with CommDebugMode() as fwd:
+        with CommDebugMode() as fwd, _Sizes() as fwd_sizes:
             logits, loss = model(x, y)
-        with CommDebugMode() as bwd:
+        with CommDebugMode() as bwd, _Sizes() as bwd_sizes:
             loss.backward()
     counts[(key, n_layer)] = (_kinds(fwd), _kinds(bwd))
+    plan = totals(comm_plan(model, B, T))  # the formula, from the model's modules
+    measured = {(phase, k): tuple(v) for phase, sizes in (("forward", fwd_sizes), ("backward", bwd_sizes))
+                for k, v in sizes.seen.items()}
+    assert measured == plan, f"tp={tp_state(model).tpg.size} sp={sp}: measured {measured} != comm_plan {plan}"
     assert logits.shape == (B, T, cfg.vocab_size // tpg.size)
     with _Peak() as ref_peak:
         ref_logits, ref_loss = ref(x, y)

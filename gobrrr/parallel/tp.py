@@ -280,6 +280,7 @@ class TPState:
     sequence_parallel: bool
     device: torch.device
     splits: dict[str, Split] = field(default_factory=dict)     # every name in named_parameters(remove_duplicate=False)
+    inputs: set[str] = field(default_factory=set)              # modules whose input enters a TP region (ModuleInput)
     streams: RandomStreams | None = None
     mesh: Any = None                                           # the tp DeviceMesh, when tp() was given one
     _mode: LossParallel | None = None
@@ -468,6 +469,7 @@ def tp(model: nn.Module, mesh_or_group=None, plan: dict | None = None, sequence_
             w = shard_param(m.weight, Split(0), f"{name}.weight (vocabulary)")
             replace(name, VocabParallelEmbedding(w, tpg.rank * m.num_embeddings // tpg.size, state))
         elif isinstance(style, ModuleInput):
+            state.inputs.add(name)
             m.register_forward_pre_hook(lambda mod, args: (state.enter(args[0]), *args[1:]))
             if style.heads:
                 setattr(m, style.heads, getattr(m, style.heads) // tpg.size)
