@@ -225,7 +225,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
 
 def _train(cfg: TrainConfig, rank) -> dict[str, Any]:
     from gobrrr import Prefetcher
-    from gobrrr.parallel.tp import clip_grad_norm_
+    from gobrrr.parallel.tp_tensors import clip_grad_norm_
     from gobrrr.parallel.tp_checkpoint import latest_run, load_run, save_run
 
     device, W, main = rank.device, rank.world_size, rank.is_main

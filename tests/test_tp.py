@@ -98,7 +98,8 @@ def _gather_vocab(logits: torch.Tensor, tpg) -> torch.Tensor:
 def _parity(group_or_mesh, sp: bool, n_layer: int, counts: dict, peaks: dict, key) -> None:
     from torch.distributed.tensor.debug import CommDebugMode
 
-    from gobrrr.parallel.tp import full_state, tp, tp_state
+    from gobrrr.parallel.tp import tp, tp_state
+    from gobrrr.parallel.tp_tensors import full_state
     from gobrrr.parallel.tp_report import comm_plan, totals
 
     cfg = GPTConfig.from_name("tiny", n_layer=n_layer, n_head=4, n_embd=32)

@@ -34,7 +34,8 @@ def _batch(step: int):
 
 def _train(mesh, sp: bool) -> None:
     from gobrrr.parallel import ddp
-    from gobrrr.parallel.tp import clip_grad_norm_, full_state, tp
+    from gobrrr.parallel.tp import tp
+    from gobrrr.parallel.tp_tensors import clip_grad_norm_, full_state
 
     dp_group, dp_rank = mesh["dp"].get_group(), mesh.get_local_rank("dp")
     torch.manual_seed(0)
@@ -71,7 +72,8 @@ def _train(mesh, sp: bool) -> None:
 
 def _checkpoint(rank, path: str) -> None:
     from gobrrr.parallel.mesh import make_mesh
-    from gobrrr.parallel.tp import full_state, tp
+    from gobrrr.parallel.tp import tp
+    from gobrrr.parallel.tp_tensors import full_state
     from gobrrr.parallel.tp_checkpoint import load_tp, save_tp
 
     def build(n: int, seed: int):
@@ -97,7 +99,8 @@ def _checkpoint(rank, path: str) -> None:
 
 
 def _full_moment(model, opt, name):
-    from gobrrr.parallel.tp import tp_state, unshard
+    from gobrrr.parallel.tp import tp_state
+    from gobrrr.parallel.tp_tensors import unshard
 
     state = tp_state(model)
     p = dict(model.named_parameters())[name]

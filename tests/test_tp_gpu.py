@@ -17,7 +17,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 @pytest.mark.parametrize("sp", [False, True])
 def test_tp1_step_has_no_sync_and_matches_plain(sp):
-    from gobrrr.parallel.tp import clip_grad_norm_, tp
+    from gobrrr.parallel.tp import tp
+    from gobrrr.parallel.tp_tensors import clip_grad_norm_
 
     torch.manual_seed(0)
     plain = GPT(GPTConfig.from_name("small")).cuda()

@@ -30,7 +30,8 @@ def _compare(rank, sp: bool) -> None:
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.parallel import loss_parallel
 
-    from gobrrr.parallel.tp import full_state, tp
+    from gobrrr.parallel.tp import tp
+    from gobrrr.parallel.tp_tensors import full_state
 
     n = dist.get_world_size()
     cfg = GPTConfig.from_name("tiny", n_head=4, n_embd=32)
