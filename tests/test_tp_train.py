@@ -25,10 +25,18 @@ ARGS = ["--model", "tiny", "--device", "cpu", "--batch-size", "4", "--seq-len", 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
 
 
-def run(args: list[str], nproc: int = 2) -> subprocess.CompletedProcess:
-    launcher = TORCHRUN[:-1] + [str(nproc)]
-    return subprocess.run(launcher + ["-m", "gobrrr", "train"] + ARGS + args, env=ENV, cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+def start(args: list[str]) -> subprocess.Popen:
+    return subprocess.Popen(TORCHRUN + ["-m", "gobrrr", "train"] + ARGS + args, env=ENV, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(proc: subprocess.Popen) -> tuple[int, str]:
+    try:
+        _, err = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+    return proc.returncode, err
 
 
 def losses(out: Path) -> dict[int, float]:
@@ -37,13 +45,14 @@ def losses(out: Path) -> dict[int, float]:
 
 def test_tp2_matches_one_process_and_resumes_bitwise(tmp_path):
     ref, crashed = tmp_path / "ref", tmp_path / "crashed"
-    proc = run(["--tp", "2", "--out", str(ref)])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    proc = run(["--tp", "2", "--out", str(crashed), "--crash-after-step", "5"])
-    assert proc.returncode != 0
+    a = start(["--tp", "2", "--out", str(ref)])  # the two launches overlap their start-up
+    b = start(["--tp", "2", "--out", str(crashed), "--crash-after-step", "5"])
+    (rc_a, err_a), (rc_b, _) = finish(a), finish(b)
+    assert rc_a == 0, err_a[-3000:]
+    assert rc_b != 0
     assert sorted(losses(crashed)) == [1, 2, 3, 4, 5]
-    proc = run(["--tp", "2", "--out", str(crashed), "--resume"])
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    rc, err = finish(start(["--tp", "2", "--out", str(crashed), "--resume"]))
+    assert rc == 0, err[-3000:]
     assert losses(crashed) == losses(ref)  # bitwise, every step 1..8
 
     torch.set_num_threads(1)
