@@ -131,10 +131,12 @@ def _variants(cfg: BenchConfig, device: torch.device, world: int) -> dict:
 def _step(name: str, model, opt, x, y, autocast) -> None:
     from torch.distributed.tensor.parallel import loss_parallel
 
-    ctx = loss_parallel() if name.startswith("torch") else contextlib.nullcontext()
-    with ctx, autocast:
+    def ctx():  # torch's loss_parallel is a one-shot context manager: a fresh one per use
+        return loss_parallel() if name.startswith("torch") else contextlib.nullcontext()
+
+    with ctx(), autocast:
         _, loss = model(x, y)
-    with ctx:
+    with ctx():
         loss.backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
