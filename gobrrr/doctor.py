@@ -390,7 +390,8 @@ class Session:
 
 def _gpu_part(d: dict) -> dict:
     keys = ("span_ms", "idle_pct", "compute_idle_pct", "idle_breakdown_ms", "idle_breakdown_pct", "top_cause",
-            "copy_overlap_pct", "overlap_pct", "copy_hidden_pct", "h2d_overlap_pct", "copies", "pageable", "h2d_sites", "host_bound_sites",
+            "copy_overlap_pct", "overlap_pct", "copy_hidden_pct", "h2d_overlap_pct", "copies", "pageable", "h2d_sites",
+            "host_bound_sites", "loader_sites",
             "queue_lead_ms", "top_kernels", "launch", "streams")
     return {k: d.get(k) for k in keys}
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 CAUSE_WORDS = {
     "waiting_for_data": "waiting for data (H2D copy, nothing computing)",
+    "data_loader": "waiting for data (host in the DataLoader's __next__)",
     "sync_blocked": "sync-blocked (host waited in a sync, then refilled)",
     "host_bound": "host-bound (next launch came late)",
     "launch_gaps": "launch gaps (< 20 us between kernels)",
@@ -44,6 +45,14 @@ def summary(r: dict) -> str:
             if pct[cause] > 0:
                 out.append(f"    {pct[cause]:6.1f}%  {CAUSE_WORDS.get(cause, cause)}")
         out.append(f"  nothing at all running {g['idle_pct']:.1f}%")
+        for row in (g.get("loader_sites") or [])[:2]:
+            name = f" `{row['loader']}`" if row.get("loader") else ""
+            out.append(f"  GPU idle while the host waited for the DataLoader{name}: {row['idle_ms']:.2f} ms at "
+                       f"{row['site']}   {row['code'][:50]}")
+        for row in (g.get("host_bound_sites") or [])[:3]:
+            what = row.get("site") or row.get("cause", "")
+            via = f" ({row['callee']})" if row.get("callee") and row.get("site") else ""
+            out.append(f"  GPU idle while the host ran {what}{via}: {row['idle_ms']:.2f} ms   {row['code'][:50]}")
         if g["copy_overlap_pct"] is not None:
             hid = g.get("copy_hidden_pct")
             hid_text = f"{hid:.1f}% of H2D time off the critical path; " if hid is not None else ""
@@ -102,6 +111,7 @@ def side_by_side(reports: dict[str, dict]) -> str:
         ("median step (ms)", lambda r: "-" if r["steps"]["median_ms"] is None else f"{r['steps']['median_ms']:.2f}"),
         ("GPU idle, no kernel (%)", lambda r: g(r, "compute_idle_pct")),
         ("  waiting for data (%)", lambda r: g(r, "idle_breakdown_pct", "waiting_for_data")),
+        ("  the DataLoader (%)", lambda r: g(r, "idle_breakdown_pct", "data_loader")),
         ("  sync-blocked (%)", lambda r: g(r, "idle_breakdown_pct", "sync_blocked")),
         ("  host-bound (%)", lambda r: g(r, "idle_breakdown_pct", "host_bound")),
         ("  launch gaps (%)", lambda r: g(r, "idle_breakdown_pct", "launch_gaps")),

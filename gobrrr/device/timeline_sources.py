@@ -11,6 +11,7 @@ synchronize` -> `synchronize`) and look for that call in the function's source w
 from __future__ import annotations
 
 import ast
+import builtins
 import os
 import re
 import sys
@@ -32,6 +33,8 @@ class Frame:
     ts: float
     end: float
     raw: str
+    index: int = -1     # position in its thread's frame list (set by timeline_trace.parse)
+    parent: int = -1    # the caller's position, -1 for an outermost frame
 
 
 @dataclass
@@ -115,9 +118,53 @@ class SourceResolver:
             if isinstance(node, ast.Call):
                 f = node.func
                 name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
-                if name == callee:
+                if name == callee or (callee == "__next__" and name == "next"):
                     lines.add(node.lineno)
         return sorted(lines)
+
+    def module_call_lines(self, file: str, def_line: int, func: str) -> list[int]:
+        """Lines in `func` that call an object, as a module is called: `model(x)`, `self.conv1(x)`,
+        `self.blocks[i](x)`; not a built-in, nor a function, class or import of the file."""
+        src = self._load(file)
+        if src is None:
+            return []
+        tree = src[1]
+        scope = tree if func == "<module>" else _find_scope(tree, def_line, func)
+        if scope is None:
+            return []
+        named = set(dir(builtins))
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                named.add(node.name)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                named.update((a.asname or a.name).split(".")[0] for a in node.names)
+        lines = set()
+        for node in _walk_scope(scope):
+            if not isinstance(node, ast.Call):
+                continue
+            f = node.func
+            if isinstance(f, ast.Name) and f.id not in named:
+                lines.add(node.lineno)
+            elif isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "self" \
+                    and f.attr not in named:
+                lines.add(node.lineno)
+            elif isinstance(f, ast.Subscript):
+                lines.add(node.lineno)
+        return sorted(lines)
+
+    def loader_name(self, file: str, line: int) -> str:
+        """`for i, (x, y) in enumerate(train_loader):` -> "train_loader" (what the loop iterates)."""
+        src = self._load(file)
+        if src is None:
+            return ""
+        for node in ast.walk(src[1]):
+            if isinstance(node, (ast.For, ast.AsyncFor)) and node.lineno == line:
+                it = node.iter
+                while isinstance(it, ast.Call) and it.args and isinstance(it.func, ast.Name) \
+                        and it.func.id in ("enumerate", "zip", "iter", "tqdm"):
+                    it = it.args[0]
+                return ast.unparse(it)
+        return ""
 
 
 def _find_scope(tree: ast.AST, def_line: int, func: str):
