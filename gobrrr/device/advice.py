@@ -120,20 +120,19 @@ def recommend(fig: Figures | None, lint_findings: list | None = None,
                 f"{per_step(s['idle_ms']):.3f} ms/step"))
 
     # Host-bound: the next launch came late, the host was busy elsewhere.
+    # (each line's own; a launch-bound step gets the CUDA-graph advice for its launch gaps on top)
     launch = fig.launch or {}
+    for s in fig.host_bound_sites[:5]:
+        recs.append(Recommendation(host_change(s), s["site"], s.get("code", ""), saved_ms=per_step(s["idle_ms"]),
+                                   why=f"the GPU waited for the host here: {s['idle_ms']:.3f} ms empty "
+                                       f"({per_step(s['idle_ms']):.3f} ms/step)"))
     if launch.get("launch_bound"):
-        gaps = br.get("launch_gaps", 0.0) + br.get("host_bound", 0.0)
         recs.append(Recommendation(
             "capture the step in a CUDA graph (torch.compile(mode='reduce-overhead') or torch.cuda.graphs), "
-            "or fuse the small ops", saved_ms=per_step(gaps),
+            "or fuse the small ops", saved_ms=per_step(br.get("launch_gaps", 0.0)),
             why=f"launch-bound: the median kernel runs {launch['median_kernel_us']:.1f} us, shorter than its "
                 f"launch ({launch['median_launch_us']:.1f} us); {launch['kernels']} kernels"))
     else:
-        for s in fig.host_bound_sites[:5]:
-            change = host_change(s)
-            recs.append(Recommendation(change, s["site"], s.get("code", ""), saved_ms=per_step(s["idle_ms"]),
-                                       why=f"the GPU waited for the host here: {s['idle_ms']:.3f} ms empty "
-                                           f"({per_step(s['idle_ms']):.3f} ms/step)"))
         if br.get("launch_gaps", 0.0) > 0.05 * max(fig.span_ms, 1e-9):
             recs.append(Recommendation(
                 "launch gaps: fewer, larger kernels: torch.compile or CUDA graphs remove the launch gaps",

@@ -166,13 +166,19 @@ class HostAttribution:
                 if lines:
                     callee = name
                     break
-            g = self._child(th, g, max(a, g.ts), min(b, g.end)) if b > a else self._child(th, g, a, b)
+            inner = self._child(th, g, max(a, g.ts), min(b, g.end)) if b > a else self._child(th, g, a, b)
+            g = inner or self._main_call(th, g)  # in a wrapper's own code: follow the call it wraps
         if not lines:  # the call is not in the source we can read: the function itself, by its first line
             return Site(f.file, f.line, r.code(f.file, f.line), f.func, top)
         line = lines[0]
         if len(lines) > 1:
             line = lines[self._position_in_run(th, f, child, module) % len(lines)]
         return Site(f.file, line, r.code(f.file, line), f.func, callee)
+
+    def _main_call(self, th: int, g: Frame) -> Frame | None:
+        """The longest call `g` makes outside gobrrr: what a wrapper wraps (not its timers, not its rules)."""
+        kids = [k for k in self.kids(th, g) if "gobrrr/" not in k.file.replace("\\", "/")]
+        return max(kids, key=lambda k: k.end - k.ts) if kids else None
 
     def _position_in_run(self, th: int, f: Frame, child: Frame, module: bool) -> int:
         """How many like calls (same callee; or module calls) `f` made just before `child`, back to back."""
@@ -181,13 +187,19 @@ class HostAttribution:
             i = next(k for k, g in enumerate(kids) if g is child)
         except StopIteration:
             return 0
-        key = _call_key(child)
+        key = self.call_key(th, child)
         n = 0
-        while i - 1 - n >= 0 and _call_key(kids[i - 1 - n]) == key:
+        while i - 1 - n >= 0 and self.call_key(th, kids[i - 1 - n]) == key:
             n += 1
         return n
 
-
-def _call_key(g: Frame) -> str:
-    name = callee_name(g.raw)
-    return "module call" if name in MODULE_CALLEES or g.raw.startswith("nn.Module: ") else name
+    def call_key(self, th: int, g: Frame) -> str:
+        """What a call is, for telling like calls apart: "module call", or the callee's name (seen through
+        the sync detective's wrapper, which sits over `.to()`, `.item()`... while the doctor watches)."""
+        for _ in range(3):
+            inner = self._main_call(th, g) if _is_detective(g.file) else None
+            if inner is None:
+                break
+            g = inner
+        name = callee_name(g.raw)
+        return "module call" if name in MODULE_CALLEES or g.raw.startswith("nn.Module: ") else name
