@@ -564,8 +564,10 @@ def demo_doctor(out_dir) -> dict[str, dict]:
     if not cuda:
         print(NO_GPU_NOTE)
     print(side_by_side(reports))
-    first = reports["naive"].get("advice") or []
-    if first:
-        a = first[0]
-        print(f"doctor's first fix for the naive loop: {a['site']}  {a['code'][:60]}\n  -> {a['change']}")
+    for mode in ("naive", "gobrrr"):
+        first = reports[mode].get("advice") or []
+        if first:
+            a = first[0]
+            where = f"{a['site']}  {a['code'][:60]}" if a["site"] else "(the whole step)"
+            print(f"doctor's first fix for the {mode} loop: {where}\n  -> {a['change']}")
     return reports

@@ -4,9 +4,10 @@ The doctor finds the intervals in which no kernel ran and the next launch came l
 was busy elsewhere). To say where, it reads the Python frames the trace holds (`python_function`
 events, recorded with `with_stack=True`), thread by thread:
 
-1. The thread. A launch made by a thread without Python frames (the autograd engine's thread
-   runs backward, a copy thread runs a prefetcher) is charged to the Python thread (the one with
-   the most frames): what it was doing then is what the user wrote (`loss.backward()`, `for`).
+1. The thread. A launch made by a thread without Python frames of the user's (the autograd
+   engine's thread runs backward; a prefetcher's copy thread runs library code only) is charged
+   to the Python thread (the one with the most frames): what it was doing then is what the user
+   wrote (`loss.backward()`, the `for` line).
 2. The frame. Of the frames open over the whole interval, the innermost one that is the user's
    code (not torch, site-packages, the standard library or gobrrr: `is_library_file`).
 3. The call. That frame's child that covers most of the interval (or, when the host ran the
@@ -100,13 +101,20 @@ class HostAttribution:
             th = self.thread(tid)
             if th is not None:
                 by_thread[th].append(i)
+        retry: list[int] = []
         for th, idxs in by_thread.items():
-            frames = self.tr.frames[th]
-            stacks = stacks_at(frames, [queries[i][1] for i in idxs])
-            for i, stack in zip(idxs, stacks):
-                _, a, b = queries[i]
-                out[i] = self._site(th, [f for f in stack if f.end >= b], a, b)
+            self._sweep(th, idxs, queries, out)
+            if th != self.main:  # a thread of library code only (a prefetcher's copy thread): ask the main one
+                retry += [i for i in idxs if out[i] is None]
+        if retry and self.main is not None:
+            self._sweep(self.main, retry, queries, out)
         return out
+
+    def _sweep(self, th: int, idxs: list[int], queries, out) -> None:
+        stacks = stacks_at(self.tr.frames[th], [queries[i][1] for i in idxs])
+        for i, stack in zip(idxs, stacks):
+            _, a, b = queries[i]
+            out[i] = self._site(th, [f for f in stack if f.end >= b], a, b)
 
     # -- one interval ----------------------------------------------------------------------
 

@@ -99,6 +99,11 @@ def summary(r: dict) -> str:
     return "\n".join(out)
 
 
+def _fix_name(a: dict) -> str:
+    """A recommendation's line, or the cause it names when it has none ("host launch overhead")."""
+    return a.get("site") or a.get("change", "").split(":")[0][:40] or "-"
+
+
 def side_by_side(reports: dict[str, dict]) -> str:
     """Before/after figures of several reports, one column each."""
     def g(r, *keys, fmt="{:.1f}"):
@@ -124,7 +129,7 @@ def side_by_side(reports: dict[str, dict]) -> str:
          if r.get("gpu") else "-"),
         ("blocking calls in window", lambda r: str(sum(s["count"] for s in (r.get("host") or {}).get("syncs", [])))),
         ("syncs (sync detective)", lambda r: str(sum(d["count"] for d in (r.get("host") or {}).get("sync_detective") or []))),
-        ("top fix", lambda r: (r["advice"][0]["site"] if r.get("advice") else "-")),
+        ("top fix", lambda r: (_fix_name(r["advice"][0]) if r.get("advice") else "-")),
     ]
     labels = list(reports)
     w0 = max(len(n) for n, _ in rows) + 2
