@@ -70,6 +70,10 @@ def test_prefetcher_seed_loop_overlaps(tmp_path):
     # compute waited for (under the profiler this loop runs host-bound, so plain time overlap
     # of copies and kernels measures coincidence; all three figures are printed above)
     assert g["copy_hidden_pct"] > 80, figs
+    # `make demo`'s gobrrr loop: its host gaps are lines of the loop (or a named cause), never "host thread N"
+    for row in g["host_bound_sites"]:
+        assert row["site"].startswith("seed_loop.py:") or row["cause"] == "host launch overhead", row
+    assert r["advice"] and "thread" not in (r["advice"][0]["site"] + r["advice"][0]["change"]), r["advice"][0]
 
 
 IMAGENET = ROOT / "examples" / "imagenet.py"
