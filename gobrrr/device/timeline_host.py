@@ -87,6 +87,7 @@ class HostAttribution:
         self.tr, self.resolver = tr, resolver
         self.main = python_thread(tr)
         self._kids: dict[int, dict[int, list[Frame]]] = {}
+        self._kid_starts: dict[tuple[int, int], list[float]] = {}
 
     def thread(self, tid: int) -> int | None:
         """The thread whose frames explain work launched by `tid`."""
@@ -137,13 +138,20 @@ class HostAttribution:
                     table[g.parent].append(g)
         return table.get(f.index, [])
 
+    def _starts(self, th: int, f: Frame) -> list[float]:
+        key = (th, f.index)
+        starts = self._kid_starts.get(key)
+        if starts is None:
+            starts = self._kid_starts[key] = [g.ts for g in self.kids(th, f)]
+        return starts
+
     def _child(self, th: int, f: Frame, a: float, b: float) -> Frame | None:
         """The call of `f` that covers most of [a, b] (for a point, the call open at it); None when
         the host ran `f`'s own bytecode (tensor operators, which launch without a Python call)."""
         kids = self.kids(th, f)
         if not kids:
             return None
-        starts = [g.ts for g in kids]
+        starts = self._starts(th, f)
         i = max(bisect.bisect_right(starts, a) - 1, 0)
         best, best_overlap = None, -1.0
         while i < len(kids) and kids[i].ts <= b:
@@ -191,9 +199,10 @@ class HostAttribution:
     def _position_in_run(self, th: int, f: Frame, child: Frame, module: bool) -> int:
         """How many like calls (same callee; or module calls) `f` made just before `child`, back to back."""
         kids = self.kids(th, f)
-        try:
-            i = next(k for k, g in enumerate(kids) if g is child)
-        except StopIteration:
+        i = bisect.bisect_left(self._starts(th, f), child.ts)
+        while i < len(kids) and kids[i] is not child and kids[i].ts == child.ts:
+            i += 1
+        if i >= len(kids) or kids[i] is not child:
             return 0
         key = self.call_key(th, child)
         n = 0

@@ -84,6 +84,7 @@ class SourceResolver:
     def __init__(self, roots: Iterable[str | os.PathLike] = ()):
         self.roots = [Path(r) for r in roots] + [Path.cwd()] + [Path(p) for p in sys.path if p]
         self._cache: dict[str, tuple[list[str], ast.AST] | None] = {}
+        self._lines: dict[tuple, list[int]] = {}  # (what, file, def line, func[, callee]) -> lines: asked per gap
 
     def _load(self, file: str):
         if file not in self._cache:
@@ -105,6 +106,12 @@ class SourceResolver:
 
     def call_lines(self, file: str, def_line: int, func: str, callee: str) -> list[int]:
         """Lines in the body of `func` (defined at `def_line`; `<module>` for module level) calling `callee`."""
+        key = ("call", file, def_line, func, callee)
+        if key not in self._lines:
+            self._lines[key] = self._call_lines(file, def_line, func, callee)
+        return self._lines[key]
+
+    def _call_lines(self, file: str, def_line: int, func: str, callee: str) -> list[int]:
         src = self._load(file)
         if src is None or not callee:
             return []
@@ -125,6 +132,12 @@ class SourceResolver:
     def module_call_lines(self, file: str, def_line: int, func: str) -> list[int]:
         """Lines in `func` that call an object, as a module is called: `model(x)`, `self.conv1(x)`,
         `self.blocks[i](x)`; not a built-in, nor a function, class or import of the file."""
+        key = ("module", file, def_line, func)
+        if key not in self._lines:
+            self._lines[key] = self._module_call_lines(file, def_line, func)
+        return self._lines[key]
+
+    def _module_call_lines(self, file: str, def_line: int, func: str) -> list[int]:
         src = self._load(file)
         if src is None:
             return []
