@@ -185,3 +185,13 @@ def test_operators_between_calls_are_host_launch_overhead_of_their_function():
     f = tl.analyze(DATA / "launch_bound.json.gz", source_roots=[DATA, DATA.parent])
     top = f.host_bound_sites[0]
     assert top["callee"] == HOST_OVERHEAD and top["func"] == "step" and top["site"].startswith("record_traces.py:")
+
+
+def test_installed_packages_are_library_code():
+    """The profiler names files relative to their sys.path entry: `torchvision/models/resnet.py` is a
+    library's (a site-packages folder holds it), `imagenet_train.py` is the user's."""
+    from gobrrr.device.timeline_sources import is_library_file
+
+    assert is_library_file("matplotlib/pyplot.py") and is_library_file("torch/nn/modules/module.py")
+    assert not is_library_file("imagenet_train.py") and not is_library_file("examples/imagenet.py")
+    assert is_library_file("<nn.Module: ResNet_0>")  # a marker frame, not source

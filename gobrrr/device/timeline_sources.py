@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import functools
 import os
 import re
 import sys
@@ -59,7 +60,15 @@ def is_library_file(file: str) -> bool:
     top = parts[0].removesuffix(".py") if parts else ""
     if len(parts) > 1 and os.path.isabs(file):  # an absolute path: library if under the interpreter or gobrrr
         return file.startswith((sys.base_prefix, sys.prefix, _GOBRRR_DIR))
-    return top in _LIBRARY_TOPS or top in sys.stdlib_module_names
+    return top in _LIBRARY_TOPS or top in sys.stdlib_module_names or _installed(file)
+
+
+@functools.lru_cache(maxsize=4096)
+def _installed(rel: str) -> bool:
+    """A path the profiler wrote relative to a sys.path entry (`torchvision/models/resnet.py`): a library's
+    when some site-packages folder holds it."""
+    return any(("site-packages" in p or "dist-packages" in p) and os.path.isfile(os.path.join(p, rel))
+               for p in sys.path)
 
 
 def _is_detective(file: str) -> bool:
