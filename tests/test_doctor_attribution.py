@@ -195,3 +195,34 @@ def test_installed_packages_are_library_code():
     assert is_library_file("matplotlib/pyplot.py") and is_library_file("torch/nn/modules/module.py")
     assert not is_library_file("imagenet_train.py") and not is_library_file("examples/imagenet.py")
     assert is_library_file("<nn.Module: ResNet_0>")  # a marker frame, not source
+
+
+def test_data_parallel_walk_is_named(tmp_path):
+    """nn.DataParallel on one GPU walks the parameters every step before calling the model: a gap in
+    that walk is DataParallel's (the fix: call the module, or DDP); a gap in the model's own forward
+    under it is not."""
+    src = tmp_path / "dp_train.py"
+    src.write_text("def train(model, loader, opt):\n    for x in loader:\n        out = model(x)\n"
+                   "        out.sum().backward()\n        opt.step()\n")
+    f = str(src)
+
+    def fr(name, ts, dur):
+        return {"ph": "X", "cat": "python_function", "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur}
+
+    ev = [fr(f"{f}(1): train", 0, 1000),
+          fr("nn.Module: DataParallel_0", 100, 800),
+          fr("torch/nn/modules/module.py(1783): _call_impl", 101, 798),
+          fr("torch/nn/parallel/data_parallel.py(170): forward", 102, 796),
+          fr("torch/nn/modules/module.py(2800): parameters", 110, 300),    # the walk: 110-410
+          fr("nn.Module: ResNet_0", 420, 470),                              # the model itself: 420-890
+          fr("torch/nn/modules/module.py(1783): _call_impl", 421, 468),
+          fr("<built-in method conv2d of type object at 0x1>", 430, 20)]
+    tr = tl.parse({"traceEvents": ev})
+    host = HostAttribution(tr, SourceResolver([tmp_path]))
+    walk, model = host.locate([(1, 150, 400), (1, 600, 800)])
+    assert (walk.line, walk.callee, walk.detail) == (3, "module call", "DataParallel")
+    assert (model.line, model.callee, model.detail) == (3, "module call", "")
+    from gobrrr.device.advice import host_change
+
+    assert "DistributedDataParallel" in host_change({"site": "dp_train.py:3", "callee": "module call",
+                                                     "detail": "DataParallel"})

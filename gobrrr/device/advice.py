@@ -164,6 +164,10 @@ def host_change(row: dict) -> str:
         return f"{LAUNCH_OVERHEAD_FIX} (the GPU waited for launches from the host{where})"
     if callee == "__next__" or any(k in code for k in ("next(", "loader", "DataLoader")):
         return loader_change("", False)
+    if callee == "module call" and row.get("detail") == "DataParallel":
+        return ("nn.DataParallel walks the model's parameters and buffers on the host every step (and on several "
+                "GPUs replicates it): on one GPU call the module directly; on several use DistributedDataParallel "
+                "(or gobrrr.parallel.ddp), one process per GPU")
     if callee == "module call":
         return (f"{LAUNCH_OVERHEAD_FIX}: this forward launches its kernels slower than the GPU runs them "
                 "(torch.compile the model, or capture the step in a CUDA graph)")

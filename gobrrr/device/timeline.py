@@ -284,7 +284,8 @@ def _late_sites(host: HostAttribution, late: list, loaders: list) -> tuple[list[
             site = Site(callee=HOST_OVERHEAD)
         row = rows.setdefault(site.key, {"site": site.key if site.line else "", "cause": site.key,
                                          "code": site.code, "callee": site.callee, "func": site.func,
-                                         "idle_ms": 0.0})
+                                         "detail": site.detail, "idle_ms": 0.0})
+        row["detail"] = row["detail"] or site.detail
         row["idle_ms"] += us / 1e3
     out = []
     for table in (rows, lrows):

@@ -17,7 +17,8 @@ events, recorded with `with_stack=True`), thread by thread:
    call (`_wrapped_call_impl`, `nn.Module: ResNet_0`) matches the lines that call an object
    (`model(images)`, `criterion(out, y)`). When several lines match, the position of the child
    in its run of like calls picks one: `images.to(...)` then `target.to(...)` are the first and
-   second `.to` of the step.
+   second `.to` of the step. A module call that runs through `nn.DataParallel` is marked so:
+   on one GPU its per-step walk of the parameters is pure host time.
 4. Time inside a DataLoader's `__next__` (its `enumerate(DataLoader)#...__next__` range, or the
    frame in torch/utils/data/dataloader.py) is waiting for data: it is charged to the `for` line,
    with the loader's name read from that line.
@@ -39,6 +40,7 @@ HOST_OVERHEAD = "host launch overhead"
 LOADER_RE = re.compile(r"DataLoader.*__next__")
 MODULE_CALLEES = {"_wrapped_call_impl", "_call_impl", "__call__"}
 _DATALOADER_FILE = "torch/utils/data/dataloader.py"
+_DATA_PARALLEL_FILE = "torch/nn/parallel/data_parallel.py"
 _MAX_DEPTH = 10  # wrappers followed down from the user's call
 
 
@@ -189,7 +191,26 @@ class HostAttribution:
         line = lines[0]
         if len(lines) > 1:
             line = lines[self._position_in_run(th, f, child, module) % len(lines)]
-        return Site(f.file, line, r.code(f.file, line), f.func, callee)
+        site = Site(f.file, line, r.code(f.file, line), f.func, callee)
+        if module and b > a and self._under(th, child, a, b, _DATA_PARALLEL_FILE):
+            site.detail = "DataParallel"
+        return site
+
+    def _under(self, th: int, g: Frame, a: float, b: float, suffix: str) -> bool:
+        """Whether [a, b] was spent in the code of `suffix` itself (or what it calls outside a module):
+        following the calls that hold [a, b] down from `g`, one passes through `suffix` and no module
+        call comes after it (a gap inside the wrapped model's forward is that model's, not the wrapper's)."""
+        seen = False
+        for _ in range(3 * _MAX_DEPTH):
+            inner = self._child(th, g, max(a, g.ts), min(b, g.end))
+            if inner is None:
+                return seen
+            g = inner
+            if g.file.replace("\\", "/").endswith(suffix):
+                seen = True
+            elif seen and (g.raw.startswith("nn.Module: ") or callee_name(g.raw) in MODULE_CALLEES):
+                return False
+        return seen
 
     def _main_call(self, th: int, g: Frame) -> Frame | None:
         """The longest call `g` makes outside gobrrr: what a wrapper wraps (not its timers, not its rules)."""

@@ -46,6 +46,7 @@ class Site:
     code: str = ""
     func: str = ""
     callee: str = ""
+    detail: str = ""    # what the call ran through, when it matters for the fix ("DataParallel")
 
     @property
     def key(self) -> str:
