@@ -114,6 +114,7 @@ class Session:
         self._detective = None
         self.sync_report = None
         self._reported = False      # the summary of the last recording window was printed
+        self._sync_at_step = None   # the detective's counts at the last step boundary
 
     # -- profiler control -------------------------------------------------------------------
     # A torch.profiler.profile is driven by its schedule (the supported way to start and stop
@@ -244,6 +245,7 @@ class Session:
             with warnings.catch_warnings():  # "events are cleared at the end of each cycle": we want that
                 warnings.simplefilter("ignore", UserWarning)
                 self._prof.step()
+            self._sync_at_step = _snapshot(self.sync_report)  # what the detective saw in the complete steps
             if last:
                 self.mode = "done"
                 self._prof = None
@@ -340,6 +342,7 @@ class Session:
         if self.script:
             roots.insert(0, str(Path(self.script).resolve().parent))
         fig = None
+        sync_report = self.sync_report
         if self._trace_path is not None and self._trace_path.exists():
             mb = self._trace_path.stat().st_size / 1e6
             if mb > 50:
@@ -349,6 +352,7 @@ class Session:
                 complete = self._complete_steps()
                 if 1 <= complete < len(tr.steps) and self.boundaries:
                     tr.steps = tr.steps[:complete]  # the partial step the script ended in is not a step
+                    sync_report = self._sync_at_step if self._sync_at_step is not None else sync_report
                     notes.append(f"the script ended inside step {complete + 1} of the recording: that partial "
                                  "step is left out of the figures (it is in trace.json)")
                 fig = timeline.analyze(tr, source_roots=roots)
@@ -373,7 +377,7 @@ class Session:
         findings, lint_note = advice.lint_script([self.script]) if self.script else ([], "")
         if lint_note:
             notes.append(lint_note)
-        detective = advice.detective_rows(self.sync_report, roots)
+        detective = advice.detective_rows(sync_report, roots)
         recs = advice.recommend(fig, findings, detective)
         steps_ms = fig.steps_ms if fig else []
         source = self.step_source
@@ -417,6 +421,19 @@ class Session:
         self.out.mkdir(parents=True, exist_ok=True)
         with open(self.out / "report.json", "w") as f:
             json.dump(self.report, f, indent=1, default=str)
+
+
+def _snapshot(report):
+    """A copy of a SyncReport's counts as they stand (the detective keeps adding to the original)."""
+    if report is None:
+        return None
+    from dataclasses import replace
+
+    from gobrrr.device.syncs import SyncReport
+
+    copy = SyncReport(report.mode)
+    copy._sites = {(s.kind, s.file, s.line): replace(s) for s in report.sites}
+    return copy
 
 
 def _gpu_part(d: dict) -> dict:

@@ -311,7 +311,7 @@ def test_cli_bad_out_and_missing_script_are_one_line_errors(tmp_path, capsys):
 
 
 CARRIES_ON = """
-import os, sys
+import os, sys, warnings
 import torch
 
 model = torch.nn.Linear(32, 8)
@@ -320,6 +320,7 @@ for i in range(int(sys.argv[2])):
     model(torch.randn(16, 32)).square().mean().backward()
     opt.step()
     opt.zero_grad()
+    warnings.warn("called a synchronizing CUDA operation")  # a stand-in sync, after the step boundary
     if i == int(sys.argv[3]):
         raise RuntimeError("boom at step %d" % i)
 print("SCRIPT-AFTER-THE-WINDOW report exists:", os.path.exists(os.path.join(sys.argv[1], "report.json")))
@@ -358,3 +359,5 @@ def test_a_step_cut_short_by_the_end_of_the_script_is_not_counted(tmp_path):
     trace = json.loads((out / "trace.json").read_text())
     steps = sorted(e["name"] for e in trace["traceEvents"] if e.get("name", "").startswith("ProfilerStep#"))
     assert steps == ["ProfilerStep#2", "ProfilerStep#3", "ProfilerStep#4"]  # the partial one is kept there
+    # the sync detective's table covers the same two complete steps (one stand-in sync each), not the third
+    assert [d["count"] for d in report["host"]["sync_detective"]] == [2], report["host"]["sync_detective"]
