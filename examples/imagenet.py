@@ -116,7 +116,7 @@ def train(loader, model, criterion, optimizer, device, steps: int, print_freq: i
         target = target.to(device, non_blocking=True)
         output = model(images)
         loss = criterion(output, target)
-        losses.update(loss.item(), images.size(0))  # sync: the running average reads the loss every step
+        losses.update(loss.item(), images.size(0))  # the host waits for the GPU here, every step
         acc1 = accuracy(output, target)
         optimizer.zero_grad()
         loss.backward()
