@@ -226,3 +226,25 @@ def test_data_parallel_walk_is_named(tmp_path):
 
     assert "DistributedDataParallel" in host_change({"site": "dp_train.py:3", "callee": "module call",
                                                      "detail": "DataParallel"})
+
+
+def test_waiting_in_a_prefetcher_is_waiting_for_data(tmp_path):
+    """Time in gobrrr.Prefetcher's __next__ (its source is slow) counts as waiting for data, on the `for`
+    line, and the fix speaks of its source rather than suggesting a Prefetcher."""
+    src = tmp_path / "pf_train.py"
+    src.write_text("def train(model, loader):\n    for x in loader:\n        model(x)\n")
+    f = str(src)
+    ev = [{"ph": "X", "cat": "python_function", "name": n, "pid": 1, "tid": 1, "ts": ts, "dur": dur}
+          for n, ts, dur in ((f"{f}(1): train", 0, 1000), ("gobrrr/device/prefetch.py(234): __next__", 100, 500),
+                             ("nn.Module: Net_0", 620, 300))]
+    for i, (ts, dur) in enumerate(((50, 40), (610, 5), (700, 20))):  # kernels before and after the wait
+        ev += [{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": ts - 5,
+                "dur": 4, "args": {"correlation": i}},
+               {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": ts, "dur": dur,
+                "args": {"correlation": i, "stream": 7}}]
+    fig = tl.analyze({"traceEvents": ev}, source_roots=[tmp_path])
+    (row,) = fig.loader_sites
+    assert row["site"].endswith("pf_train.py:2") and row["ours"] and row["loader"] == "loader"
+    assert fig.top_cause == "data_loader" and row["idle_ms"] == pytest.approx(0.5)  # 100-600 of the 90-610 gap
+    change = recommend(fig)[0].change
+    assert "num_workers" in change and "wrap it in gobrrr.Prefetcher" not in change

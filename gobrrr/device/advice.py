@@ -114,7 +114,8 @@ def recommend(fig: Figures | None, lint_findings: list | None = None,
     # Waiting for the DataLoader: the host sat in its __next__ while the GPU had nothing to do.
     for s in getattr(fig, "loader_sites", []) or []:
         recs.append(Recommendation(
-            loader_change(s.get("loader", ""), s.get("in_process", False)), s["site"], s.get("code", ""),
+            loader_change(s.get("loader", ""), s.get("in_process", False), s.get("ours", False)), s["site"],
+            s.get("code", ""),
             saved_ms=per_step(s["idle_ms"]),
             why=f"the host waited in the DataLoader's __next__ while the GPU had no work: "
                 f"{per_step(s['idle_ms']):.3f} ms/step"))
@@ -146,8 +147,12 @@ def recommend(fig: Figures | None, lint_findings: list | None = None,
 LAUNCH_OVERHEAD_FIX = "host launch overhead: try torch.compile or CUDA graphs"
 
 
-def loader_change(name: str, in_process: bool) -> str:
+def loader_change(name: str, in_process: bool, ours: bool = False) -> str:
     """What to do about a DataLoader the GPU waited for (`name`: what the `for` line iterates)."""
+    if ours:
+        which = f"`{name}`" if name else "the gobrrr.Prefetcher"
+        return (f"{which} waited for its source: the copies are hidden, the loading is not; give the DataLoader "
+                "it wraps more workers (num_workers), or raise the Prefetcher's depth")
     which = f"the DataLoader `{name}`" if name else "the DataLoader"
     if in_process:
         return (f"{which} loads in the main process (num_workers=0): give it workers (num_workers > 0) and "

@@ -276,7 +276,8 @@ def _late_sites(host: HostAttribution, late: list, loaders: list) -> tuple[list[
             r = loaders[max(bisect.bisect_right(starts, a) - 1, 0)]
             key = site.key if site is not None else "DataLoader"
             row = lrows.setdefault(key, {
-                "site": key, "code": site.code if site else "", "in_process": r.in_process, "idle_ms": 0.0,
+                "site": key, "code": site.code if site else "", "in_process": r.in_process, "ours": r.ours,
+                "idle_ms": 0.0,
                 "loader": host.resolver.loader_name(site.file, site.line) if site and site.line else ""})
             row["idle_ms"] += -us / 1e3
             continue

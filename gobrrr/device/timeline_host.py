@@ -20,8 +20,8 @@ events, recorded with `with_stack=True`), thread by thread:
    second `.to` of the step. A module call that runs through `nn.DataParallel` is marked so:
    on one GPU its per-step walk of the parameters is pure host time.
 4. Time inside a DataLoader's `__next__` (its `enumerate(DataLoader)#...__next__` range, or the
-   frame in torch/utils/data/dataloader.py) is waiting for data: it is charged to the `for` line,
-   with the loader's name read from that line.
+   frame in torch/utils/data/dataloader.py), or a gobrrr.Prefetcher's, is waiting for data: it is
+   charged to the `for` line, with the loader's name read from that line.
 
 When no frame of the user's holds the interval (a trace without Python stacks, or a run whose
 every frame is a library's), the cause is named: host launch overhead.
@@ -40,6 +40,7 @@ HOST_OVERHEAD = "host launch overhead"
 LOADER_RE = re.compile(r"DataLoader.*__next__")
 MODULE_CALLEES = {"_wrapped_call_impl", "_call_impl", "__call__"}
 _DATALOADER_FILE = "torch/utils/data/dataloader.py"
+_GOBRRR_LOADERS = ("gobrrr/device/prefetch.py", "gobrrr/device/worker_ring.py")  # ours wait for data too
 _DATA_PARALLEL_FILE = "torch/nn/parallel/data_parallel.py"
 _MAX_DEPTH = 10  # wrappers followed down from the user's call
 
@@ -53,6 +54,11 @@ class LoaderRange:
     @property
     def in_process(self) -> bool:
         return "SingleProcess" in self.name
+
+    @property
+    def ours(self) -> bool:
+        """A gobrrr.Prefetcher (or worker ring) waiting on its source, not a DataLoader itself."""
+        return self.name.startswith("gobrrr")
 
 
 def python_thread(tr: Trace) -> int | None:
@@ -68,14 +74,19 @@ def loader_ranges(tr: Trace, tid: int | None) -> list[LoaderRange]:
         return []
     out = [LoaderRange(s, e, n) for s, e, n in tr.annotations.get(tid, []) if LOADER_RE.search(n)]
     # the Python frame of __next__ starts a little before its range and ends a little after
-    out += [LoaderRange(f.ts, f.end, "DataLoader.__next__") for f in tr.frames.get(tid, [])
-            if f.func == "__next__" and f.file.replace("\\", "/").endswith(_DATALOADER_FILE)]
+    for f in tr.frames.get(tid, []):
+        if f.func == "__next__":
+            file = f.file.replace("\\", "/")
+            if file.endswith(_DATALOADER_FILE):
+                out.append(LoaderRange(f.ts, f.end, "DataLoader.__next__"))
+            elif file.endswith(_GOBRRR_LOADERS):
+                out.append(LoaderRange(f.ts, f.end, f"gobrrr {file.rsplit('/', 1)[-1]} __next__"))
     out.sort(key=lambda r: r.ts)
     merged: list[LoaderRange] = []
     for r in out:
         if merged and r.ts <= merged[-1].end:
             merged[-1].end = max(merged[-1].end, r.end)
-            if "#" in r.name:  # the record_function name tells the loader's kind
+            if "#" in r.name and not merged[-1].ours:  # the record_function name tells the loader's kind
                 merged[-1].name = r.name
         else:
             merged.append(r)
