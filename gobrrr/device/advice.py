@@ -166,7 +166,7 @@ def host_change(row: dict) -> str:
     callee, code = row.get("callee", ""), row.get("code", "")
     if callee == HOST_OVERHEAD or not row.get("site"):
         where = f" in {row['func']}()" if row.get("func") else ""
-        return f"{LAUNCH_OVERHEAD_FIX} (the GPU waited for launches from the host{where})"
+        return f"{LAUNCH_OVERHEAD_FIX} (the GPU waited for the host's launches{where})"
     if callee == "__next__" or any(k in code for k in ("next(", "loader", "DataLoader")):
         return loader_change("", False)
     if callee == "module call" and row.get("detail") == "DataParallel":
@@ -174,11 +174,11 @@ def host_change(row: dict) -> str:
                 "GPUs replicates it): on one GPU call the module directly; on several use DistributedDataParallel "
                 "(or gobrrr.parallel.ddp), one process per GPU")
     if callee == "module call":
-        return (f"{LAUNCH_OVERHEAD_FIX}: this forward launches its kernels slower than the GPU runs them "
-                "(torch.compile the model, or capture the step in a CUDA graph)")
+        return ("host launch overhead in this forward (its kernels launch slower than the GPU runs them): "
+                "try torch.compile or CUDA graphs")
     if callee == "backward":
-        return (f"{LAUNCH_OVERHEAD_FIX}: backward launches many small kernels (torch.compile the model, "
-                "which compiles backward too)")
+        return ("host launch overhead in backward (many small kernels): try torch.compile (it compiles backward "
+                "too) or CUDA graphs")
     if callee == "step":
         return ("the optimizer step is Python-bound: pass foreach=True or fused=True to the optimizer, "
                 "or torch.compile the step")
