@@ -50,9 +50,13 @@ def summary(r: dict) -> str:
             out.append(f"  GPU idle while the host waited for the DataLoader{name}: {row['idle_ms']:.2f} ms at "
                        f"{row['site']}   {row['code'][:50]}")
         for row in (g.get("host_bound_sites") or [])[:3]:
-            what = row.get("site") or row.get("cause", "")
-            via = f" ({row['callee']})" if row.get("callee") and row.get("site") else ""
-            out.append(f"  GPU idle while the host ran {what}{via}: {row['idle_ms']:.2f} ms   {row['code'][:50]}")
+            if row.get("site"):
+                via = f" ({row['callee']})" if row.get("callee") else ""
+                out.append(f"  GPU idle while the host ran {row['site']}{via}: {row['idle_ms']:.2f} ms   "
+                           f"{row['code'][:50]}")
+            else:  # no line of the user's held the gap: the cause, named
+                out.append(f"  GPU idle for {row.get('cause', '')} (no line of yours in the trace): "
+                           f"{row['idle_ms']:.2f} ms")
         if g["copy_overlap_pct"] is not None:
             hid = g.get("copy_hidden_pct")
             hid_text = f"{hid:.1f}% of H2D time off the critical path; " if hid is not None else ""
