@@ -62,10 +62,12 @@ class LoaderRange:
 
 
 def python_thread(tr: Trace) -> int | None:
-    """The thread that runs the user's Python: the one with the most frames."""
-    if not tr.frames:
-        return None
-    return max(tr.frames, key=lambda t: len(tr.frames[t]))
+    """The thread that runs the user's Python: the one with the most frames (in a trace without Python
+    stacks, the one with the most record_function ranges, else the most ops)."""
+    for table in (tr.frames, tr.annotations, tr.ops):
+        if table:
+            return max(table, key=lambda t: len(table[t]))
+    return None
 
 
 def loader_ranges(tr: Trace, tid: int | None) -> list[LoaderRange]:
@@ -113,14 +115,14 @@ class HostAttribution:
         by_thread: dict[int, list[int]] = defaultdict(list)
         for i, (tid, _, _) in enumerate(queries):
             th = self.thread(tid)
-            if th is not None:
+            if th is not None and self.tr.frames.get(th):
                 by_thread[th].append(i)
         retry: list[int] = []
         for th, idxs in by_thread.items():
             self._sweep(th, idxs, queries, out)
             if th != self.main:  # a thread of library code only (a prefetcher's copy thread): ask the main one
                 retry += [i for i in idxs if out[i] is None]
-        if retry and self.main is not None:
+        if retry and self.tr.frames.get(self.main):
             self._sweep(self.main, retry, queries, out)
         return out
 
