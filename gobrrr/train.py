@@ -391,11 +391,18 @@ def parallelize(raw: GPT, cfg: TrainConfig, rank):
     from gobrrr.parallel.mesh import MeshError, make_mesh
     from gobrrr.parallel.tp import TPError, tp
 
+    from gobrrr.parallel.tp_report import comm_plan
+
     try:
         mesh = make_mesh(cfg.tp)
         raw = tp(raw, mesh, sequence_parallel=cfg.sequence_parallel)
     except (MeshError, TPError) as e:
         raise TrainError(str(e)) from None
+    if rank.is_main and cfg.progress:  # what TP will cost on the wire, from the formula (tp_report)
+        rows = comm_plan(raw, cfg.batch_size, cfg.seq_len, 2 if rank.device.type == "cuda" else 4)
+        mb = sum(r.wire_bytes(cfg.tp) for r in rows) / 2**20
+        print(f"tp {cfg.tp} x dp {mesh['dp'].size()}{' with sequence parallelism' if cfg.sequence_parallel else ''}: "
+              f"{len(rows)} tp collectives per micro-step, {mb:.1f} MB sent per rank", file=sys.stderr, flush=True)
     return ddp(raw, group=mesh["dp"].get_group()), raw, mesh.get_local_rank("dp"), mesh["dp"].size()
 
 

@@ -15,7 +15,8 @@ and without sequence parallelism:
   * dropout: the sharded stream differs across tp ranks (attention), the replicated one agrees
     (residual dropout without SP), and with SP the residual dropout uses the sharded stream;
   * errors raise the same one-line message on every rank, and nothing hangs: heads or vocabulary not
-    divisible, a module the plan does not cover, tp differing across ranks (mesh and tp()).
+    divisible, a module the plan does not cover, a model already wrapped in ddp, tp differing across
+    ranks (mesh and tp()).
 The 2-rank spawn runs tp = 2 over the whole world (no mesh) and tp = 1 through the same code path.
 """
 from __future__ import annotations
@@ -174,6 +175,9 @@ def _errors(rank) -> dict[str, str]:
     expect("vocab", TPError, lambda: tp(GPT(GPTConfig.from_name("tiny", vocab_size=250, n_head=4)), None))
     plan = {k: v for k, v in GPT_PLAN.items() if k != "blocks.*.mlp.fc"}
     expect("plan", TPError, lambda: tp(GPT(GPTConfig.from_name("tiny", n_head=4)), None, plan))
+    from gobrrr.parallel import ddp
+
+    expect("wrapped", TPError, lambda: tp(ddp(GPT(GPTConfig.from_name("tiny", n_head=4))), None))
     expect("mesh", MeshError, lambda: make_mesh(2 if rank.rank < 2 else 4))
     g01, g23 = dist.new_group([0, 1]), dist.new_group([2, 3])
     mine = g01 if rank.rank < 2 else None  # ranks 0-1 think tp=2, ranks 2-3 think tp=4
@@ -253,6 +257,7 @@ def test_largest_activation_is_a_vocab_shard(four, n, sp):
     ("heads", ["n_head = 2 heads", "tp=4"]),
     ("vocab", ["250 rows", "tp=4"]),
     ("plan", ["'blocks.0.mlp.fc' (Linear)", "add an entry"]),
+    ("wrapped", ["wrapped in DDP", "apply tp() to the bare model first"]),
     ("mesh", ["ranks [0, 1] asked for tp=2", "ranks [2, 3] asked for tp=4", "same --tp"]),
     ("groups", ["disagree on tp", "rank 2: tp=4"]),
 ])

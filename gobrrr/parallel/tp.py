@@ -422,6 +422,9 @@ def tp(model: nn.Module, mesh_or_group=None, plan: dict | None = None, sequence_
     tpg = TPGroup.of(group)
     if model.__dict__.get("_gobrrr_tp") is not None:
         raise TPError("tp: this model is already tensor-parallel; build a fresh model to shard it again")
+    if hasattr(model, "no_sync") and isinstance(getattr(model, "module", None), nn.Module):
+        raise TPError(f"tp: the model is wrapped in {type(model).__name__}; apply tp() to the bare model first, "
+                      "then wrap it (ddp(tp(model, mesh), group=mesh['dp'].get_group()))")
     _check_ranks_agree(model, tpg, sequence_parallel, plan)
     param = next(model.parameters(), None)
     device = param.device if param is not None else torch.device("cpu")
