@@ -1,6 +1,8 @@
 """Tensor parallelism on one GPU: tp = 1 runs the same code path with no host-device sync and the plain
 model's loss and gradients (bf16 autocast, fused AdamW). The <= 2% cost is measured by `gobrrr bench tp`
-(timings do not belong in a pass/fail test)."""
+(timings do not belong in a pass/fail test). With 2 GPUs: tp = 2 over NCCL (+-SP) gives the one-GPU loss
+and gradients (fp32, TF32 off) with no host-device sync in forward + backward.
+"""
 from __future__ import annotations
 
 import copy
@@ -42,3 +44,36 @@ def test_tp1_step_has_no_sync_and_matches_plain(sp):
     with torch.autocast("cuda", dtype=torch.bfloat16):
         _, got = fresh(x, y)
     assert_close(got, ref)  # same weights, same bf16 arithmetic: the tp = 1 loss is the plain loss
+
+
+def _nccl_parity(rank, sp: bool):
+    import torch.distributed as dist
+
+    from gobrrr.parallel.tp import tp
+    from gobrrr.parallel.tp_tensors import full_state
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.manual_seed(0)
+    ref = GPT(GPTConfig.from_name("tiny", n_head=4, n_embd=64)).to(rank.device)
+    model = tp(copy.deepcopy(ref), None, sequence_parallel=sp)
+    g = torch.Generator().manual_seed(5)
+    x, y = (torch.randint(0, 256, (2, 32), generator=g).to(rank.device) for _ in range(2))
+    with gobrrr.sync_budget(0):
+        _, loss = model(x, y)
+        loss.backward()
+    _, ref_loss = ref(x, y)
+    ref_loss.backward()
+    assert_close(loss, ref_loss)
+    want = dict(ref.named_parameters())
+    for name, grad in full_state(model, grads=True).items():
+        assert_close(grad, want[name].grad, rtol=1e-5, atol=1e-6, msg=lambda m, name=name: f"{name}: {m}")
+    return dist.get_world_size()
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+@pytest.mark.parametrize("sp", [False, True])
+def test_tp2_over_nccl_matches_one_gpu_without_syncs(sp):
+    from gobrrr.dist.testing import spawn
+
+    assert spawn(_nccl_parity, 2, sp, backend="nccl", timeout_s=180) == [2, 2]

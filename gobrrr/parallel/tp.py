@@ -24,9 +24,11 @@ nothing is replicated by accident. The styles and what they do to the module (n 
                     divided by n; `sharded_random` names the attribute of its internal dropout
                     probability (SDPA's), whose masks differ across tp ranks (its heads differ).
   Replicate         parameters whole on every rank. seq_dim: with SP, the output is cut to this rank's
-                    positions (a position embedding). With SP the gradient of a replicated parameter
-                    used on a sequence shard is partial: it is all-reduced over tp (a hook, before
-                    accumulation, so a ddp wrapper on the dp dimension sees the whole gradient).
+                    positions (a position embedding). With SP every replicated parameter is taken to
+                    act on this rank's tokens (true of norms, of biases added after a reduce-scatter
+                    and of position embeddings), so its gradient is partial: it is all-reduced over tp
+                    (a hook, before accumulation, so a ddp wrapper on the dp dimension sees the whole
+                    gradient). A replicated parameter used on whole sequences has no place under SP.
   Dropout           masks from the replicated stream where activations are replicated (no SP) and from
                     the sharded stream where they are sharded (SP).
 
