@@ -20,7 +20,8 @@ S = B*T*C*bytes. "Moves" is what one rank sends (= receives) with a ring algorit
      vocab_parallel_cross_entropy   loss from (N, V/n) logits; one all-gather of 2N floats
 
 At n = 1 every collective is skipped (the functions return their input), so tp = 1 runs the same
-model code with no communication and no autograd node of ours. None of these reads a value on the
+model code with no communication and no autograd node of ours; with nothing to mask or reduce, the
+embedding is a plain lookup (and tp.py's row-parallel bias rides in the GEMM, as in nn.Linear). None of these reads a value on the
 host: no host-device sync anywhere.
 
 Collectives go through `gobrrr.dist.comm`, so debug mode (GOBRRR_DIST_DEBUG=1) checks that every tp
@@ -209,6 +210,8 @@ def vocab_parallel_embedding(ids: torch.Tensor, weight: torch.Tensor, vocab_star
     Moves: one all-reduce of S (or one reduce-scatter) forward; nothing backward, since every
     rank's rows get their gradient from the full-sequence dL/dE.
     """
+    if tpg.size == 1:  # one rank holds every row: nothing to mask, nothing to reduce
+        return F.embedding(ids, weight)                        # (B, T, C)
     local = ids - vocab_start                                  # (B, T)
     inside = (local >= 0) & (local < weight.shape[0])          # (B, T) bool, never read on the host
     e = F.embedding(local.clamp(0, weight.shape[0] - 1), weight)  # (B, T, C)
