@@ -159,8 +159,9 @@ def run_bench(cfg: BenchConfig, device: torch.device, world: int) -> dict:
     variants = _variants(cfg, device, world)
     g = torch.Generator().manual_seed(1)
     vocab = next(iter(variants.values()))[0].config.vocab_size
-    x = torch.randint(0, vocab, (cfg.batch_size, cfg.seq_len), generator=g).to(device)
-    y = torch.randint(0, vocab, (cfg.batch_size, cfg.seq_len), generator=g).to(device)
+    # once, before timing: a CPU generator gives every rank and device the same batch
+    x = torch.randint(0, vocab, (cfg.batch_size, cfg.seq_len), generator=g).to(device)  # gobrrr: ignore[GB001]
+    y = torch.randint(0, vocab, (cfg.batch_size, cfg.seq_len), generator=g).to(device)  # gobrrr: ignore[GB001]
     for name, (m, opt) in variants.items():
         for _ in range(cfg.warmup):
             _step(name, m, opt, x, y, autocast)

@@ -58,7 +58,8 @@ def _nccl_parity(rank, sp: bool):
     ref = GPT(GPTConfig.from_name("tiny", n_head=4, n_embd=64)).to(rank.device)
     model = tp(copy.deepcopy(ref), None, sequence_parallel=sp)
     g = torch.Generator().manual_seed(5)
-    x, y = (torch.randint(0, 256, (2, 32), generator=g).to(rank.device) for _ in range(2))
+    # the same batch on every rank, made once on the host
+    x, y = (torch.randint(0, 256, (2, 32), generator=g).to(rank.device) for _ in range(2))  # gobrrr: ignore[GB001]
     with gobrrr.sync_budget(0):
         _, loss = model(x, y)
         loss.backward()
