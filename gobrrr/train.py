@@ -20,14 +20,24 @@ step s does not depend on where the run stopped), the data position is the step,
 checkpoint holds model, optimizer (with Adam's step counts), the RNG states and that position.
 On a CPU the result is bitwise identical; tests/test_train.py checks it.
 
-metrics.jsonl is only ever appended to. After a resume the steps between the checkpoint and
-the kill appear twice (the later record wins; `read_metrics` does that) and a
-{"event": "resume", "step": s} record marks the seam.
+metrics.jsonl is only ever appended to, one whole flush at a time (gobrrr.rundir.MetricsLog: a
+full disk cuts the file back to its last whole record and stops the run). After a resume the steps
+between the checkpoint and the kill appear twice (the later record wins; `read_metrics` does that)
+and a {"event": "resume", "step": s} record marks the seam; a torn last line left by a crash is cut
+off first ("repaired_bytes"). DIR belongs to one live run: rank 0 holds DIR/run.lock (a lock the
+kernel drops when its process dies) and a second run into DIR stops at once, naming the first.
+
+Failures end the run with one line and a non-zero exit: 2 for what the user can fix (arguments,
+--out, a full disk, a checkpoint that does not fit), 1 for a run that diverged (a non-finite loss
+or weights: nothing non-finite is ever checkpointed, the last finite checkpoint stays) or lost a
+rank (named by gobrrr.dist). Ranks started by torchrun exit within about a second of the
+launcher's death (gobrrr.dist.lifeline).
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import math
 import os
@@ -41,8 +51,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from gobrrr import rundir
 from gobrrr.checkpoint import CheckpointError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from gobrrr.data import CharCorpus, SyntheticTokens
+from gobrrr.dist.debug import CollectiveError
+from gobrrr.dist.ranks import DistConfigError
 from gobrrr.models.gpt import GPT, GPTConfig
 
 CHECKPOINT = "checkpoint.pt"
@@ -62,6 +75,10 @@ PEAK_BF16_FLOPS = [
 
 class TrainError(RuntimeError):
     """The run cannot start or continue as asked; the message says what to change."""
+
+
+class DivergedError(TrainError):
+    """The loss or the weights stopped being finite; nothing non-finite was checkpointed."""
 
 
 @dataclass
@@ -87,10 +104,11 @@ class TrainConfig:
     seed: int = 0
     progress: bool = True            # progress bar / progress lines on rank 0
     crash_after_step: int | None = None  # testing aid: SIGKILL this process after that step
+    warmup_default: bool = False     # set when warmup was not given: a resume keeps the checkpoint's warmup
 
     def __post_init__(self):
-        if self.warmup is None:
-            self.warmup = min(100, self.steps // 10)
+        if self.warmup is None:  # the default follows --steps, so it is marked: a longer resumed run keeps its own
+            self.warmup, self.warmup_default = min(100, self.steps // 10), True
         for name in ("steps", "batch_size", "grad_accum", "ckpt_every", "log_every"):
             if getattr(self, name) < 1:
                 raise TrainError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
@@ -98,6 +116,7 @@ class TrainConfig:
             raise TrainError(f"--data must be 'shakespeare' or 'synthetic', got {self.data!r}")
         if not 0 <= self.warmup <= self.steps:
             raise TrainError(f"--warmup {self.warmup} must be between 0 and --steps {self.steps}")
+        _check_numbers(self)
 
 
 # These must match between a checkpoint and the run resuming it, or the continuation is not the
@@ -152,12 +171,9 @@ def read_metrics(path: str | os.PathLike) -> dict[int, dict[str, Any]]:
     """metrics.jsonl as {step: record}; for a step logged twice (before a kill and after the resume)
     the later record wins. Event records ({"event": ...}) are skipped."""
     records: dict[int, dict[str, Any]] = {}
-    with open(path) as f:
-        for line in f:
-            if line.strip():
-                rec = json.loads(line)
-                if "event" not in rec:
-                    records[rec["step"]] = rec
+    for rec in rundir.read_jsonl(path):  # a torn last line (a crash mid-write) is skipped
+        if "event" not in rec:
+            records[rec["step"]] = rec
     return records
 
 
@@ -209,7 +225,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         raise TrainError("--device cuda was asked for but torch sees no GPU; use --device cpu")
     from gobrrr.dist import session  # the rank runtime (engineer D)
 
-    with session(device=device, seed=cfg.seed) as rank:
+    with session(device=device, seed=cfg.seed) as rank, rundir.claim(cfg.out, rank.is_main, rank.device):
         return _train(cfg, rank)
 
 
@@ -241,10 +257,15 @@ def _train(cfg: TrainConfig, rank) -> dict[str, Any]:
             raise TrainError(f"{out} already holds a run ({CHECKPOINT}); pass --resume to continue it "
                              "or choose a new --out")
         state = load_checkpoint(ckpt_path)  # to host memory; load_state_dict copies onto the device
+        if cfg.warmup_default and "warmup" in state.get("config", {}):  # --warmup not given: keep the run's
+            cfg = replace(cfg, warmup=state["config"]["warmup"], warmup_default=True)
         _check_resumable(state, cfg, W)
-        raw.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        set_rng_state(state["rng"], device)
+        try:
+            raw.load_state_dict(state["model"])
+            opt.load_state_dict(state["optimizer"])
+            set_rng_state(state["rng"], device)
+        except (KeyError, RuntimeError, ValueError, TypeError) as e:
+            raise TrainError(_misfit(ckpt_path, cfg, e)) from e
         start = state["step"]
         if data.check_state(state["data"]) != start * K:
             raise TrainError(f"checkpoint data position {state['data']['position']} is not step {start} x "
@@ -261,9 +282,10 @@ def _train(cfg: TrainConfig, rank) -> dict[str, Any]:
     autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda"
                 else contextlib.nullcontext())
 
-    metrics = open(metrics_path, "a") if main else None
+    metrics = rundir.MetricsLog(metrics_path) if main else None  # whole records only; a torn tail is cut
     if main and start > 0:
-        metrics.write(json.dumps({"event": "resume", "step": start, "time": time.time()}) + "\n")
+        metrics.write(json.dumps({"event": "resume", "step": start, "time": time.time(),
+                                  "repaired_bytes": metrics.repaired_bytes}) + "\n")
         metrics.flush()
     progress = _Progress(main and cfg.progress, cfg.steps, start,
                          f"{cfg.model} x{W} {'cuda' if device.type == 'cuda' else 'cpu'}")
@@ -323,9 +345,10 @@ def _train(cfg: TrainConfig, rank) -> dict[str, Any]:
             last = done == cfg.steps
             if done % cfg.log_every == 0 or done % cfg.ckpt_every == 0 or last:
                 flush(done)
+                _stop_if_diverged(logged, done - start, cfg)
             if done % cfg.ckpt_every == 0 or last:
-                error = None
-                if main:
+                error = _nonfinite_weights(raw, done, cfg)  # never checkpoint NaN/inf; a TP/ZeRO shard counts too
+                if main and error is None:
                     try:
                         save_checkpoint({"format": FORMAT, "step": done, "model": raw.state_dict(),
                                          "optimizer": opt.state_dict(), "rng": rng_state(device),
@@ -336,7 +359,8 @@ def _train(cfg: TrainConfig, rank) -> dict[str, Any]:
                 failed = torch.tensor([0.0 if error is None else 1.0], device=device)
                 dist.all_reduce(failed)  # every rank learns whether rank 0's write failed
                 if failed.item():  # sync: once per checkpoint, so all ranks stop together instead of hanging
-                    raise error or CheckpointError("rank 0 could not write the checkpoint; see its error message")
+                    raise error or CheckpointError("another rank could not write or check the checkpoint; see "
+                                                   "its error message")
             if cfg.crash_after_step == done:
                 os.kill(os.getpid(), signal.SIGKILL)  # testing aid: die like a killed job, no cleanup
     finally:
@@ -357,9 +381,61 @@ def _train(cfg: TrainConfig, rank) -> dict[str, Any]:
     return {"step": cfg.steps, "losses": logged, "tokens_per_s": tok_s, "mfu": mfu, "peak": peak}
 
 
+def _check_numbers(cfg: TrainConfig) -> None:
+    """Refuse values torch would reject with a traceback (lr < 0) or accept and train NaNs with (lr inf)."""
+    def bad(name: str, rule: str) -> TrainError:
+        return TrainError(f"--{name.replace('_', '-')} {getattr(cfg, name)} must be {rule}; pass such a value")
+
+    for name in ("lr", "min_lr", "weight_decay", "grad_clip"):
+        if not math.isfinite(getattr(cfg, name)):
+            raise bad(name, "a finite number")
+    if cfg.lr <= 0:
+        raise bad("lr", "> 0")
+    if not 0 <= cfg.min_lr <= cfg.lr:
+        raise bad("min_lr", f"between 0 and --lr {cfg.lr}")
+    if cfg.weight_decay < 0:
+        raise bad("weight_decay", ">= 0")
+    if cfg.grad_clip < 0:
+        raise bad("grad_clip", ">= 0 (0 turns clipping off)")
+    if cfg.seq_len is not None and cfg.seq_len < 1:
+        raise bad("seq_len", ">= 1")
+
+
+def _stop_if_diverged(logged: dict[int, float], n: int, cfg: TrainConfig) -> None:
+    """After a flush: stop at the first non-finite loss among the latest `n` steps (none is checkpointed)."""
+    recent = dict(itertools.islice(reversed(logged.items()), min(n, cfg.log_every, len(logged))))
+    bad = [s for s, loss in recent.items() if not math.isfinite(loss)]
+    if bad:
+        raise DivergedError(f"the loss is {recent[min(bad)]} at step {min(bad)}: the run diverged and stopped; "
+                            f"{Path(cfg.out) / CHECKPOINT} (if any) is from before it and finite; start a new "
+                            f"run with a lower --lr (now {cfg.lr:g}) or --grad-clip")
+
+
+def _nonfinite_weights(model: torch.nn.Module, step: int, cfg: TrainConfig) -> DivergedError | None:
+    """A DivergedError if any of this rank's weights is NaN/inf after `step` (one sync per checkpoint)."""
+    flags = [torch.isfinite(p).all() for p in model.parameters()]
+    if not flags or bool(torch.stack(flags).all()):  # sync: once per checkpoint
+        return None
+    return DivergedError(f"the weights hold NaN/inf after step {step}: the run diverged and stopped without "
+                         f"writing them; {Path(cfg.out) / CHECKPOINT} (if any) is the last finite state; start a "
+                         f"new run with a lower --lr (now {cfg.lr:g}) or --grad-clip")
+
+
+def _misfit(path: Path, cfg: TrainConfig, e: BaseException) -> str:
+    """One line for a checkpoint whose tensors do not fit the model (missing key, wrong shape)."""
+    text = " ".join(ln.strip() for ln in str(e).splitlines() if ln.strip())
+    what = f"key {text}" if isinstance(e, KeyError) else text
+    return (f"checkpoint {path} does not fit model {cfg.model} ({what[:300]}); it was written by another "
+            "model or edited; resume with the original arguments or start a new run")
+
+
 def _check_resumable(state: dict[str, Any], cfg: TrainConfig, world_size: int) -> None:
     if state.get("format") != FORMAT:
         raise TrainError(f"checkpoint format {state.get('format')!r} is not {FORMAT!r}; start a new run")
+    missing = [k for k in ("step", "model", "optimizer", "rng", "data", "config", "world_size") if k not in state]
+    if missing:
+        raise TrainError(f"checkpoint lacks {', '.join(missing)}: it is damaged or edited; restore a copy or "
+                         "start a new run")
     old = state["config"]
     diffs = [f"--{k.replace('_', '-')} {old.get(k)} -> {getattr(cfg, k)}" for k in _SAME_ON_RESUME
              if old.get(k) != getattr(cfg, k)]
@@ -397,16 +473,19 @@ def parse_args(argv: list[str]) -> TrainConfig:
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress output")
     p.add_argument("--crash-after-step", type=int, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    return TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)})
+    return TrainConfig(**{f.name: getattr(args, f.name, f.default) for f in fields(TrainConfig)})
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         train(parse_args(argv))
-    except (TrainError, CheckpointError) as e:
+    except (TrainError, CheckpointError, rundir.RunDirError, DistConfigError) as e:
         print(f"gobrrr train: error: {e}", file=sys.stderr)
-        return 2
+        return 1 if isinstance(e, DivergedError) else 2
+    except CollectiveError as e:  # a rank died or left: gobrrr.dist names it
+        print(f"gobrrr train: error: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -82,6 +82,8 @@ class GroupWatch:
     last_work: object = None       # the Work (or list) of the latest op issued here: is it still pending?
     last_op: tuple = ("", None)    # ("all_reduce", 17) or ("send to rank 1", None), for messages
     monitor_stop: object = None    # threading.Event that stops the peer monitor (monitor.py), world only
+    lifeline_stop: object = None   # threading.Event that stops the launcher watch (lifeline.py), world only
+    seed: int = 0                  # the model seed init() applied (world only): a second init() reports it
 
     @property
     def size(self) -> int:
@@ -112,8 +114,9 @@ def install(store: dist.Store | None, rank: int, world_size: int, timeout_s: flo
 
 def uninstall() -> None:
     for watch in _WATCHES.values():
-        if watch.monitor_stop is not None:
-            watch.monitor_stop.set()
+        for stop in (watch.monitor_stop, watch.lifeline_stop):
+            if stop is not None:
+                stop.set()
     _WATCHES.clear()
 
 
