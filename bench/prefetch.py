@@ -40,7 +40,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from bench.common import print_table, record
+from bench.common import add_results_option, print_table, record
 from gobrrr.device.worker_ring import PinnedWorkerLoader
 
 
@@ -426,6 +426,7 @@ def parse(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
     p.add_argument("--repeats", type=int, help="interleaved passes over the rows; the median is kept (default 1)")
     p.add_argument("--kinds", help="comma-separated row kinds to run, from in-process,workers,info "
                                    "(floors always run; default all)")
+    add_results_option(p)
     args = p.parse_args(argv)
     kw: dict[str, Any] = dict(QUICK) if args.quick else {}
     if args.depths:
@@ -448,7 +449,7 @@ def parse(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    cfg, _ = parse(argv)
+    cfg, args = parse(argv)
     mb = cfg.batch * 3 * cfg.side * cfg.side * 4 / 1e6
     print(f"bench prefetch: batch {cfg.batch}x3x{cfg.side}x{cfg.side} float32 ({mb:.1f} MB), "
           f"MLP width {cfg.width}, {cfg.workers} workers, {cfg.steps} steps per row"
@@ -470,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
         verdict = "met" if r["x_floor"] <= target else "MISSED"
         print(f"  {r['regime']:<14} {r['row']:<45} {r['x_floor']:.2f}x  (target <= {target}x): {verdict}")
     path = record("prefetch", config=asdict(cfg), rows=rows, figures=figures,
-                  wall_s=time.perf_counter() - t0)
+                  wall_s=time.perf_counter() - t0, quick=args.quick, results=args.results)
     print(f"\n{len(rows)} rows in {time.perf_counter() - t0:.0f} s; appended to {path}")
     return 0
 

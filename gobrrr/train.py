@@ -54,6 +54,7 @@ import torch.distributed as dist
 from gobrrr import rundir
 from gobrrr.checkpoint import CheckpointError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from gobrrr.data import CharCorpus, SyntheticTokens
+from gobrrr.dist import comm
 from gobrrr.dist.debug import CollectiveError
 from gobrrr.dist.ranks import DistConfigError
 from gobrrr.models.gpt import GPT, GPTConfig
@@ -301,7 +302,7 @@ def _train(cfg: TrainConfig, rank) -> dict[str, Any]:
         if not pending:
             return
         both = torch.stack(pending)             # (n, 2): loss, grad norm per step
-        dist.all_reduce(both)                   # one collective per log interval, not per step
+        comm.all_reduce(both)                   # one collective per log interval, not per step (names a dead rank)
         rows = (both / W).tolist()              # sync: the one device->host read per log interval
         now = time.perf_counter()
         dt = (now - t_last) / len(rows)
@@ -357,7 +358,7 @@ def _train(cfg: TrainConfig, rank) -> dict[str, Any]:
                     except CheckpointError as e:
                         error = e
                 failed = torch.tensor([0.0 if error is None else 1.0], device=device)
-                dist.all_reduce(failed)  # every rank learns whether rank 0's write failed
+                comm.all_reduce(failed)  # every rank learns whether rank 0's write failed
                 if failed.item():  # sync: once per checkpoint, so all ranks stop together instead of hanging
                     raise error or CheckpointError("another rank could not write or check the checkpoint; see "
                                                    "its error message")

@@ -136,9 +136,12 @@ def _master() -> tuple[str, int]:
 def _rendezvous(rank: int, world_size: int, timeout_s: float) -> dist.Store:
     """env:// rendezvous with its own, short timeout; a failure names address, port and world size."""
     addr, port = _master()
+    # A client's connect retries twice over its timeout (plus a back-off), so it gets half: every rank
+    # gives up within about `timeout_s`. Under torchrun every rank is a client of the agent's store.
+    client = rank != 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     try:
         store, _, _ = next(dist.rendezvous("env://", rank, world_size,
-                                           timeout=_dt.timedelta(seconds=timeout_s)))
+                                           timeout=_dt.timedelta(seconds=timeout_s / 2 if client else timeout_s)))
     except (RuntimeError, TimeoutError, OSError, ValueError) as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
         raise RendezvousError(
