@@ -208,9 +208,12 @@ class MetricsLog:
             return
         before = os.fstat(self._fd).st_size
         try:
-            n = os.write(self._fd, data)
-            if n != len(data):  # a short write: the disk filled up in the middle
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            done = 0
+            while done < len(data):  # a short write means the disk filled up: the next write says why
+                n = os.write(self._fd, data[done:])
+                if n == 0:
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                done += n
         except OSError as e:
             try:
                 os.ftruncate(self._fd, before)  # take the partial lines back: whole records only
