@@ -64,6 +64,10 @@ _POLL_S = 0.25          # how often a waiting rank looks for dead or departed pe
 _REPORT_GRACE_S = 2.0   # how long a failing rank waits for its peers to post their own failure
 
 
+class DistConfigError(ValueError):
+    """The launch environment is wrong (a variable, the rendezvous); the message names what to fix."""
+
+
 class CollectiveError(RuntimeError):
     """A collective failed; the message names the operation and the ranks involved."""
 
@@ -115,7 +119,7 @@ def check_first(size: int) -> int:
         try:
             return max(0, int(value))
         except ValueError:
-            raise ValueError(f"gobrrr.dist: environment variable {ENV_CHECK_FIRST}={value!r} is not a whole "
+            raise DistConfigError(f"gobrrr.dist: environment variable {ENV_CHECK_FIRST}={value!r} is not a whole "
                              f"number of collectives; set e.g. {CHECK_FIRST_DEFAULT}, or 0 to turn the check off.") from None
     return CHECK_FIRST_DEFAULT if size <= CHECK_FIRST_MAX_RANKS else 0
 

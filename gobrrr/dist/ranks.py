@@ -52,6 +52,7 @@ import torch.distributed as dist
 from torch.utils.data import Sampler
 
 from gobrrr.dist import debug as _debug
+from gobrrr.dist.debug import DistConfigError
 from gobrrr.dist import lifeline as _lifeline
 from gobrrr.dist import monitor as _monitor
 
@@ -81,10 +82,6 @@ class Rank:
     def data_generator(self) -> torch.Generator:
         """A CPU torch.Generator seeded with `data_seed`."""
         return torch.Generator().manual_seed(self.data_seed)
-
-
-class DistConfigError(ValueError):
-    """The launch environment is wrong (a variable, the rendezvous); the message names what to fix."""
 
 
 class RendezvousError(DistConfigError, TimeoutError):
