@@ -29,15 +29,14 @@ kernel drops when its process dies) and a second run into DIR stops at once, nam
 
 Failures end the run with one line and a non-zero exit: 2 for what the user can fix (arguments,
 --out, a full disk, a checkpoint that does not fit), 1 for a run that diverged (a non-finite loss
-or weights: nothing non-finite is ever checkpointed, the last finite checkpoint stays) or lost a
-rank (named by gobrrr.dist). Ranks started by torchrun exit within about a second of the
-launcher's death (gobrrr.dist.lifeline).
+or weights: nothing non-finite is ever checkpointed, see gobrrr.train_checks) or lost a rank
+(named by gobrrr.dist). Ranks started by torchrun exit within about a second of the launcher's
+death (gobrrr.dist.lifeline).
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
-import itertools
 import json
 import math
 import os
@@ -55,9 +54,9 @@ from gobrrr import rundir
 from gobrrr.checkpoint import CheckpointError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from gobrrr.data import CharCorpus, SyntheticTokens
 from gobrrr.dist import comm
-from gobrrr.dist.debug import CollectiveError
-from gobrrr.dist.ranks import DistConfigError
+from gobrrr.dist.debug import CollectiveError, DistConfigError
 from gobrrr.models.gpt import GPT, GPTConfig
+from gobrrr.train_checks import DivergedError, misfit, nonfinite_weights, numbers_problem, stop_if_diverged
 
 CHECKPOINT = "checkpoint.pt"
 METRICS = "metrics.jsonl"
@@ -78,10 +77,6 @@ class TrainError(RuntimeError):
     """The run cannot start or continue as asked; the message says what to change."""
 
 
-class DivergedError(TrainError):
-    """The loss or the weights stopped being finite; nothing non-finite was checkpointed."""
-
-
 @dataclass
 class TrainConfig:
     """Everything a run depends on. Batch sizes are per rank and per micro-step."""
@@ -97,6 +92,7 @@ class TrainConfig:
     lr: float = 1e-3                 # peak learning rate
     min_lr: float = 1e-4             # end of the cosine
     warmup: int | None = None        # linear warmup steps; default min(100, steps // 10)
+    warmup_default: bool = False     # warmup was not given: a resume keeps the checkpoint's (not one from --steps)
     weight_decay: float = 0.1
     grad_clip: float = 1.0           # max global gradient norm (0 = off)
     ckpt_every: int = 100            # checkpoint every M steps (and at the end)
@@ -105,10 +101,9 @@ class TrainConfig:
     seed: int = 0
     progress: bool = True            # progress bar / progress lines on rank 0
     crash_after_step: int | None = None  # testing aid: SIGKILL this process after that step
-    warmup_default: bool = False     # set when warmup was not given: a resume keeps the checkpoint's warmup
 
     def __post_init__(self):
-        if self.warmup is None:  # the default follows --steps, so it is marked: a longer resumed run keeps its own
+        if self.warmup is None:  # marked: a resumed run with a longer --steps keeps the run's own warmup
             self.warmup, self.warmup_default = min(100, self.steps // 10), True
         for name in ("steps", "batch_size", "grad_accum", "ckpt_every", "log_every"):
             if getattr(self, name) < 1:
@@ -117,7 +112,8 @@ class TrainConfig:
             raise TrainError(f"--data must be 'shakespeare' or 'synthetic', got {self.data!r}")
         if not 0 <= self.warmup <= self.steps:
             raise TrainError(f"--warmup {self.warmup} must be between 0 and --steps {self.steps}")
-        _check_numbers(self)
+        if (problem := numbers_problem(self)) is not None:
+            raise TrainError(problem)
 
 
 # These must match between a checkpoint and the run resuming it, or the continuation is not the
@@ -258,15 +254,12 @@ def _train(cfg: TrainConfig, rank) -> dict[str, Any]:
             raise TrainError(f"{out} already holds a run ({CHECKPOINT}); pass --resume to continue it "
                              "or choose a new --out")
         state = load_checkpoint(ckpt_path)  # to host memory; load_state_dict copies onto the device
-        if cfg.warmup_default and "warmup" in state.get("config", {}):  # --warmup not given: keep the run's
-            cfg = replace(cfg, warmup=state["config"]["warmup"], warmup_default=True)
         _check_resumable(state, cfg, W)
-        try:
-            raw.load_state_dict(state["model"])
-            opt.load_state_dict(state["optimizer"])
-            set_rng_state(state["rng"], device)
-        except (KeyError, RuntimeError, ValueError, TypeError) as e:
-            raise TrainError(_misfit(ckpt_path, cfg, e)) from e
+        if (problem := misfit(ckpt_path, state, raw)) is not None:
+            raise TrainError(problem)
+        raw.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        set_rng_state(state["rng"], device)
         start = state["step"]
         if data.check_state(state["data"]) != start * K:
             raise TrainError(f"checkpoint data position {state['data']['position']} is not step {start} x "
@@ -346,9 +339,9 @@ def _train(cfg: TrainConfig, rank) -> dict[str, Any]:
             last = done == cfg.steps
             if done % cfg.log_every == 0 or done % cfg.ckpt_every == 0 or last:
                 flush(done)
-                _stop_if_diverged(logged, done - start, cfg)
+                stop_if_diverged(logged, done - start, cfg)
             if done % cfg.ckpt_every == 0 or last:
-                error = _nonfinite_weights(raw, done, cfg)  # never checkpoint NaN/inf; a TP/ZeRO shard counts too
+                error = nonfinite_weights(raw, done, cfg)  # never checkpoint NaN/inf (a TP/ZeRO shard counts too)
                 if main and error is None:
                     try:
                         save_checkpoint({"format": FORMAT, "step": done, "model": raw.state_dict(),
@@ -360,7 +353,7 @@ def _train(cfg: TrainConfig, rank) -> dict[str, Any]:
                 failed = torch.tensor([0.0 if error is None else 1.0], device=device)
                 comm.all_reduce(failed)  # every rank learns whether rank 0's write failed
                 if failed.item():  # sync: once per checkpoint, so all ranks stop together instead of hanging
-                    raise error or CheckpointError("another rank could not write or check the checkpoint; see "
+                    raise error or CheckpointError("another rank could not check or write the checkpoint; see "
                                                    "its error message")
             if cfg.crash_after_step == done:
                 os.kill(os.getpid(), signal.SIGKILL)  # testing aid: die like a killed job, no cleanup
@@ -382,62 +375,16 @@ def _train(cfg: TrainConfig, rank) -> dict[str, Any]:
     return {"step": cfg.steps, "losses": logged, "tokens_per_s": tok_s, "mfu": mfu, "peak": peak}
 
 
-def _check_numbers(cfg: TrainConfig) -> None:
-    """Refuse values torch would reject with a traceback (lr < 0) or accept and train NaNs with (lr inf)."""
-    def bad(name: str, rule: str) -> TrainError:
-        return TrainError(f"--{name.replace('_', '-')} {getattr(cfg, name)} must be {rule}; pass such a value")
-
-    for name in ("lr", "min_lr", "weight_decay", "grad_clip"):
-        if not math.isfinite(getattr(cfg, name)):
-            raise bad(name, "a finite number")
-    if cfg.lr <= 0:
-        raise bad("lr", "> 0")
-    if not 0 <= cfg.min_lr <= cfg.lr:
-        raise bad("min_lr", f"between 0 and --lr {cfg.lr}")
-    if cfg.weight_decay < 0:
-        raise bad("weight_decay", ">= 0")
-    if cfg.grad_clip < 0:
-        raise bad("grad_clip", ">= 0 (0 turns clipping off)")
-    if cfg.seq_len is not None and cfg.seq_len < 1:
-        raise bad("seq_len", ">= 1")
-
-
-def _stop_if_diverged(logged: dict[int, float], n: int, cfg: TrainConfig) -> None:
-    """After a flush: stop at the first non-finite loss among the latest `n` steps (none is checkpointed)."""
-    recent = dict(itertools.islice(reversed(logged.items()), min(n, cfg.log_every, len(logged))))
-    bad = [s for s, loss in recent.items() if not math.isfinite(loss)]
-    if bad:
-        raise DivergedError(f"the loss is {recent[min(bad)]} at step {min(bad)}: the run diverged and stopped; "
-                            f"{Path(cfg.out) / CHECKPOINT} (if any) is from before it and finite; start a new "
-                            f"run with a lower --lr (now {cfg.lr:g}) or --grad-clip")
-
-
-def _nonfinite_weights(model: torch.nn.Module, step: int, cfg: TrainConfig) -> DivergedError | None:
-    """A DivergedError if any of this rank's weights is NaN/inf after `step` (one sync per checkpoint)."""
-    flags = [torch.isfinite(p).all() for p in model.parameters()]
-    if not flags or bool(torch.stack(flags).all()):  # sync: once per checkpoint
-        return None
-    return DivergedError(f"the weights hold NaN/inf after step {step}: the run diverged and stopped without "
-                         f"writing them; {Path(cfg.out) / CHECKPOINT} (if any) is the last finite state; start a "
-                         f"new run with a lower --lr (now {cfg.lr:g}) or --grad-clip")
-
-
-def _misfit(path: Path, cfg: TrainConfig, e: BaseException) -> str:
-    """One line for a checkpoint whose tensors do not fit the model (missing key, wrong shape)."""
-    text = " ".join(ln.strip() for ln in str(e).splitlines() if ln.strip())
-    what = f"key {text}" if isinstance(e, KeyError) else text
-    return (f"checkpoint {path} does not fit model {cfg.model} ({what[:300]}); it was written by another "
-            "model or edited; resume with the original arguments or start a new run")
-
-
 def _check_resumable(state: dict[str, Any], cfg: TrainConfig, world_size: int) -> None:
     if state.get("format") != FORMAT:
         raise TrainError(f"checkpoint format {state.get('format')!r} is not {FORMAT!r}; start a new run")
-    missing = [k for k in ("step", "model", "optimizer", "rng", "data", "config", "world_size") if k not in state]
-    if missing:
-        raise TrainError(f"checkpoint lacks {', '.join(missing)}: it is damaged or edited; restore a copy or "
+    lacking = [k for k in ("step", "rng", "data", "config", "world_size") if k not in state]
+    if lacking:
+        raise TrainError(f"checkpoint lacks {', '.join(lacking)}: it is damaged or edited; restore a copy or "
                          "start a new run")
     old = state["config"]
+    if cfg.warmup_default and "warmup" in old:  # --warmup not given: the run keeps its own (cfg is _train's copy)
+        cfg.warmup = old["warmup"]
     diffs = [f"--{k.replace('_', '-')} {old.get(k)} -> {getattr(cfg, k)}" for k in _SAME_ON_RESUME
              if old.get(k) != getattr(cfg, k)]
     old_global = old["batch_size"] * state["world_size"]
@@ -483,8 +430,8 @@ def main(argv: list[str] | None = None) -> int:
         train(parse_args(argv))
     except (TrainError, CheckpointError, rundir.RunDirError, DistConfigError) as e:
         print(f"gobrrr train: error: {e}", file=sys.stderr)
-        return 1 if isinstance(e, DivergedError) else 2
-    except CollectiveError as e:  # a rank died or left: gobrrr.dist names it
+        return 2
+    except (DivergedError, CollectiveError) as e:  # the run failed: diverged, or a rank died (named)
         print(f"gobrrr train: error: {e}", file=sys.stderr)
         return 1
     return 0
