@@ -50,13 +50,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from gobrrr import rundir
+from gobrrr import rundir, train_checks as checks
 from gobrrr.checkpoint import CheckpointError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from gobrrr.data import CharCorpus, SyntheticTokens
 from gobrrr.dist import comm
 from gobrrr.dist.debug import CollectiveError, DistConfigError
 from gobrrr.models.gpt import GPT, GPTConfig
-from gobrrr.train_checks import DivergedError, misfit, nonfinite_weights, numbers_problem, stop_if_diverged
 
 CHECKPOINT = "checkpoint.pt"
 METRICS = "metrics.jsonl"
@@ -112,7 +111,7 @@ class TrainConfig:
             raise TrainError(f"--data must be 'shakespeare' or 'synthetic', got {self.data!r}")
         if not 0 <= self.warmup <= self.steps:
             raise TrainError(f"--warmup {self.warmup} must be between 0 and --steps {self.steps}")
-        if (problem := numbers_problem(self)) is not None:
+        if (problem := checks.numbers_problem(self)) is not None:
             raise TrainError(problem)
 
 
@@ -255,7 +254,7 @@ def _train(cfg: TrainConfig, rank) -> dict[str, Any]:
                              "or choose a new --out")
         state = load_checkpoint(ckpt_path)  # to host memory; load_state_dict copies onto the device
         _check_resumable(state, cfg, W)
-        if (problem := misfit(ckpt_path, state, raw)) is not None:
+        if (problem := checks.misfit(ckpt_path, state, raw)) is not None:
             raise TrainError(problem)
         raw.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
@@ -339,9 +338,9 @@ def _train(cfg: TrainConfig, rank) -> dict[str, Any]:
             last = done == cfg.steps
             if done % cfg.log_every == 0 or done % cfg.ckpt_every == 0 or last:
                 flush(done)
-                stop_if_diverged(logged, done - start, cfg)
+                checks.stop_if_diverged(logged, done - start, cfg)
             if done % cfg.ckpt_every == 0 or last:
-                error = nonfinite_weights(raw, done, cfg)  # never checkpoint NaN/inf (a TP/ZeRO shard counts too)
+                error = checks.nonfinite_weights(raw, done, cfg)  # never checkpoint NaN/inf (a TP/ZeRO shard counts too)
                 if main and error is None:
                     try:
                         save_checkpoint({"format": FORMAT, "step": done, "model": raw.state_dict(),
@@ -431,7 +430,7 @@ def main(argv: list[str] | None = None) -> int:
     except (TrainError, CheckpointError, rundir.RunDirError, DistConfigError) as e:
         print(f"gobrrr train: error: {e}", file=sys.stderr)
         return 2
-    except (DivergedError, CollectiveError) as e:  # the run failed: diverged, or a rank died (named)
+    except (checks.DivergedError, CollectiveError) as e:  # the run failed: diverged, or a rank died (named)
         print(f"gobrrr train: error: {e}", file=sys.stderr)
         return 1
     return 0
