@@ -239,7 +239,7 @@ def test_resume_refuses_misfit_and_poisoned_checkpoints_in_one_line(tmp_path, ca
     torch.save(state, ckpt)
     assert main(args) == 2
     line = one_error_line(capsys.readouterr().err, "train")
-    assert "does not fit model tiny" in line and "lm_head.weight" in line, line
+    assert "does not fit this model" in line and "missing lm_head.weight" in line, line
 
     ckpt.write_bytes(good)
     state = load_checkpoint(ckpt)
