@@ -93,7 +93,7 @@ def save_checkpoint(state: dict[str, Any], path: str | os.PathLike) -> Path:
         os.replace(tmp, path)
     except BaseException as e:
         tmp.unlink(missing_ok=True)
-        if isinstance(e, (OSError, RuntimeError)):
+        if isinstance(e, OSError) or (isinstance(e, RuntimeError) and _is_write_failure(e)):
             what = e.strerror if isinstance(e, OSError) and e.strerror else _first_line(e)
             raise CheckpointError(f"could not write checkpoint {path} ({what}); the previous checkpoint "
                                   f"(if any) is untouched; {_write_hint(folder, e)}") from e
@@ -121,6 +121,14 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[
         why = (lines[0] if lines else type(e).__name__)[:200]
         raise CheckpointError(f"checkpoint {path} could not be read ({type(e).__name__}: {why}); it is damaged "
                               "or not a gobrrr checkpoint; restore a copy or start the run afresh") from None
+
+
+def _is_write_failure(e: RuntimeError) -> bool:
+    """torch.save's zip writer reports a failed write as a RuntimeError ("unexpected pos", "file write
+    failed", "PytorchStreamWriter failed writing"); anything else (a CUDA error while copying a tensor
+    out) is not a disk problem and keeps its own type."""
+    text = str(e).lower()
+    return any(s in text for s in ("inline_container", "unexpected pos", "write", "streamwriter"))
 
 
 def _first_line(e: BaseException) -> str:

@@ -37,6 +37,7 @@ import fcntl
 import json
 import os
 import socket
+import sys
 import time
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -129,6 +130,11 @@ def take_run_folder(folder: str | os.PathLike) -> RunLock:
     try:
         fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:
+        if e.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+            # a filesystem without locks (some FUSE/NFS setups): run unguarded rather than not at all
+            sys.stderr.write(f"gobrrr: warning: {folder} does not support file locks ({e.strerror}); a second "
+                             "run into it would not be stopped\n")
+            return RunLock(path, fd)
         if e.errno not in (errno.EACCES, errno.EAGAIN):
             os.close(fd)
             raise RunDirError(f"cannot lock {path}: {e.strerror}; use a local folder for --out") from e
