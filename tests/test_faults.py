@@ -429,7 +429,9 @@ def test_killing_the_torchrun_launcher_ends_its_ranks(tmp_path):
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
     launcher = start(TINY + ["--out", str(out), "--steps", "100000", "--warmup", "0", "--ckpt-every", "3",
                              "--log-every", "3"], launcher=torchrun, log=tmp_path / "torchrun.txt",
-                     env={"GOBRRR_LIFELINE_POLL_S": "0.2"})
+                     env={"GOBRRR_LIFELINE_POLL_S": "0.2", "TORCH_CPP_LOG_LEVEL": "FATAL",
+                          # no store traffic: the launcher's store dies with it, and this test is about the lifeline
+                          "GOBRRR_DIST_CHECK_FIRST": "0"})
     ranks: list[int] = []
     try:
         # "train" after "-m gobrrr" on the command line: the ranks, not the launcher itself

@@ -261,10 +261,19 @@ def check_in(watch: GroupWatch, k: int, sig: str, op: str) -> None:
     store = watch.store
     if store is None or watch.size == 1:
         return
-    store.set(f"c/{k}/{watch.me}", sig)
     keys = [f"c/{k}/{i}" for i in range(watch.size)]
-    _wait_for_all(watch, keys, k, op)
-    raw = store.multi_get(keys) if hasattr(store, "multi_get") else [store.get(key) for key in keys]
+    try:
+        store.set(f"c/{k}/{watch.me}", sig)
+        _wait_for_all(watch, keys, k, op)
+        raw = store.multi_get(keys) if hasattr(store, "multi_get") else [store.get(key) for key in keys]
+    except CollectiveError:
+        raise
+    except Exception as exc:  # the store lives in rank 0 or in torchrun's agent: it died with its process
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise CollectiveError(
+            f"gobrrr.dist: {op} (collective #{k} on group {watch.name}): rank {watch.ranks[watch.me]} cannot reach "
+            f"the rendezvous store ({type(exc).__name__}: {first}); the launcher (torchrun) or rank 0 has died. "
+            "Read its log; this rank stops here.") from None
     sigs = [s.decode() for s in raw]
     if len(set(sigs)) > 1:
         by_sig: dict[str, list[int]] = {}
