@@ -203,7 +203,7 @@ def _init(backend, *, timeout_s, seed, device, debug, store) -> tuple[Rank, bool
     world_size = _env_int("WORLD_SIZE", 1)
     local_rank = _env_int("LOCAL_RANK", rank)  # launched without torchrun on one node: local = global
     if not 0 <= rank < world_size:
-        raise ValueError(f"gobrrr.dist: RANK={rank} is outside 0..WORLD_SIZE-1={world_size - 1}; "
+        raise DistConfigError(f"gobrrr.dist: RANK={rank} is outside 0..WORLD_SIZE-1={world_size - 1}; "
                          f"launch with torchrun, or unset RANK and WORLD_SIZE for a single process.")
     if timeout_s is None:
         timeout_s = _env_seconds(ENV_TIMEOUT, DEFAULT_TIMEOUT_S)
@@ -279,6 +279,9 @@ def session(backend: str | None = None, **kwargs) -> Iterator[Rank]:
 
     On an exception the rank first posts it to the store, so the peers waiting for it say
     "rank 3 raised ValueError: ... and left" instead of timing out in silence.
+
+    Inside a live group (an outer session, or a group you created yourself) the session adopts it
+    and, on exit, leaves it alive and posts nothing: the owner of the group tears it down.
     """
     kwargs = {"timeout_s": None, "seed": None, "device": None, "debug": None, "store": None, **kwargs}
     rank, created = _init(backend, **kwargs)
