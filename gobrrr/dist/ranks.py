@@ -204,7 +204,7 @@ def _init(backend, *, timeout_s, seed, device, debug, store) -> tuple[Rank, bool
     local_rank = _env_int("LOCAL_RANK", rank)  # launched without torchrun on one node: local = global
     if not 0 <= rank < world_size:
         raise DistConfigError(f"gobrrr.dist: RANK={rank} is outside 0..WORLD_SIZE-1={world_size - 1}; "
-                         f"launch with torchrun, or unset RANK and WORLD_SIZE for a single process.")
+                              f"launch with torchrun, or unset RANK and WORLD_SIZE for a single process.")
     if timeout_s is None:
         timeout_s = _env_seconds(ENV_TIMEOUT, DEFAULT_TIMEOUT_S)
     if debug is None:
