@@ -14,11 +14,16 @@ The run folder, step by step:
      dies (SIGKILL included), so a lock left by a dead run never blocks the next one and there is
      no "stale lock" to clean up by hand. The holder writes "host pid start-time" into the file;
      a second run that cannot take the lock reads it and names the live run. POSIX locks are
-     not inherited by fork()ed children (DataLoader workers), and work over NFS.
-     The file stays after the run (removing it would race with a run that just opened it).
+     not inherited by fork()ed children (DataLoader workers), and work over NFS; on a
+     filesystem without locks the run goes on unguarded, with a warning.
+     The file stays after the run (removing it would race with a run that just opened it);
+  3. `claim(out, is_main, device)`: the multi-rank form, as `with`: rank 0 takes the folder and
+     one all-reduce of one number tells every rank whether it could, so all ranks stop together
+     with rank 0's reason.
 
 The metrics log (JSON Lines, append only):
-  * `append(records)` writes every line of a flush in one `os.write` on an O_APPEND descriptor.
+  * `append(records)` (or `write(line)`s then `flush()`, the shape of a file) puts every line of
+    a flush on disk with one `os.write` on an O_APPEND descriptor (more only after a short write).
     If the write fails or is short (disk full, quota, file-size limit), the file is cut back to
     its length before the write (`ftruncate`) and `RunDirError` is raised: a record is on disk
     whole or not at all.
