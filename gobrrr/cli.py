@@ -5,7 +5,9 @@ Each subcommand lives in its own module, imported only when used, and exposes
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
+import os
 import sys
 
 # subcommand -> (module, one-line help)
@@ -78,10 +80,28 @@ def main(argv: list[str] | None = None) -> int:
                   "(`gobrrr bench --help` describes them)", file=sys.stderr)
             return 2
         module_name, rest = BENCHES[rest[0]], rest[1:]
+        with _quick_records_elsewhere(rest):
+            return int(importlib.import_module(module_name).main(rest) or 0)
     else:
         module_name = COMMANDS[name][0]
     module = importlib.import_module(module_name)
     return int(module.main(rest) or 0)
+
+
+@contextlib.contextmanager
+def _quick_records_elsewhere(args: list[str]):
+    """A `--quick` smoke run of any benchmark records into a cache folder, never into the committed
+    bench/results/, unless --results or GOBRRR_BENCH_RESULTS says where (bench/common.py's rule,
+    applied here too so that a benchmark which does not pass `quick=` to `record` is covered)."""
+    if "--quick" not in args or "--results" in args or os.environ.get("GOBRRR_BENCH_RESULTS"):
+        yield
+        return
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    os.environ["GOBRRR_BENCH_RESULTS"] = os.path.join(cache, "gobrrr", "bench-results")
+    try:
+        yield
+    finally:
+        os.environ.pop("GOBRRR_BENCH_RESULTS", None)
 
 
 if __name__ == "__main__":

@@ -202,27 +202,31 @@ def test_bench_help_lists_the_benchmarks(capsys):
 
 
 def test_quick_bench_runs_never_write_the_committed_results(tmp_path, monkeypatch, capsys):
-    import importlib
+    import types
 
-    from bench import common
-    from gobrrr.cli import BENCHES
+    from bench import common, copy_bw
+    from gobrrr import cli
 
     monkeypatch.delenv("GOBRRR_BENCH_RESULTS", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    cache = tmp_path / "cache" / "gobrrr" / "bench-results"
     committed = {p: p.read_bytes() for p in common.RESULTS_DIR.glob("*.jsonl")}
-    assert common.results_dir(quick=True) == tmp_path / "cache" / "gobrrr" / "bench-results"
+    assert common.results_dir(quick=True) == cache
     assert common.results_dir(quick=True, results=tmp_path / "mine") == tmp_path / "mine"
     assert common.results_dir() == common.RESULTS_DIR  # a real run: the committed records
-    from bench import copy_bw
-
-    assert copy_bw.main(["--quick", "--sizes", "0.01"]) == 0
-    assert len(whole_lines(tmp_path / "cache" / "gobrrr" / "bench-results" / "copy.jsonl")) == 1
+    assert copy_bw.main(["--quick", "--sizes", "0.01"]) == 0  # python -m bench.copy_bw --quick
+    assert len(whole_lines(cache / "copy.jsonl")) == 1
     assert copy_bw.main(["--quick", "--sizes", "0.01", "--results", str(tmp_path / "asked")]) == 0
-    assert (tmp_path / "asked" / "copy.jsonl").exists()
+    assert len(whole_lines(tmp_path / "asked" / "copy.jsonl")) == 1
+    # any benchmark run through `gobrrr bench NAME --quick`, even one that passes no quick= to record()
+    naive = types.ModuleType("bench_naive_for_test")
+    naive.main = lambda argv: bool(common.record("naive", config={"argv": argv})) and 0
+    monkeypatch.setitem(sys.modules, "bench_naive_for_test", naive)
+    monkeypatch.setitem(cli.BENCHES, "naive", "bench_naive_for_test")
+    assert cli.main(["bench", "naive", "--quick"]) == 0
+    assert len(whole_lines(cache / "naive.jsonl")) == 1 and "GOBRRR_BENCH_RESULTS" not in os.environ
     assert {p: p.read_bytes() for p in common.RESULTS_DIR.glob("*.jsonl")} == committed
-    for module in BENCHES.values():  # every benchmark routes its record through the same rule
-        source = Path(importlib.util.find_spec(module).origin).read_text()
-        assert "add_results_option(p)" in source and "quick=" in source and "results=" in source, module
+    assert not (common.RESULTS_DIR / "naive.jsonl").exists()
 
 
 # ---------------------------------------------------------------- checkpoints that do not fit
