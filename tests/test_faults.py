@@ -438,7 +438,6 @@ def test_killing_the_torchrun_launcher_ends_its_ranks(tmp_path):
                           "GOBRRR_DIST_CHECK_FIRST": "0"})
     ranks: list[int] = []
     try:
-        # "train" after "-m gobrrr" on the command line: the ranks, not the launcher itself
         wait_for(lambda: logged_steps(out) >= 3 or launcher.poll() is not None, 90, "the ranks to log")
         assert launcher.poll() is None, (tmp_path / "torchrun.txt").read_text()
         ranks = children(launcher.pid)
