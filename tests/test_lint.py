@@ -10,13 +10,17 @@ import pytest
 
 from gobrrr.device.lint import RULES, Finding, lint_paths, lint_source, main
 
-HEADER = "import torch\nimport numpy as np\nimport torch.nn.functional as F\nfrom torch.utils.data import DataLoader\n"
+# DEVICE names a device: a file that never does is taken as CPU-only and not checked
+HEADER = ("import torch\nimport numpy as np\nimport torch.nn.functional as F\nfrom torch.utils.data import DataLoader\n"
+          "DEVICE = 'cuda'\n")
 
 
-def findings(body: str, select=None) -> list[tuple[str, int]]:
-    """(rule, line) pairs for a snippet; line 1 is the snippet's first line (after the imports)."""
+def findings(body: str, select=None, everything=True) -> list[tuple[str, int]]:
+    """(rule, line) pairs for a snippet; line 1 is the snippet's first line (after the imports).
+    The rule cases are toy loops that do not step, so they ask for every finding (`--all`);
+    what runs every step is tested on the corpus in test_lint_corpus.py."""
     offset = HEADER.count("\n")
-    out = lint_source(HEADER + textwrap.dedent(body), "snippet.py", select)
+    out = lint_source(HEADER + textwrap.dedent(body), "snippet.py", select, everything)
     return [(f.rule, f.line - offset) for f in out]
 
 
@@ -62,6 +66,12 @@ POSITIVE = {
         ("def f(t: torch.Tensor):\n    while t:\n        break", 2),
         ("def f(x):\n    for i in range(3):\n        y = x.sum()\n        if y:\n            pass", 4),
         ("x = torch.ones(2, device='cuda')\nfor i in range(3):\n    z = 1 if (x > 0).any() else 2", 3),
+    ],
+    "GB009": [
+        ("def f(model, loader, dev):\n    for x, y in loader:\n        x = x.to(dev)\n        model(x).backward()", 3),
+        ("def f(ds):\n    for batch in DataLoader(ds, pin_memory=True):\n        b = {k: v.cuda() for k, v in batch.items()}",
+         3),
+        ("def f(loader):\n    for i, data in enumerate(loader):\n        a, b = data[0].to(DEVICE), data[1].to(DEVICE)", 3),
     ],
     "GB008": [
         ("def f(x):\n    for i in range(3):\n        idx = torch.nonzero(x)", 3),
@@ -118,6 +128,12 @@ NEGATIVE = {
         "x = torch.ones(3, device='cuda')\nif x.sum() > 0:\n    pass",           # once, outside a loop
         "for i in range(3):\n    if i > 1:\n        pass",
     ],
+    "GB009": [
+        "def f(model, loader, dev):\n    for x, y in loader:\n        x = x.to(dev, non_blocking=True)\n        model(x)",
+        "def f(model, loader, dev):\n    model = model.to(dev)\n    for x in loader:\n        model(x)",   # a module
+        "import gobrrr\ndef f(dl):\n    for x, y in gobrrr.Prefetcher(dl, device='cuda'):\n        x = x.to('cuda')",
+        "def f(loader):\n    for x, y in loader:\n        x = x.to(torch.float16)",             # a dtype, not a copy
+    ],
     "GB008": [
         "x = torch.randn(9, device='cuda')\nidx = torch.nonzero(x)",
         "x = torch.randn(9, device='cuda')\nfor i in range(3):\n    y = torch.where(x > 0, x, 0)",
@@ -139,7 +155,7 @@ def test_rule_stays_quiet(rule, body):
 
 
 def test_every_rule_has_cases_and_text():
-    assert set(POSITIVE) == set(NEGATIVE) == set(RULES) == {f"GB00{i}" for i in range(1, 9)}
+    assert set(POSITIVE) == set(NEGATIVE) == set(RULES) == {f"GB00{i}" for i in range(1, 10)}
     for message, fix in RULES.values():
         assert message and fix
 
@@ -157,8 +173,9 @@ def test_a_realistic_loop():
                 print(f"step {step} loss {loss.item():.3f}")
         return total / (step + 1)
     """
-    got = findings(body)
-    assert sorted(got) == [("GB002", 8), ("GB005", 6), ("GB006", 3)], got
+    got = findings(body, everything=False)  # the loop steps (model forward): every finding is per-step
+    # GB009: y.to(device) is a blocking copy of each batch (added with the rule)
+    assert sorted(got) == [("GB002", 8), ("GB005", 6), ("GB006", 3), ("GB009", 7)], got
 
 
 def test_suppression():
@@ -180,13 +197,14 @@ def test_select():
 
 
 def test_finding_fields():
-    (f,) = lint_source("import torch\nfor i in range(2):\n    torch.cuda.synchronize()\n", "a.py")
+    (f,) = lint_source("import torch\nfor i in range(2):\n    torch.cuda.synchronize()\n    model(i).backward()\n", "a.py")
     assert isinstance(f, Finding)
-    assert f.to_dict() == {"path": "a.py", "line": 3, "col": 5, "rule": "GB004", "message": f.message, "fix": f.fix}
+    assert f.to_dict() == {"path": "a.py", "line": 3, "col": 5, "rule": "GB004", "message": f.message, "fix": f.fix,
+                           "hot": True}   # hot: in a step loop (shown by default)
     assert "stalls the host" in f.message and "event" in f.fix
 
 
-BAD = "import torch\nfor i in range(3):\n    torch.cuda.synchronize()\n"
+BAD = "import torch\nfor i in range(3):\n    torch.cuda.synchronize()\n    model(i).backward()\n"  # a step loop
 
 
 def test_cli_exit_codes_and_json(tmp_path, capsys):
@@ -207,7 +225,7 @@ def test_cli_exit_codes_and_json(tmp_path, capsys):
     assert main([str(tmp_path / "pkg"), "--format", "json"]) == 1
     data = json.loads(capsys.readouterr().out)
     assert isinstance(data, list) and len(data) == 1
-    assert set(data[0]) == {"path", "line", "col", "rule", "message", "fix"}
+    assert set(data[0]) == {"path", "line", "col", "rule", "message", "fix", "hot"}
     assert (data[0]["path"], data[0]["line"], data[0]["rule"]) == (str(bad), 3, "GB004")
     assert main([str(clean), "--format", "json"]) == 0
     assert json.loads(capsys.readouterr().out) == []
