@@ -26,8 +26,19 @@ import ast
 import re
 
 # a callee that is a model: its call is a forward pass (`model(x)`, `self.net(x)`, `engine(batch)`)
-_MODEL = re.compile(r"model|net|engine|encoder|decoder|generator|discriminator|policy|actor|critic|"
-                    r"classifier|backbone|teacher|student|transformer|gpt|llm|bert|vae|unet|^self$", re.I)
+_MODEL = re.compile(r"model|net|engine|encoder|decoder|generator|discriminator|policy|actor|critic|agent|"
+                    r"classifier|backbone|teacher|student|transformer|gpt|llm|bert|vae|unet|^module$|_module$|^self$",
+                    re.I)
+# methods of a model that do not compute on a batch
+_HOUSEKEEPING = {"train", "eval", "zero_grad", "parameters", "named_parameters", "buffers", "named_buffers", "modules",
+                 "named_modules", "children", "named_children", "state_dict", "load_state_dict", "to", "cuda", "cpu",
+                 "half", "float", "double", "bfloat16", "apply", "requires_grad_", "register_buffer",
+                 "register_parameter", "register_forward_hook", "register_forward_pre_hook",
+                 "register_full_backward_hook", "save_pretrained", "init_hidden", "init_weights",
+                 "get_input_embeddings", "resize_token_embeddings", "gradient_checkpointing_enable", "tie_weights",
+                 "share_memory", "add_module", "update", "set_epoch", "fp16_enabled", "no_sync", "save_checkpoint",
+                 "load_checkpoint", "get_submodule", "get_parameter", "set_attn_processor", "log", "print", "get",
+                 "backward", "step", "clip_grad_norm_", "unwrap_model", "prepare", "gather", "reduce"}
 _NOT_MODEL = re.compile(r"^(get|build|create|load|make|init|save|setup|prepare|wrap|unwrap|to|is|has|"
                         r"print|log|set|update|reset|freeze|count)_|_(fn|kwargs|args|cfg|config|name|path|"
                         r"type|dir|id|ids)$|^(net_?loc|network_?utils)", re.I)
@@ -79,36 +90,43 @@ def is_bench_name(name: str) -> bool:
     return bool(_BENCH.search(name))
 
 
-def step_kind(call: ast.Call, models: set[str]) -> str | None:
-    """'update' for backward / an optimizer step, 'forward' for a model call, else None."""
+def step_kind(call: ast.Call, models: set[str], stepping: set[str] = frozenset()) -> str | None:
+    """'update' for backward / an optimizer step / a same-file function that does one, 'forward'
+    for a model call (`model(x)`, `self.net(x)`, `agent.get_value(obs)`), else None."""
     func = call.func
     if isinstance(func, ast.Attribute):
         if func.attr == "backward":
             return "update"
         if func.attr in ("step", "optimizer_step") and _OPTIM.search(name_of(func.value) or ""):
             return "update"
-        if func.attr in ("forward", "generate") and (is_model_name(name_of(func.value))
-                                                     or name_of(func.value) in models):
-            return "forward"
+        if func.attr in stepping and isinstance(func.value, ast.Name) and func.value.id == "self":
+            return "update"
+        if func.attr in _HOUSEKEEPING or func.attr.startswith(("register_", "set_", "save", "load")):
+            return None
+        receiver = name_of(func.value)
+        if (is_model_name(receiver) or receiver in models) and (call.args or call.keywords):
+            return "forward"  # model.decode(memory, ys), agent.get_action_and_value(obs)
         return "forward" if is_model_name(func.attr) or func.attr in models else None
     if isinstance(func, ast.Name):
+        if func.id in stepping:
+            return "update"
         return "forward" if is_model_name(func.id) or func.id in models else None
     return None
 
 
 def _own_level(body: list[ast.stmt]):
-    """Every node of these statements except inside nested loops and definitions."""
+    """Every node of these statements except inside nested loops (their iterable or test is in)
+    and definitions."""
     stack = list(body)
     while stack:
         node = stack.pop()
+        if isinstance(node, _DEFS):
+            continue
+        if isinstance(node, _LOOPS):
+            stack.append(node.test if isinstance(node, ast.While) else node.iter)
+            continue
         yield node
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, _DEFS):
-                continue
-            if isinstance(child, _LOOPS):
-                stack.append(child.iter if isinstance(child, (ast.For, ast.AsyncFor)) else child.test)
-                continue
-            stack.append(child)
+        stack.extend(ast.iter_child_nodes(node))
 
 
 def _ends_flow(body: list[ast.stmt]) -> bool:
@@ -125,6 +143,7 @@ class HotMap:
 
     def __init__(self, tree: ast.Module, path: str = ""):
         self.models = _model_names(tree)
+        self.stepping = self._stepping(tree)     # names of same-file functions that call backward / step
         self.step_loops: set[int] = set()        # id(loop)
         self.off_ifs: set[int] = set()           # id(If) whose body is rare
         self.hooks: set[int] = set()             # id(def) of per-step framework hooks
@@ -136,6 +155,11 @@ class HotMap:
         self._walk(tree.body, False, [_defs(tree.body)], None)
         self._timed(tree)
 
+    def _stepping(self, tree: ast.AST) -> set[str]:
+        """`def train_step(batch): ... loss.backward(); opt.step()`: a loop calling it steps."""
+        return {fn.name for fn in ast.walk(tree) if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+                and any(isinstance(n, ast.Call) and step_kind(n, self.models) == "update" for n in _own_level(fn.body))}
+
     # -- step loops, bottom-up: a loop steps if its own level updates, or calls a model with no inner step loop
     def _steps(self, tree: ast.AST) -> None:
         def visit(node: ast.AST) -> bool:        # True if node is or holds a step loop
@@ -144,7 +168,8 @@ class HotMap:
                 inner |= visit(child)
             if not isinstance(node, _LOOPS):
                 return inner and not isinstance(node, _DEFS)
-            kinds = {step_kind(n, self.models) for n in _own_level(node.body) if isinstance(n, ast.Call)}
+            kinds = {step_kind(n, self.models, self.stepping) for n in _own_level(node.body)
+                     if isinstance(n, ast.Call)}
             if "update" in kinds or ("forward" in kinds and not inner):
                 self.step_loops.add(id(node))
                 return True
@@ -217,7 +242,7 @@ class HotMap:
     def rare(self, node: ast.If) -> bool:
         """The body runs on few iterations: rate-limited, first/last, a flag, a timer; and it does
         not hold the optimizer step (`if (i + 1) % accum == 0: opt.step()` is the step itself)."""
-        if _ends_flow(node.body):
+        if _ends_flow(node.body) or _lazy_init(node):
             return True
         test = node.test
         rare = False
@@ -235,7 +260,7 @@ class HotMap:
             return False
         for stmt in node.body:   # the accumulation boundary is hot, not rare
             for n in _own_level([stmt]):
-                if isinstance(n, ast.Call) and step_kind(n, self.models) == "update":
+                if isinstance(n, ast.Call) and step_kind(n, self.models, self.stepping) == "update":
                     return False
         return True
 
@@ -252,6 +277,16 @@ class HotMap:
                     near = body[max(0, i - 1):i] + body[i + 1:i + 2]
                     if any(_calls(s, _TIMER.search) for s in near):
                         self.timed.add(stmt.lineno)
+
+
+def _lazy_init(node: ast.If) -> bool:
+    """`if preds is None: preds = ...`: runs on the first iteration only."""
+    t = node.test
+    if not (isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], ast.Is)
+            and isinstance(t.comparators[0], ast.Constant) and t.comparators[0].value is None):
+        return False
+    name = ast.unparse(t.left)
+    return any(isinstance(s, ast.Assign) and any(ast.unparse(x) == name for x in s.targets) for s in node.body)
 
 
 def _words(name: str) -> set[str]:

@@ -177,6 +177,12 @@ class Kinds:
                 return "tensor" if {self.kind(a) for a in node.args} & TENSORISH else "num"
             if func.id in ("str", "repr", "format"):
                 return "str"
+            if func.id in ("tqdm", "iter", "progress_bar", "trange") and node.args:
+                k = self.iter_kind(node.args[0])
+                return k if k and k.startswith("loader") else None   # a wrapped loader is a loader
+            if func.id == "next" and node.args:
+                k = self.iter_kind(node.args[0])
+                return ITEM_KIND.get(k) if k and k.startswith("loader") else None
         if name:
             root, _, last = name.rpartition(".")
             if last == "DataLoader":
@@ -189,6 +195,8 @@ class Kinds:
                 return "num" if root not in ("os", "os.path") else None
             if root in ("numpy", "np"):
                 return "numpy"
+            if last in ("clip_grad_norm_", "clip_grad_norm", "get_total_norm"):
+                return "tensor"  # the total norm, on the device
             if root == "torch" and last == "from_numpy":
                 return "host"
             if root == "torch" and last in FACTORIES:

@@ -343,7 +343,7 @@ class Checker(Kinds, ast.NodeVisitor):
             # GB001: torch.<factory>(...)[.long()...] on the host, then .to(device)/.cuda()
             src = func.value
             while isinstance(src, ast.Call) and isinstance(src.func, ast.Attribute) and (
-                    src.func.attr in DTYPE_METHODS | VIEW_METHODS
+                    src.func.attr in DTYPE_METHODS | VIEW_METHODS or src.func.attr.endswith("_")
                     or (src.func.attr == "to" and self.copy_target(src) is None)):
                 src = src.func.value
             inner = self.dotted(src.func) if isinstance(src, ast.Call) else ""
