@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -257,7 +258,64 @@ def test_lint_paths_errors(tmp_path):
 def test_cli_entry_point(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text(BAD)
+    broken = tmp_path / "broken.py"
+    broken.write_text("def f(:\n")
     out = subprocess.run([sys.executable, "-m", "gobrrr", "lint", str(bad), "--format", "json"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 1, out.stderr
     assert json.loads(out.stdout)[0]["rule"] == "GB004"
+    # a file that cannot be parsed is reported before the summary line, and the summary never says clean
+    both = subprocess.run([sys.executable, "-m", "gobrrr", "lint", str(tmp_path)], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=120)
+    lines = both.stdout.splitlines()
+    assert both.returncode == 2
+    error = next(i for i, line in enumerate(lines) if "broken.py" in line)
+    assert error < len(lines) - 1 and lines[-1].startswith("gobrrr lint: 1 finding") and "clean" not in lines[-1]
+
+
+def test_cli_one_line_errors(tmp_path, capsys):
+    bad = tmp_path / "bad.py"
+    bad.write_text(BAD)
+    assert main([str(bad), "--select", ""]) == 2                      # no rule selected is a mistake
+    err = capsys.readouterr().err
+    assert err.startswith("gobrrr lint: error: --select names no rule") and err.count("gobrrr lint") == 1
+    assert main([str(tmp_path / "missing.py")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("gobrrr lint:") == 1 and "no such file or directory" in err   # no doubled prefix
+    loop_a, loop_b = tmp_path / "a.py", tmp_path / "b.py"
+    os.symlink(loop_b, loop_a)
+    os.symlink(loop_a, loop_b)
+    dangling = tmp_path / "gone.py"
+    os.symlink(tmp_path / "nowhere.py", dangling)
+    assert main([str(loop_a), str(dangling), str(bad)]) == 2
+    cap = capsys.readouterr()
+    assert "symbolic link loop" in cap.err and "broken symbolic link" in cap.err and "GB004" in cap.out
+    os.unlink(loop_a), os.unlink(loop_b), os.unlink(dangling)
+
+
+def test_cli_fifo_and_deep_expression(tmp_path, capsys):
+    fifo = tmp_path / "pipe.py"
+    os.mkfifo(fifo)                                                   # opening it would block forever
+    deep = tmp_path / "deep.py"
+    deep.write_text("x = " + " + ".join(["1"] * 20000) + "\n")
+    (tmp_path / "bad.py").write_text(BAD)
+    assert main([str(tmp_path)]) == 2                                 # the FIFO is skipped in a walk
+    cap = capsys.readouterr()
+    assert "deep.py:0: cannot check this file: an expression too deeply nested" in cap.err
+    assert "pipe.py" not in cap.err and "GB004" in cap.out           # the other files are still checked
+    assert main([str(fifo)]) == 2                                     # named: said, not opened
+    assert "not a regular file" in capsys.readouterr().err
+
+
+def test_fix_printed_once_per_rule_and_exclude(tmp_path, capsys):
+    src = "import torch\nfor i in range(3):\n    torch.cuda.synchronize()\n    torch.cuda.synchronize()\n" \
+          "    model(i).backward()\n"
+    (tmp_path / "a.py").write_text(src)
+    (tmp_path / "gen").mkdir()
+    (tmp_path / "gen" / "b.py").write_text(src)
+    assert main([str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert out.count(": GB004") == 4 and out.count(RULES["GB004"][1]) == 1
+    assert main([str(tmp_path), "--exclude", "gen", "--exclude", "nothing*"]) == 1
+    assert capsys.readouterr().out.count(": GB004") == 2
+    assert main([str(tmp_path), "--exclude", "*.py"]) == 0

@@ -26,9 +26,9 @@ import ast
 import re
 
 # a callee that is a model: its call is a forward pass (`model(x)`, `self.net(x)`, `engine(batch)`)
-_MODEL = re.compile(r"model|net|engine|encoder|decoder|generator|discriminator|policy|actor|critic|agent|"
-                    r"classifier|backbone|teacher|student|transformer|gpt|llm|bert|vae|unet|^module$|_module$|^self$",
-                    re.I)
+_MODEL_WORDS = {"model", "models", "net", "engine", "encoder", "decoder", "generator", "discriminator", "policy",
+                "actor", "critic", "agent", "classifier", "backbone", "teacher", "student", "transformer", "gpt",
+                "llm", "bert", "vae", "unet", "ddp", "fsdp", "ema", "lm", "seq2seq", "autoencoder", "detector"}
 # methods of a model that do not compute on a batch
 _HOUSEKEEPING = {"train", "eval", "zero_grad", "parameters", "named_parameters", "buffers", "named_buffers", "modules",
                  "named_modules", "children", "named_children", "state_dict", "load_state_dict", "to", "cuda", "cpu",
@@ -40,8 +40,11 @@ _HOUSEKEEPING = {"train", "eval", "zero_grad", "parameters", "named_parameters",
                  "load_checkpoint", "get_submodule", "get_parameter", "set_attn_processor", "log", "print", "get",
                  "backward", "step", "clip_grad_norm_", "unwrap_model", "prepare", "gather", "reduce"}
 _NOT_MODEL = re.compile(r"^(get|build|create|load|make|init|save|setup|prepare|wrap|unwrap|to|is|has|"
-                        r"print|log|set|update|reset|freeze|count)_|_(fn|kwargs|args|cfg|config|name|path|"
-                        r"type|dir|id|ids)$|^(net_?loc|network_?utils)", re.I)
+                        r"print|log|set|update|reset|freeze|count|num|n)_|_(fn|kwargs|args|cfg|config|name|path|"
+                        r"type|dir|id|ids|hidden|output|outputs|out|outs|state|states|input|inputs|mask|loss|logits|"
+                        r"emb|embeds|features|feats|grad|grads|weight|weights|params|param|optimizer|opt|lr|dim|size|"
+                        r"result|results|cls|class|kind|idx|dtype|device|file|dict|list)$|^(net_?loc|network_?utils)",
+                        re.I)
 # a receiver whose .step() is an optimizer step (a scheduler's is not)
 _OPTIM = re.compile(r"optim|^opt(_|$|\d)|scaler|engine|model|trainer|fabric|accelerator|^solver", re.I)
 # names in a condition that make the branch rare: logging, evaluation, saving, first/last step
@@ -54,7 +57,7 @@ _COUNTER = re.compile(r"^(i|j|k|it|n|step|steps|iter|iters|iteration|idx|batch_i
                       r"update|updates)$|_(step|idx|iter|iters|steps|num)$", re.I)
 _TIMER = re.compile(r"(^|\.)(time|perf_counter|perf_counter_ns|monotonic|monotonic_ns|process_time|"
                     r"time_ns|default_timer|record|elapsed_time|tic|toc)$")
-_BENCH = re.compile(r"bench|timing|timeit|timer|profil|measure|latency|throughput|speed", re.I)
+_BENCH = re.compile(r"bench|timing|timed|timeit|timer|profil|measure|latency|throughput|speed", re.I)
 # per-step hooks that a framework calls (Lightning, the HF Trainer): their bodies are hot
 STEP_HOOKS = {"training_step", "validation_step", "test_step", "predict_step", "training_step_end",
               "validation_step_end", "on_train_batch_start", "on_train_batch_end", "on_validation_batch_end",
@@ -78,7 +81,25 @@ def name_of(node: ast.AST) -> str:
 
 
 def is_model_name(name: str) -> bool:
-    return bool(name) and not name[:1].isupper() and bool(_MODEL.search(name)) and not _NOT_MODEL.search(name)
+    """`model`, `ddp_model`, `netD`, `resnet`, `model_engine`, `self` (for `self(x)`): a module by its
+    name, its head word last. Words, not substrings: `a_factor_of` is no actor; `is_module`,
+    `build_model`, `_gen_model_repr` and `encoder_hidden` are not modules."""
+    bare = name.lstrip("_")
+    if not bare or bare[:1].isupper() or _NOT_MODEL.search(bare):
+        return False
+    if bare in ("self", "module"):
+        return True
+    words = [w for w in re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", bare).lower().split("_") if len(w) > 1]
+    if not words or words[0] in _VERBS:
+        return False
+    head = words[-1]
+    return head in _MODEL_WORDS or (head.endswith(("net", "model", "former")) and len(head) > 4)
+
+
+_VERBS = {"add", "apply", "check", "validate", "compute", "run", "convert", "copy", "export", "register", "patch",
+          "replace", "find", "describe", "extract", "fuse", "script", "trace", "compile", "quantize", "prune",
+          "train", "evaluate", "test", "fit", "gen", "generate", "maybe", "should", "can", "use", "with", "from",
+          "parse", "assert", "ensure", "configure", "attach", "detach", "dump", "visit", "process", "handle"}
 
 
 def may_use_gpu(text: str) -> bool:
@@ -104,7 +125,7 @@ def step_kind(call: ast.Call, models: set[str], stepping: set[str] = frozenset()
         if func.attr in _HOUSEKEEPING or func.attr.startswith(("register_", "set_", "save", "load")):
             return None
         receiver = name_of(func.value)
-        if (is_model_name(receiver) or receiver in models) and (call.args or call.keywords):
+        if receiver != "self" and (is_model_name(receiver) or receiver in models) and (call.args or call.keywords):
             return "forward"  # model.decode(memory, ys), agent.get_action_and_value(obs)
         return "forward" if is_model_name(func.attr) or func.attr in models else None
     if isinstance(func, ast.Name):
@@ -114,9 +135,9 @@ def step_kind(call: ast.Call, models: set[str], stepping: set[str] = frozenset()
     return None
 
 
-def _own_level(body: list[ast.stmt]):
-    """Every node of these statements except inside nested loops (their iterable or test is in)
-    and definitions."""
+def _own_level(body: list[ast.stmt], skip=None):
+    """Every node of these statements except inside nested loops (their iterable or test is in),
+    definitions, and the bodies of the `if`s that `skip` names."""
     stack = list(body)
     while stack:
         node = stack.pop()
@@ -126,6 +147,9 @@ def _own_level(body: list[ast.stmt]):
             stack.append(node.test if isinstance(node, ast.While) else node.iter)
             continue
         yield node
+        if isinstance(node, ast.If) and skip is not None and skip(node):
+            stack += [node.test, *node.orelse]   # `if epoch % 10 == 0: sample = model(z)` does not step
+            continue
         stack.extend(ast.iter_child_nodes(node))
 
 
@@ -150,7 +174,7 @@ class HotMap:
         self.hot_calls: dict[int, tuple[ast.AST, int]] = {}   # id(def) -> (def, line of first hot call)
         self.call_targets: dict[int, ast.AST] = {}            # id(Call) in hot code -> the def it calls
         self.timed: set[int] = set()             # lines of synchronize() calls used for timing
-        self.bench_file = is_bench_name(path.rsplit("/", 1)[-1])
+        self.bench_file = is_bench_name(path)   # benchmarks/..., bench_attention.py, param_bench/...
         self._steps(tree)
         self._walk(tree.body, False, [_defs(tree.body)], None)
         self._timed(tree)
@@ -168,7 +192,7 @@ class HotMap:
                 inner |= visit(child)
             if not isinstance(node, _LOOPS):
                 return inner and not isinstance(node, _DEFS)
-            kinds = {step_kind(n, self.models, self.stepping) for n in _own_level(node.body)
+            kinds = {step_kind(n, self.models, self.stepping) for n in _own_level(node.body, self.rare)
                      if isinstance(n, ast.Call)}
             if "update" in kinds or ("forward" in kinds and not inner):
                 self.step_loops.add(id(node))

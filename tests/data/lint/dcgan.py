@@ -43,3 +43,17 @@ def train(netG, netD, dataloader, device, nz=100, niter=25, outf="out"):
                 fake = netG(fixed_noise)
                 vutils.save_image(fake.detach(), f"{outf}/fake_samples_epoch_{epoch:03d}.png", normalize=True)
         torch.save(netG.state_dict(), f"{outf}/netG_epoch_{epoch}.pth")
+
+
+def train_with_samples(netG, netD, loader, optimizerD, criterion, device, epochs, nz=100):
+    fixed_noise = torch.randn(64, nz, 1, 1, device=device)
+    for epoch in range(epochs):
+        for real, _ in loader:
+            real = real.to(device, non_blocking=True)
+            errD = criterion(netD(real), torch.ones(real.size(0), device=device))
+            errD.backward()
+            optimizerD.step()
+        if epoch % 5 == 0:
+            fake = netG(fixed_noise)
+            vutils.save_image(fake.detach(), f"samples_{epoch}.png")
+        print(f"epoch {epoch}: loss_D {errD.item():.4f}")
