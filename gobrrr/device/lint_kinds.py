@@ -45,7 +45,7 @@ NOT_TENSOR_METHODS = {"parameters", "named_parameters", "buffers", "named_buffer
                       "type", "tolist", "split_with_sizes", "untyped_storage", "storage", "__class__"}
 MASK_FUNCS = {"isnan", "isinf", "isfinite", "logical_and", "logical_or", "logical_not", "logical_xor",
               "eq", "ne", "gt", "ge", "lt", "le", "isin", "isclose", "signbit", "isneginf", "isposinf"}
-NUM_BUILTINS = {"len", "int", "float", "bool", "round", "ord", "hash", "isinstance", "issubclass", "hasattr",
+NUM_BUILTINS = {"len", "int", "float", "bool", "round", "ord", "hash", "isinstance", "issubclass", "hasattr", "type",
                 "callable", "id", "any", "all"}
 NOT_TENSOR_TORCH = {"is_tensor", "is_floating_point", "is_complex", "is_nonzero", "is_storage", "is_grad_enabled",
                     "is_inference_mode_enabled", "is_autocast_enabled", "numel", "device", "dtype", "no_grad",
@@ -297,9 +297,9 @@ class Kinds:
         k = self.kind(it)
         if k in (None, "obj") and isinstance(it, (ast.Name, ast.Attribute)) and _LOADER_NAME.search(name_of(it)):
             return "loader"
-        if k in (None, "obj") and isinstance(it, ast.Call) and name_of(it.func) in ("tqdm", "iter", "progress_bar") \
-                and it.args:
-            return self.iter_kind(it.args[0])
+        if k in (None, "obj") and isinstance(it, ast.Call) and it.args and not isinstance(it.args[0], ast.Starred):
+            inner = self.iter_kind(it.args[0])   # tqdm(loader), logger.log_every(loader, 10), islice(loader, n)
+            return inner if inner and inner.startswith("loader") else k
         return k
 
     def device_of(self, node: ast.AST | None) -> str | None:
