@@ -288,9 +288,13 @@ class HotMap:
                     return False
         return True
 
-    # -- synchronize() next to a timer read: measurement
+    # -- synchronize() next to a timer read, or in a loop that reads one: measurement
     def _timed(self, tree: ast.AST) -> None:
         for node in ast.walk(tree):
+            if isinstance(node, _LOOPS):
+                own = [n for n in _own_level(node.body) if isinstance(n, ast.Call)]
+                if any(_TIMER.search(_dotted(n.func)) for n in own):
+                    self.timed |= {n.lineno for n in own if _dotted(n.func).endswith("synchronize")}
             for field in ("body", "orelse", "finalbody"):
                 body = getattr(node, field, None)
                 if not isinstance(body, list):

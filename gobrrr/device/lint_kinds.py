@@ -67,6 +67,7 @@ HOSTISH = {"num", "host", "pinned", "numpy", "str", "obj", "loader_pinned", "loa
 ITEM_KIND = {"loader_pageable": "batch_host", "loader_pinned": "batch_pinned", "loader_device": "tensor",
              "loader": "batch", "host": "host", "pinned": "pinned", "tensor": "tensor", "mask": "tensor",
              "batch_host": "batch_host", "batch_pinned": "batch_pinned", "batch": "batch", "numpy": "numpy"}
+_DATA_WORDS = {"data", "dataset", "ds", "batches", "train", "val", "valid", "test", "eval", "dl"}
 _LOADER_NAME = re.compile(r"loader|dataloader|_dl$|^dl$|batches$", re.I)
 
 
@@ -292,11 +293,14 @@ class Kinds:
             return "loader_pageable"
         return "loader_pinned"
 
-    def iter_kind(self, it: ast.AST) -> str | None:
+    def iter_kind(self, it: ast.AST, unpacked: bool = False) -> str | None:
         """The kind of the iterable of a `for`: a known loader, or one by its name (`train_loader`)."""
         k = self.kind(it)
         if k in (None, "obj") and isinstance(it, (ast.Name, ast.Attribute)) and _LOADER_NAME.search(name_of(it)):
             return "loader"
+        if k in (None, "obj") and unpacked and isinstance(it, (ast.Name, ast.Attribute)) \
+                and set(re.split(r"_", name_of(it).lower())) & _DATA_WORDS:
+            return "loader"   # for source, targets in self.train_data: a dataset's (x, y) pairs
         if k in (None, "obj") and isinstance(it, ast.Call) and it.args and not isinstance(it.args[0], ast.Starred):
             inner = self.iter_kind(it.args[0])   # tqdm(loader), logger.log_every(loader, 10), islice(loader, n)
             return inner if inner and inner.startswith("loader") else k

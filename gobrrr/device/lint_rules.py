@@ -240,7 +240,7 @@ class Checker(Kinds, ast.NodeVisitor):
                 return self.bind(target.elts[1], value)
             if method == "values" and recv in BATCHES | TENSORISH:
                 return self.bind(target, recv)
-        k = self.iter_kind(it)
+        k = self.iter_kind(it, unpacked=isinstance(target, ast.Tuple))
         self.bind(target, {"loader_pageable": "batch_host", "loader_pinned": "batch_pinned", "loader": "batch",
                            "loader_device": "tensor"}.get(k, k if k in ("numpy", "host", "pinned", "tensor", "mask",
                                                                          *BATCHES) else None))
