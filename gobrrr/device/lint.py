@@ -37,7 +37,7 @@ from fnmatch import fnmatch
 from pathlib import Path
 
 from gobrrr.device.lint_hot import HotMap, may_use_gpu
-from gobrrr.device.lint_rules import RULES, SYNC_RULES, Checker, Finding
+from gobrrr.device.lint_rules import RULES, SYNC_RULES, TITLES, Checker, Finding
 
 __all__ = ["RULES", "Finding", "lint_source", "lint_paths", "main"]
 
@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="gobrrr lint", description="Static check for host-device anti-patterns (GB001-GB009) in the code "
         "that runs every training step.",
-        epilog="Rules:\n" + "\n".join(f"  {k}  {v[0].format(what='a sync', where='')}" for k, v in RULES.items())
+        epilog="Rules (each in the code that runs every step):\n" + "\n".join(f"  {k}  {t}" for k, t in TITLES.items())
         + "\n\nSuppress a line with `# gobrrr: ignore[GB002]`.", formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("paths", nargs="+", metavar="PATH", help="files or directories to check")
     parser.add_argument("--format", choices=("text", "json"), default="text")

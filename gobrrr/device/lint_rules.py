@@ -47,6 +47,11 @@ RULES = {
               "gobrrr.Prefetcher(loader, device=device), which copies the next batch during this step"),
 }
 SYNC_RULES = {"GB002", "GB003", "GB004", "GB007", "GB008"}  # exempt on a line marked `# sync: why`
+TITLES = {"GB001": "a tensor built on the host, then moved to the device", "GB002": ".item() / .cpu() / .tolist() / float(t)",
+          "GB003": "printing or formatting a tensor", "GB004": "torch.cuda / stream / event synchronize()",
+          "GB005": "non_blocking=True from pageable memory", "GB006": "a DataLoader without pin_memory feeding the GPU",
+          "GB007": "a tensor as a Python condition", "GB008": "data-dependent shapes (nonzero, x[mask], unique)",
+          "GB009": "a blocking .to(device) / .cuda() of every batch"}
 READS = {"item", "cpu", "tolist", "numpy"}
 
 
