@@ -53,6 +53,7 @@ TITLES = {"GB001": "a tensor built on the host, then moved to the device", "GB00
           "GB007": "a tensor as a Python condition", "GB008": "data-dependent shapes (nonzero, x[mask], unique)",
           "GB009": "a blocking .to(device) / .cuda() of every batch"}
 READS = {"item", "cpu", "tolist", "numpy"}
+_HOOK_TENSORS = {"inputs", "outputs", "output", "x", "y", "logits", "loss", "labels", "targets", "images", "data"}
 
 
 @dataclass
@@ -156,10 +157,12 @@ class Checker(Kinds, ast.NodeVisitor):
         for a, d in zip(reversed([*args.posonlyargs, *args.args]), reversed(args.defaults)):
             if scope.get(a.arg) is None and self.kind(d) == "num":
                 scope[a.arg] = "num"
-        if hook:  # a framework hands the hook device batches and a model
+        if hook:  # a framework hands the hook device batches, outputs and a model (and a trainer)
             for a in params[1:]:
                 if scope.get(a.arg) is None:
-                    scope[a.arg] = "obj" if is_model_name(a.arg) else "num" if "idx" in a.arg else "tensor"
+                    scope[a.arg] = "num" if "idx" in a.arg else "tensor" if a.arg in _HOOK_TENSORS \
+                        or "batch" in a.arg else "obj" if is_model_name(a.arg) or "module" in a.arg \
+                        or a.arg == "trainer" else None
         for name, k in (seed or {}).items():
             if scope.get(name) is None:
                 scope[name] = k

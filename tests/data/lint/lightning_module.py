@@ -41,3 +41,11 @@ class LitClassifier(pl.LightningModule):
 
     def configure_optimizers(self):
         return torch.optim.Adam(self.parameters(), lr=self.lr)
+
+
+class LossSpikeCallback(pl.Callback):
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step > 0 and trainer.is_global_zero:
+            pl_module.log("global_step", trainer.global_step)
+        if outputs["loss"] > 10:  # expect: GB007
+            print(f"loss spike at step {trainer.global_step}")
