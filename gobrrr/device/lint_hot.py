@@ -2,10 +2,13 @@
 
 A sync costs something only where it repeats. This pass marks, before any rule runs:
 
-    step loops     a loop whose own body (its ifs, withs and trys, not its inner loops) calls
-                   backward or an optimizer step, or calls a model and holds no inner step loop:
+    step loops     a loop whose own body (its ifs, withs and trys, not its inner loops, not its
+                   rare branches) calls backward, an optimizer step or a same-file function that
+                   does (`train_step(batch)`), or calls a model and holds no inner step loop:
                    `for x, y in loader: loss = crit(model(x), y); loss.backward(); opt.step()`.
                    An epoch loop that only holds a step loop (or calls `train_one_epoch`) is not one.
+                   A model is known by its name's head word (`model`, `ddp_model`, `netD`, `agent`)
+                   or by what was assigned to it (`m = resnet50()`, `nn.Linear(...)`).
     hot code       a step loop's body, and everything nested in it; the body of a per-step hook a
                    framework calls (`training_step`, `compute_loss`, ...).
     off branches   code that runs rarely even inside a step loop: the body of an `if` that is
@@ -15,8 +18,9 @@ A sync costs something only where it repeats. This pass marks, before any rule r
                    (`raise`, `break`, `return`); `except` handlers; an assert's message.
     hot calls      a function or method of the same file called from hot code (one level deep):
                    its body is checked as hot, with its arguments' kinds from the call site.
-    timed syncs    a synchronize() next to a timer read (time.perf_counter(), event.record()):
-                   deliberate measurement, not a stall to remove.
+    timed syncs    a synchronize() next to a timer read (time.perf_counter(), event.record()), or
+                   in a loop that reads one (timm's batch_time), or in benchmark code (a path or
+                   function named bench/timing/profile...): deliberate measurement, not a stall.
 
 Everything here is syntactic, so it is cheap and runs before the kind inference of lint_kinds.
 """
