@@ -47,6 +47,8 @@ POSITIVE = {
         ("def f(loss: torch.Tensor):\n    for i in range(9):\n        msg = f'loss {loss:.3f}'", 3),
         ("x = torch.randn(3, device='cuda')\nfor i in range(3):\n    s = 'x=%s' % x", 3),
         ("x = torch.randn(3, device='cuda')\nfor i in range(3):\n    s = 'x={}'.format(x)", 3),
+        ("def f(writer, x: torch.Tensor):\n    for i in range(3):\n        writer.add_scalar('x', x.sum(), i)", 3),
+        ("import wandb\ndef f(loss: torch.Tensor):\n    for i in range(3):\n        wandb.log({'loss': loss})", 4),
     ],
     "GB004": [
         ("for i in range(3):\n    torch.cuda.synchronize()", 2),
@@ -105,6 +107,7 @@ NEGATIVE = {
         "x = torch.randn(3, device='cuda')\nprint(x)",
         "for i in range(3):\n    print(i, f'{i:04d}')",
         "x = torch.randn(3, device='cuda')\nfor i in range(3):\n    print(x.shape, x.dtype, x.device)",
+        "def f(writer, sched):\n    for i in range(3):\n        writer.add_scalar('lr', sched.get_last_lr()[0], i)",
     ],
     "GB004": [
         "torch.cuda.synchronize()",

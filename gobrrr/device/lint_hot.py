@@ -359,3 +359,27 @@ def _model_names(tree: ast.AST) -> set[str]:
                     if isinstance(t, (ast.Name, ast.Attribute)):
                         out.add(name_of(t))
     return out
+
+
+def own_nodes(scope: ast.AST):
+    """The nodes of a module or function, not those of functions defined inside it."""
+    stack = list(ast.iter_child_nodes(scope))
+    while stack:
+        node = stack.pop()
+        yield node
+        stack += [c for c in ast.iter_child_nodes(node)
+                  if not isinstance(c, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda))]
+
+
+def iterates(it: ast.AST, name: str | None) -> bool:
+    if isinstance(it, ast.Name):
+        return it.id == name
+    if isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id in ("enumerate", "iter", "zip", "tqdm"):
+        return any(iterates(a, name) for a in it.args)
+    return False
+
+
+def root_name(node: ast.AST) -> str | None:
+    while isinstance(node, (ast.Attribute, ast.Subscript)):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None

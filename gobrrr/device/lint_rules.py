@@ -18,7 +18,7 @@ from __future__ import annotations
 import ast
 from dataclasses import asdict, dataclass
 
-from gobrrr.device.lint_hot import HotMap, is_bench_name, is_model_name, name_of
+from gobrrr.device.lint_hot import HotMap, is_bench_name, is_model_name, iterates, name_of, own_nodes, root_name
 from gobrrr.device.lint_kinds import (BATCHES, DATA_DEPENDENT, DTYPE_METHODS, FACTORIES, HOSTISH, LOADERS_PINNED,
                                       TENSORISH, VIEW_METHODS, Kinds)
 
@@ -53,6 +53,7 @@ TITLES = {"GB001": "a tensor built on the host, then moved to the device", "GB00
           "GB007": "a tensor as a Python condition", "GB008": "data-dependent shapes (nonzero, x[mask], unique)",
           "GB009": "a blocking .to(device) / .cuda() of every batch"}
 READS = {"item", "cpu", "tolist", "numpy"}
+_LOGGERS = {"add_scalar", "add_scalars", "add_histogram", "log_metric", "log_metrics"}
 _HOOK_TENSORS = {"inputs", "outputs", "output", "x", "y", "logits", "loss", "labels", "targets", "images", "data"}
 
 
@@ -404,6 +405,9 @@ class Checker(Kinds, ast.NodeVisitor):
         elif method == "format" and isinstance(func.value, ast.Constant) \
                 and any(self.kind(a) in TENSORISH for a in [*node.args, *kw.values()]):
             self.flag(node, "GB003", what="formatting")
+        elif (method in _LOGGERS or name in ("wandb.log", "mlflow.log_metric", "mlflow.log_metrics")) \
+                and any(self.kind(v) in TENSORISH for a in [*node.args, *kw.values()] for v in _values(a)):
+            self.flag(node, "GB003", what="logging")  # writer.add_scalar("loss", loss, step) reads it on the host
         # GB004: synchronize in a loop, unless it is measuring time or in benchmark code
         if name.endswith("torch.cuda.synchronize") or method == "synchronize":
             if not (self.hotmap.bench_file or node.lineno in self.hotmap.timed
@@ -452,8 +456,8 @@ class Checker(Kinds, ast.NodeVisitor):
     def check_loaders(self) -> None:
         for cand in self.loaders:
             loops = [cand["loop"]] if "loop" in cand else [
-                n for n in _own_nodes(cand["scope"])
-                if isinstance(n, (ast.For, ast.AsyncFor)) and _iterates(n.iter, cand["name"])]
+                n for n in own_nodes(cand["scope"])
+                if isinstance(n, (ast.For, ast.AsyncFor)) and iterates(n.iter, cand["name"])]
             moving = [loop for loop in loops if _moves_to_cuda(loop, self)]
             if moving:
                 saved, self.region = self.region, None
@@ -462,46 +466,27 @@ class Checker(Kinds, ast.NodeVisitor):
         self.loaders = []
 
 
+def _values(node: ast.AST) -> list[ast.AST]:
+    """The values a logging call is handed: the dict's values for wandb.log({"loss": loss})."""
+    return [v for v in node.values if v is not None] if isinstance(node, ast.Dict) else [node]
+
+
 def _short(node: ast.AST, width: int = 40) -> str:
     text = ast.unparse(node)
     return text if len(text) <= width else text[:width - 3] + "..."
 
 
-def _own_nodes(scope: ast.AST):
-    """The nodes of a module or function, not those of functions defined inside it."""
-    stack = list(ast.iter_child_nodes(scope))
-    while stack:
-        node = stack.pop()
-        yield node
-        stack += [c for c in ast.iter_child_nodes(node)
-                  if not isinstance(c, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda))]
-
-
-def _iterates(it: ast.AST, name: str | None) -> bool:
-    if isinstance(it, ast.Name):
-        return it.id == name
-    if isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id in ("enumerate", "iter", "zip", "tqdm"):
-        return any(_iterates(a, name) for a in it.args)
-    return False
-
-
 def _moves_to_cuda(loop: ast.AST, checker: Checker) -> bool:
     targets = {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)}
     for n in ast.walk(loop):  # names unpacked from the batch (x, y = batch) carry it too
-        if isinstance(n, ast.Assign) and _root_name(n.value) in targets:
+        if isinstance(n, ast.Assign) and root_name(n.value) in targets:
             targets |= {t.id for tgt in n.targets for t in ast.walk(tgt) if isinstance(t, ast.Name)}
     for n in ast.walk(loop):
         if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in ("to", "cuda"):
-            if _root_name(n.func.value) in targets and checker.copy_target(n) == "cuda" \
+            if root_name(n.func.value) in targets and checker.copy_target(n) == "cuda" \
                     and not checker.is_model(n.func.value):
                 return True
     return False
-
-
-def _root_name(node: ast.AST) -> str | None:
-    while isinstance(node, (ast.Attribute, ast.Subscript)):
-        node = node.value
-    return node.id if isinstance(node, ast.Name) else None
 
 
 __all__ = ["RULES", "SYNC_RULES", "Finding", "Checker", "HotMap", "name_of"]

@@ -40,7 +40,7 @@ def train(model, loader, optimizer, device, log_dir, epochs):
             acc = accuracy(logits, y)
             history.append(acc)
             wait_all()
-            writer.add_scalar("loss", loss, step)  # known-miss: GB002
+            writer.add_scalar("loss", loss, step)  # expect: GB003
             if step % 100 == 0:
                 print(f"step {step} loss {loss.item():.3f} acc {acc:.3f}")
         print(f"epoch {epoch}: mean acc {summary(history):.3f}, last loss {loss.item():.3f}")
