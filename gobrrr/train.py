@@ -254,7 +254,7 @@ def _train(cfg: TrainConfig, rank) -> dict[str, Any]:
                              "or choose a new --out")
         state = load_checkpoint(ckpt_path)  # to host memory; load_state_dict copies onto the device
         _check_resumable(state, cfg, W)
-        if (problem := checks.misfit(ckpt_path, state, raw)) is not None:
+        if (problem := checks.misfit(ckpt_path, state, raw, opt)) is not None:
             raise TrainError(problem)
         raw.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])

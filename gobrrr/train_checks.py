@@ -53,12 +53,15 @@ def numbers_problem(cfg: Any) -> str | None:
     return None
 
 
-def misfit(path: Path, state: dict[str, Any], model: torch.nn.Module) -> str | None:
-    """Why `state["model"]` cannot load into `model` (keys, shapes), in one line; None when it fits
-    (or when the checkpoint holds no single-file model, e.g. sharded ones loaded elsewhere)."""
-    saved = state.get("model")
-    if not isinstance(saved, dict):
-        return None
+def misfit(path: Path, state: dict[str, Any], model: torch.nn.Module,
+           optimizer: torch.optim.Optimizer | None = None) -> str | None:
+    """Why `state["model"]` / `state["optimizer"]` cannot load into `model` / `optimizer` (keys, shapes,
+    parameter groups), in one line; None when they fit."""
+    lacking = [k for k in ("model", "optimizer") if not isinstance(state.get(k), dict)]
+    if lacking:
+        return (f"checkpoint {path} lacks {' and '.join(lacking)}: it is damaged or edited; restore a copy or "
+                "start a new run")
+    saved = state["model"]
     want = model.state_dict()
     missing = [k for k in want if k not in saved]
     extra = [k for k in saved if k not in want]
@@ -67,6 +70,11 @@ def misfit(path: Path, state: dict[str, Any], model: torch.nn.Module) -> str | N
     parts = ([f"missing {', '.join(missing[:3])}"] if missing else []) + \
             ([f"unexpected {', '.join(extra[:3])}"] if extra else []) + \
             ([f"size mismatch {'; '.join(shapes[:3])} (checkpoint vs model)"] if shapes else [])
+    if not parts and optimizer is not None:
+        groups = [len(g.get("params", [])) for g in state["optimizer"].get("param_groups", [])]
+        mine = [len(g["params"]) for g in optimizer.param_groups]
+        if groups != mine:
+            parts.append(f"optimizer parameter groups of {groups} tensors vs {mine}")
     if not parts:
         return None
     return (f"checkpoint {path} does not fit this model ({'; '.join(parts)}); it was written for another "

@@ -254,6 +254,17 @@ def test_resume_refuses_misfit_and_poisoned_checkpoints_in_one_line(tmp_path, ca
     line = one_error_line(capsys.readouterr().err, "train")
     assert "does not fit" in line and "size mismatch" in line and name in line, line
 
+    ckpt.write_bytes(good)
+    state = load_checkpoint(ckpt)
+    state["optimizer"]["param_groups"] = state["optimizer"]["param_groups"][:1]
+    torch.save(state, ckpt)
+    assert main(args) == 2
+    assert "optimizer parameter groups" in one_error_line(capsys.readouterr().err, "train")
+    del state["optimizer"]
+    torch.save(state, ckpt)
+    assert main(args) == 2
+    assert "lacks optimizer" in one_error_line(capsys.readouterr().err, "train")
+
     class Poison:
         def __reduce__(self):
             return (os.system, ("echo pwned",))
