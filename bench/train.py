@@ -14,6 +14,8 @@ Variants (each its own copy of the same initial weights, fed the same batch):
                and the learning rate set per step as train.py does
   gobrrr-model the same step, one whole-model graph (the chunked head outside it, its kernel compiled)
   gobrrr-std   the same step, per-block compile, lm_head + F.cross_entropy (eager head)
+  plain-cudnn  plain, with SDPA's cuDNN attention tried first, as gobrrr does on Hopper: the
+               strongest plain loop we know (ratio_best is against the faster of plain, plain-cudnn)
   gobrrr-eager / plain-eager   the two without torch.compile
   gobrrr-mat   per-block compile with mode "max-autotune-no-cudagraphs" (long compile)
 
@@ -42,7 +44,7 @@ import torch.nn.functional as F
 from bench.common import device_name, median, print_table, record
 
 GiB = 2**30
-ALL = ("plain", "gobrrr", "gobrrr-model", "gobrrr-std", "gobrrr-eager", "plain-eager", "gobrrr-mat")
+ALL = ("plain", "plain-cudnn", "gobrrr", "gobrrr-model", "gobrrr-std", "gobrrr-eager", "plain-eager", "gobrrr-mat")
 
 
 @dataclass
@@ -79,14 +81,14 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)  # sync: benchmark boundary, outside timed work
 
 
-def _autocast(device: torch.device):
+def _autocast(device: torch.device, cudnn_attention: bool | None = None):
     from gobrrr.train_step import autocast_for
 
-    return autocast_for(device)
+    return autocast_for(device, cudnn_attention)
 
 
-def _plain(base, batch, device, compile: bool) -> Variant:
-    """The baseline loop, written here on purpose (not gobrrr's code)."""
+def _plain(base, batch, device, compile: bool, cudnn: bool = False) -> Variant:
+    """The baseline loop, written here on purpose (not gobrrr's code); `cudnn`: SDPA's cuDNN kernels first."""
     model = copy.deepcopy(base)
     model.fused_loss = None
     decay = [p for p in model.parameters() if p.dim() >= 2]
@@ -95,7 +97,7 @@ def _plain(base, batch, device, compile: bool) -> Variant:
                             lr=1e-4, betas=(0.9, 0.95), fused=device.type == "cuda")
     fwd = torch.compile(model) if compile else model
     x, y = batch
-    autocast = _autocast(device)
+    autocast = _autocast(device, cudnn_attention=cudnn and device.type == "cuda")
 
     def step():
         with autocast:
@@ -105,7 +107,8 @@ def _plain(base, batch, device, compile: bool) -> Variant:
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    return Variant("plain" if compile else "plain-eager", step, 16 * _numel(model))
+    name = ("plain" if compile else "plain-eager") + ("-cudnn" if cudnn else "")
+    return Variant(name, step, 16 * _numel(model))
 
 
 def _gobrrr(name, base, batch, device, *, compile: bool, scope="blocks", chunked=True, mode=None) -> Variant:
@@ -142,6 +145,7 @@ def _build(name: str, base, batch, device, cfg: BenchConfig) -> Variant:
     table = {
         "plain": lambda: _plain(base, batch, device, c),
         "plain-eager": lambda: _plain(base, batch, device, False),
+        "plain-cudnn": lambda: _plain(base, batch, device, c, cudnn=True),
         "gobrrr": lambda: _gobrrr(name, base, batch, device, compile=c),
         "gobrrr-model": lambda: _gobrrr(name, base, batch, device, compile=c, scope="model"),
         "gobrrr-std": lambda: _gobrrr(name, base, batch, device, compile=c, chunked=False),
@@ -154,14 +158,18 @@ def _build(name: str, base, batch, device, cfg: BenchConfig) -> Variant:
 
 
 def _time_steps(v: Variant, n: int, device: torch.device) -> tuple[float, float]:
-    """(seconds per step on the device, host seconds to issue one step)."""
+    """(seconds per step on the device, host seconds to issue the first step into an empty queue:
+    Python's cost of a step, before back-pressure from the launch queue hides it)."""
     if device.type == "cuda":
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
     t0 = time.perf_counter()
-    for _ in range(n):
+    v.step()
+    host = time.perf_counter() - t0
+    for _ in range(n - 1):
         v.step()
-    host = (time.perf_counter() - t0) / n
+    if device.type != "cuda":
+        host = (time.perf_counter() - t0) / n
     if device.type == "cuda":
         end.record()
         end.synchronize()  # sync: benchmark boundary
@@ -209,8 +217,10 @@ def run_batch(cfg: BenchConfig, base, B: int, device: torch.device, flops_tok: f
                      "compile_s": v.compile_s})
     plain = next((r for r in rows if r["variant"] == "plain"), None) or next(
         (r for r in rows if r["variant"] == "plain-eager"), None)
+    best = max((r["tokens_per_s"] for r in rows if r["variant"].startswith("plain")), default=None)
     for row in rows:
         row["ratio"] = row["tokens_per_s"] / plain["tokens_per_s"] if plain else None
+        row["ratio_best"] = row["tokens_per_s"] / best if best else None
     return rows
 
 
@@ -235,6 +245,7 @@ def breakdown(cfg: BenchConfig, base, B: int, device: torch.device) -> list[dict
     """What limits the step: the head + loss alone, four ways; the gobrrr step's parts."""
     from gobrrr.data import SyntheticTokens
     from gobrrr.ops import ChunkedCrossEntropy
+    from gobrrr.ops.linear_ce import CHUNK_ELEMENTS
     from gobrrr.parallel import ddp
     from gobrrr.train import TrainConfig, make_optimizer
     from gobrrr.train_step import prepare_model
@@ -253,7 +264,9 @@ def breakdown(cfg: BenchConfig, base, B: int, device: torch.device) -> list[dict
     heads = {"head: lm_head + F.cross_entropy, eager": plain_head,
              "head: lm_head + F.cross_entropy, compiled": compiled_head,
              "head: chunked, eager kernel": ChunkedCrossEntropy(compile=False),
-             "head: chunked, compiled kernel": ChunkedCrossEntropy(compile=cfg.compile)}
+             "head: chunked, compiled kernel": ChunkedCrossEntropy(compile=cfg.compile),
+             "head: chunked x4 rows, compiled kernel": ChunkedCrossEntropy(
+                 compile=cfg.compile, chunk_rows=4 * max(1, CHUNK_ELEMENTS // V))}
     rows = []
     for name, fn in heads.items():
         def run(fn=fn):
@@ -263,6 +276,22 @@ def breakdown(cfg: BenchConfig, base, B: int, device: torch.device) -> list[dict
             x.grad = w.grad = None
         ms, peak = _timed(run, device)
         rows.append({"part": name, "N": N, "ms": ms, "peak_gib": peak / GiB})
+
+    if device.type == "cuda":  # attention alone, all layers: SDPA's default (flash first) vs cuDNN first
+        Bq, H, D = B, base.config.n_head, C // base.config.n_head
+        q, k, v = (torch.randn(Bq, H, cfg.seq_len, D, device=device, dtype=torch.bfloat16, generator=None)
+                   .requires_grad_() for _ in range(3))  # (B, H, T, D) each
+        for label, cudnn in (("SDPA default (flash first)", False), ("SDPA cuDNN first", True)):
+            ctx = _autocast(device, cudnn_attention=cudnn)
+
+            def attn(ctx=ctx):
+                with ctx:
+                    for _ in range(base.config.n_layer):
+                        F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
+            ms, peak = _timed(attn, device)
+            rows.append({"part": f"attention x{base.config.n_layer} layers fwd+bwd, {label}", "N": N, "ms": ms,
+                         "peak_gib": peak / GiB})
+        del q, k, v
 
     raw = copy.deepcopy(base)
     prepare_model(raw, compile=cfg.compile)
@@ -336,7 +365,8 @@ def main(argv: list[str] | None = None) -> int:
                  f"{cfg.rounds} interleaved rounds x {cfg.steps} steps; MFU of {peak_src}")
         print(title, flush=True)
         rows, parts = [], []
-        cols = ["B", "variant", "ms_per_step", "tokens_per_s", "mfu", "ratio", "peak_gib", "host_ms", "compile_s"]
+        cols = ["B", "variant", "ms_per_step", "tokens_per_s", "mfu", "ratio", "ratio_best", "peak_gib", "host_ms",
+                "compile_s"]
         for B in cfg.batch_sizes:
             try:
                 got = run_batch(cfg, base, B, rank.device, flops_tok, peak)
@@ -357,6 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         if r["variant"] == "gobrrr" and r["ratio"] is not None:
             figures[f"ratio_B{r['B']}"] = r["ratio"]
+            figures[f"ratio_best_B{r['B']}"] = r["ratio_best"]
         if r["variant"] == "gobrrr" and r["mfu"] is not None:
             figures[f"mfu_B{r['B']}"] = r["mfu"]
     for key, value in figures.items():

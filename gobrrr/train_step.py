@@ -86,11 +86,45 @@ def prepare_model(raw: nn.Module, *, compile: bool, backend: str = "inductor", m
     return how + (f", mode {mode}" if mode else "") + f", {loss}"
 
 
-def autocast_for(device: torch.device):
-    """bf16 autocast on a GPU; nothing on a CPU (the tests' bitwise resume relies on fp32 there)."""
-    if device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
+class ComputeContext:
+    """The context forward and backward run in; reusable (entered once per micro-step).
+
+    On a GPU: bf16 autocast, and on Hopper (compute capability 9.x) SDPA's cuDNN attention tried
+    before FlashAttention-2: SDPA's fixed priority puts flash first, and on Hopper cuDNN's
+    kernels are faster for training shapes (a preference, not a restriction: a shape cuDNN
+    cannot serve falls back to flash; see BENCHMARKS.md, `train`, for the measurement). The
+    backward runs the kernel chosen in forward; a compiled block bakes in the kernel chosen
+    while it was traced, which happens inside this context. On a CPU: nothing (the tests'
+    bitwise resume relies on float32 there).
+    """
+
+    def __init__(self, device: torch.device, cudnn_attention: bool | None = None):
+        self.device = device
+        if cudnn_attention is None:
+            cudnn_attention = device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
+        self.cudnn_attention = cudnn_attention
+        self._stack: list[contextlib.ExitStack] = []
+
+    def __enter__(self):
+        stack = contextlib.ExitStack()
+        if self.device.type == "cuda":
+            stack.enter_context(torch.autocast("cuda", dtype=torch.bfloat16))
+            if self.cudnn_attention:
+                from torch.nn.attention import SDPBackend, sdpa_kernel
+
+                order = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                         SDPBackend.MATH]
+                stack.enter_context(sdpa_kernel(order, set_priority=True))
+        self._stack.append(stack)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stack.pop().close()
+
+
+def autocast_for(device: torch.device, cudnn_attention: bool | None = None) -> ComputeContext:
+    """The compute context for `device` (see ComputeContext)."""
+    return ComputeContext(device, cudnn_attention)
 
 
 def train_step(model: nn.Module, opt: torch.optim.Optimizer, micro_batches: Iterable[tuple[torch.Tensor, torch.Tensor]],

@@ -167,3 +167,29 @@ def test_chunked_loss_matches_the_plain_head_under_autocast(compiled):
     torch.testing.assert_close(got, ref, rtol=1e-3, atol=1e-3)
     torch.testing.assert_close(hx, gx, rtol=2e-2, atol=2e-4)
     torch.testing.assert_close(hw, gw, rtol=2e-2, atol=2e-4)
+
+
+def test_the_doctor_sees_the_compiled_step(tmp_path):
+    from gobrrr import doctor
+    from gobrrr.models.gpt import GPT, GPTConfig
+    from gobrrr.parallel import ddp
+    from gobrrr.train import make_optimizer
+    from gobrrr.train_step import autocast_for, prepare_model, train_step
+
+    device = torch.device("cuda")
+    torch.manual_seed(0)
+    raw = GPT(GPTConfig.from_name("tiny")).to(device)
+    prepare_model(raw, compile=True)
+    model, opt = ddp(raw), make_optimizer(raw, TrainConfig(), device)
+    batch = tuple(torch.randint(256, (8, 64), device=device) for _ in range(2))
+    params, ctx = list(raw.parameters()), autocast_for(device)
+
+    def step():
+        train_step(model, opt, [batch], accum=1, params=params, grad_clip=1.0, autocast=ctx)
+
+    step()  # compile outside the profiled window
+    report = doctor.profile(step, steps=3, warmup=1, out_dir=str(tmp_path), print_summary=False)
+    gpu = report["gpu"]
+    assert gpu is not None and gpu["span_ms"] > 0
+    names = " ".join(k["name"] for k in gpu["top_kernels"])
+    assert "triton" in names, names  # the compiled blocks' generated kernels are in the trace
