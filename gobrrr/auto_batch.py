@@ -66,15 +66,18 @@ def auto_batch_size(model: nn.Module, device: torch.device, seq_len: int) -> tup
     return rows, line
 
 
-def underuse_hint(rows: int, peak_bytes: int, total_bytes: int, n_params: int) -> str | None:
-    """A one-line hint when a hand-picked batch leaves most of the GPU's memory unused, else None."""
+def underuse_hint(rows: int, seq_len: int, peak_bytes: int, total_bytes: int, n_params: int) -> str | None:
+    """A one-line hint when a hand-picked batch leaves the GPU underused and a larger one would fit
+    (up to the probe's cap), else None."""
     fixed = 16 * n_params  # weights, gradients and AdamW moments in float32
-    per_row = max(1, (peak_bytes - fixed) / max(1, rows))
+    per_row = max(1.0, (peak_bytes - fixed) / max(1, rows))
     fits = int((FILL * total_bytes - fixed) // per_row)
-    if peak_bytes > 0.4 * total_bytes or fits < 2 * rows:
-        return None
+    limit = min(fits, max(1, min(MAX_ROWS, TARGET_TOKENS // seq_len)))
     suggest = 1
-    while suggest * 2 <= fits:
+    while suggest * 2 <= limit:
         suggest *= 2
+    if suggest <= rows:
+        return None
     return (f"hint: batch size {rows} peaked at {peak_bytes / GiB:.1f} of {total_bytes / GiB:.0f} GiB; about "
-            f"{fits} rows would fit (e.g. --batch-size {suggest}, or omit --batch-size to choose automatically)")
+            f"{fits} rows would fit and {suggest} x {seq_len} tokens keep the GPU busier (--batch-size {suggest}, "
+            "or omit --batch-size to choose automatically)")

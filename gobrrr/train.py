@@ -272,9 +272,8 @@ def _train(cfg: TrainConfig, rank) -> dict[str, Any]:
     tokens_per_step = B * T * K * W
     autocast = autocast_for(device)
     params = list(raw.parameters())
-    if main and cfg.progress:
-        for line in setup_lines:
-            print(line, file=sys.stderr, flush=True)
+    if main and cfg.progress and setup_lines:
+        print("\n".join(setup_lines), file=sys.stderr, flush=True)
 
     metrics = open(metrics_path, "a") if main else None
     if main and start > 0:
@@ -327,7 +326,8 @@ def _train(cfg: TrainConfig, rank) -> dict[str, Any]:
             progress.advance()
             done = step + 1
             if step == start:
-                t_last, t_step = _first_step_done(t_last, device, compiled, main and cfg.progress), done
+                t_last, t_step = _first_step_done(t_last, device, compiled, main and cfg.progress,
+                                                  None if auto_batch else (B, T), sum(p.numel() for p in params)), done
             last = done == cfg.steps
             if done % cfg.log_every == 0 or done % cfg.ckpt_every == 0 or last:
                 flush(done)
@@ -365,15 +365,24 @@ def _train(cfg: TrainConfig, rank) -> dict[str, Any]:
     return {"step": cfg.steps, "losses": logged, "tokens_per_s": tok_s, "mfu": mfu, "peak": peak}
 
 
-def _first_step_done(t0: float, device: torch.device, compiled: bool, verbose: bool) -> float:
+def _first_step_done(t0: float, device: torch.device, compiled: bool, verbose: bool,
+                     given_batch: tuple[int, int] | None, n_params: int) -> float:
     """Time the first step apart (torch.compile, allocator and cuBLAS warm-up) and say so on its own line;
-    return the clock for the next interval, so tokens/s never includes it."""
+    return the clock for the next interval, so tokens/s never includes it. With a hand-picked batch
+    size on a GPU, add a hint when the step's peak memory says a much larger one would fit."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)  # sync: once, after the first step, to time it apart
     now = time.perf_counter()
     if verbose:
         what = "torch.compile + first step" if compiled else "first step (warm-up)"
         print(f"{what}: {now - t0:.1f} s (not counted in tokens/s)", file=sys.stderr, flush=True)
+        if given_batch is not None and device.type == "cuda":
+            from gobrrr.auto_batch import underuse_hint
+
+            hint = underuse_hint(*given_batch, torch.cuda.max_memory_allocated(device),
+                                 torch.cuda.get_device_properties(device).total_memory, n_params)
+            if hint:
+                print(hint, file=sys.stderr, flush=True)
     return now
 
 

@@ -142,3 +142,13 @@ def test_compiled_two_gloo_ranks_under_ddp_match_one_eager_rank(tmp_path):
     assert sorted(l2) == [1, 2, 3, 4]
     torch.testing.assert_close(torch.tensor([l2[s] for s in l1]), torch.tensor(list(l1.values())),
                                rtol=1e-5, atol=1e-6)
+
+
+def test_underuse_hint_only_when_a_much_larger_batch_fits():
+    from gobrrr.auto_batch import GiB, underuse_hint
+
+    n = 124_000_000  # 124m: 2 GB of weights, gradients and moments
+    hint = underuse_hint(8, 1024, int(2 * GiB + 8 * 0.6 * GiB), 141 * GiB, n)
+    assert hint.startswith("hint: batch size 8") and "--batch-size 64" in hint  # capped at 64k tokens
+    assert underuse_hint(64, 1024, int(2 * GiB + 64 * 0.6 * GiB), 141 * GiB, n) is None  # at the cap already
+    assert underuse_hint(8, 1024, int(100 * GiB), 141 * GiB, n) is None  # nothing larger fits
