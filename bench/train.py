@@ -180,19 +180,30 @@ def _time_steps(v: Variant, n: int, device: torch.device) -> tuple[float, float]
 def run_batch(cfg: BenchConfig, base, B: int, device: torch.device, flops_tok: float, peak_flops) -> list[dict]:
     from gobrrr.data import SyntheticTokens
 
+    # forget graphs compiled for another batch size: a run trains at one size, so every variant here
+    # compiles for this B with static shapes, as it would in a run (not a dynamic-shape recompile)
+    torch._dynamo.reset()
     src = SyntheticTokens(base.config.vocab_size, cfg.seq_len, B, seed=0)
     batch = tuple(t.to(device) for t in src.batch(0))  # (B, T) each
     variants = []
+    failed = []
     for name in cfg.variants:
-        v = _build(name, base, batch, device, cfg)
-        _sync(device)
-        t0 = time.perf_counter()
-        v.step()  # compiles
-        _sync(device)
-        v.compile_s = time.perf_counter() - t0
-        for _ in range(cfg.warmup - 1):
-            v.step()
-        _sync(device)
+        try:
+            v = _build(name, base, batch, device, cfg)
+            _sync(device)
+            t0 = time.perf_counter()
+            v.step()  # compiles
+            _sync(device)
+            v.compile_s = time.perf_counter() - t0
+            for _ in range(cfg.warmup - 1):
+                v.step()
+            _sync(device)
+        except torch.cuda.OutOfMemoryError:
+            raise
+        except Exception as e:  # one variant that cannot run (e.g. a compile error) must not hide the others
+            failed.append({"B": B, "variant": name, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"})
+            print(f"  B={B} {name}: failed: {failed[-1]['error']}", flush=True)
+            continue
         if device.type == "cuda":  # peak of one step: its own activations on top of everything held now
             before = torch.cuda.memory_allocated(device)
             torch.cuda.reset_peak_memory_stats(device)
@@ -215,10 +226,14 @@ def run_batch(cfg: BenchConfig, base, B: int, device: torch.device, flops_tok: f
                      "mfu": flops_tok * tok / peak_flops if peak_flops else None,
                      "peak_gib": v.peak / GiB if v.peak else None, "host_ms": median(v.host) * 1e3,
                      "compile_s": v.compile_s})
+    rows += failed
     plain = next((r for r in rows if r["variant"] == "plain"), None) or next(
         (r for r in rows if r["variant"] == "plain-eager"), None)
-    best = max((r["tokens_per_s"] for r in rows if r["variant"].startswith("plain")), default=None)
+    best = max((r["tokens_per_s"] for r in rows if r["variant"].startswith("plain") and "error" not in r),
+               default=None)
     for row in rows:
+        if "error" in row:
+            continue
         row["ratio"] = row["tokens_per_s"] / plain["tokens_per_s"] if plain else None
         row["ratio_best"] = row["tokens_per_s"] / best if best else None
     return rows
@@ -239,6 +254,16 @@ def _timed(fn: Callable[[], None], device: torch.device, reps: int = 5) -> tuple
         times.append(time.perf_counter() - t0)
     peak = torch.cuda.max_memory_allocated(device) - before if device.type == "cuda" else 0
     return median(times) * 1e3, peak
+
+
+def _part(name: str, N: int, fn: Callable[[], None], device: torch.device) -> dict:
+    try:
+        ms, peak = _timed(fn, device)
+    except torch.cuda.OutOfMemoryError:
+        raise
+    except Exception as e:  # report it and go on with the other parts
+        return {"part": name, "N": N, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
+    return {"part": name, "N": N, "ms": ms, "peak_gib": peak / GiB}
 
 
 def breakdown(cfg: BenchConfig, base, B: int, device: torch.device) -> list[dict]:
@@ -274,8 +299,7 @@ def breakdown(cfg: BenchConfig, base, B: int, device: torch.device) -> list[dict
                 loss = fn(x, w, t)
             loss.backward()
             x.grad = w.grad = None
-        ms, peak = _timed(run, device)
-        rows.append({"part": name, "N": N, "ms": ms, "peak_gib": peak / GiB})
+        rows.append(_part(name, N, run, device))
 
     if device.type == "cuda":  # attention alone, all layers: SDPA's default (flash first) vs cuDNN first
         Bq, H, D = B, base.config.n_head, C // base.config.n_head
@@ -288,9 +312,7 @@ def breakdown(cfg: BenchConfig, base, B: int, device: torch.device) -> list[dict
                 with ctx:
                     for _ in range(base.config.n_layer):
                         F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
-            ms, peak = _timed(attn, device)
-            rows.append({"part": f"attention x{base.config.n_layer} layers fwd+bwd, {label}", "N": N, "ms": ms,
-                         "peak_gib": peak / GiB})
+            rows.append(_part(f"attention x{base.config.n_layer} layers fwd+bwd, {label}", N, attn, device))
         del q, k, v
 
     raw = copy.deepcopy(base)
@@ -366,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
         print(title, flush=True)
         rows, parts = [], []
         cols = ["B", "variant", "ms_per_step", "tokens_per_s", "mfu", "ratio", "ratio_best", "peak_gib", "host_ms",
-                "compile_s"]
+                "compile_s", "error"]
         for B in cfg.batch_sizes:
             try:
                 got = run_batch(cfg, base, B, rank.device, flops_tok, peak)
@@ -380,15 +402,15 @@ def main(argv: list[str] | None = None) -> int:
             print_table(got, cols)
         if cfg.breakdown:
             parts = breakdown(cfg, base, max(r["B"] for r in rows) if rows else cfg.batch_sizes[0], rank.device)
-            print_table(parts, ["part", "N", "ms", "peak_gib"], title="what the step spends (largest B):")
+            print_table(parts, ["part", "N", "ms", "peak_gib", "error"], title="what the step spends (largest B):")
     finally:
         gd.shutdown()
     figures = {}
     for r in rows:
-        if r["variant"] == "gobrrr" and r["ratio"] is not None:
+        if r["variant"] == "gobrrr" and r.get("ratio") is not None:
             figures[f"ratio_B{r['B']}"] = r["ratio"]
             figures[f"ratio_best_B{r['B']}"] = r["ratio_best"]
-        if r["variant"] == "gobrrr" and r["mfu"] is not None:
+        if r["variant"] == "gobrrr" and r.get("mfu") is not None:
             figures[f"mfu_B{r['B']}"] = r["mfu"]
     for key, value in figures.items():
         print(f"  {key}: {value:.3f}")

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import os
 import shutil
 from typing import Any, Iterable
 
@@ -100,8 +101,9 @@ class ComputeContext:
 
     def __init__(self, device: torch.device, cudnn_attention: bool | None = None):
         self.device = device
-        if cudnn_attention is None:
-            cudnn_attention = device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
+        if cudnn_attention is None:  # GOBRRR_CUDNN_ATTENTION=0 keeps SDPA's own order
+            cudnn_attention = (device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
+                               and os.environ.get("GOBRRR_CUDNN_ATTENTION", "1") != "0")
         self.cudnn_attention = cudnn_attention
         self._stack: list[contextlib.ExitStack] = []
 
