@@ -12,6 +12,7 @@ Variants (each its own copy of the same initial weights, fed the same batch):
                on the model as `setup_model` prepares it (per-block compile, chunked cross-entropy),
                wrapped in gobrrr ddp (world size 1: collectives are no-ops), train's make_optimizer,
                and the learning rate set per step as train.py does
+  gobrrr-flash the same step with SDPA's own order (flash first), isolating the attention choice
   gobrrr-model the same step, one whole-model graph (the chunked head outside it, its kernel compiled)
   gobrrr-std   the same step, per-block compile, lm_head + F.cross_entropy (eager head)
   plain-cudnn  plain, with SDPA's cuDNN attention tried first, as gobrrr does on Hopper: the
@@ -44,7 +45,7 @@ import torch.nn.functional as F
 from bench.common import device_name, median, print_table, record
 
 GiB = 2**30
-ALL = ("plain", "plain-cudnn", "gobrrr", "gobrrr-model", "gobrrr-std", "gobrrr-eager", "plain-eager", "gobrrr-mat")
+ALL = ("plain", "plain-cudnn", "gobrrr", "gobrrr-flash", "gobrrr-model", "gobrrr-std", "gobrrr-eager", "plain-eager", "gobrrr-mat")
 
 
 @dataclass
@@ -111,7 +112,8 @@ def _plain(base, batch, device, compile: bool, cudnn: bool = False) -> Variant:
     return Variant(name, step, 16 * _numel(model))
 
 
-def _gobrrr(name, base, batch, device, *, compile: bool, scope="blocks", chunked=True, mode=None) -> Variant:
+def _gobrrr(name, base, batch, device, *, compile: bool, scope="blocks", chunked=True, mode=None,
+            cudnn: bool | None = None) -> Variant:
     """gobrrr train's step: the same function and the same preparation train.py uses."""
     from gobrrr.parallel import ddp
     from gobrrr.train import TrainConfig, lr_at, make_optimizer
@@ -123,7 +125,7 @@ def _gobrrr(name, base, batch, device, *, compile: bool, scope="blocks", chunked
     cfg = TrainConfig(model="124m", steps=1000, lr=1e-4, warmup=10)
     opt = make_optimizer(raw, cfg, device)
     params = list(raw.parameters())
-    autocast = _autocast(device)
+    autocast = _autocast(device, cudnn)  # None: train.py's choice
     counter = [0]
 
     def step():
@@ -150,6 +152,7 @@ def _build(name: str, base, batch, device, cfg: BenchConfig) -> Variant:
         "gobrrr-model": lambda: _gobrrr(name, base, batch, device, compile=c, scope="model"),
         "gobrrr-std": lambda: _gobrrr(name, base, batch, device, compile=c, chunked=False),
         "gobrrr-eager": lambda: _gobrrr(name, base, batch, device, compile=False),
+        "gobrrr-flash": lambda: _gobrrr(name, base, batch, device, compile=c, cudnn=False),
         "gobrrr-mat": lambda: _gobrrr(name, base, batch, device, compile=c, mode="max-autotune-no-cudagraphs"),
     }
     if name not in table:
