@@ -90,20 +90,22 @@ def prepare_model(raw: nn.Module, *, compile: bool, backend: str = "inductor", m
 class ComputeContext:
     """The context forward and backward run in; reusable (entered once per micro-step).
 
-    On a GPU: bf16 autocast, and on Hopper (compute capability 9.x) SDPA's cuDNN attention tried
-    before FlashAttention-2: SDPA's fixed priority puts flash first, and on Hopper cuDNN's
-    kernels are faster for training shapes (a preference, not a restriction: a shape cuDNN
-    cannot serve falls back to flash; see BENCHMARKS.md, `train`, for the measurement). The
-    backward runs the kernel chosen in forward; a compiled block bakes in the kernel chosen
-    while it was traced, which happens inside this context. On a CPU: nothing (the tests'
+    On a GPU: bf16 autocast, and, when asked (`cudnn_attention=True`, or GOBRRR_CUDNN_ATTENTION=1
+    on a Hopper GPU), SDPA's cuDNN attention tried before FlashAttention-2. SDPA's fixed priority
+    puts flash first; on Hopper cuDNN's kernels are reported 1.7-2.3x faster for training shapes
+    (huggingface/transformers PR 48163). It is a preference, not a restriction: a shape cuDNN
+    cannot serve falls back to flash. Off by default until `gobrrr bench train --variants
+    plain,plain-cudnn,gobrrr,gobrrr-cudnn` has measured it with torch.compile on our GPU (BENCHMARKS.md,
+    `train`). The backward runs the kernel chosen in forward; a compiled block bakes in the kernel
+    chosen while it was traced, which happens inside this context. On a CPU: nothing (the tests'
     bitwise resume relies on float32 there).
     """
 
     def __init__(self, device: torch.device, cudnn_attention: bool | None = None):
         self.device = device
-        if cudnn_attention is None:  # GOBRRR_CUDNN_ATTENTION=0 keeps SDPA's own order
-            cudnn_attention = (device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
-                               and os.environ.get("GOBRRR_CUDNN_ATTENTION", "1") != "0")
+        if cudnn_attention is None:  # opt-in until measured: GOBRRR_CUDNN_ATTENTION=1
+            cudnn_attention = (device.type == "cuda" and os.environ.get("GOBRRR_CUDNN_ATTENTION", "0") == "1"
+                               and torch.cuda.get_device_capability(device)[0] == 9)
         self.cudnn_attention = cudnn_attention
         self._stack: list[contextlib.ExitStack] = []
 

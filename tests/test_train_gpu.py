@@ -193,3 +193,24 @@ def test_the_doctor_sees_the_compiled_step(tmp_path):
     assert gpu is not None and gpu["span_ms"] > 0
     names = " ".join(k["name"] for k in gpu["top_kernels"])
     assert "triton" in names, names  # the compiled blocks' generated kernels are in the trace
+
+
+def test_cudnn_attention_first_matches_sdpa_default_in_a_compiled_step():
+    from gobrrr.models.gpt import GPT, GPTConfig
+    from gobrrr.train_step import ComputeContext, prepare_model
+
+    device = torch.device("cuda")
+    if torch.cuda.get_device_capability(device)[0] != 9:
+        pytest.skip("the cuDNN-first preference is for Hopper GPUs")
+    idx = torch.randint(50304, (4, 256), device=device)
+    out = {}
+    for cudnn in (False, True):
+        torch.manual_seed(0)
+        raw = GPT(GPTConfig.from_name("124m", n_layer=2)).to(device)
+        prepare_model(raw, compile=True)
+        with ComputeContext(device, cudnn_attention=cudnn):
+            _, loss = raw(idx, idx)
+            loss.backward()
+        out[cudnn] = (loss.detach(), raw.blocks[0].attn.qkv.weight.grad.clone())
+    torch.testing.assert_close(out[True][0], out[False][0], rtol=1e-3, atol=1e-3)
+    torch.testing.assert_close(out[True][1], out[False][1], rtol=5e-2, atol=1e-3)
