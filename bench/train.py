@@ -1,7 +1,7 @@
 """`gobrrr bench train`: `gobrrr train`'s step against a plain compiled loop, side by side, one GPU.
 
     gobrrr bench train                                  # 124m, T=1024, B = 8, 16, 64 on one GPU
-    gobrrr bench train --batch-sizes 8,16,64 --variants plain,plain-cudnn,gobrrr,gobrrr-cudnn --breakdown
+    gobrrr bench train --breakdown --attention cudnn     # every variant with SDPA's cuDNN attention first
     gobrrr bench train --quick                          # CPU smoke: tiny GPT, eager, a few seconds
 
 Variants (each its own copy of the same initial weights, fed the same batch):
@@ -12,13 +12,15 @@ Variants (each its own copy of the same initial weights, fed the same batch):
                on the model as `setup_model` prepares it (per-block compile, chunked cross-entropy),
                wrapped in gobrrr ddp (world size 1: collectives are no-ops), train's make_optimizer,
                and the learning rate set per step as train.py does
-  gobrrr-cudnn the same step with SDPA's cuDNN attention first (GOBRRR_CUDNN_ATTENTION=1 in a run)
   gobrrr-model the same step, one whole-model graph (the chunked head outside it, its kernel compiled)
   gobrrr-std   the same step, per-block compile, lm_head + F.cross_entropy (eager head)
-  plain-cudnn  plain, with SDPA's cuDNN attention tried first: with gobrrr-cudnn, the measurement
-               that decides gobrrr's default (ratio_best is against the fastest plain variant)
   gobrrr-eager / plain-eager   the two without torch.compile
   gobrrr-mat   per-block compile with mode "max-autotune-no-cudagraphs" (long compile)
+
+--attention cudnn runs every variant with SDPA's cuDNN attention tried first (GOBRRR_CUDNN_ATTENTION=1
+in a run). It is a whole-run switch because a compiled graph bakes in the attention kernel chosen
+while tracing and dynamo does not guard on that choice: two variants of one code object in one
+process would share the first one's kernel. Compare two runs for its effect.
 
 Per batch size, every variant first runs --warmup steps (the first one compiles: its wall time is
 reported as compile_s, never inside tokens/s), then --rounds interleaved rounds of --steps steps
@@ -45,7 +47,7 @@ import torch.nn.functional as F
 from bench.common import device_name, median, print_table, record
 
 GiB = 2**30
-ALL = ("plain", "plain-cudnn", "gobrrr", "gobrrr-cudnn", "gobrrr-model", "gobrrr-std", "gobrrr-eager", "plain-eager", "gobrrr-mat")
+ALL = ("plain", "gobrrr", "gobrrr-model", "gobrrr-std", "gobrrr-eager", "plain-eager", "gobrrr-mat")
 
 
 @dataclass
@@ -53,7 +55,8 @@ class BenchConfig:
     model: str = "124m"
     seq_len: int = 1024
     batch_sizes: tuple[int, ...] = (8, 16, 64)
-    variants: tuple[str, ...] = ("plain", "plain-cudnn", "gobrrr", "gobrrr-cudnn")
+    variants: tuple[str, ...] = ("plain", "gobrrr")
+    attention: str = "default"   # "cudnn": every variant tries SDPA's cuDNN kernels first
     steps: int = 10         # steps per variant per round
     rounds: int = 5
     warmup: int = 3         # untimed steps per variant (the first compiles)
@@ -88,7 +91,7 @@ def _autocast(device: torch.device, cudnn_attention: bool | None = None):
     return autocast_for(device, cudnn_attention)
 
 
-def _plain(base, batch, device, compile: bool, cudnn: bool = False) -> Variant:
+def _plain(base, batch, device, compile: bool, cudnn: bool) -> Variant:
     """The baseline loop, written here on purpose (not gobrrr's code); `cudnn`: SDPA's cuDNN kernels first."""
     model = copy.deepcopy(base)
     model.fused_loss = None
@@ -108,12 +111,11 @@ def _plain(base, batch, device, compile: bool, cudnn: bool = False) -> Variant:
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    name = ("plain" if compile else "plain-eager") + ("-cudnn" if cudnn else "")
-    return Variant(name, step, 16 * _numel(model))
+    return Variant("plain" if compile else "plain-eager", step, 16 * _numel(model))
 
 
 def _gobrrr(name, base, batch, device, *, compile: bool, scope="blocks", chunked=True, mode=None,
-            cudnn: bool | None = None) -> Variant:
+            cudnn: bool) -> Variant:
     """gobrrr train's step: the same function and the same preparation train.py uses."""
     from gobrrr.parallel import ddp
     from gobrrr.train import TrainConfig, lr_at, make_optimizer
@@ -125,7 +127,7 @@ def _gobrrr(name, base, batch, device, *, compile: bool, scope="blocks", chunked
     cfg = TrainConfig(model="124m", steps=1000, lr=1e-4, warmup=10)
     opt = make_optimizer(raw, cfg, device)
     params = list(raw.parameters())
-    autocast = _autocast(device, cudnn)  # None: train.py's choice
+    autocast = _autocast(device, cudnn)
     counter = [0]
 
     def step():
@@ -143,17 +145,16 @@ def _numel(model) -> int:
 
 
 def _build(name: str, base, batch, device, cfg: BenchConfig) -> Variant:
-    c = cfg.compile
+    c, a = cfg.compile, cfg.attention == "cudnn" and device.type == "cuda"
     table = {
-        "plain": lambda: _plain(base, batch, device, c),
-        "plain-eager": lambda: _plain(base, batch, device, False),
-        "plain-cudnn": lambda: _plain(base, batch, device, c, cudnn=True),
-        "gobrrr": lambda: _gobrrr(name, base, batch, device, compile=c),
-        "gobrrr-model": lambda: _gobrrr(name, base, batch, device, compile=c, scope="model"),
-        "gobrrr-std": lambda: _gobrrr(name, base, batch, device, compile=c, chunked=False),
-        "gobrrr-eager": lambda: _gobrrr(name, base, batch, device, compile=False),
-        "gobrrr-cudnn": lambda: _gobrrr(name, base, batch, device, compile=c, cudnn=True),
-        "gobrrr-mat": lambda: _gobrrr(name, base, batch, device, compile=c, mode="max-autotune-no-cudagraphs"),
+        "plain": lambda: _plain(base, batch, device, c, a),
+        "plain-eager": lambda: _plain(base, batch, device, False, a),
+        "gobrrr": lambda: _gobrrr(name, base, batch, device, compile=c, cudnn=a),
+        "gobrrr-model": lambda: _gobrrr(name, base, batch, device, compile=c, scope="model", cudnn=a),
+        "gobrrr-std": lambda: _gobrrr(name, base, batch, device, compile=c, chunked=False, cudnn=a),
+        "gobrrr-eager": lambda: _gobrrr(name, base, batch, device, compile=False, cudnn=a),
+        "gobrrr-mat": lambda: _gobrrr(name, base, batch, device, compile=c, mode="max-autotune-no-cudagraphs",
+                                      cudnn=a),
     }
     if name not in table:
         raise SystemExit(f"gobrrr bench train: error: unknown variant {name!r}; choose from {', '.join(ALL)}")
@@ -355,10 +356,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=None, help=f"untimed steps, the first compiles ({d.warmup})")
     p.add_argument("--breakdown", action="store_true", default=None, help="head/loss and step parts at the largest B")
     p.add_argument("--no-compile", dest="compile", action="store_false", default=None, help="every variant eager")
+    p.add_argument("--attention", choices=["default", "cudnn"], default=None,
+                   help="cudnn: every variant tries SDPA's cuDNN attention first (default: SDPA's own order)")
     p.add_argument("--device", default=None, help="cpu or cuda (default cuda when available; --quick: cpu)")
     a = p.parse_args(argv)
     cfg = BenchConfig.quick() if a.quick else BenchConfig()
-    for field in ("model", "seq_len", "steps", "rounds", "warmup", "breakdown", "compile"):
+    for field in ("model", "seq_len", "steps", "rounds", "warmup", "breakdown", "compile", "attention"):
         if getattr(a, field) is not None:
             cfg = replace(cfg, **{field: getattr(a, field)})
     try:
@@ -387,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
         flops_tok = base.flops_per_token(cfg.seq_len)
         peak, peak_src = peak_flops(rank.device)
         title = (f"bench train: GPT {cfg.model} on {device_name(rank.device)}, T={cfg.seq_len}, median of "
-                 f"{cfg.rounds} interleaved rounds x {cfg.steps} steps; MFU of {peak_src}")
+                 f"{cfg.rounds} interleaved rounds x {cfg.steps} steps; attention {cfg.attention}; MFU of {peak_src}")
         print(title, flush=True)
         rows, parts = [], []
         cols = ["B", "variant", "ms_per_step", "tokens_per_s", "mfu", "ratio", "ratio_best", "peak_gib", "host_ms",

@@ -94,9 +94,8 @@ class ComputeContext:
     on a Hopper GPU), SDPA's cuDNN attention tried before FlashAttention-2. SDPA's fixed priority
     puts flash first; on Hopper cuDNN's kernels are reported 1.7-2.3x faster for training shapes
     (huggingface/transformers PR 48163). It is a preference, not a restriction: a shape cuDNN
-    cannot serve falls back to flash. Off by default until `gobrrr bench train --variants
-    plain,plain-cudnn,gobrrr,gobrrr-cudnn` has measured it with torch.compile on our GPU (BENCHMARKS.md,
-    `train`). The backward runs the kernel chosen in forward; a compiled block bakes in the kernel
+    cannot serve falls back to flash. Off by default until `gobrrr bench train --attention cudnn`
+    has measured it with torch.compile on our GPU (BENCHMARKS.md, `train`). The backward runs the kernel chosen in forward; a compiled block bakes in the kernel
     chosen while it was traced, which happens inside this context. On a CPU: nothing (the tests'
     bitwise resume relies on float32 there).
     """
