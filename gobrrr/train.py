@@ -8,7 +8,9 @@ One step, per rank (the same code at every world size; at world size 1 communica
   1. K micro-batches (--grad-accum K) arrive through `gobrrr.Prefetcher`; micro-batch i of the
      run is a pure function of (seed, i), and each rank keeps its rows of the global batch;
   2. forward + backward under bf16 autocast on a GPU; the first K-1 inside `model.no_sync()`,
-     so gradients are reduced once, by `gobrrr.parallel.ddp`, during the last backward;
+     so gradients are reduced once, by `gobrrr.parallel.ddp`, during the last backward (steps 2-3
+     are `gobrrr.train_step.train_step`; on a GPU the blocks are torch.compile'd, and the loss never
+     holds the (B, T, V) logits; the first step, which compiles, is timed apart from tokens/s);
   3. clip the gradient norm, set the warmup+cosine learning rate, AdamW step;
   4. the loss stays on the device; every --log-every steps the stacked losses are averaged over
      ranks and read in one go (the only host-device sync in the loop), then appended to
