@@ -152,3 +152,23 @@ def test_underuse_hint_only_when_a_much_larger_batch_fits():
     assert hint.startswith("hint: batch size 8") and "--batch-size 64" in hint  # capped at 64k tokens
     assert underuse_hint(64, 1024, int(2 * GiB + 64 * 0.6 * GiB), 141 * GiB, n) is None  # at the cap already
     assert underuse_hint(8, 1024, int(100 * GiB), 141 * GiB, n) is None  # nothing larger fits
+
+
+@pytest.mark.parametrize("scope", ["blocks", "model"])
+def test_compiled_blocks_deliver_gradients_block_by_block_so_ddp_can_overlap(scope):
+    # per block: the last block's gradients are ready (its hooks fire) before the first block's backward
+    # runs, which lets ddp all-reduce bucket by bucket during backward; one whole-model graph delivers
+    # every gradient at the end (the reason prepare_model compiles per block)
+    torch.manual_seed(0)
+    raw = GPT(GPTConfig.from_name("tiny", n_layer=3))
+    prepare_model(raw, compile=True, backend="aot_eager", scope=scope)
+    first = list(raw.blocks[0].parameters())
+    seen = []
+    for p in raw.blocks[-1].parameters():
+        p.register_post_accumulate_grad_hook(lambda p: seen.append(any(q.grad is not None for q in first)))
+    idx = torch.randint(256, (2, 16))
+    _, loss = raw(idx, idx)
+    loss.backward()
+    assert len(seen) == len(list(raw.blocks[-1].parameters()))
+    assert not any(seen) if scope == "blocks" else all(seen)
+    assert all(q.grad is not None for q in first)
