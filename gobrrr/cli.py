@@ -11,7 +11,7 @@ import sys
 # subcommand -> (module, one-line help)
 COMMANDS = {
     "demo": ("gobrrr.demo", "run the demo: prefetch, sync detective, lint and doctor on the seed loop"),
-    "lint": ("gobrrr.device.lint", "static check for host-device anti-patterns (GB001-GB008)"),
+    "lint": ("gobrrr.device.lint", "static check for host-device anti-patterns (GB001-GB009)"),
     "doctor": ("gobrrr.doctor", "run a script under the profiler and show where the GPU waits"),
     "train": ("gobrrr.train", "train the reference GPT (works under torchrun)"),
     "bench": (None, "benchmarks: " + ", ".join(["copy", "prefetch", "syncwatch", "comm", "p2p", "ddp", "train"])),
