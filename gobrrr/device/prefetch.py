@@ -36,6 +36,7 @@ On the CPU (or `device=None` without CUDA) the same API passes batches through u
 """
 from __future__ import annotations
 
+import collections.abc
 import statistics
 import time
 import warnings
@@ -108,6 +109,20 @@ class Prefetcher:
         depth + 1 batches).
     pin_threads: threads that copy pageable tensors into pinned memory (default: 3/4 of the cores, <= 12).
     worker_ring: swap a DataLoader with workers for a PinnedWorkerLoader when one is available.
+
+    Iterating twice. What `iter()` does depends on the source, as it does without a Prefetcher:
+    - A re-iterable source (a list, a DataLoader, a dataset): each `for` loop is a new pass from the
+      first batch; `break` ends the pass and frees what it held (a DataLoader's workers stop).
+      One pass at a time: starting a second pass while the first is still open ends the first,
+      and the first then raises RuntimeError on its next `next()` instead of ending quietly
+      (`zip(pf, pf)` is an error, not a silently shortened loop).
+    - A one-shot iterator (a generator, `iter(x)`, `map(...)`): the Prefetcher is one stream of
+      batches, like the iterator itself. After `break`, the next `for` loop continues with the
+      next batch: the batches already pulled ahead and copied are kept, none is dropped. Two
+      loops at once share the stream (each batch is delivered once). Once the iterator is
+      exhausted, further loops yield nothing. `close()` (or garbage collection) drops the batches
+      pulled ahead and closes the generator; iterating again afterwards raises RuntimeError
+      saying how many were dropped.
     """
 
     def __init__(self, iterable: Iterable, device: Any = None, depth: int = 2,
@@ -129,21 +144,37 @@ class Prefetcher:
         self._cuda = self.device.type == "cuda"
         self._stream = None          # the copy stream, made on first use, kept for life
         self._ring: PinnedRing | None = None
-        self._epoch: weakref.ref | None = None
+        self._one_shot = isinstance(iterable, collections.abc.Iterator)   # a generator, map(), iter(x)...
+        self._epoch: Any = None       # the current pass: itself (one-shot source) or a weakref to it
         self.reset_stats()
 
     # -- iteration -------------------------------------------------------------------------------
     def __iter__(self) -> "_Epoch":
-        old = self._epoch() if self._epoch is not None else None
-        if old is not None:
-            old.close()  # one epoch at a time: the ring and the copy stream are shared
+        """A pass over the source (see "Iterating twice" in the class doc)."""
+        old = self._current_epoch()
+        if self._one_shot and old is not None:
+            if not old.closed:
+                return old   # an iterator source is one stream: carry on where the last loop stopped
+            if old.dropped:
+                raise RuntimeError(
+                    f"this Prefetcher's source is a one-shot iterator and {old.dropped} batch(es) already taken "
+                    "from it were dropped when the Prefetcher was closed (close() or an interrupt); wrap a "
+                    "fresh iterator in a new Prefetcher, or pass a re-iterable source (a list, a DataLoader).")
+        elif old is not None:
+            old.close(superseded=True)  # one pass at a time: the ring and the copy stream are shared
         if self._cuda and self._stream is None:
             self._stream = new_copy_stream(self.device)
             self._wait_timer = GpuTimer(self.device)
             self._copy_timer = GpuTimer(self.device, stream=self._stream)
         epoch = _Epoch(self)
-        self._epoch = weakref.ref(epoch)
+        # a one-shot source's pass is held here, so that `break` loses none of the batches pulled
+        # ahead; a re-iterable source's pass is held by the loop alone (dropping it ends it)
+        self._epoch = epoch if self._one_shot else weakref.ref(epoch)
         return epoch
+
+    def _current_epoch(self) -> "_Epoch | None":
+        e = self._epoch
+        return e() if isinstance(e, weakref.ref) else e
 
     def __len__(self) -> int:
         try:
@@ -183,8 +214,8 @@ class Prefetcher:
 
     # -- lifetime ----------------------------------------------------------------------------------
     def close(self) -> None:
-        """End the current epoch, stop the pinning threads and free the pinned buffers."""
-        old = self._epoch() if self._epoch is not None else None
+        """End the current pass, stop the pinning threads and free the pinned buffers."""
+        old = self._current_epoch()
         if old is not None:
             old.close()
         if self._ring is not None:
@@ -222,6 +253,8 @@ class _Epoch:
         self.exhausted = False
         self.error: BaseException | None = None
         self.closed = False
+        self.superseded = False   # ended by a newer pass over the same Prefetcher
+        self.dropped = 0          # batches pulled from the source but never handed over, at close
         self.waited = 0.0   # host seconds spent waiting for data since the last handed batch
         if owner._cuda:
             # the copy stream starts after everything already enqueued on the current stream
@@ -233,6 +266,11 @@ class _Epoch:
 
     def __next__(self) -> Any:
         if self.closed:
+            if self.superseded:
+                raise RuntimeError("this pass over the Prefetcher was ended by a newer iter() of the same "
+                                   "Prefetcher (one pass at a time: they share its pinned slots and copy "
+                                   "stream); finish or break out of one loop before starting the next, or "
+                                   "wrap the source in two Prefetchers.")
             raise StopIteration
         if not self.pf._cuda:
             return self._next_cpu()
@@ -388,11 +426,13 @@ class _Epoch:
             self.pf._ring.release(p.staged, event)
 
     # -- lifetime ------------------------------------------------------------------------------------------
-    def close(self) -> None:
-        """Stop the epoch: free the slots and leases it holds and let go of the source iterator."""
+    def close(self, superseded: bool = False) -> None:
+        """Stop the pass: free the slots and leases it holds and let go of the source iterator."""
         if self.closed:
             return
         self.closed = True
+        self.superseded = superseded
+        self.dropped = len(self.pending) + len(self.launched)
         ring = self.pf._ring if self.pf is not None else None
         while self.pending:
             p = self.pending.popleft()
