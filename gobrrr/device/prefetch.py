@@ -125,6 +125,11 @@ class Prefetcher:
       saying how many were dropped.
     """
 
+    # experiment switches, read by bench/prefetch_busy.py (not API): where device batches are
+    # allocated, and whether every step records timing events for stats()
+    _alloc_on_copy_stream = False
+    _timed = True
+
     def __init__(self, iterable: Iterable, device: Any = None, depth: int = 2,
                  transform: Callable[[Any], Any] | None = None, *, pin_threads: int | None = None,
                  worker_ring: bool = True):
@@ -228,6 +233,17 @@ class Prefetcher:
         except Exception:
             pass
 
+    def describe(self) -> str:
+        """One line: depth, and the ring the batches come through (what a benchmark prints)."""
+        src = self.source
+        if getattr(src, "yields_leases", False) and hasattr(src, "describe"):
+            ring = src.describe()
+        elif self._ring is not None:
+            ring = f"PinnedRing: {self._ring.slots} pinned slots, {self._ring.threads} pinning threads"
+        else:
+            ring = f"PinnedRing: {2 * self.depth + 1} slots when a pageable batch comes"
+        return f"depth {self.depth}; {ring}"
+
     def __repr__(self) -> str:
         return (f"Prefetcher({type(self.iterable).__name__}, device={str(self.device)!r}, depth={self.depth}"
                 f"{', transform=' + getattr(self.transform, '__name__', 'fn') if self.transform else ''})")
@@ -288,9 +304,11 @@ class _Epoch:
         batch, ready, allocated_on, transformed = self.launched.popleft()
         consumer = torch.cuda.current_stream(self.device)
         pf = self.pf
-        pf._wait_timer.start(consumer)
+        if pf._timed:
+            pf._wait_timer.start(consumer)
         consumer.wait_event(ready)   # the consumer's stream, not the host, waits for the copy
-        pf._wait_timer.stop(consumer)
+        if pf._timed:
+            pf._wait_timer.stop(consumer)
         if transformed or consumer != allocated_on:
             for t in tensors(batch):
                 if t.device == self.device:
@@ -381,31 +399,40 @@ class _Epoch:
                 copies.append((dst, t))
                 return dst
 
-            if staged.slot is not None and staged.nbytes:
-                # one DMA for every staged tensor of the batch: the slot's used bytes, then views
-                flat = torch.empty(staged.nbytes, dtype=torch.uint8, device=self.device)   # (nbytes,) uint8
-                copies.append((flat, staged.slot.buf[:staged.nbytes]))
-                batch = staged.rebuild(flat, destination)
-            else:
-                batch = map_tensors(destination, host_batch)
+            alloc_on = pf._stream if pf._alloc_on_copy_stream else consumer
+            with torch.cuda.stream(alloc_on):
+                if staged.slot is not None and staged.nbytes:
+                    # one DMA for every staged tensor of the batch: the slot's used bytes, then views
+                    flat = torch.empty(staged.nbytes, dtype=torch.uint8, device=self.device)   # (nbytes,) uint8
+                    copies.append((flat, staged.slot.buf[:staged.nbytes]))
+                    batch = staged.rebuild(flat, destination)
+                else:
+                    batch = map_tensors(destination, host_batch)
         except BaseException:
             self._release(p, None)   # nothing was enqueued from it
             raise
         finally:
             self.waited += time.perf_counter() - t0
-        allocated = torch.cuda.Event()
-        allocated.record(consumer)
         stream = pf._stream
+        if alloc_on is consumer:
+            allocated = torch.cuda.Event()
+            allocated.record(consumer)
         with torch.cuda.stream(stream):
             # overlap: this copy (copy stream, DMA engine) with the step the consumer runs now
-            stream.wait_event(allocated)
-            pf._copy_timer.start(stream)
+            if alloc_on is consumer:
+                stream.wait_event(allocated)
+            if pf._timed:
+                pf._copy_timer.start(stream)
             try:
                 for dst, src in copies:
                     dst.copy_(src, non_blocking=True)   # pinned source: an asynchronous DMA
                     pf._bytes += src.numel() * src.element_size()
             finally:
-                copied = pf._copy_timer.stop(stream)
+                if pf._timed:
+                    copied = pf._copy_timer.stop(stream)
+                else:
+                    copied = torch.cuda.Event()
+                    copied.record(stream)
                 self._release(p, copied)  # the slot is rewritten only after `copied` completed
             if pf.transform is not None:
                 inputs = [t for t in tensors(batch) if t.device == self.device]
@@ -417,7 +444,7 @@ class _Epoch:
             else:
                 ready = copied
         # a transform allocates its outputs on the copy stream: those need record_stream at hand-over
-        self.launched.append((batch, ready, consumer, pf.transform is not None))
+        self.launched.append((batch, ready, alloc_on, pf.transform is not None))
 
     def _release(self, p: _Pending, event: Any) -> None:
         if p.release is not None:
