@@ -228,6 +228,16 @@ def memcpy_methods(bench: Rows) -> list[dict]:
     return rows
 
 
+def guarded(fn, *args):
+    """fn(*args), or None with the traceback printed: one broken part must not cost the GPU run."""
+    try:
+        return fn(*args)
+    except Exception:
+        import traceback
+        traceback.print_exc()
+        return None
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.prefetch_busy", description=__doc__.split("\n\n")[0])
     p.add_argument("--repeats", type=int, default=3)
@@ -244,20 +254,20 @@ def main(argv=None) -> int:
     models = {r: mlp(cfg, d, dev) for r, d in depths.items()}
     out: dict = {"depths": depths, "env": {}, "rows": [], "profiles": {}}
     t0 = time.perf_counter()
-    out["memcpy"] = memcpy_methods(bench)
+    out["memcpy"] = guarded(memcpy_methods, bench) or []
     for phase in ("fresh", "busy", "after"):
         if phase == "busy":
             keep = make_busy(bench, models["compute-bound"])
         if phase == "after":
             del keep
             settle()
-        out["env"][phase] = environment_probe(bench)
+        out["env"][phase] = guarded(environment_probe, bench)
         print(f"\n[{phase}] {out['env'][phase]}", flush=True)
         out["rows"] += run_variants(bench, phase, models, args.repeats if phase != "after" else 1)
         if phase in ("fresh", "busy"):
             for name in ("Prefetcher (as is)", "hand-rolled depth 1"):
                 with torch.no_grad():
-                    text = profile(bench, VARIANTS[name], models["compute-bound"])
+                    text = guarded(profile, bench, VARIANTS[name], models["compute-bound"])
                 out["profiles"][f"{phase} | {name}"] = text
                 print(f"\n[{phase}] cProfile, {name} (compute-bound), by own time:\n{text}", flush=True)
     path = record("prefetch_busy", config={**asdict(cfg), "repeats": args.repeats}, rows=out["rows"],
