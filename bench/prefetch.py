@@ -270,8 +270,10 @@ class Rows:
 
     def memcpy(self, model):
         """Host memcpy ceiling: the batch's bytes from pageable memory into one pinned buffer, one slice
-        per thread (numpy copyto, GIL released), while the copy engine reads another pinned buffer
+        per thread (libc memmove through ctypes, GIL released: the fastest of numpy / torch / memmove
+        in bench/prefetch_busy.py), while the copy engine reads another pinned buffer
         (as it does during the Prefetcher's pageable rows); best of the pin-thread count and all cores."""
+        import ctypes
         import os
         from concurrent.futures import ThreadPoolExecutor
         import numpy as np
@@ -287,8 +289,8 @@ class Rows:
             with ThreadPoolExecutor(threads) as pool:
                 def one(i):
                     s = srcs[i % len(srcs)]
-                    list(pool.map(lambda k: np.copyto(d[cuts[k]:cuts[k + 1]], s[cuts[k]:cuts[k + 1]]),
-                                  range(threads)))
+                    list(pool.map(lambda k: ctypes.memmove(d[cuts[k]:].ctypes.data, s[cuts[k]:].ctypes.data,
+                                                           int(cuts[k + 1] - cuts[k])), range(threads)))
                     if self.cuda and i % 2 == 0:   # keep the copy engine reading pinned memory meanwhile
                         with torch.cuda.stream(side):
                             dma_dst.copy_(dma_src, non_blocking=True)
@@ -589,6 +591,9 @@ def run(cfg: Config) -> list[dict[str, Any]]:
         print(f"busy process: a DataLoader(pin_memory=True, {cfg.workers} persistent workers) and a timm-style "
               "PrefetchLoader over another, iterated and left alive", flush=True)
         keep = make_busy(bench, mlp(cfg, depths[cfg.regimes[-1]], dev), steps=min(40, cfg.warmup + cfg.steps))
+        # steady busy state: the other loaders' workers and pin threads have filled their queues
+        # (about 0.5 s); what happens in that first half second is bench/prefetch_busy.py --stalls-only
+        time.sleep(1.5 if bench.cuda else 0.0)
         try:
             for regime in cfg.regimes:
                 rows_out += _measure(bench, cfg, f"{regime}, busy", depths[regime],

@@ -238,10 +238,90 @@ def guarded(fn, *args):
         return None
 
 
+def stall_probe(bench: Rows, model, variants: list[str], reps: int = 2, stall_ms: float = 5.0) -> list[dict]:
+    """Each variant right after a fresh busy state (the other loaders just left alive, their workers and
+    pin-memory threads still filling their queues), interleaved. A watchdog thread samples the main
+    thread's Python stack, and the pin-memory threads', whenever a next() has taken > stall_ms;
+    gc.callbacks time every collection. Says where the host waits when it stalls."""
+    import traceback
+    main_id = threading.get_ident()
+    state = {"since": None, "samples": [], "run": True}
+
+    def watchdog():
+        while state["run"]:
+            since = state["since"]
+            if since is not None and time.perf_counter() - since > stall_ms / 1e3:
+                frames = sys._current_frames()
+                main = frames.get(main_id)
+                where = "".join(traceback.format_stack(main, limit=3)[-2:]).strip() if main else "?"
+                pins = [t for t in threading.enumerate() if "pin_memory" in t.name]
+                pin_where = [" | ".join(f"{s.name}:{s.lineno}" for s in traceback.extract_stack(frames[t.ident])[-3:])
+                             for t in pins if t.ident in frames]
+                state["samples"].append({"at_ms": (time.perf_counter() - since) * 1e3, "main": where[-400:],
+                                         "pin_threads": pin_where})
+            time.sleep(0.001)
+
+    gcs: list[tuple[int, float]] = []
+    t_gc = {}
+
+    def on_gc(phase, info):
+        if phase == "start":
+            t_gc["t"] = time.perf_counter()
+        elif "t" in t_gc:
+            gcs.append((info["generation"], (time.perf_counter() - t_gc.pop("t")) * 1e3))
+
+    dog = threading.Thread(target=watchdog, daemon=True, name="stall-watchdog")
+    dog.start()
+    gc.callbacks.append(on_gc)
+    cfg, dev = bench.cfg, bench.dev
+    rows = []
+    try:
+        for rep in range(reps):
+            for name in variants:
+                keep = make_busy(bench, model, steps=30)
+                gcs.clear()
+                state["samples"] = []
+                it = iter(VARIANTS[name](bench))
+                host = []
+                sync(dev)
+                t0 = time.perf_counter()
+                if name.endswith("gc off"):
+                    gc.disable()
+                try:
+                    with torch.no_grad():
+                        for i in range(cfg.warmup + cfg.steps):
+                            state["since"] = time.perf_counter()
+                            b = next(it)
+                            host.append((time.perf_counter() - state["since"]) * 1e3)
+                            state["since"] = None
+                            bench.acc.add_(model(first(b)))
+                    sync(dev)
+                finally:
+                    gc.enable()
+                ms = (time.perf_counter() - t0) * 1e3 / (cfg.warmup + cfg.steps)
+                stalls = [round(h, 1) for h in host if h > stall_ms]
+                by_site: dict[str, int] = {}
+                for s in state["samples"]:
+                    key = s["main"].splitlines()[-1].strip() if s["main"] else "?"
+                    by_site[key] = by_site.get(key, 0) + 1
+                rows.append({"rep": rep, "variant": name, "ms_per_step_all_steps": ms, "stalls_ms": stalls,
+                             "gc_ms": [(g, round(t, 1)) for g, t in gcs if t > 1.0],
+                             "stall_sites": by_site,
+                             "pin_threads_at_stalls": sorted({p for s in state["samples"] for p in s["pin_threads"]})[:6]})
+                print(f"  [stall probe] {rows[-1]}", flush=True)
+                del it, keep
+                settle()
+    finally:
+        state["run"] = False
+        gc.callbacks.remove(on_gc)
+    return rows
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.prefetch_busy", description=__doc__.split("\n\n")[0])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--stalls-only", action="store_true", help="only the stall probe (fresh busy state per variant)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench prefetch_busy: error: needs a CUDA device ; run it on a GPU machine")
@@ -254,6 +334,13 @@ def main(argv=None) -> int:
     models = {r: mlp(cfg, d, dev) for r, d in depths.items()}
     out: dict = {"depths": depths, "env": {}, "rows": [], "profiles": {}}
     t0 = time.perf_counter()
+    if args.stalls_only:
+        names = ["hand-rolled depth 1", "Prefetcher (as is)", "Prefetcher, alloc on copy stream", "Prefetcher, gc off"]
+        rows = stall_probe(bench, models["copy-bound"], names)
+        path = record("prefetch_busy", config={**asdict(cfg), "stalls_only": True}, rows=rows,
+                      wall_s=time.perf_counter() - t0)
+        print(f"\n{len(rows)} stall-probe rows in {time.perf_counter() - t0:.0f} s; appended to {path}")
+        return 0
     out["memcpy"] = guarded(memcpy_methods, bench) or []
     for phase in ("fresh", "busy", "after"):
         if phase == "busy":
