@@ -52,12 +52,15 @@ from gobrrr.device.streams import GpuTimer, new_copy_stream, resolve_device
 from gobrrr.device.tree import map_tensors, tensors
 
 
+KEEP_STEPS = 100_000   # per-step figures kept for stats(): bounded memory however long the run
+
+
 @dataclass
 class PrefetchStats:
     """What the Prefetcher measured since it was made (or since `reset_stats()`).
 
     host_wait_ms[i]: how long the host waited for batch i's data (the source's `next()` and
-    the pinning threads). device_wait_ms[i]: how long the consumer's stream stalled on batch
+    the pinning threads); the per-step lists hold the last KEEP_STEPS steps, `steps` counts all. device_wait_ms[i]: how long the consumer's stream stalled on batch
     i's copy (CUDA events around its `wait_event`; 0 on the CPU). copy_ms: GPU time of all
     host-to-device copies on the copy stream; gbps = bytes / copy_ms.
     """
@@ -196,7 +199,8 @@ class Prefetcher:
 
     # -- stats -----------------------------------------------------------------------------------
     def reset_stats(self) -> None:
-        self._host_wait: list[float] = []
+        self._host_wait: deque[float] = deque(maxlen=KEEP_STEPS)   # the last steps' host waits, ms
+        self._steps = 0
         self._bytes = 0
         if self._cuda and self._stream is not None:
             self._wait_timer.reset()
@@ -211,7 +215,7 @@ class Prefetcher:
             copy_ms = self._copy_timer.total_ms
         ring = self._ring
         return PrefetchStats(
-            device=str(self.device), steps=len(self._host_wait), bytes=self._bytes, copy_ms=copy_ms,
+            device=str(self.device), steps=self._steps, bytes=self._bytes, copy_ms=copy_ms,
             gbps=(self._bytes / (copy_ms * 1e6)) if copy_ms > 0 else 0.0,
             host_wait_ms=list(self._host_wait), device_wait_ms=device_wait,
             pinned_allocations=ring.allocations if ring else 0,
@@ -316,6 +320,7 @@ class _Epoch:
                     # so that it does not hand the block out again before this step's kernels ran
                     t.record_stream(consumer)
         pf._host_wait.append(self.waited * 1e3)
+        pf._steps += 1
         self.waited = 0.0
         self._pull()  # start pinning the next batches while this step computes
         return batch
@@ -342,6 +347,7 @@ class _Epoch:
         if self.pf.transform is not None:
             batch = self.pf.transform(batch)
         self.pf._host_wait.append(waited * 1e3)
+        self.pf._steps += 1
         return batch
 
     # -- CUDA: pull, pin, copy -------------------------------------------------------------------------
