@@ -60,9 +60,10 @@ class PrefetchStats:
     """What the Prefetcher measured since it was made (or since `reset_stats()`).
 
     host_wait_ms[i]: how long the host waited for batch i's data (the source's `next()` and
-    the pinning threads); the per-step lists hold the last KEEP_STEPS steps, `steps` counts all. device_wait_ms[i]: how long the consumer's stream stalled on batch
+    the pinning threads). device_wait_ms[i]: how long the consumer's stream stalled on batch
     i's copy (CUDA events around its `wait_event`; 0 on the CPU). copy_ms: GPU time of all
-    host-to-device copies on the copy stream; gbps = bytes / copy_ms.
+    host-to-device copies on the copy stream; gbps = bytes / copy_ms. The per-step lists hold
+    the last KEEP_STEPS steps (bounded memory in a long run); `steps` counts every step.
     """
     device: str
     steps: int
