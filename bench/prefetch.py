@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import gc
 import multiprocessing
+import signal
 import statistics
 import time
 import traceback
@@ -277,8 +278,10 @@ class Rows:
         import os
         from concurrent.futures import ThreadPoolExecutor
         import numpy as np
-        dst = torch.empty(self.nbytes, dtype=torch.uint8, pin_memory=self.cuda)
-        d = dst.numpy()
+        # as many pinned destinations as the Prefetcher's ring has slots (2 * depth + 1), written in
+        # turn: with one destination the copy would run partly in the L3 cache (300 MB on the H200
+        # VM), which the ring's 5 slots do not fit
+        dsts = [torch.empty(self.nbytes, dtype=torch.uint8, pin_memory=self.cuda).numpy() for _ in range(5)]
         srcs = [t.reshape(-1).view(torch.uint8).numpy() for t in self.pageable]
         dma_src = torch.empty(self.nbytes, dtype=torch.uint8, pin_memory=self.cuda)
         dma_dst = torch.empty(self.nbytes, dtype=torch.uint8, device=self.dev) if self.cuda else None
@@ -288,7 +291,7 @@ class Rows:
             cuts[-1] = self.nbytes
             with ThreadPoolExecutor(threads) as pool:
                 def one(i):
-                    s = srcs[i % len(srcs)]
+                    s, d = srcs[i % len(srcs)], dsts[i % len(dsts)]
                     list(pool.map(lambda k: ctypes.memmove(d[cuts[k]:].ctypes.data, s[cuts[k]:].ctypes.data,
                                                            int(cuts[k + 1] - cuts[k])), range(threads)))
                     if self.cuda and i % 2 == 0:   # keep the copy engine reading pinned memory meanwhile
@@ -481,11 +484,12 @@ def _available(needs, cuda: bool) -> str | None:
     return None
 
 
-def settle(timeout_s: float = 10.0) -> None:
-    """Collect the last row's loaders and wait for their worker processes to exit."""
+def settle(timeout_s: float = 10.0, keep: frozenset = frozenset()) -> None:
+    """Collect the last row's loaders and wait for their worker processes to exit (all but the
+    pids in `keep`: the busy pass's other loaders, which stay alive on purpose)."""
     gc.collect()
     deadline = time.monotonic() + timeout_s
-    while multiprocessing.active_children() and time.monotonic() < deadline:
+    while {p.pid for p in multiprocessing.active_children()} - keep and time.monotonic() < deadline:
         time.sleep(0.02)
 
 
@@ -534,6 +538,7 @@ def _measure(bench: "Rows", cfg: Config, regime: str, depth: int, model, rows: l
     """Run `rows` (ROWS entries) `cfg.repeats` times interleaved; one result row each, with x_floor."""
     times: dict[str, list[float]] = {method: [] for _, method, _, _ in rows}
     why_not: dict[str, str | None] = {method: _available(needs, bench.cuda) for _, method, _, needs in rows}
+    alive = frozenset(p.pid for p in multiprocessing.active_children())   # a busy pass's loaders
     for r in range(cfg.repeats):  # interleaved passes: drift between passes hits every row alike
         for name, method, kind, needs in rows:
             if why_not[method] is not None:
@@ -548,7 +553,7 @@ def _measure(bench: "Rows", cfg: Config, regime: str, depth: int, model, rows: l
             except Exception as e:  # one broken row must not cost the whole (GPU) run
                 traceback.print_exc()
                 why_not[method] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''}"
-            settle()  # the row's workers are gone before the next row starts
+            settle(keep=alive)  # the row's workers are gone before the next row starts
     measured = {m: statistics.median(t) for m, t in times.items() if t and why_not[m] is None}
     for name, method, _, _ in rows:
         if why_not[method]:
@@ -576,12 +581,14 @@ def _measure(bench: "Rows", cfg: Config, regime: str, depth: int, model, rows: l
     return out
 
 
-def run(cfg: Config) -> list[dict[str, Any]]:
+def run(cfg: Config, rows_out: list | None = None) -> list[dict[str, Any]]:
+    """Every regime's rows, then the busy pass; each regime's rows are appended to `rows_out` as
+    soon as they are measured (what a run stopped early still records)."""
     dev = torch.device(cfg.device)
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     depths = dict(zip(("copy-bound", "compute-bound"), calibrate(cfg, dev)))
-    rows_out = []
+    rows_out = [] if rows_out is None else rows_out
     bench = Rows(cfg, dev)
     rows = [r for r in ROWS if r[2] == "floor" or r[2] in cfg.kinds]
     for regime in cfg.regimes:
@@ -647,7 +654,19 @@ def main(argv: list[str] | None = None) -> int:
           f"MLP width {cfg.width}, {cfg.workers} workers, {cfg.steps} steps per row"
           + (f", {cfg.repeats} interleaved passes" if cfg.repeats > 1 else "") + f" on {cfg.device}")
     t0 = time.perf_counter()
-    rows = run(cfg)
+    rows: list[dict[str, Any]] = []
+    partial = ""
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+    old = signal.signal(signal.SIGTERM, stop)   # `timeout` sends SIGTERM: keep what was measured
+    try:
+        run(cfg, rows)
+    except KeyboardInterrupt as e:
+        partial = f"stopped early ({e or 'Ctrl-C'}); the regimes measured before that are recorded"
+        print(f"\nbench prefetch: {partial}", flush=True)
+    finally:
+        signal.signal(signal.SIGTERM, old)
     cols = ["regime", "depth", "row", "ms_per_step", "x_floor", "GB/s"]
     cols += (["min-max ms"] if cfg.repeats > 1 else []) + ["note"]
     setups = sorted({(r["row"], r["setup"]) for r in rows if r.get("setup")})
@@ -673,8 +692,9 @@ def main(argv: list[str] | None = None) -> int:
             figures[f"{r['regime']} | {r['row']} | pct_of_memcpy_ceiling"] = r["pct_of_memcpy_ceiling"]
         verdict = "met" if r["x_floor"] <= target else "MISSED"
         print(f"  {r['regime']:<14} {r['row']:<45} {r['x_floor']:.2f}x  (target <= {target}x): {verdict}")
+    extra = {"partial": partial} if partial else {}
     path = record("prefetch", config=asdict(cfg), rows=rows, figures=figures,
-                  wall_s=time.perf_counter() - t0)
+                  wall_s=time.perf_counter() - t0, **extra)
     print(f"\n{len(rows)} rows in {time.perf_counter() - t0:.0f} s; appended to {path}")
     return 0
 
