@@ -10,15 +10,29 @@ Floors (each measured here, in this run):
   prod      the 6 DataLoader workers building batches into private memory (a reused buffer),
             nothing crossing to the main process or the GPU; the same workers building into
             fresh memory (what default_collate does) is shown as an info row
+  prod, pre-batched   the same workers taking whole batches from a dataset (DataLoader with
+            batch_size=None) and copying each into a reused private buffer: what a worker must do
+            at least to hand a batch over
+  memcpy    the host's pageable -> pinned copy of one batch (libc memmove on 12 and 16 threads,
+            the best kept) into 5 pinned buffers in turn while the copy engine reads another: the
+            ceiling for pageable in-process tensors, which must cross host memory once more
 Every row is reported as ms/step and as a ratio to the floor that binds it:
-max(copy, compute) for in-process sources, max(copy, compute, prod) for worker sources.
+max(copy, compute) for in-process sources, max(copy, compute, prod) for worker sources,
+max(copy, compute, prod pre-batched) for the batch_size=None and IterableDataset sources; the
+pageable row also as a share of max(memcpy, copy, compute). Prefetcher rows print the depth and
+the ring they ran through (slots per worker, pinned slots).
+
+Then a pass in a busy process (`make_busy`): a DataLoader(pin_memory=True) with 6 persistent
+workers and a timm-style PrefetchLoader over another are iterated and left alive mid-epoch, and
+the in-process rows run again 1.5 s later (steady state; bench/prefetch_busy.py looks at the
+first half second, while their pin-memory threads are still filling their queues).
 
 Every worker row, the production floor included, is one epoch of freshly forked workers over the
 same dataset, timed over the same steps: the fork, the first batches and each worker's first touch
 of the memory it writes (its private buffer; its 4 ring slots, batches 0-23) fall inside the 30
 warmup steps, so no row pays a start-up cost the floor does not.
 
-    python -m bench.prefetch            # full run on a GPU (about 2 minutes)
+    python -m bench.prefetch            # full run on a GPU (about 3 minutes; --no-busy skips the busy pass)
     python -m bench.prefetch --kinds workers --repeats 3
                                         # worker rows only, 3 interleaved passes: the median and the
                                         # spread (min-max), since the workers' own rate moves between runs

@@ -29,10 +29,24 @@ slots over an epoch, taking ~6,000 faults per batch, and the ring produced a bat
 where the same workers stacking into private buffers took 2.4-4.0 ms (6 workers, 78.6 MB batches,
 H200 host); see slots.py. Slots: 4 per worker by default (`default_slots`).
 
-Slots are sized from the first batch, which the main process collates itself (it learns the leaf
-shapes and dtypes and yields that batch from slot 0). A smaller batch (the odd last one) uses the
-front of its slot; a batch that does not fit (or a custom collate that returns no tensors) falls
-back to the ordinary pickled path and is yielded with a no-op release.
+Every source a DataLoader takes goes through the same ring, with the same batches in the same
+order as the DataLoader (each worker runs torch's own fetcher, seeded and with `get_worker_info()`
+set as in a DataLoader worker):
+- map-style with batches: the worker stacks the samples straight into its slot;
+- `batch_size=None` (each item is already a batch: pre-batched shards): the worker copies the
+  item into its slot, once (libc memmove);
+- an IterableDataset (batched by the loader or yielding batches): every worker iterates its own
+  copy; tasks go to the workers round-robin and a worker whose iterator has ended answers
+  `_Ended` and leaves the rotation, which is exactly the interleaving a DataLoader yields.
+
+Slots are sized from the first batch. Map-style: the main process collates batch 0 itself (it
+learns the leaf shapes and dtypes and yields that batch from slot 0). IterableDataset: its items
+exist only inside the workers, so before the first epoch's workers start a short-lived forked
+probe builds worker 0's first batch exactly as worker 0 will, and reports its size. A smaller batch
+(the odd last one) uses the front of its slot; a batch that does not fit (or a custom collate that
+returns no tensors) falls back to the ordinary pickled path and is yielded with a no-op release.
+A second `iter()` while an epoch is open ends that epoch (its workers write into the same slots);
+the old iterator then raises RuntimeError instead of stopping quietly.
 
 On a machine without CUDA (or `pin=False`) the slots are plain shared memory and `release(None)`
 frees a slot at once. Workers use the "fork" start method (Linux, macOS); they are started per
