@@ -22,7 +22,8 @@ Every variant runs in both regimes, `--repeats` interleaved passes, median kept,
 spent inside `next()` (mean and max) beside the step time. Then host memcpy methods
 (pageable -> pinned, while a DMA runs) for the pageable path.
 
-    python -m bench.prefetch_busy            # on a GPU, about a minute; JSON to $GOBRRR_BENCH_RESULTS or bench/results
+    gobrrr bench prefetch_busy               # on a GPU, about a minute; JSON to $GOBRRR_BENCH_RESULTS or bench/results
+    gobrrr bench prefetch_busy --stalls-only # the stall probe alone (fresh busy state before each run)
 """
 from __future__ import annotations
 
