@@ -325,7 +325,8 @@ def main(argv=None) -> int:
     p.add_argument("--stalls-only", action="store_true", help="only the stall probe (fresh busy state per variant)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
-        print("bench prefetch_busy: error: needs a CUDA device ; run it on a GPU machine")
+        print("gobrrr bench prefetch_busy: error: no CUDA device here ; run it on a GPU machine",
+              file=sys.stderr)
         return 2
     cfg = Config(steps=args.steps)
     dev = torch.device("cuda")

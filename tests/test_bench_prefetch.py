@@ -75,3 +75,12 @@ def test_busy_pass_rows_and_ring_setup_are_recorded(tmp_path, monkeypatch, capsy
         prod = by["floor: workers' production, pre-batched (copy into a reused buffer)"]["ms_per_step"]
         compute = by["floor: compute only"]["ms_per_step"]
         assert by[name]["x_floor"] == pytest.approx(by[name]["ms_per_step"] / max(prod, compute))
+
+
+def test_busy_experiment_without_cuda_says_so_in_one_line(capsys):
+    from bench import prefetch_busy
+    if prefetch_busy.torch.cuda.is_available():
+        pytest.skip("a GPU is here: the experiment would run")
+    assert prefetch_busy.main([]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("gobrrr bench prefetch_busy: error:") and len(err.splitlines()) == 1
