@@ -21,6 +21,7 @@ COMMANDS = {
 BENCHES = {
     "copy": "bench.copy_bw",
     "prefetch": "bench.prefetch",
+    "prefetch_busy": "bench.prefetch_busy",
     "syncwatch": "bench.syncwatch",
     "comm": "bench.comm",
     "p2p": "bench.p2p",
