@@ -16,17 +16,19 @@ COMMANDS = {
     "lint": ("gobrrr.device.lint", "static check for host-device anti-patterns (GB001-GB009)"),
     "doctor": ("gobrrr.doctor", "run a script under the profiler and show where the GPU waits"),
     "train": ("gobrrr.train", "train the reference GPT (works under torchrun)"),
-    "bench": (None, "benchmarks: " + ", ".join(["copy", "prefetch", "syncwatch", "comm", "p2p", "ddp"])),
+    "bench": (None, "benchmarks: " + ", ".join(["copy", "prefetch", "syncwatch", "comm", "p2p", "ddp", "train"])),
 }
 
 # `gobrrr bench NAME` -> module under bench/ (each also runs as `python -m bench.MODULE`)
 BENCHES = {
     "copy": "bench.copy_bw",
     "prefetch": "bench.prefetch",
+    "prefetch_busy": "bench.prefetch_busy",
     "syncwatch": "bench.syncwatch",
     "comm": "bench.comm",
     "p2p": "bench.p2p",
     "ddp": "bench.ddp",
+    "train": "bench.train",
 }
 
 
