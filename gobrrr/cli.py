@@ -52,7 +52,8 @@ def _bench_usage() -> str:
         except (OSError, SyntaxError):
             doc = ""
         first = doc.strip().splitlines()[0] if doc.strip() else ""
-        lines.append(f"  {name:<10} {first.split(': ', 1)[-1] if first.startswith('`') else first}")
+        width = max(map(len, BENCHES)) + 1
+        lines.append(f"  {name:<{width}} {first.split(': ', 1)[-1] if first.startswith('`') else first}")
     lines += ["", "`gobrrr bench NAME --help` for a benchmark's options. --quick runs are smoke tests; their",
               "records go to a cache folder, not bench/results/, unless --results DIR says where."]
     return "\n".join(lines)
