@@ -22,7 +22,6 @@ per variant, ours over torch's, and host-device syncs in one tp step, counted by
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import copy
 import time
@@ -32,7 +31,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from bench.common import median, print_table, record
+from bench.common import Parser, add_results_option, median, positive, print_table, record
 
 
 @dataclass
@@ -195,16 +194,17 @@ def run_bench(cfg: BenchConfig, device: torch.device, world: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="gobrrr bench tp", description=__doc__.split("\n")[0])
+    p = Parser(prog="gobrrr bench tp", description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="CPU smoke test: tiny GPT, few steps, no record written")
     p.add_argument("--model", choices=["tiny", "small", "124m"])
-    p.add_argument("--batch-size", type=int)
-    p.add_argument("--seq-len", type=int)
-    p.add_argument("--steps", type=int)
-    p.add_argument("--rounds", type=int)
+    p.add_argument("--batch-size", type=positive(int))
+    p.add_argument("--seq-len", type=positive(int))
+    p.add_argument("--steps", type=positive(int))
+    p.add_argument("--rounds", type=positive(int))
+    add_results_option(p)
     args = p.parse_args(argv)
     cfg = BenchConfig.quick() if args.quick else BenchConfig()
-    cfg = replace(cfg, **{k: v for k, v in vars(args).items() if k != "quick" and v is not None})
+    cfg = replace(cfg, **{k: v for k, v in vars(args).items() if k not in ("quick", "results") and v is not None})
     import gobrrr.dist as gd
 
     device = "cpu" if args.quick or not torch.cuda.is_available() else None
@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{k}: {v:.4f}" if isinstance(v, float) else f"{k}: {v}")
             if not args.quick:
                 path = record("tp", config=asdict(cfg), rows=result["rows"], figures=result["figures"],
-                              world_size=rank.world_size)
+                              world_size=rank.world_size, results=args.results)
                 print(f"appended to {path}")
     return 0
 
