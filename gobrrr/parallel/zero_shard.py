@@ -13,7 +13,7 @@ cares, because every optimizer we shard (SGD, Adam, AdamW) is elementwise. Paddi
 have gradient 0 and weight 0, so they stay 0 under AdamW and add nothing to a gradient norm.
 
 This file holds the layout (`Flat`, `layout_ranges`), the three collectives every stage issues
-(looked up on torch.distributed at call time, so tests can count them), and the memory formulas
+(through gobrrr.dist.comm, so failures name ranks), and the memory formulas
 (`formula_bytes`). The stages themselves live in zero.py (1 and 2) and zero3.py (3).
 """
 from __future__ import annotations
@@ -22,11 +22,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
+from gobrrr.dist import comm
 
-# ---------------------------------------------------------------- collectives (call-time lookup)
+
+# ---------------------------------------------------------------- collectives (through gobrrr.dist.comm)
+# gobrrr.dist.comm numbers every collective per group, checks signatures across ranks in debug mode
+# (GOBRRR_DIST_DEBUG=1: a rank at another stage or bucket layout is named before any data moves) and
+# turns a dead peer into an error naming it. Each returns a handle with .wait(), or None at world size 1.
 
 def all_gather_flat(full: torch.Tensor, shard: torch.Tensor, group, world: int, async_op: bool = True):
     """full (P,) <- [shard of rank 0 | shard of rank 1 | ...]; `shard` may be full's own slice (in place)."""
@@ -34,8 +38,7 @@ def all_gather_flat(full: torch.Tensor, shard: torch.Tensor, group, world: int, 
         if shard.data_ptr() != full.data_ptr():
             full.copy_(shard)
         return None
-    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # 2.13 name, 2.11 name
-    return fn(full, shard, group=group, async_op=async_op)
+    return comm.all_gather(full, shard, group=group, async_op=async_op)
 
 
 def reduce_scatter_flat(out: torch.Tensor, full: torch.Tensor, group, world: int, async_op: bool = True):
@@ -43,14 +46,13 @@ def reduce_scatter_flat(out: torch.Tensor, full: torch.Tensor, group, world: int
     if world == 1:
         out.copy_(full)
         return None
-    fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-    return fn(out, full, op=dist.ReduceOp.SUM, group=group, async_op=async_op)
+    return comm.reduce_scatter(out, full, op="sum", group=group, async_op=async_op)
 
 
 def all_reduce_sum(t: torch.Tensor, group, world: int) -> None:
     """Sum `t` over ranks in place (blocking on gloo; stream-ordered on NCCL); a no-op at world size 1."""
     if world > 1:
-        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
+        comm.all_reduce(t, op="sum", group=group)
 
 
 # ---------------------------------------------------------------- layout
