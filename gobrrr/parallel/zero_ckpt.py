@@ -17,7 +17,8 @@ Tied parameters are stored once under their first name.
 Atomic save (a SIGKILL at any moment leaves the previous checkpoint loadable):
   1. every rank writes into DIR/.tmp-step-<s>/ (DCP's FileSystemWriter; rank 0 also writes
      extra.pt, the trainer's own state);                               # sync: DCP's own barriers
-  2. barrier; rank 0 renames the folder to DIR/step-<s> (atomic within one filesystem);
+  2. rank 0 renames the folder to DIR/step-<s>.<ns> (atomic within one filesystem; a fresh name,
+     so re-saving a step never touches the folder `latest` points at);
   3. rank 0 points DIR/latest at it (write latest.tmp, fsync, os.replace), then deletes the
      older step folders and stale .tmp folders. Readers follow `latest` only.
 
@@ -27,9 +28,12 @@ about one tensor while the page cache (reclaimable) carries the rest.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
+import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -165,17 +169,17 @@ def save(model, folder: str | os.PathLike, step: int, extra: dict[str, Any] | No
     folder = Path(folder)
     rank0 = model.rank == 0
     tmp = folder / f".tmp-step-{step:08d}"
-    final = folder / f"step-{step:08d}"
+    final = folder / f"step-{step:08d}.{time.time_ns()}"  # never overwrites a folder `latest` may point at
     if rank0:
         folder.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
     _barrier(model)
-    dcp.save(sharded_state(model), checkpoint_id=str(tmp), process_group=model.group if model.world_size > 1 else None,
-             no_dist=model.world_size == 1)
+    with _quiet():
+        dcp.save(sharded_state(model), checkpoint_id=str(tmp), process_group=model.group if model.world_size > 1 else None,
+                 no_dist=model.world_size == 1)
     if rank0:
         save_checkpoint({"step": step, "world_size": model.world_size, "stage": model.cfg.stage,
                          "extra": extra or {}}, tmp / "extra.pt")
-        shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
         _write_latest(folder, final.name)
         for old in folder.iterdir():
@@ -209,6 +213,14 @@ def _barrier(model) -> None:
         dist.barrier(group=model.group)  # sync: checkpoint time only
 
 
+@contextlib.contextmanager
+def _quiet():
+    """DCP warns that it assumes one process when no group exists: that is what we asked for."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
 def _metadata(path: Path):
     return dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
 
@@ -224,8 +236,9 @@ def load(model, folder: str | os.PathLike) -> dict[str, Any]:
             name, key = k[len("optim/"):].rsplit("/", 1)
             keys.setdefault(name, []).append(key)
     state = sharded_state(model, optim_keys=keys)
-    dcp.load(state, checkpoint_id=str(path), process_group=model.group if model.world_size > 1 else None,
-             no_dist=model.world_size == 1)
+    with _quiet():
+        dcp.load(state, checkpoint_id=str(path), process_group=model.group if model.world_size > 1 else None,
+                 no_dist=model.world_size == 1)
     for f in model.order:  # replicated scalars were loaded into fresh tensors
         st = model.optimizer.state.get(f.master, {})
         for key, v in list(st.items()):
@@ -247,7 +260,8 @@ def load_plain(folder_or_step: str | os.PathLike) -> dict[str, dict[str, torch.T
     path = latest(path) or path
     meta = _metadata(path)
     state = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in meta.items() if hasattr(m, "size")}
-    dcp.load(state, checkpoint_id=str(path), no_dist=True)
+    with _quiet():
+        dcp.load(state, checkpoint_id=str(path), no_dist=True)
     model_sd = {k[len("model/"):]: v for k, v in state.items() if k.startswith("model/")}
     optim: dict[str, dict[str, torch.Tensor]] = {}
     for k, v in state.items():
@@ -283,7 +297,8 @@ def export(folder_or_step: str | os.PathLike, out_file: str | os.PathLike) -> Pa
             dtype = m.properties.dtype
             backing = scratch / f"{i}.bin"
             t = torch.from_file(str(backing), shared=True, size=numel, dtype=dtype)  # memory-mapped, not resident
-            dcp.load({k: t}, checkpoint_id=str(path), no_dist=True)  # DCP reads only this tensor's pieces
+            with _quiet():
+                dcp.load({k: t}, checkpoint_id=str(path), no_dist=True)  # DCP reads only this tensor's pieces
             tensors[k[len("model/"):]] = t
         save_checkpoint(tensors, out_file)
     finally:
