@@ -13,7 +13,9 @@ One step, per rank (the same code at every world size; at world size 1 communica
   4. the loss stays on the device; every --log-every steps the stacked losses are averaged over
      ranks and read in one go (the only host-device sync in the loop), then appended to
      DIR/metrics.jsonl, one object per step;
-  5. every --ckpt-every steps rank 0 writes DIR/checkpoint.pt atomically (gobrrr.checkpoint).
+  5. every --ckpt-every steps rank 0 writes DIR/checkpoint.pt atomically (gobrrr.checkpoint);
+     with --zero 1|2|3 (gobrrr.parallel.zero instead of ddp) every rank writes its shards to
+     DIR/zero_checkpoints through torch.distributed.checkpoint, resumable at another world size.
 
 Why a resumed run equals an uninterrupted one: `--steps` is the schedule's length (the LR at
 step s does not depend on where the run stopped), the data position is the step, and the
@@ -87,6 +89,7 @@ class TrainConfig:
     seed: int = 0
     progress: bool = True            # progress bar / progress lines on rank 0
     crash_after_step: int | None = None  # testing aid: SIGKILL this process after that step
+    zero: int = 0                    # 0: ddp; 1|2|3: ZeRO stage (gobrrr.parallel.zero), sharded checkpoints
 
     def __post_init__(self):
         if self.warmup is None:
@@ -96,6 +99,8 @@ class TrainConfig:
                 raise TrainError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.data not in ("shakespeare", "synthetic"):
             raise TrainError(f"--data must be 'shakespeare' or 'synthetic', got {self.data!r}")
+        if self.zero not in (0, 1, 2, 3):
+            raise TrainError(f"--zero must be 1, 2 or 3 (or 0 for ddp), got {self.zero}")
         if not 0 <= self.warmup <= self.steps:
             raise TrainError(f"--warmup {self.warmup} must be between 0 and --steps {self.steps}")
 
@@ -215,7 +220,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
 
 def _train(cfg: TrainConfig, rank) -> dict[str, Any]:
     from gobrrr import Prefetcher
-    from gobrrr.parallel import ddp
+    from gobrrr.parallel import memory_report
 
     device, W, main = rank.device, rank.world_size, rank.is_main
     out = Path(cfg.out)
@@ -231,19 +236,16 @@ def _train(cfg: TrainConfig, rank) -> dict[str, Any]:
 
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank and at every world size
     raw = GPT(model_cfg).to(device)
-    model = ddp(raw)
-    opt = make_optimizer(raw, cfg, device)
+    model, opt = wrap_model(raw, cfg, device)
     data = make_data(cfg, model_cfg, T, rank.rank, W)
 
     start = 0
-    if ckpt_path.exists():
+    if ckpt_path.exists() or zero_checkpoint(out) is not None:
         if not cfg.resume:
             raise TrainError(f"{out} already holds a run ({CHECKPOINT}); pass --resume to continue it "
                              "or choose a new --out")
-        state = load_checkpoint(ckpt_path)  # to host memory; load_state_dict copies onto the device
+        state = load_model_state(out, raw, model, opt, cfg)  # to host memory, then onto the device
         _check_resumable(state, cfg, W)
-        raw.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
         set_rng_state(state["rng"], device)
         start = state["step"]
         if data.check_state(state["data"]) != start * K:
@@ -313,9 +315,12 @@ def _train(cfg: TrainConfig, rank) -> dict[str, Any]:
                         _, loss = model(x, y)
                     (loss / K).backward()
                 loss_sum += loss.detach()
-            norm = (torch.nn.utils.clip_grad_norm_(raw.parameters(), cfg.grad_clip) if cfg.grad_clip > 0
+            norm = ((opt.clip_grad_norm_(cfg.grad_clip) if cfg.zero  # ZeRO: the norm over every rank's shards
+                     else torch.nn.utils.clip_grad_norm_(raw.parameters(), cfg.grad_clip)) if cfg.grad_clip > 0
                     else torch.zeros((), device=device))
             opt.step()
+            if cfg.zero and step == start and main and cfg.progress:  # once: optimizer state exists now
+                print(memory_report(model), file=sys.stderr, flush=True)
             opt.zero_grad(set_to_none=True)
             pending.append(torch.stack([loss_sum / K, norm.float()]))
             progress.advance()
@@ -323,7 +328,11 @@ def _train(cfg: TrainConfig, rank) -> dict[str, Any]:
             last = done == cfg.steps
             if done % cfg.log_every == 0 or done % cfg.ckpt_every == 0 or last:
                 flush(done)
-            if done % cfg.ckpt_every == 0 or last:
+            if cfg.zero and (done % cfg.ckpt_every == 0 or last):  # every rank writes its shards
+                save_zero_checkpoint(model, out, {"format": FORMAT, "step": done, "rng": rng_state(device),
+                                                  "data": data.state_dict(done * K), "config": asdict(cfg),
+                                                  "world_size": W})
+            elif done % cfg.ckpt_every == 0 or last:
                 error = None
                 if main:
                     try:
@@ -355,6 +364,53 @@ def _train(cfg: TrainConfig, rank) -> dict[str, Any]:
               + (f", MFU {mfu:.1%} of {peak / 1e12:.0f} TFLOP/s ({peak_src}) per GPU" if mfu else f" ({peak_src})"),
               file=sys.stderr, flush=True)
     return {"step": cfg.steps, "losses": logged, "tokens_per_s": tok_s, "mfu": mfu, "peak": peak}
+
+
+ZERO_CHECKPOINTS = "zero_checkpoints"  # DIR/zero_checkpoints/{latest, step-<s>.<ns>/}: sharded (DCP)
+
+
+def wrap_model(raw: GPT, cfg: TrainConfig, device: torch.device):
+    """(model, optimizer): `ddp` with AdamW, or with --zero S, `zero(..., stage=S)` (bf16 parameters on a GPU)."""
+    from gobrrr.parallel import ddp, zero
+
+    if not cfg.zero:
+        return ddp(raw), make_optimizer(raw, cfg, device)
+    return zero(raw, lambda m: make_optimizer(m, cfg, device), stage=cfg.zero,
+                param_dtype=torch.bfloat16 if device.type == "cuda" else None)
+
+
+def zero_checkpoint(out: Path) -> Path | None:
+    from gobrrr.parallel.zero_ckpt import latest
+
+    return latest(out / ZERO_CHECKPOINTS)
+
+
+def save_zero_checkpoint(model, out: Path, state: dict[str, Any]) -> None:
+    """Every rank writes its shards (DCP); rank 0 adds the trainer's state; atomic (see zero_ckpt)."""
+    from gobrrr.parallel.zero_ckpt import save
+
+    try:
+        save(model, out / ZERO_CHECKPOINTS, state["step"], extra=state)
+    except OSError as e:
+        raise CheckpointError(f"could not write the sharded checkpoint in {out / ZERO_CHECKPOINTS}: {e}; the "
+                              "previous one is untouched; check the disk") from e
+
+
+def load_model_state(out: Path, raw: GPT, model, opt, cfg: TrainConfig) -> dict[str, Any]:
+    """Restore model and optimizer from DIR's checkpoint (plain or sharded); return the trainer's state."""
+    ckpt = zero_checkpoint(out)
+    if cfg.zero and ckpt is None:
+        raise TrainError(f"{out} holds a ddp run ({CHECKPOINT}); resume it without --zero")
+    if not cfg.zero and ckpt is not None:
+        raise TrainError(f"{out} holds a --zero run (sharded checkpoint); resume it with --zero 1, 2 or 3")
+    if cfg.zero:
+        from gobrrr.parallel.zero_ckpt import load
+
+        return load(model, out / ZERO_CHECKPOINTS)["extra"]  # any world size, any stage
+    state = load_checkpoint(out / CHECKPOINT)
+    raw.load_state_dict(state["model"])
+    opt.load_state_dict(state["optimizer"])
+    return state
 
 
 def _check_resumable(state: dict[str, Any], cfg: TrainConfig, world_size: int) -> None:
@@ -396,6 +452,7 @@ def parse_args(argv: list[str]) -> TrainConfig:
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress output")
     p.add_argument("--crash-after-step", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--zero", type=int, default=0, help="ZeRO stage 1, 2 or 3 instead of ddp (sharded checkpoints)")
     args = p.parse_args(argv)
     return TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)})
 
