@@ -14,7 +14,7 @@ COMMANDS = {
     "lint": ("gobrrr.device.lint", "static check for host-device anti-patterns (GB001-GB008)"),
     "doctor": ("gobrrr.doctor", "run a script under the profiler and show where the GPU waits"),
     "train": ("gobrrr.train", "train the reference GPT (works under torchrun)"),
-    "bench": (None, "benchmarks: " + ", ".join(["copy", "prefetch", "syncwatch", "comm", "p2p", "ddp"])),
+    "bench": (None, "benchmarks: " + ", ".join(["copy", "prefetch", "syncwatch", "comm", "p2p", "ddp", "zero"])),
 }
 
 # `gobrrr bench NAME` -> module under bench/ (each also runs as `python -m bench.MODULE`)
@@ -25,6 +25,7 @@ BENCHES = {
     "comm": "bench.comm",
     "p2p": "bench.p2p",
     "ddp": "bench.ddp",
+    "zero": "bench.zero",
 }
 
 

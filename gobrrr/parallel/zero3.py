@@ -76,6 +76,9 @@ class Zero3(_ZeroBase):
                  wrap_rule: Callable[[nn.Module], list[nn.Module]] | None = None):
         super().__init__(module, optimizer, cfg, group)
         self.gathers = 0  # all-gathers of units launched (tests count them)
+        self.record_gathers = False  # GPU: keep (phase, unit, start event, end event) per gather (tests, figures)
+        self.gather_events: list[tuple[str, int, torch.cuda.Event, torch.cuda.Event]] = []
+        self._phase = "forward"
         modules = (wrap_rule or blocks_rule)(module)
         owners: dict[int, list[int]] = {}
         for k, m in enumerate(modules):
@@ -129,12 +132,17 @@ class Zero3(_ZeroBase):
                 comm = self._stream(dev)
                 comm.wait_stream(torch.cuda.current_stream(dev))  # shards written by the step; memory free to reuse
                 with torch.cuda.stream(comm):
+                    if self.record_gathers:
+                        start = torch.cuda.Event(enable_timing=True)
+                        start.record(comm)
                     for f in u.flats:
                         work = all_gather_flat(f.full, f.shard, self.group, self.world_size)
                         if work is not None:
                             work.wait()  # comm stream waits for NCCL; the host does not
-                    u.pending = torch.cuda.Event()
+                    u.pending = torch.cuda.Event(enable_timing=self.record_gathers)
                     u.pending.record(comm)
+                    if self.record_gathers:
+                        self.gather_events.append((self._phase, u.index, start, u.pending))
             else:
                 u.pending = [all_gather_flat(f.full, f.shard, self.group, self.world_size) for f in u.flats]
             u.state = "gathering"
@@ -157,6 +165,7 @@ class Zero3(_ZeroBase):
 
     # -- forward and backward hooks
     def forward(self, *args, **kwargs):
+        self._phase = "forward"
         self._gather(self.root, wait=True)
         if self.units:
             self._gather(self.units[0], wait=False)  # overlap: u0's gather with the root's first layers
@@ -181,6 +190,7 @@ class Zero3(_ZeroBase):
         if u.backward_started:
             return
         u.backward_started = True
+        self._phase = "backward"
         self._gather(u, wait=True)
         if u.index > 0:
             self._gather(self.units[u.index - 1], wait=False)  # overlap: previous unit's gather with this backward
