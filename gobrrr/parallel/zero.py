@@ -350,7 +350,8 @@ class Zero12(_ZeroBase):
                     p.data = v  # the compute parameters live in `full` from now on
                 if cfg.stage == 1:
                     f.grad = torch.zeros(f.P, dtype=f.dtype, device=f.full.device)   # (P,)
-                    for p, v in zip(f.params, f.views(f.grad)):
+                    f.grad_views = f.views(f.grad)
+                    for p, v in zip(f.params, f.grad_views):
                         p.grad = v  # autograd accumulates into the bucket, as in ddp
                     f.grad_shard = f.grad[f.lo:f.lo + f.S]
                 self.flats.append(f)
@@ -364,7 +365,7 @@ class Zero12(_ZeroBase):
 
     def _grad_ready(self, f: Flat, j: int) -> None:
         if self.cfg.stage == 1:
-            p, view = f.params[j], f.views(f.grad)[j]
+            p, view = f.params[j], f.grad_views[j]
             if p.grad.data_ptr() != view.data_ptr():  # .grad was set to None or replaced: move it home
                 with torch.no_grad():
                     view.copy_(p.grad)
@@ -390,7 +391,7 @@ class Zero12(_ZeroBase):
         for f in self.order:
             f.grad.zero_()
             f.accumulated = 0
-            for p, v in zip(f.params, f.views(f.grad)):
+            for p, v in zip(f.params, f.grad_views):
                 p.grad = v
 
     @torch.no_grad()
@@ -513,10 +514,7 @@ class ZeroOptimizer:
         sq = torch.zeros((), dtype=torch.float32, device=dev)
         for _, g in shards:
             sq += g.float().pow(2).sum()
-        if not isinstance(self.model, NaiveZero1):  # naive: every rank holds every averaged gradient
-            all_reduce_sum(sq, self.model.group, self.model.world_size)  # one scalar; stream-ordered on NCCL
-        else:
-            all_reduce_sum(sq, self.model.group, self.model.world_size)
+        all_reduce_sum(sq, self.model.group, self.model.world_size)  # one scalar; stream-ordered on NCCL
         norm = sq.sqrt()
         coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)  # as torch.nn.utils.clip_grad_norm_
         for _, g in shards:

@@ -87,6 +87,7 @@ class Flat:
     shard: torch.Tensor | None = None
     master: torch.Tensor | None = None
     grad: torch.Tensor | None = None
+    grad_views: list[torch.Tensor] = field(default_factory=list)  # stage 1: each parameter's view into `grad`
     grad_shard: torch.Tensor | None = None
     ready: list[bool] = field(default_factory=list)
     n_ready: int = 0
@@ -122,11 +123,12 @@ class Flat:
         return self.dtype != self.master_dtype
 
     def flatten(self, tensors: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
-        """cat(tensors) as one (P,) vector of `dtype`, zero padded."""
-        out = torch.zeros(self.P, dtype=dtype, device=tensors[0].device)
-        for t, off in zip(tensors, self.offsets):
-            out[off:off + t.numel()].copy_(t.reshape(-1))
-        return out
+        """cat(tensors) as one (P,) vector of `dtype`, zero padded: one cat kernel (and one cast), not one copy each."""
+        parts = [t.reshape(-1) for t in tensors]
+        if self.P > self.numel:
+            parts.append(torch.zeros(self.P - self.numel, dtype=tensors[0].dtype, device=tensors[0].device))
+        out = torch.cat(parts) if len(parts) > 1 else parts[0].clone()
+        return out if out.dtype == dtype else out.to(dtype)
 
     def views(self, full: torch.Tensor) -> list[torch.Tensor]:
         """Each parameter's view into a (P,) vector, in the parameter's shape."""
