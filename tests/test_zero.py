@@ -94,10 +94,12 @@ def gpt(r, seed: int = 0):
 def count_collectives():
     """Elements per collective kind, counted where gobrrr.dist.comm reaches torch.distributed."""
     counts = {"reduce_scatter": [], "all_gather": [], "all_reduce": []}
+    dtypes: set[str] = set()
     rs, ag, ar = comm._reduce_scatter_tensor, comm._all_gather_tensor, dist.all_reduce
 
     def rs_(out, inp, *a, **k):
         counts["reduce_scatter"].append(inp.numel())
+        dtypes.add(str(inp.dtype))
         return rs(out, inp, *a, **k)
 
     def ag_(out, inp, *a, **k):
@@ -110,7 +112,7 @@ def count_collectives():
 
     comm._reduce_scatter_tensor, comm._all_gather_tensor, dist.all_reduce = rs_, ag_, ar_
     try:
-        yield counts
+        yield counts, dtypes
     finally:
         comm._reduce_scatter_tensor, comm._all_gather_tensor, dist.all_reduce = rs, ag, ar
 
@@ -123,12 +125,13 @@ def expected_traffic(model, stage: int, naive: bool = False) -> dict[str, int]:
         return {"reduce_scatter": psi, "all_gather": psi, "all_reduce": 1}
     all_p = sum(f.P for f in model.flats)
     root = sum(f.P for f in model.root.flats)
-    return {"reduce_scatter": psi, "all_gather": all_p + (all_p - root), "all_reduce": 1}
+    again = (all_p - root) if model.cfg.reshard_after_forward else 0  # backward re-gathers (not the root)
+    return {"reduce_scatter": psi, "all_gather": all_p + again, "all_reduce": 1}
 
 
 # ---------------------------------------------------------------- the checks each rank runs
 
-CASES = {  # name -> (stage, naive, clip, K, accumulate)
+CASES = {  # name -> (stage, naive, clip, K, accumulate); options in OPTIONS
     "naive1": (1, True, 0.0, 1, "sharded"),
     "naive1-clip-accum": (1, True, 0.5, 3, "sharded"),
     "stage1": (1, False, 0.0, 1, "sharded"),
@@ -142,9 +145,15 @@ CASES = {  # name -> (stage, naive, clip, K, accumulate)
     "stage3-clip": (3, False, 0.5, 1, "sharded"),
     "stage3-clip-accum": (3, False, 0.5, 3, "sharded"),
     "stage3-clip-accum-unsharded": (3, False, 0.5, 3, "unsharded"),
+    "stage3-keep-gathered": (3, False, 0.5, 3, "sharded"),
+    "stage2-bf16-reduce": (2, False, 0.5, 1, "sharded"),
 }
+OPTIONS = {"stage3-keep-gathered": {"reshard_after_forward": False}, "stage2-bf16-reduce": {"grad_dtype": torch.bfloat16}}
+# bf16 sums (~3 digits), then 10 Adam steps: an element whose gradient is ~0 may step the other way (Adam
+# divides by |g|), so this case is compared by relative norm error per tensor instead of element by element
+LOOSE = {"stage2-bf16-reduce": 5e-2}
 WORLD_CASES = {
-    2: list(CASES),
+    2: list(CASES),  # every case
     3: ["stage1-clip-accum", "stage2-clip-accum", "stage3-clip-accum", "naive1"],
     4: ["stage1-clip", "stage2-clip-accum", "stage3-clip-accum-unsharded"],
 }
@@ -155,14 +164,13 @@ def run_cases(r, names: list[str]) -> dict:
     out: dict = {"params": {}, "traffic": {}, "memory": {}}
     for name in names:
         stage, naive, clip, K, acc = CASES[name]
-        model, opt = gp.zero(gpt(r), make_opt, stage=stage, naive=naive, accumulate=acc, bucket_mb=0.004,
-                             first_bucket_mb=0.001)
-        with count_collectives() as counts:  # one step, counted
+        kw = dict(stage=stage, naive=naive, accumulate=acc, bucket_mb=0.004, first_bucket_mb=0.001, **OPTIONS.get(name, {}))
+        model, opt = gp.zero(gpt(r), make_opt, **kw)
+        with count_collectives() as (counts, dtypes):  # one step, counted
             train_zero(r, model, opt, clip=0.5, K=1, steps=1)
         out["traffic"][name] = ({k: sum(v) for k, v in counts.items()}, expected_traffic(model, stage, naive),
-                                max(counts["all_reduce"], default=0))
-        model, opt = gp.zero(gpt(r), make_opt, stage=stage, naive=naive, accumulate=acc, bucket_mb=0.004,
-                             first_bucket_mb=0.001)
+                                max(counts["all_reduce"], default=0), dtypes)
+        model, opt = gp.zero(gpt(r), make_opt, **kw)
         train_zero(r, model, opt, clip, K)
         sd = full_state_dict(model)
         if r.rank == 0:
@@ -197,7 +205,7 @@ def accumulation_traffic(r) -> dict:
     got = {}
     for stage, acc in ((1, "sharded"), (2, "sharded"), (2, "unsharded"), (3, "sharded"), (3, "unsharded")):
         model, opt = gp.zero(gpt(r), make_opt, stage=stage, accumulate=acc)
-        with count_collectives() as counts:
+        with count_collectives() as (counts, dtypes):
             train_zero(r, model, opt, clip=0.0, K=3, steps=1)
         got[(stage, acc)] = (sum(counts["reduce_scatter"]), sum(f.P for f in model.order))
     return got
@@ -277,13 +285,18 @@ def test_every_stage_matches_single_process_adamw(results, world):
         got = results[world]["params"][name]
         assert got.keys() == want.keys()
         for k in want:
+            if name in LOOSE:
+                err = ((got[k] - want[k]).norm() / want[k].norm()).item()
+                assert err < LOOSE[name], f"{name} at {world} ranks, {k}: relative error {err:.2e}"
+                continue
             assert_close(got[k], want[k], msg=lambda m: f"{name} at {world} ranks, {k}: {m}")
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_collectives_per_step_are_the_formula(results, world):
-    for name, (got, want, largest_all_reduce) in results[world]["traffic"].items():
+    for name, (got, want, largest_all_reduce, dtypes) in results[world]["traffic"].items():
         assert got == want, (name, got, want)
+        assert dtypes == ({"torch.bfloat16"} if name == "stage2-bf16-reduce" else ({"torch.float32"} if got["reduce_scatter"] else set())), (name, dtypes)
         if not name.startswith("naive"):
             assert largest_all_reduce == 1, f"{name}: an all-reduce of {largest_all_reduce} elements (gradients?)"
 
@@ -318,16 +331,22 @@ def test_frozen_buffers_mixed_dtypes_and_custom_units(results):
             assert_close(got[k], want[k], msg=lambda m: f"stage {stage} {k}: {m}", **tol)
 
 
-def test_world_size_one_is_the_same_code_path():
+def test_world_size_one_is_the_same_code_path_and_state_dicts_round_trip():
     class R:
         rank, world_size, device = 0, 1, torch.device("cpu")
     want = reference(0.5, 3, 1, steps=3)
     for stage in (1, 2, 3):
         model, opt = gp.zero(gpt(R), make_opt, stage=stage)
         train_zero(R, model, opt, clip=0.5, K=3, steps=3)
-        got = full_state_dict(model)
+        got = model.state_dict()
         for k in want:
             assert_close(got[k], want[k], msg=lambda m: f"stage {stage} {k}: {m}")
+        other, _ = gp.zero(gpt(R, seed=3), make_opt, stage=4 - stage if stage != 2 else 2)
+        other.load_state_dict(got)  # a plain state_dict into another stage
+        for k, v in other.state_dict().items():
+            assert torch.equal(v, got[k]), (stage, k)
+        x, y = batch(0, 0, ROWS)
+        assert torch.equal(model(x, y)[1], other(x, y)[1])  # the compute parameters were updated too
 
 
 def formulas_match_the_issue_table():

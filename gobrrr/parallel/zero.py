@@ -59,6 +59,11 @@ It moves 3 psi (all-reduce 2 psi + all-gather psi) and overlaps nothing; it is t
      # sync: none on the host; the all-reduce of one scalar is stream-ordered on NCCL.
   6. `opt.step()`: master.grad = my gradient shard (cast to fp32); the user's optimizer steps the
      masters; each master is cast into my slice of `full`; all-gather(full) fills the other slices.
+     GPU: on the comm stream; the compute stream waits for it before the next forward.
+
+After backward only this rank's slice of the gradients is averaged (stage 1: the rest of the full
+buffer still holds local gradients; stage 2: there is no rest). Read gradients through `opt`, and
+weights through `model.state_dict()` (gathered) or zero_ckpt; `model.load_state_dict(plain)` loads.
 
 Gradient accumulation (micro-steps inside `model.no_sync()`):
   stage 1: gradients accumulate in the full buffers (they exist anyway); one reduce-scatter at the
@@ -326,6 +331,17 @@ class _ZeroBase(_DataParallel):
 
     def _unsharded_frozen(self) -> list[nn.Parameter]:
         return []
+
+    # -- the whole model's weights, as a plain state_dict (FSDP's "full state dict")
+    def state_dict(self, *args, **kwargs) -> dict[str, torch.Tensor]:  # noqa: ARG002 - nn.Module's signature
+        """Every parameter at master precision, gathered on every rank (a collective), plus the buffers."""
+        from gobrrr.parallel.zero_ckpt import full_state_dict
+        return full_state_dict(self)
+
+    def load_state_dict(self, state_dict: dict[str, torch.Tensor], strict: bool = True, assign: bool = False):
+        """Load a plain (unwrapped) state_dict: each rank keeps its own slices; the same dict on every rank."""
+        from gobrrr.parallel.zero_ckpt import load_full_state_dict
+        load_full_state_dict(self, state_dict)
 
 
 # ---------------------------------------------------------------- stages 1 and 2

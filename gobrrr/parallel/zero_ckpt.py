@@ -67,8 +67,12 @@ def full_state_dict(model) -> dict[str, torch.Tensor]:
 @torch.no_grad()
 def load_full_state_dict(model, state: dict[str, torch.Tensor]) -> None:
     """Load a plain state_dict (every rank passes the same one): each rank keeps its own slices."""
-    model.module.load_state_dict({k: v for k, v in state.items() if not _is_flat_param(model, k)}, strict=False)
-    named = dict(model.module.named_parameters())
+    sharded = {id(p) for f in model.flats for p in f.params}  # tied aliases (lm_head.weight) included
+    rest = {k for k, v in model.module.state_dict(keep_vars=True).items() if id(v) not in sharded}
+    missing = rest - state.keys()
+    if missing:
+        raise KeyError(f"zero: the state_dict lacks {sorted(missing)[:4]}; pass the full model's state_dict.")
+    model.module.load_state_dict({k: state[k] for k in rest}, strict=False)  # buffers, unsharded frozen params
     for f in model.flats:
         for i, a, b in f.owned_ranges():
             name = f.names[i]
@@ -80,11 +84,6 @@ def load_full_state_dict(model, state: dict[str, torch.Tensor]) -> None:
         if f.mixed:
             f.shard.copy_(f.master)
     model.after_step()  # stages 1-2 re-gather the compute parameters
-    del named
-
-
-def _is_flat_param(model, key: str) -> bool:
-    return any(key in f.names for f in model.flats)
 
 
 def optimizer_state_dict(model) -> dict[str, Any]:
