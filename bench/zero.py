@@ -13,7 +13,7 @@ Variants (same initial weights, same batches, AdamW, bf16 autocast on a GPU):
 
 Each variant is built, warmed up, timed for `--steps` steps per round over `--rounds` rounds
 (median; CUDA events on a GPU; the slowest rank's time), then freed, so that its peak memory
-(torch.cuda.max_memory_allocated after reset) is its own. Figures: step time over ddp's and
+(torch.cuda.max_memory_allocated, reset after the warm-up steps) is its own steady state. Figures: step time over ddp's and
 over fsdp2's; peak over (stage formula + activations), where activations = ddp's peak minus its
 formula (16 psi: fp32 parameters, gradients and Adam moments), measured in the same run.
 """
@@ -125,10 +125,12 @@ def run_variant(name: str, cfg: BenchConfig, rank, batches, autocast) -> dict:
     if cuda:
         torch.cuda.synchronize()  # sync: between variants, outside any timing
         torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(dev)
     model, opt, clip = build(name, cfg, dev)
     for i in range(cfg.warmup):
         _step(model, opt, clip, *batches[i % len(batches)], autocast)
+    if cuda:  # the steady state's peak: not the build's transients (the fp32 model before sharding)
+        torch.cuda.synchronize()  # sync: outside any timing
+        torch.cuda.reset_peak_memory_stats(dev)
     times = []
     for _ in range(cfg.rounds):
         def work():
