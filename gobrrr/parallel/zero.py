@@ -88,7 +88,8 @@ import torch.distributed as dist
 from torch import nn
 
 from gobrrr.parallel.ddp import MB, _DataParallel, _no_gradient_error, assign_buckets
-from gobrrr.parallel.zero_shard import (Flat, all_gather_flat, all_reduce_sum, check_optimizer_covers,
+from gobrrr.parallel.zero_optim import ZeroOptimizer
+from gobrrr.parallel.zero_shard import (Flat, MemoryReport, all_gather_flat, all_reduce_sum, check_optimizer_covers,
                                         formula_bytes, group_index, nbytes, reduce_scatter_flat)
 
 OptimizerArg = Callable[[nn.Module], torch.optim.Optimizer] | torch.optim.Optimizer
@@ -118,34 +119,6 @@ class ZeroConfig:
                 "grad_dtype": str(self.grad_dtype), "bucket_mb": self.bucket_mb,
                 "first_bucket_mb": self.first_bucket_mb, "accumulate": self.accumulate,
                 "reshard_after_forward": self.reshard_after_forward}
-
-
-@dataclass
-class MemoryReport:
-    """Bytes held by this rank, next to the stage's formula (zero_shard.formula_bytes)."""
-    stage: int
-    rank: int
-    world: int
-    psi: int                     # trainable elements, padded to the shards (what the formula counts)
-    mixed: bool
-    held: dict[str, int]         # params, grads, optimizer, total
-    formula: dict[str, float]
-    frozen: int = 0              # bytes of frozen parameters (outside the formula)
-    peak_cuda: int | None = None
-
-    def lines(self) -> list[str]:
-        out = [f"zero stage {self.stage}, rank {self.rank} of {self.world}, psi = {self.psi:,} trainable elements"
-               f" ({'bf16 compute + fp32 master' if self.mixed else 'one dtype'})"]
-        for k in ("params", "grads", "optimizer", "total"):
-            out.append(f"  {k:<10} held {self.held[k] / MB:10.2f} MB   formula {self.formula[k] / MB:10.2f} MB")
-        if self.frozen:
-            out.append(f"  frozen     held {self.frozen / MB:10.2f} MB")
-        if self.peak_cuda is not None:
-            out.append(f"  peak allocated on the GPU {self.peak_cuda / MB:.2f} MB (activations included)")
-        return out
-
-    def __str__(self) -> str:
-        return "\n".join(self.lines())
 
 
 # ---------------------------------------------------------------- what every optimized stage shares
@@ -497,68 +470,6 @@ class NaiveZero1(_DataParallel):
             all_gather_flat(full, f.master, self.group, self.world_size, async_op=False)
             for p, v in zip(f.params, f.views(full)):
                 p.copy_(v)
-
-
-# ---------------------------------------------------------------- the optimizer the user steps
-
-class ZeroOptimizer:
-    """Steps the user's optimizer on this rank's master shards; `param_groups` are the user's own (set lr there)."""
-
-    def __init__(self, model: _ZeroBase | NaiveZero1):
-        self.model = model
-        self.inner = model.optimizer
-        self._shards: list[tuple[Flat, torch.Tensor]] | None = None
-
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:
-        return self.inner.param_groups
-
-    @property
-    def state(self):
-        return self.inner.state
-
-    def _grads(self) -> list[tuple[Flat, torch.Tensor]]:
-        if self._shards is None:
-            self._shards = self.model.grad_shards()
-        return self._shards
-
-    @torch.no_grad()
-    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
-        """Global L2 norm of the averaged gradient (all shards, all ranks), scaled to at most `max_norm`."""
-        shards = self._grads()
-        dev = self.model.flats[0].master.device
-        sq = torch.zeros((), dtype=torch.float32, device=dev)
-        for _, g in shards:
-            sq += g.float().pow(2).sum()
-        all_reduce_sum(sq, self.model.group, self.model.world_size)  # one scalar; stream-ordered on NCCL
-        norm = sq.sqrt()
-        coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)  # as torch.nn.utils.clip_grad_norm_
-        for _, g in shards:
-            g.mul_(coef.to(g.dtype))
-        return norm
-
-    @torch.no_grad()
-    def step(self) -> None:
-        shards = self._grads()
-        for f, g in shards:
-            f.master.grad = g if g.dtype == f.master.dtype else g.to(f.master.dtype)  # (S,) transient fp32 copy
-        self.inner.step()
-        for f, _ in shards:
-            f.master.grad = None
-        self._shards = None
-        self.model.after_step()
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        self._shards = None
-        self.model.zero_grad(set_to_none)
-
-    def state_dict(self) -> dict[str, Any]:
-        from gobrrr.parallel.zero_ckpt import optimizer_state_dict
-        return optimizer_state_dict(self.model)
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        from gobrrr.parallel.zero_ckpt import load_optimizer_state_dict
-        load_optimizer_state_dict(self.model, state)
 
 
 def zero(model: nn.Module, optimizer: OptimizerArg, *, stage: int = 2, group=None, naive: bool = False,

@@ -26,6 +26,8 @@ from torch import nn
 
 from gobrrr.dist import comm
 
+MB = 1 << 20
+
 
 # ---------------------------------------------------------------- collectives (through gobrrr.dist.comm)
 # gobrrr.dist.comm numbers every collective per group, checks signatures across ranks in debug mode
@@ -199,3 +201,31 @@ def nbytes(t: torch.Tensor | None) -> int:
     if t is None:
         return 0
     return min(t.numel() * t.element_size(), t.untyped_storage().nbytes())
+
+
+@dataclass
+class MemoryReport:
+    """Bytes held by this rank, next to the stage's formula (zero_shard.formula_bytes)."""
+    stage: int
+    rank: int
+    world: int
+    psi: int                     # trainable elements, padded to the shards (what the formula counts)
+    mixed: bool
+    held: dict[str, int]         # params, grads, optimizer, total
+    formula: dict[str, float]
+    frozen: int = 0              # bytes of frozen parameters (outside the formula)
+    peak_cuda: int | None = None
+
+    def lines(self) -> list[str]:
+        out = [f"zero stage {self.stage}, rank {self.rank} of {self.world}, psi = {self.psi:,} trainable elements"
+               f" ({'bf16 compute + fp32 master' if self.mixed else 'one dtype'})"]
+        for k in ("params", "grads", "optimizer", "total"):
+            out.append(f"  {k:<10} held {self.held[k] / MB:10.2f} MB   formula {self.formula[k] / MB:10.2f} MB")
+        if self.frozen:
+            out.append(f"  frozen     held {self.frozen / MB:10.2f} MB")
+        if self.peak_cuda is not None:
+            out.append(f"  peak allocated on the GPU {self.peak_cuda / MB:.2f} MB (activations included)")
+        return out
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines())
