@@ -173,7 +173,7 @@ def run_cases(r, names: list[str]) -> dict:
             out["traffic"][name] = ({k: sum(v) for k, v in counts.items()}, expected_traffic(model, stage, naive),
                                     max(counts["all_reduce"], default=0), dtypes)
         train_zero(r, model, opt, clip, K, first=1)
-        sd = full_state_dict(model)
+        sd = {k: v.cpu() for k, v in full_state_dict(model).items()}
         if r.rank == 0:
             out["params"][name] = sd
     for stage in (1, 2, 3):
@@ -253,18 +253,18 @@ def mixed_model_cases(r, steps: int = 3) -> dict:
     out = {}
     for stage in (1, 2, 3):
         torch.manual_seed(0 if r.rank == 0 else 5)
-        m = Mixed()
+        m = Mixed().to(r.device)
         if r.rank:
             m.shift.add_(1.0)  # a different buffer: the broadcast must fix it
         rule = (lambda mod: [mod.inp, mod.mid]) if stage == 3 else None
         model, opt = gp.zero(m, lambda mod: torch.optim.AdamW([p for p in mod.parameters() if p.requires_grad],
                                                                lr=1e-2), stage=stage, wrap_rule=rule)
         for s in range(steps):
-            x, y = mixed_data(s, 2 * r.world_size)
+            x, y = (t.to(r.device) for t in mixed_data(s, 2 * r.world_size))
             model(x[2 * r.rank:2 * r.rank + 2], y[2 * r.rank:2 * r.rank + 2]).backward()
             opt.step()
             opt.zero_grad()
-        sd = full_state_dict(model)
+        sd = {k: v.cpu() for k, v in full_state_dict(model).items()}
         out[stage] = sd if r.rank == 0 else None
     return out
 
