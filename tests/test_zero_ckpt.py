@@ -165,3 +165,30 @@ def test_sigkill_during_save_leaves_the_previous_checkpoint(tmp_path):
     for k, v in want.items():
         assert torch.equal(sd[k], v), k
 
+
+
+class WithBuffer(torch.nn.Module):
+    def __init__(self, shift: float):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 5)
+        self.frozen = torch.nn.Linear(5, 5).requires_grad_(False)
+        self.register_buffer("shift", torch.full((5,), shift))
+
+    def forward(self, x):
+        return (self.frozen(self.lin(x)) + self.shift).square().mean()
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_buffers_and_frozen_parameters_are_saved(tmp_path, stage):
+    torch.manual_seed(0)
+    model, opt = gp.zero(WithBuffer(0.5), lambda m: torch.optim.AdamW(m.lin.parameters(), lr=1e-2), stage=stage)
+    model(torch.ones(2, 3)).backward()
+    opt.step()
+    zc.save(model, tmp_path, 1)
+    torch.manual_seed(1)
+    other, _ = gp.zero(WithBuffer(9.0), lambda m: torch.optim.AdamW(m.lin.parameters(), lr=1e-2), stage=3 - stage % 2)
+    zc.load(other, tmp_path)
+    want, got = model.state_dict(), other.state_dict()
+    assert want.keys() == got.keys() and {"shift", "frozen.weight", "lin.weight"} <= set(want)
+    for k in want:
+        assert torch.equal(got[k], want[k]), k

@@ -12,7 +12,8 @@ layout (another world size, another stage, the naive stage 1, or one process wit
 all) exactly the elements it owns: resharding is DCP's job, not ours.
 
 Keys: "model/<param name>", "optim/<param name>/<state key>" (exp_avg, exp_avg_sq, step, ...).
-Tied parameters are stored once under their first name.
+Tied parameters are stored once under their first name. Buffers and the frozen parameters stages 1-2
+leave whole are stored once, flattened too ("model/<key>"; DCP deduplicates replicated tensors).
 
 Atomic save (a SIGKILL at any moment leaves the previous checkpoint loadable):
   1. every rank writes into DIR/.tmp-step-<s>/ (DCP's FileSystemWriter; rank 0 also writes
@@ -146,9 +147,12 @@ def sharded_state(model, optim_keys: dict[str, list[str]] | None = None) -> dict
         st = opt.state.get(f.master, {}) if f.trainable else {}
         if optim_keys is not None and f.trainable:
             st = opt.state.setdefault(f.master, {})
+            group = opt.param_groups[f.group]
+            on_device = group.get("fused") or group.get("capturable")  # their step counters live on the device
             for key in optim_keys.get(f.names[0], []):
                 if key not in st:
-                    st[key] = torch.zeros_like(f.master) if key != "step" else torch.zeros((), dtype=torch.float32)
+                    st[key] = (torch.zeros_like(f.master) if key != "step" else
+                               torch.zeros((), dtype=torch.float32, device=f.master.device if on_device else "cpu"))
         ranges = {i: (a, b) for i, a, b in f.owned_ranges()}
         for i, name in enumerate(f.names):
             a, b = ranges.get(i, (0, 0))
@@ -160,6 +164,10 @@ def sharded_state(model, optim_keys: dict[str, list[str]] | None = None) -> dict
                     out[f"optim/{name}/{key}"] = _sharded(f, i, piece, a, model.world_size, model.group)
                 elif torch.is_tensor(v):
                     out[f"optim/{name}/{key}"] = v  # replicated scalar (Adam's step)
+    sharded = {id(p) for f in model.flats for p in f.params}
+    for k, v in model.module.state_dict(keep_vars=True).items():
+        if id(v) not in sharded:  # buffers, and frozen parameters stages 1-2 leave whole: replicated
+            out[f"model/{k}"] = v.detach().view(-1)  # 1-D like the rest, so stage 3 (which shards them) reads them
     return out
 
 
