@@ -75,6 +75,16 @@ Gradient accumulation (micro-steps inside `model.no_sync()`):
            locally (+ psi x grad bytes held, 2-4 psi at any N) and one reduce-scatter runs at the
            last micro-step: 1/K of the traffic. That is FSDP2's set_requires_gradient_sync(False).
 
+Failures. Every collective goes through gobrrr.dist.comm: a rank that dies or raises mid-step is
+named by the others' CollectiveError (gloo), or by the peer monitor's exit (NCCL); with
+GOBRRR_DIST_DEBUG=1 a rank issuing a different collective (another stage, bucket layout or shape)
+is named before any data moves. Ranks built with different models or settings raise at wrap time.
+
+Choices where the paper is silent: the reduce dtype defaults to the compute dtype (as FSDP2's
+reduce_dtype defaults to param_dtype); buckets are the shard unit in stages 1-2 (each bucket is
+split N ways, so every reduce-scatter is one bucket); stage 3's root unit is never resharded
+between its forward and backward (FSDP2 does the same); the optimizer wrapper is zero_optim.py.
+
 World size 1 runs the same phases; the collectives become copies. Stage 3 is zero3.py;
 sharded checkpoints (torch.distributed.checkpoint) are zero_ckpt.py.
 """
