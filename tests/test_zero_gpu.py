@@ -115,3 +115,22 @@ def test_stage3_prefetch_overlaps_the_previous_blocks_compute():
             if start.elapsed_time(c_end) > 0 and _end.elapsed_time(c_end) >= 0:
                 overlapped += 1
     assert overlapped >= 2, f"only {overlapped} of {len(fwd)} forward gathers overlapped the previous block"
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_memory_report_on_the_gpu(stage):
+    from gobrrr.parallel import memory_report, zero
+
+    model, opt = zero(_gpt(), _opt, stage=stage, param_dtype=torch.bfloat16)
+    x, y = _batch(256, 4, 64)
+    for _ in range(2):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(x, y)[1]
+        loss.backward()
+        if _ == 0:
+            opt.step()
+            opt.zero_grad()
+    rep = memory_report(model)
+    assert rep.mixed and rep.peak_cuda is not None and rep.peak_cuda >= rep.held["total"]
+    for k in ("params", "grads", "optimizer"):
+        assert rep.held[k] == rep.formula[k], str(rep)
