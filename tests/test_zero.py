@@ -394,16 +394,16 @@ def test_stage_mismatch_raises_naming_it():
         assert "wrapper settings differ" in msg and "zero stage 1" in msg and "zero stage 2" in msg, msg
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(150)
 @pytest.mark.parametrize("stage", [2, 3])
 def test_a_rank_dying_mid_step_is_named(stage):
     t0 = time.monotonic()
     with pytest.raises(SpawnError) as info:
-        spawn(dies_mid_step, 3, stage, timeout_s=60, pg_timeout_s=20)
+        spawn(dies_mid_step, 3, stage, timeout_s=120, pg_timeout_s=60)
     err = info.value
     assert "exited with code 9" in err.failures[1]
     for r in (0, 2):
         tb = err.failures[r]
         assert "CollectiveError" in tb or "CollectiveTimeoutError" in tb, tb
         assert "rank 1 died (process" in tb.lower(), tb
-    assert time.monotonic() - t0 < 25
+    assert time.monotonic() - t0 < 45  # well before the 60 s collective timeout: nobody waited for it
