@@ -337,13 +337,13 @@ def test_world_size_one_is_the_same_code_path_and_state_dicts_round_trip():
     class R:
         rank, world_size, device = 0, 1, torch.device("cpu")
     want = reference(0.5, 3, 1, steps=3)
-    for stage in (1, 2, 3):
-        model, opt = gp.zero(gpt(R), make_opt, stage=stage)
+    for stage in (0, 1, 2, 3):  # 0: the naive stage 1
+        model, opt = gp.zero(gpt(R), make_opt, stage=max(stage, 1), naive=stage == 0)
         train_zero(R, model, opt, clip=0.5, K=3, steps=3)
         got = model.state_dict()
         for k in want:
             assert_close(got[k], want[k], msg=lambda m: f"stage {stage} {k}: {m}")
-        other, _ = gp.zero(gpt(R, seed=3), make_opt, stage=4 - stage if stage != 2 else 2)
+        other, _ = gp.zero(gpt(R, seed=3), make_opt, stage=3 - stage % 3)  # another stage (naive -> 3)
         other.load_state_dict(got)  # a plain state_dict into another stage
         for k, v in other.state_dict().items():
             assert torch.equal(v, got[k]), (stage, k)

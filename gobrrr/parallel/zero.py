@@ -453,6 +453,9 @@ class NaiveZero1(_DataParallel):
         for g, pg in enumerate(self.optimizer.param_groups):
             pg["params"] = [f.master for f in self.flats if f.group == g]
 
+    state_dict = _ZeroBase.state_dict            # plain, gathered
+    load_state_dict = _ZeroBase.load_state_dict
+
     def _end_backward(self) -> None:  # nothing happens during backward
         self._callback_queued = False
 
