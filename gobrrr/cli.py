@@ -11,20 +11,23 @@ import sys
 # subcommand -> (module, one-line help)
 COMMANDS = {
     "demo": ("gobrrr.demo", "run the demo: prefetch, sync detective, lint and doctor on the seed loop"),
-    "lint": ("gobrrr.device.lint", "static check for host-device anti-patterns (GB001-GB008)"),
+    "lint": ("gobrrr.device.lint", "static check for host-device anti-patterns (GB001-GB009)"),
     "doctor": ("gobrrr.doctor", "run a script under the profiler and show where the GPU waits"),
     "train": ("gobrrr.train", "train the reference GPT (works under torchrun)"),
-    "bench": (None, "benchmarks: " + ", ".join(["copy", "prefetch", "syncwatch", "comm", "p2p", "ddp", "zero"])),
+    "bench": (None, "benchmarks: " + ", ".join(["copy", "prefetch", "syncwatch", "comm", "p2p", "ddp", "train",
+                                                 "zero"])),
 }
 
 # `gobrrr bench NAME` -> module under bench/ (each also runs as `python -m bench.MODULE`)
 BENCHES = {
     "copy": "bench.copy_bw",
     "prefetch": "bench.prefetch",
+    "prefetch_busy": "bench.prefetch_busy",
     "syncwatch": "bench.syncwatch",
     "comm": "bench.comm",
     "p2p": "bench.p2p",
     "ddp": "bench.ddp",
+    "train": "bench.train",
     "zero": "bench.zero",
 }
 

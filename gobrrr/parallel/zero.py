@@ -149,6 +149,7 @@ class _ZeroBase(_DataParallel):
         self.order: list[Flat] = []       # trainable flats in the order their reduce-scatters launch
         self._next = 0
         self._comm_stream: torch.cuda.Stream | None = None
+        self.step_report: MemoryReport | None = None  # bytes held at the end of the first opt.step()
 
     # -- building
     def _new_flat(self, names: list[str], params: list[nn.Parameter], group: int) -> Flat:
@@ -281,6 +282,8 @@ class _ZeroBase(_DataParallel):
         for f in self.order:
             if f.mixed:
                 f.shard.copy_(f.master)
+        if self.step_report is None:  # gradients and optimizer state both exist now: the formula's moment
+            self.step_report = self.memory_report()
 
     # -- accounting
     def _held(self) -> dict[str, int]:
