@@ -54,7 +54,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
-from bench.common import print_table, record
+from bench.common import add_results_option, print_table, record
 from gobrrr.device.pinned import default_pin_threads
 from gobrrr.device.worker_ring import PinnedWorkerLoader
 
@@ -638,6 +638,7 @@ def parse(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
     p.add_argument("--kinds", help="comma-separated row kinds to run, from in-process,workers,prebatched,info "
                                    "(floors always run; default all)")
     p.add_argument("--no-busy", action="store_true", help="skip the pass in a busy process")
+    add_results_option(p)
     args = p.parse_args(argv)
     kw: dict[str, Any] = dict(QUICK) if args.quick else {}
     if args.depths:
@@ -662,7 +663,7 @@ def parse(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    cfg, _ = parse(argv)
+    cfg, args = parse(argv)
     mb = cfg.batch * 3 * cfg.side * cfg.side * 4 / 1e6
     print(f"bench prefetch: batch {cfg.batch}x3x{cfg.side}x{cfg.side} float32 ({mb:.1f} MB), "
           f"MLP width {cfg.width}, {cfg.workers} workers, {cfg.steps} steps per row"
@@ -708,7 +709,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {r['regime']:<14} {r['row']:<45} {r['x_floor']:.2f}x  (target <= {target}x): {verdict}")
     extra = {"partial": partial} if partial else {}
     path = record("prefetch", config=asdict(cfg), rows=rows, figures=figures,
-                  wall_s=time.perf_counter() - t0, **extra)
+                  wall_s=time.perf_counter() - t0, quick=args.quick, results=args.results, **extra)
     print(f"\n{len(rows)} rows in {time.perf_counter() - t0:.0f} s; appended to {path}")
     return 0
 

@@ -24,9 +24,18 @@ step s does not depend on where the run stopped), the data position is the step,
 checkpoint holds model, optimizer (with Adam's step counts), the RNG states and that position.
 On a CPU the result is bitwise identical; tests/test_train.py checks it.
 
-metrics.jsonl is only ever appended to. After a resume the steps between the checkpoint and
-the kill appear twice (the later record wins; `read_metrics` does that) and a
-{"event": "resume", "step": s} record marks the seam.
+metrics.jsonl is only ever appended to, one whole flush at a time (gobrrr.rundir.MetricsLog: a
+full disk cuts the file back to its last whole record and stops the run). After a resume the steps
+between the checkpoint and the kill appear twice (the later record wins; `read_metrics` does that)
+and a {"event": "resume", "step": s} record marks the seam; a torn last line left by a crash is cut
+off first ("repaired_bytes"). DIR belongs to one live run: rank 0 holds DIR/run.lock (a lock the
+kernel drops when its process dies) and a second run into DIR stops at once, naming the first.
+
+Failures end the run with one line and a non-zero exit: 2 for what the user can fix (arguments,
+--out, a full disk, a checkpoint that does not fit), 1 for a run that diverged (a non-finite loss
+or weights: nothing non-finite is ever checkpointed, see gobrrr.train_checks) or lost a rank
+(named by gobrrr.dist). Ranks started by torchrun exit within about a second of the launcher's
+death (gobrrr.dist.lifeline).
 """
 from __future__ import annotations
 
@@ -44,8 +53,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from gobrrr import rundir, train_checks as checks
 from gobrrr.checkpoint import CheckpointError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from gobrrr.data import CharCorpus, SyntheticTokens
+from gobrrr.dist import comm
+from gobrrr.dist.debug import CollectiveError, DistConfigError
 from gobrrr.models.gpt import GPT, GPTConfig
 from gobrrr.train_step import autocast_for, setup_model, train_step
 
@@ -83,6 +95,7 @@ class TrainConfig:
     lr: float = 1e-3                 # peak learning rate
     min_lr: float = 1e-4             # end of the cosine
     warmup: int | None = None        # linear warmup steps; default min(100, steps // 10)
+    warmup_default: bool = False     # warmup was not given: a resume keeps the checkpoint's (not one from --steps)
     weight_decay: float = 0.1
     grad_clip: float = 1.0           # max global gradient norm (0 = off)
     ckpt_every: int = 100            # checkpoint every M steps (and at the end)
@@ -96,8 +109,8 @@ class TrainConfig:
     compile_backend: str = "inductor"  # testing aid: "aot_eager" traces without generating code
 
     def __post_init__(self):
-        if self.warmup is None:
-            self.warmup = min(100, self.steps // 10)
+        if self.warmup is None:  # marked: a resumed run with a longer --steps keeps the run's own warmup
+            self.warmup, self.warmup_default = min(100, self.steps // 10), True
         for name in ("steps", "batch_size", "grad_accum", "ckpt_every", "log_every"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise TrainError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
@@ -107,6 +120,8 @@ class TrainConfig:
             raise TrainError(f"--zero must be 1, 2 or 3 (or 0 for ddp), got {self.zero}")
         if not 0 <= self.warmup <= self.steps:
             raise TrainError(f"--warmup {self.warmup} must be between 0 and --steps {self.steps}")
+        if (problem := checks.numbers_problem(self)) is not None:
+            raise TrainError(problem)
 
 
 # These must match between a checkpoint and the run resuming it, or the continuation is not the
@@ -161,12 +176,9 @@ def read_metrics(path: str | os.PathLike) -> dict[int, dict[str, Any]]:
     """metrics.jsonl as {step: record}; for a step logged twice (before a kill and after the resume)
     the later record wins. Event records ({"event": ...}) are skipped."""
     records: dict[int, dict[str, Any]] = {}
-    with open(path) as f:
-        for line in f:
-            if line.strip():
-                rec = json.loads(line)
-                if "event" not in rec:
-                    records[rec["step"]] = rec
+    for rec in rundir.read_jsonl(path):  # a torn last line (a crash mid-write) is skipped
+        if "event" not in rec:
+            records[rec["step"]] = rec
     return records
 
 
@@ -219,7 +231,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         raise TrainError("--device cuda was asked for but torch sees no GPU; use --device cpu")
     from gobrrr.dist import session  # the rank runtime (engineer D)
 
-    with session(device=device, seed=cfg.seed) as rank:
+    with session(device=device, seed=cfg.seed) as rank, rundir.claim(cfg.out, rank.is_main, rank.device):
         return _train(cfg, rank)
 
 
@@ -259,6 +271,11 @@ def _train(cfg: TrainConfig, rank) -> dict[str, Any]:
             data = make_data(cfg, model_cfg, T, rank.rank, W)
             setup_lines.append(f"batch size {B} per rank: the checkpoint's global batch {old_global} over {W} rank(s)")
         _check_resumable(state, cfg, W)
+        if not cfg.zero:  # with --zero the shards were loaded above (any world size and stage)
+            if (problem := checks.misfit(ckpt_path, state, raw, opt)) is not None:
+                raise TrainError(problem)
+            raw.load_state_dict(state["model"])
+            opt.load_state_dict(state["optimizer"])
         set_rng_state(state["rng"], device)
         start = state["step"]
         if data.check_state(state["data"]) != start * K:
@@ -278,9 +295,10 @@ def _train(cfg: TrainConfig, rank) -> dict[str, Any]:
     if main and cfg.progress and setup_lines:
         print("\n".join(setup_lines), file=sys.stderr, flush=True)
 
-    metrics = open(metrics_path, "a") if main else None
+    metrics = rundir.MetricsLog(metrics_path) if main else None  # whole records only; a torn tail is cut
     if main and start > 0:
-        metrics.write(json.dumps({"event": "resume", "step": start, "time": time.time()}) + "\n")
+        metrics.write(json.dumps({"event": "resume", "step": start, "time": time.time(),
+                                  "repaired_bytes": metrics.repaired_bytes}) + "\n")
         metrics.flush()
     progress = _Progress(main and cfg.progress, cfg.steps, start,
                          f"{cfg.model} x{W} {'cuda' if device.type == 'cuda' else 'cpu'}")
@@ -296,7 +314,7 @@ def _train(cfg: TrainConfig, rank) -> dict[str, Any]:
         if not pending:
             return
         both = torch.stack(pending)             # (n, 2): loss, grad norm per step
-        dist.all_reduce(both)                   # one collective per log interval, not per step
+        comm.all_reduce(both)                   # one collective per log interval, not per step (names a dead rank)
         rows = (both / W).tolist()              # sync: the one device->host read per log interval
         now = time.perf_counter()
         dt = (now - t_last) / (step - t_step) if step > t_step else None  # the first step is timed apart
@@ -336,13 +354,14 @@ def _train(cfg: TrainConfig, rank) -> dict[str, Any]:
             last = done == cfg.steps
             if done % cfg.log_every == 0 or done % cfg.ckpt_every == 0 or last:
                 flush(done)
+                checks.stop_if_diverged(logged, done - start, cfg)
             if cfg.zero and (done % cfg.ckpt_every == 0 or last):  # every rank writes its shards
                 save_zero_checkpoint(model, out, {"format": FORMAT, "step": done, "rng": rng_state(device),
                                                   "data": data.state_dict(done * K), "config": asdict(cfg),
-                                                  "world_size": W})
+                                                  "world_size": W}, cfg)
             elif done % cfg.ckpt_every == 0 or last:
-                error = None
-                if main:
+                error = checks.nonfinite_weights(raw, done, cfg)  # never checkpoint NaN/inf (a TP/ZeRO shard counts too)
+                if main and error is None:
                     try:
                         save_checkpoint({"format": FORMAT, "step": done, "model": raw.state_dict(),
                                          "optimizer": opt.state_dict(), "rng": rng_state(device),
@@ -351,9 +370,10 @@ def _train(cfg: TrainConfig, rank) -> dict[str, Any]:
                     except CheckpointError as e:
                         error = e
                 failed = torch.tensor([0.0 if error is None else 1.0], device=device)
-                dist.all_reduce(failed)  # every rank learns whether rank 0's write failed
+                comm.all_reduce(failed)  # every rank learns whether rank 0's write failed
                 if failed.item():  # sync: once per checkpoint, so all ranks stop together instead of hanging
-                    raise error or CheckpointError("rank 0 could not write the checkpoint; see its error message")
+                    raise error or CheckpointError("another rank could not check or write the checkpoint; see "
+                                                   "its error message")
             if cfg.crash_after_step == done:
                 os.kill(os.getpid(), signal.SIGKILL)  # testing aid: die like a killed job, no cleanup
     finally:
@@ -393,10 +413,20 @@ def zero_checkpoint(out: Path) -> Path | None:
     return latest(out / ZERO_CHECKPOINTS)
 
 
-def save_zero_checkpoint(model, out: Path, state: dict[str, Any]) -> None:
-    """Every rank writes its shards (DCP); rank 0 adds the trainer's state; atomic (see zero_ckpt)."""
+def save_zero_checkpoint(model, out: Path, state: dict[str, Any], cfg: TrainConfig) -> None:
+    """Every rank writes its shards (DCP); rank 0 adds the trainer's state; atomic (see zero_ckpt).
+    Never NaN/inf: each rank checks its own master shards and all ranks stop together."""
+    from types import SimpleNamespace
+
     from gobrrr.parallel.zero_ckpt import save
 
+    bad = checks.nonfinite_weights(SimpleNamespace(parameters=lambda: [f.master for f in model.order]),
+                                   state["step"], cfg)
+    flag = torch.tensor([0.0 if bad is None else 1.0], device=model.order[0].master.device)
+    dist.all_reduce(flag)  # every rank learns whether any shard diverged
+    if flag.item():  # sync: once per checkpoint
+        raise bad or checks.DivergedError(f"another rank's weights hold NaN/inf after step {state['step']}; "
+                                          "start a new run with a lower --lr or --grad-clip")
     try:
         save(model, out / ZERO_CHECKPOINTS, state["step"], extra=state)
     except OSError as e:
@@ -405,7 +435,8 @@ def save_zero_checkpoint(model, out: Path, state: dict[str, Any]) -> None:
 
 
 def load_model_state(out: Path, raw: GPT, model, opt, cfg: TrainConfig) -> dict[str, Any]:
-    """Restore model and optimizer from DIR's checkpoint (plain or sharded); return the trainer's state."""
+    """DIR's checkpoint: with --zero, load the shards into `model` and `opt` now and return the trainer's
+    state; without, return the plain checkpoint (the caller checks it fits, then loads it)."""
     ckpt = zero_checkpoint(out)
     if cfg.zero and ckpt is None:
         raise TrainError(f"{out} holds a ddp run ({CHECKPOINT}); resume it without --zero")
@@ -415,10 +446,7 @@ def load_model_state(out: Path, raw: GPT, model, opt, cfg: TrainConfig) -> dict[
         from gobrrr.parallel.zero_ckpt import load
 
         return load(model, out / ZERO_CHECKPOINTS)["extra"]  # any world size, any stage
-    state = load_checkpoint(out / CHECKPOINT)
-    raw.load_state_dict(state["model"])
-    opt.load_state_dict(state["optimizer"])
-    return state
+    return load_checkpoint(out / CHECKPOINT)
 
 
 def _first_step_done(t0: float, device: torch.device, compiled: bool, verbose: bool,
@@ -445,7 +473,13 @@ def _first_step_done(t0: float, device: torch.device, compiled: bool, verbose: b
 def _check_resumable(state: dict[str, Any], cfg: TrainConfig, world_size: int) -> None:
     if state.get("format") != FORMAT:
         raise TrainError(f"checkpoint format {state.get('format')!r} is not {FORMAT!r}; start a new run")
+    lacking = [k for k in ("step", "rng", "data", "config", "world_size") if k not in state]
+    if lacking:
+        raise TrainError(f"checkpoint lacks {', '.join(lacking)}: it is damaged or edited; restore a copy or "
+                         "start a new run")
     old = state["config"]
+    if cfg.warmup_default and "warmup" in old:  # --warmup not given: the run keeps its own (cfg is _train's copy)
+        cfg.warmup = old["warmup"]
     diffs = [f"--{k.replace('_', '-')} {old.get(k)} -> {getattr(cfg, k)}" for k in _SAME_ON_RESUME
              if old.get(k) != getattr(cfg, k)]
     old_global = old["batch_size"] * state["world_size"]
@@ -490,16 +524,19 @@ def parse_args(argv: list[str]) -> TrainConfig:
     p.add_argument("--crash-after-step", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--zero", type=int, default=0, help="ZeRO stage 1, 2 or 3 instead of ddp (sharded checkpoints)")
     args = p.parse_args(argv)
-    return TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)})
+    return TrainConfig(**{f.name: getattr(args, f.name, f.default) for f in fields(TrainConfig)})
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         train(parse_args(argv))
-    except (TrainError, CheckpointError) as e:
+    except (TrainError, CheckpointError, rundir.RunDirError, DistConfigError) as e:
         print(f"gobrrr train: error: {e}", file=sys.stderr)
         return 2
+    except (checks.DivergedError, CollectiveError) as e:  # the run failed: diverged, or a rank died (named)
+        print(f"gobrrr train: error: {e}", file=sys.stderr)
+        return 1
     return 0
 
 
