@@ -349,6 +349,10 @@ def test_world_size_one_is_the_same_code_path_and_state_dicts_round_trip():
             assert torch.equal(v, got[k]), (stage, k)
         x, y = batch(0, 0, ROWS)
         assert torch.equal(model(x, y)[1], other(x, y)[1])  # the compute parameters were updated too
+        if stage == 3:
+            with torch.no_grad():
+                model(x, y)  # evaluation: nothing stays gathered afterwards
+            assert all(u.state == "free" for u in [*model.units, model.root])
 
 
 def formulas_match_the_issue_table():

@@ -31,7 +31,7 @@ The schedule, phase by phase (units u0..uL-1 in forward order, root R):
   6. End of backward: wait for the reduce-scatters (CPU) or make compute wait for comm (GPU);
      free R and anything still gathered. Only shards remain: 16 psi / N bytes (mixed or fp32).
   7. `opt.step()` steps the masters and copies them into the compute shards; nothing is
-     gathered until the next forward.
+     gathered until the next forward. (A forward under torch.no_grad() frees R at its end.)
 
 Traffic per step per rank: forward psi + backward (psi - root's) + reduce-scatter psi; with
 reshard_after_forward=False the backward gathers are skipped (2 psi) and every unit stays
@@ -169,7 +169,10 @@ class Zero3(_ZeroBase):
         self._gather(self.root, wait=True)
         if self.units:
             self._gather(self.units[0], wait=False)  # overlap: u0's gather with the root's first layers
-        return super().forward(*args, **kwargs)
+        out = super().forward(*args, **kwargs)
+        if not torch.is_grad_enabled() and self.cfg.reshard_after_forward:
+            self._free(self.root)  # no backward follows (evaluation): back to shards only
+        return out
 
     def _pre_forward(self, u: Unit) -> None:
         self._gather(u, wait=True)
