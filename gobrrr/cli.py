@@ -16,7 +16,8 @@ COMMANDS = {
     "lint": ("gobrrr.device.lint", "static check for host-device anti-patterns (GB001-GB009)"),
     "doctor": ("gobrrr.doctor", "run a script under the profiler and show where the GPU waits"),
     "train": ("gobrrr.train", "train the reference GPT (works under torchrun)"),
-    "bench": (None, "benchmarks: " + ", ".join(["copy", "prefetch", "syncwatch", "comm", "p2p", "ddp", "train", "tp"])),
+    "bench": (None, "benchmarks: " + ", ".join(["copy", "prefetch", "syncwatch", "comm", "p2p", "ddp", "train",
+                                                 "zero", "tp"])),
 }
 
 # `gobrrr bench NAME` -> module under bench/ (each also runs as `python -m bench.MODULE`)
@@ -29,6 +30,7 @@ BENCHES = {
     "p2p": "bench.p2p",
     "ddp": "bench.ddp",
     "train": "bench.train",
+    "zero": "bench.zero",
     "tp": "bench.tp",
 }
 

@@ -15,7 +15,9 @@ One step, per rank (the same code at every world size; at world size 1 communica
   4. the loss stays on the device; every --log-every steps the stacked losses are averaged over
      ranks and read in one go (the only host-device sync in the loop), then appended to
      DIR/metrics.jsonl, one object per step;
-  5. every --ckpt-every steps rank 0 writes DIR/checkpoint.pt atomically (gobrrr.checkpoint).
+  5. every --ckpt-every steps rank 0 writes DIR/checkpoint.pt atomically (gobrrr.checkpoint);
+     with --zero 1|2|3 (gobrrr.parallel.zero instead of ddp) every rank writes its shards to
+     DIR/zero_checkpoints through torch.distributed.checkpoint, resumable at another world size.
 
 With --tp N the W ranks form a (W/N, N) mesh (gobrrr.parallel.mesh): the model is tensor-parallel
 over each group of N consecutive ranks (gobrrr.parallel.tp; --sequence-parallel adds SP) and ddp
@@ -108,6 +110,7 @@ class TrainConfig:
     seed: int = 0
     progress: bool = True            # progress bar / progress lines on rank 0
     crash_after_step: int | None = None  # testing aid: SIGKILL this process after that step
+    zero: int = 0                    # 0: ddp; 1|2|3: ZeRO stage (gobrrr.parallel.zero), sharded checkpoints
     compile: bool | None = None      # torch.compile the blocks; default on for a GPU, off for a CPU
     compile_backend: str = "inductor"  # testing aid: "aot_eager" traces without generating code
     tp: int = 1                      # tensor-parallel degree (gobrrr.parallel.tp); world = dp x tp
@@ -123,6 +126,11 @@ class TrainConfig:
             raise TrainError(f"--data must be 'shakespeare' or 'synthetic', got {self.data!r}")
         if self.tp < 1:
             raise TrainError(f"--tp must be >= 1, got {self.tp}")
+        if self.zero not in (0, 1, 2, 3):
+            raise TrainError(f"--zero must be 1, 2 or 3 (or 0 for ddp), got {self.zero}")
+        if self.tp > 1 and self.zero:
+            raise TrainError("--tp with --zero is not built yet (ZeRO's flat shards and checkpoints know no tp "
+                             "dimension); use --tp with ddp, or --zero without --tp")
         if not 0 <= self.warmup <= self.steps:
             raise TrainError(f"--warmup {self.warmup} must be between 0 and --steps {self.steps}")
         if (problem := checks.numbers_problem(self)) is not None:
@@ -262,13 +270,17 @@ def _train(cfg: TrainConfig, rank) -> dict[str, Any]:
     auto_batch = cfg.batch_size is None
     B, compiled, setup_lines = setup_model(raw, cfg, device, T)  # batch size, loss path, torch.compile
     cfg = replace(cfg, batch_size=B)
-    model, raw, dp_rank, DP = parallelize(raw, cfg, rank)
-    opt = make_optimizer(raw, cfg, device)
+    if cfg.tp > 1:  # a (dp, tp) mesh: tp() on tp, ddp on dp
+        model, raw, dp_rank, DP = parallelize(raw, cfg, rank)
+        opt = make_optimizer(raw, cfg, device)
+    else:
+        model, opt = wrap_model(raw, cfg, device)  # ddp, or ZeRO with --zero
+        dp_rank, DP = rank.rank, W
     data = make_data(cfg, model_cfg, T, dp_rank, DP)  # the tp ranks of one dp rank read the same rows
 
     start = 0
     tp_ckpt = latest_run(out)
-    if ckpt_path.exists() or tp_ckpt is not None:
+    if ckpt_path.exists() or zero_checkpoint(out) is not None or tp_ckpt is not None:
         if not cfg.resume:
             raise TrainError(f"{out} already holds a run ({CHECKPOINT if tp_ckpt is None else tp_ckpt.name}); "
                              "pass --resume to continue it or choose a new --out")
@@ -278,7 +290,7 @@ def _train(cfg: TrainConfig, rank) -> dict[str, Any]:
         if cfg.tp > 1:
             state = load_run(out, model, opt)  # every rank reads its shards, at any tp degree
         else:
-            state = load_checkpoint(ckpt_path)  # to host memory; load_state_dict copies onto the device
+            state = load_model_state(out, raw, model, opt, cfg)  # model + optimizer restored; the trainer's state
         old_global = state["config"]["batch_size"] * state["world_size"]
         if auto_batch and old_global % DP == 0 and old_global // DP != B:  # resume keeps the run's global batch
             B = old_global // DP
@@ -286,7 +298,7 @@ def _train(cfg: TrainConfig, rank) -> dict[str, Any]:
             data = make_data(cfg, model_cfg, T, dp_rank, DP)
             setup_lines.append(f"batch size {B} per rank: the checkpoint's global batch {old_global} over {DP} rank(s)")
         _check_resumable(state, cfg, DP)
-        if cfg.tp == 1:
+        if not cfg.zero and cfg.tp == 1:  # with --zero or --tp the shards were loaded above
             if (problem := checks.misfit(ckpt_path, state, raw, opt)) is not None:
                 raise TrainError(problem)
             raw.load_state_dict(state["model"])
@@ -360,6 +372,8 @@ def _train(cfg: TrainConfig, rank) -> dict[str, Any]:
             # x, y: (B, T) int64 each, already on the device; the step lives in gobrrr/train_step.py
             pending.append(train_step(model, opt, (next(batches) for _ in range(K)), accum=K, params=params,
                                       grad_clip=cfg.grad_clip, autocast=autocast, clip=clip))  # (2,): loss, norm
+            if cfg.zero and step == start and main and cfg.progress:  # gobrrr: ignore[GB007] (ints, not tensors)
+                print(model.step_report, file=sys.stderr, flush=True)  # gobrrr: ignore[GB003] (once: bytes held)
             progress.advance()
             done = step + 1
             if step == start:
@@ -369,7 +383,11 @@ def _train(cfg: TrainConfig, rank) -> dict[str, Any]:
             if done % cfg.log_every == 0 or done % cfg.ckpt_every == 0 or last:
                 flush(done)
                 checks.stop_if_diverged(logged, done - start, cfg)
-            if done % cfg.ckpt_every == 0 or last:
+            if cfg.zero and (done % cfg.ckpt_every == 0 or last):  # every rank writes its shards
+                save_zero_checkpoint(model, out, {"format": FORMAT, "step": done, "rng": rng_state(device),
+                                                  "data": data.state_dict(done * K), "config": asdict(cfg),
+                                                  "world_size": W}, cfg)
+            elif done % cfg.ckpt_every == 0 or last:
                 error = checks.nonfinite_weights(raw, done, cfg)  # never checkpoint NaN/inf (a TP/ZeRO shard counts too)
                 if cfg.tp > 1:  # every rank writes its shards (DCP), once all have finite weights
                     error = _save_tp_run(save_run, out, model, opt, error, {
@@ -408,6 +426,61 @@ def _train(cfg: TrainConfig, rank) -> dict[str, Any]:
     return {"step": cfg.steps, "losses": logged, "tokens_per_s": tok_s, "mfu": mfu, "peak": peak}
 
 
+ZERO_CHECKPOINTS = "zero_checkpoints"  # DIR/zero_checkpoints/{latest, step-<s>.<ns>/}: sharded (DCP)
+
+
+def wrap_model(raw: GPT, cfg: TrainConfig, device: torch.device):
+    """(model, optimizer): `ddp` with AdamW, or with --zero S, `zero(..., stage=S)` (bf16 parameters on a GPU)."""
+    from gobrrr.parallel import ddp, zero
+
+    if not cfg.zero:
+        return ddp(raw), make_optimizer(raw, cfg, device)
+    return zero(raw, lambda m: make_optimizer(m, cfg, device), stage=cfg.zero,
+                param_dtype=torch.bfloat16 if device.type == "cuda" else None)
+
+
+def zero_checkpoint(out: Path) -> Path | None:
+    from gobrrr.parallel.zero_ckpt import latest
+
+    return latest(out / ZERO_CHECKPOINTS)
+
+
+def save_zero_checkpoint(model, out: Path, state: dict[str, Any], cfg: TrainConfig) -> None:
+    """Every rank writes its shards (DCP); rank 0 adds the trainer's state; atomic (see zero_ckpt).
+    Never NaN/inf: each rank checks its own master shards and all ranks stop together."""
+    from types import SimpleNamespace
+
+    from gobrrr.parallel.zero_ckpt import save
+
+    bad = checks.nonfinite_weights(SimpleNamespace(parameters=lambda: [f.master for f in model.order]),
+                                   state["step"], cfg)
+    flag = torch.tensor([0.0 if bad is None else 1.0], device=model.order[0].master.device)
+    dist.all_reduce(flag)  # every rank learns whether any shard diverged
+    if flag.item():  # sync: once per checkpoint
+        raise bad or checks.DivergedError(f"another rank's weights hold NaN/inf after step {state['step']}; "
+                                          "start a new run with a lower --lr or --grad-clip")
+    try:
+        save(model, out / ZERO_CHECKPOINTS, state["step"], extra=state)
+    except OSError as e:
+        raise CheckpointError(f"could not write the sharded checkpoint in {out / ZERO_CHECKPOINTS}: {e}; the "
+                              "previous one is untouched; check the disk") from e
+
+
+def load_model_state(out: Path, raw: GPT, model, opt, cfg: TrainConfig) -> dict[str, Any]:
+    """DIR's checkpoint: with --zero, load the shards into `model` and `opt` now and return the trainer's
+    state; without, return the plain checkpoint (the caller checks it fits, then loads it)."""
+    ckpt = zero_checkpoint(out)
+    if cfg.zero and ckpt is None:
+        raise TrainError(f"{out} holds a ddp run ({CHECKPOINT}); resume it without --zero")
+    if not cfg.zero and ckpt is not None:
+        raise TrainError(f"{out} holds a --zero run (sharded checkpoint); resume it with --zero 1, 2 or 3")
+    if cfg.zero:
+        from gobrrr.parallel.zero_ckpt import load
+
+        return load(model, out / ZERO_CHECKPOINTS)["extra"]  # any world size, any stage
+    return load_checkpoint(out / CHECKPOINT)
+
+
 def _first_step_done(t0: float, device: torch.device, compiled: bool, verbose: bool,
                      given_batch: tuple[int, int] | None, n_params: int) -> float:
     """Time the first step apart (torch.compile, allocator and cuBLAS warm-up) and say so on its own line;
@@ -430,12 +503,9 @@ def _first_step_done(t0: float, device: torch.device, compiled: bool, verbose: b
 
 
 def parallelize(raw: GPT, cfg: TrainConfig, rank):
-    """(model, raw, dp_rank, dp_size): ddp over every rank; with --tp N, tp() over each group of N
-    consecutive ranks of a (W/N, N) mesh and ddp over the other dimension (raw is then the sharded GPT)."""
+    """--tp N: (model, raw, dp_rank, dp_size) with tp() over each group of N consecutive ranks of a
+    (W/N, N) mesh and ddp over the other dimension (raw is then the sharded GPT)."""
     from gobrrr.parallel import ddp
-
-    if cfg.tp == 1:
-        return ddp(raw), raw, rank.rank, rank.world_size
     from gobrrr.parallel.mesh import MeshError, make_mesh
     from gobrrr.parallel.tp import TPError, tp
     from gobrrr.parallel.tp_report import comm_plan
@@ -527,6 +597,7 @@ def parse_args(argv: list[str]) -> TrainConfig:
     p.add_argument("--no-compile", dest="compile", action="store_false", help="run eagerly")
     p.add_argument("--compile-backend", default=d.compile_backend, help=argparse.SUPPRESS)
     p.add_argument("--crash-after-step", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--zero", type=int, default=0, help="ZeRO stage 1, 2 or 3 instead of ddp (sharded checkpoints)")
     p.add_argument("--tp", type=int, default=d.tp, help="tensor-parallel degree: world size = dp x tp (torchrun)")
     p.add_argument("--sequence-parallel", action="store_true", help="with --tp: sequence parallelism as well")
     args = p.parse_args(argv)

@@ -152,7 +152,9 @@ def train_step(model: nn.Module, opt: torch.optim.Optimizer, micro_batches: Iter
                 _, loss = model(x, y)
             (loss / accum).backward()
         loss_sum += loss.detach()
-    if grad_clip > 0:
+    if grad_clip > 0 and hasattr(opt, "clip_grad_norm_"):  # ZeRO: the global norm over every rank's shards
+        norm = opt.clip_grad_norm_(grad_clip)
+    elif grad_clip > 0:
         norm = (clip or torch.nn.utils.clip_grad_norm_)(params, grad_clip)  # foreach kernels on a GPU
     else:
         norm = torch.zeros((), device=device)
