@@ -175,10 +175,14 @@ class HotMap:
         self.step_loops: set[int] = set()        # id(loop)
         self.off_ifs: set[int] = set()           # id(If) whose body is rare
         self.hooks: set[int] = set()             # id(def) of per-step framework hooks
+        self.step_fns: set[int] = set()          # id(def) of methods (or looped functions) that step once
         self.hot_calls: dict[int, tuple[ast.AST, int]] = {}   # id(def) -> (def, line of first hot call)
         self.call_targets: dict[int, ast.AST] = {}            # id(Call) in hot code -> the def it calls
         self.timed: set[int] = set()             # lines of synchronize() calls used for timing
         self.bench_file = is_bench_name(path)   # benchmarks/..., bench_attention.py, param_bench/...
+        self.classes = {c.name: c for c in ast.walk(tree) if isinstance(c, ast.ClassDef)}
+        self.in_loops = {name_of(n.func) for loop in ast.walk(tree) if isinstance(loop, _LOOPS)
+                         for n in ast.walk(loop) if isinstance(n, ast.Call)}
         self._steps(tree)
         self._walk(tree.body, False, [_defs(tree.body)], None)
         self._timed(tree)
@@ -216,9 +220,14 @@ class HotMap:
             is_hook = cls is not None and node.name in STEP_HOOKS
             if is_hook:
                 self.hooks.add(id(node))
-            return self._walk(node.body, is_hook, [*defs, _defs(node.body)], cls)
+            elif node.name in self.stepping and (cls is not None or node.name in self.in_loops) \
+                    and any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "step"
+                            and _OPTIM.search(name_of(n.func.value) or "") for n in _own_level(node.body)):
+                self.step_fns.add(id(node))   # `def run_step(self): ... loss.backward(); opt.step()`: runs per step
+            hot_fn = is_hook or id(node) in self.step_fns
+            return self._walk(node.body, hot_fn, [*defs, _defs(node.body)], cls)
         if isinstance(node, ast.ClassDef):
-            return self._walk(node.body, False, defs, _defs(node.body))
+            return self._walk(node.body, False, defs, self._class_defs(node))
         if isinstance(node, _LOOPS):
             self._expr(node.iter if not isinstance(node, ast.While) else node.test, hot, defs, cls)
             inner = hot or id(node) in self.step_loops
@@ -257,15 +266,40 @@ class HotMap:
         for n in ast.walk(node):
             if not isinstance(n, ast.Call):
                 continue
-            target = None
-            if isinstance(n.func, ast.Name):
-                target = next((d[n.func.id] for d in reversed(defs) if n.func.id in d), None)
-            elif isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name) \
-                    and n.func.value.id == "self" and cls:
-                target = cls.get(n.func.attr)
+            target = self._target(n, defs, cls)
             if isinstance(target, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 self.call_targets[id(n)] = target
                 self.hot_calls.setdefault(id(target), (target, n.lineno))
+                inner = _forwarded(target)   # `def _write_metrics(self, d): Trainer.write_metrics(d)`
+                inner_target = self._target(inner, [_defs(target.body), *defs], cls) if inner else None
+                if isinstance(inner_target, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    self.call_targets[id(inner)] = inner_target
+                    self.hot_calls.setdefault(id(inner_target), (inner_target, n.lineno))
+
+    def _target(self, n: ast.Call, defs: list[dict], cls: dict | None):
+        """The same-file def a call runs: `helper(x)`, `self.helper(x)` (also inherited from a class of
+        this file), `Trainer.helper(x)`; None if it is not one."""
+        f = n.func
+        if isinstance(f, ast.Name):
+            return next((d[f.id] for d in reversed(defs) if f.id in d), None)
+        if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name):
+            if f.value.id == "self" and cls:
+                return cls.get(f.attr)
+            if f.value.id in self.classes:
+                return self._class_defs(self.classes[f.value.id]).get(f.attr)
+        return None
+
+    def _class_defs(self, node: ast.ClassDef, seen=None) -> dict[str, ast.AST]:
+        """A class's methods with those it inherits from classes of the same file (its own first)."""
+        seen = seen or set()
+        seen.add(node.name)
+        out: dict[str, ast.AST] = {}
+        for base in node.bases:
+            b = self.classes.get(name_of(base))
+            if b is not None and b.name not in seen:
+                out.update(self._class_defs(b, seen))
+        out.update(_defs(node.body))
+        return out
 
     def rare(self, node: ast.If) -> bool:
         """The body runs on few iterations: rate-limited, first/last, a flag, a timer; and it does
@@ -309,6 +343,14 @@ class HotMap:
                     near = body[max(0, i - 1):i] + body[i + 1:i + 2]
                     if any(_calls(s, _TIMER.search) for s in near):
                         self.timed.add(stmt.lineno)
+
+
+def _forwarded(fn: ast.AST) -> ast.Call | None:
+    """The call a one-statement wrapper hands its work to (`return helper(x)`), else None."""
+    body = [s for s in fn.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+    if len(body) == 1 and isinstance(body[0], (ast.Expr, ast.Return)) and isinstance(body[0].value, ast.Call):
+        return body[0].value
+    return None
 
 
 def _lazy_init(node: ast.If) -> bool:

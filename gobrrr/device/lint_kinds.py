@@ -188,6 +188,8 @@ class Kinds:
             root, _, last = name.rpartition(".")
             if last == "DataLoader":
                 return self.loader_kind(node)
+            if last == "Variable" and node.args:
+                return self.kind(node.args[0])   # torch.autograd.Variable(t) (old PyTorch) is t
             if last in LOADERS_PINNED:
                 if last == "Prefetcher" and self.device_of(_arg(node, 1, "device")) != "cpu":
                     return "loader_device"

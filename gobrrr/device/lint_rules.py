@@ -148,7 +148,8 @@ class Checker(Kinds, ast.NodeVisitor):
                 self.visit(d)
         saved = (self.region, self.loaders, self.scope_node, self.via)
         hook = id(node) in self.hotmap.hooks
-        self.region, self.loaders, self.scope_node, self.via = region or ("hot" if hook else None), [], node, via
+        per_step = hook or id(node) in self.hotmap.step_fns
+        self.region, self.loaders, self.scope_node, self.via = region or ("hot" if per_step else None), [], node, via
         self.functions.append(node.name)
         scope: dict[str, str | None] = {}
         args = node.args
@@ -371,6 +372,9 @@ class Checker(Kinds, ast.NodeVisitor):
                 self.flag(node, "GB009", what=_short(node))
         elif method == "copy_" and nb_true and node.args and self.kind(node.args[0]) in ("host", "batch_host"):
             self.flag(node, "GB005")
+        elif method == "copy_" and blocking and node.args and recv in TENSORISH and self.looping() \
+                and self.kind(node.args[0]) in BATCHES:
+            self.flag(node, "GB009", what=_short(node))   # x_dev.copy_(batch): a blocking copy into a device buffer
 
         if self.looping():
             self.sync_rules(node, func, name, method, recv, kw)
@@ -440,8 +444,9 @@ class Checker(Kinds, ast.NodeVisitor):
         self.generic_visit(node)
 
     def visit_BinOp(self, node: ast.BinOp) -> None:
+        right = node.right.elts if isinstance(node.right, ast.Tuple) else [node.right]
         if self.looping() and isinstance(node.op, ast.Mod) and self.kind(node.left) == "str" \
-                and self.kind(node.right) in TENSORISH:
+                and any(self.kind(r) in TENSORISH for r in right):   # "%.4f %.4f" % (loss, acc)
             self.flag(node, "GB003", what="formatting")
         self.generic_visit(node)
 
@@ -482,6 +487,9 @@ def _moves_to_cuda(loop: ast.AST, checker: Checker) -> bool:
         if isinstance(n, ast.Assign) and root_name(n.value) in targets:
             targets |= {t.id for tgt in n.targets for t in ast.walk(tgt) if isinstance(t, ast.Name)}
     for n in ast.walk(loop):
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "copy_" and n.args \
+                and root_name(n.args[0]) in targets and checker.kind(n.func.value) in TENSORISH:
+            return True   # x_dev.copy_(batch)
         if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in ("to", "cuda"):
             if root_name(n.func.value) in targets and checker.copy_target(n) == "cuda" \
                     and not checker.is_model(n.func.value):
