@@ -173,6 +173,7 @@ class HotMap:
         self.models = _model_names(tree)
         self.stepping = self._stepping(tree)     # names of same-file functions that call backward / step
         self.step_loops: set[int] = set()        # id(loop)
+        self.update_loops: set[int] = set()      # id(loop) of the step loops that train (backward / step)
         self.off_ifs: set[int] = set()           # id(If) whose body is rare
         self.hooks: set[int] = set()             # id(def) of per-step framework hooks
         self.step_fns: set[int] = set()          # id(def) of methods (or looped functions) that step once
@@ -202,6 +203,8 @@ class HotMap:
                 return inner and not isinstance(node, _DEFS)
             kinds = {step_kind(n, self.models, self.stepping) for n in _own_level(node.body, self.rare)
                      if isinstance(n, ast.Call)}
+            if "update" in kinds:
+                self.update_loops.add(id(node))
             if "update" in kinds or ("forward" in kinds and not inner):
                 self.step_loops.add(id(node))
                 return True

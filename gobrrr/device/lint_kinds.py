@@ -58,9 +58,10 @@ VIEW_METHODS = {"view", "reshape", "narrow", "squeeze", "unsqueeze", "flatten", 
                 "expand", "select", "split", "chunk", "unbind", "detach", "view_as", "contiguous"}
 DTYPE_METHODS = {"float", "half", "bfloat16", "double", "long", "int", "short", "bool", "byte", "char", "type_as"}
 DATA_DEPENDENT = {"nonzero", "unique", "unique_consecutive", "masked_select", "argwhere"}
+DEVICE_WRAPPERS = {"prepare", "prepare_data_loader", "setup_dataloaders"}   # accelerate / Lightning Fabric
 LOADERS_PINNED = {"Prefetcher", "PinnedWorkerLoader", "from_dataloader"}
 TENSORISH = {"tensor", "mask"}
-BATCHES = {"batch_host", "batch_pinned", "batch"}
+BATCHES = {"batch_host", "batch_pinned", "batch", "batch_tok"}   # batch_tok: a tokenizer's return_tensors="pt" output
 HOSTISH = {"num", "host", "pinned", "numpy", "str", "obj", "loader_pinned", "loader_pageable", "loader_device",
            "loader", *BATCHES}
 # what iterating (or unpacking) a value of one kind gives
@@ -68,6 +69,7 @@ ITEM_KIND = {"loader_pageable": "batch_host", "loader_pinned": "batch_pinned", "
              "loader": "batch", "host": "host", "pinned": "pinned", "tensor": "tensor", "mask": "tensor",
              "batch_host": "batch_host", "batch_pinned": "batch_pinned", "batch": "batch", "numpy": "numpy"}
 _DATA_WORDS = {"data", "dataset", "ds", "batches", "train", "val", "valid", "test", "eval", "dl"}
+_TOKENIZER = re.compile(r"tokeni[sz]er|processor|feature_extractor|^tok$", re.I)
 _LOADER_NAME = re.compile(r"loader|dataloader|_dl$|^dl$|batches$", re.I)
 
 
@@ -78,6 +80,7 @@ class Kinds:
         self.scopes: list[dict[str, str | None]] = [{}]
         self.aliases: dict[str, str] = {}       # local name -> module or object path ("F" -> torch.nn.functional)
         self.models: set[str] = set()           # names assigned a module in this file (from lint_hot)
+        self.self_attrs: dict[str, str | None] = {}   # `self.loss = ...` anywhere in the file: attr -> kind
 
     def lookup(self, name: str) -> str | None:
         for scope in reversed(self.scopes):
@@ -88,6 +91,10 @@ class Kinds:
     def bind(self, target: ast.AST, kind: str | None) -> None:
         if isinstance(target, ast.Name):
             self.scopes[-1][target.id] = kind
+        elif isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self":
+            # one kind per attribute name in the file; two different kinds leave it unknown
+            old = self.self_attrs.get(target.attr, kind)
+            self.self_attrs[target.attr] = kind if old == kind or (old == "num" and kind in ("obj",)) else None
         elif isinstance(target, (ast.Tuple, ast.List)):
             for t in target.elts:
                 self.bind(t.value if isinstance(t, ast.Starred) else t, ITEM_KIND.get(kind))
@@ -107,7 +114,8 @@ class Kinds:
         """A module by its name (`model`, `self.net`) or by what was assigned to it (`m = resnet50()`)."""
         if isinstance(node, (ast.Name, ast.Attribute)):
             n = name_of(node)
-            return is_model_name(n) or n in self.models or (isinstance(node, ast.Name) and self.lookup(n) == "obj")
+            return is_model_name(n) or n in self.models or (isinstance(node, ast.Name) and self.lookup(n) == "obj") \
+                or (isinstance(node, ast.Attribute) and self.kind(node) == "obj")
         return False
 
     # -- what an expression holds
@@ -151,6 +159,8 @@ class Kinds:
         if isinstance(node, ast.Attribute):
             if node.attr in NUMBER_ATTRS:
                 return "num"
+            if isinstance(node.value, ast.Name) and node.value.id == "self" and node.attr in self.self_attrs:
+                return self.self_attrs[node.attr]
             if node.attr == "grad":
                 return "tensor"  # a parameter's gradient
             k = self.kind(node.value)
@@ -171,6 +181,10 @@ class Kinds:
     def call_kind(self, node: ast.Call) -> str | None:
         func = node.func
         name = self.dotted(func)
+        if any(k.arg == "return_tensors" for k in node.keywords) and (
+                _TOKENIZER.search(name_of(func)) or (isinstance(func, ast.Attribute) and _TOKENIZER.search(
+                    name_of(func.value)))):
+            return "batch_tok"   # tokenizer(texts, return_tensors="pt"): a fresh host batch, pageable
         if isinstance(func, ast.Name):
             if func.id in NUM_BUILTINS:
                 return "num"
@@ -178,7 +192,7 @@ class Kinds:
                 return "tensor" if {self.kind(a) for a in node.args} & TENSORISH else "num"
             if func.id in ("str", "repr", "format"):
                 return "str"
-            if func.id in ("tqdm", "iter", "progress_bar", "trange") and node.args:
+            if func.id in ("tqdm", "iter", "progress_bar", "trange", "cycle", "islice") and node.args:
                 k = self.iter_kind(node.args[0])
                 return k if k and k.startswith("loader") else None   # a wrapped loader is a loader
             if func.id == "next" and node.args:
@@ -218,6 +232,10 @@ class Kinds:
                 return None
             if last[:1].isupper():
                 return "obj"  # a class: a module, a meter, a config; not a tensor
+        if isinstance(func, ast.Attribute) and func.attr in DEVICE_WRAPPERS and len(node.args) == 1:
+            k = self.iter_kind(node.args[0])
+            if k and k.startswith("loader"):
+                return "loader_device"   # accelerator.prepare(loader): its batches arrive on the device
         if isinstance(func, ast.Attribute):
             return self.method_kind(node, func)
         if self.is_model(func) or re.search(r"loss|criterion", name_of(func), re.I):

@@ -19,7 +19,7 @@ import ast
 from dataclasses import asdict, dataclass
 
 from gobrrr.device.lint_hot import HotMap, is_bench_name, is_model_name, iterates, name_of, own_nodes, root_name
-from gobrrr.device.lint_kinds import (BATCHES, DATA_DEPENDENT, DTYPE_METHODS, FACTORIES, HOSTISH, LOADERS_PINNED,
+from gobrrr.device.lint_kinds import (BATCHES, DATA_DEPENDENT, DEVICE_WRAPPERS, DTYPE_METHODS, FACTORIES, HOSTISH, LOADERS_PINNED,
                                       TENSORISH, VIEW_METHODS, Kinds)
 
 RULES = {
@@ -92,6 +92,7 @@ class Checker(Kinds, ast.NodeVisitor):
         self.via: int | None = None             # the line a revisited helper is called from
         self.call_args: dict[int, dict[str, str | None]] = {}   # id(def) -> parameter kinds at a hot call
         self.callers: dict[int, str] = {}                        # id(def) -> the function of that call
+        self.loop_stack: list[int] = []                          # id() of the enclosing loops
 
     # -- reporting
     def flag(self, node: ast.AST, rule: str, hot: bool | None = None, **fmt) -> None:
@@ -107,6 +108,11 @@ class Checker(Kinds, ast.NodeVisitor):
         if old is None or (hot and not old.hot):
             self.findings[key] = Finding(self.path, node.lineno, node.col_offset + 1, rule, message, fix, hot)
             self.spans[key] = range(node.lineno, (getattr(node, "end_lineno", None) or node.lineno) + 1)
+
+    def updating(self) -> bool:
+        """In a loop that trains (backward / optimizer step), or in a helper or hook of one: not a
+        generation or inference loop, where a small per-prompt copy is not worth a finding."""
+        return self.via is not None or not self.loop_stack or self.loop_stack[-1] in self.hotmap.update_loops
 
     def looping(self) -> bool:
         return self.region in ("hot", "cold")
@@ -195,6 +201,15 @@ class Checker(Kinds, ast.NodeVisitor):
         self.visit(node.value)
         for t in node.targets:
             self.visit_target(t)
+        value = node.value
+        if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) \
+                and value.func.attr in DEVICE_WRAPPERS and len(node.targets) == 1 \
+                and isinstance(node.targets[0], ast.Tuple) and len(node.targets[0].elts) == len(value.args):
+            # model, opt, loader = accelerator.prepare(model, opt, loader): the loader yields device batches
+            for t, a in zip(node.targets[0].elts, value.args):
+                k = self.iter_kind(a)
+                self.bind(t, "loader_device" if k and k.startswith("loader") else self.kind(a))
+            return
         if isinstance(node.value, ast.Tuple) and all(isinstance(t, ast.Tuple) for t in node.targets):
             for t in node.targets:
                 for a, v in zip(t.elts, node.value.elts):
@@ -270,8 +285,10 @@ class Checker(Kinds, ast.NodeVisitor):
         saved = self.region
         if saved != "hot":
             self.region = "hot" if id(node) in self.hotmap.step_loops else ("off" if saved == "off" else "cold")
+        self.loop_stack.append(id(node))
         for part in (*every_iteration, *node.body):
             self.visit(part)
+        self.loop_stack.pop()
         self.region = saved
         for stmt in node.orelse:
             self.visit(stmt)
@@ -368,7 +385,7 @@ class Checker(Kinds, ast.NodeVisitor):
             elif nb_true and recv in ("host", "batch_host"):
                 self.flag(node, "GB005")
             # GB009: a loader's batch copied with a blocking copy, every step
-            if recv in BATCHES and blocking and self.looping():
+            if recv in BATCHES and blocking and self.looping() and (recv != "batch_tok" or self.updating()):
                 self.flag(node, "GB009", what=_short(node))
         elif method == "copy_" and nb_true and node.args and self.kind(node.args[0]) in ("host", "batch_host"):
             self.flag(node, "GB005")
