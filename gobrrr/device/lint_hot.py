@@ -185,6 +185,7 @@ class HotMap:
         self.in_loops = {name_of(n.func) for loop in ast.walk(tree) if isinstance(loop, _LOOPS)
                          for n in ast.walk(loop) if isinstance(n, ast.Call)}
         self._steps(tree)
+        self.off_tails = self._off_tails(tree)   # id(stmt) after `if not should_log(step): return`
         self._walk(tree.body, False, [_defs(tree.body)], None)
         self._timed(tree)
 
@@ -214,7 +215,7 @@ class HotMap:
     # -- hot regions and the same-file calls made from them
     def _walk(self, body, hot: bool, defs: list[dict], cls: dict | None) -> None:
         for stmt in body:
-            self._stmt(stmt, hot, defs, cls)
+            self._stmt(stmt, hot and id(stmt) not in self.off_tails, defs, cls)
 
     def _stmt(self, node: ast.AST, hot: bool, defs: list[dict], cls: dict | None) -> None:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -309,7 +310,11 @@ class HotMap:
         not hold the optimizer step (`if (i + 1) % accum == 0: opt.step()` is the step itself)."""
         if _ends_flow(node.body) or _lazy_init(node):
             return True
-        test = node.test
+        return self._rate_limited(node.test, node.body)
+
+    def _rate_limited(self, test: ast.AST, body: list[ast.stmt]) -> bool:
+        """The test passes on few iterations (`step % N == 0`, a log/eval flag, a timer) and `body`
+        does not hold the optimizer step."""
         rare = False
         for n in ast.walk(test):
             if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod):
@@ -323,11 +328,32 @@ class HotMap:
                 rare = True
         if not rare:
             return False
-        for stmt in node.body:   # the accumulation boundary is hot, not rare
+        for stmt in body:   # the accumulation boundary is hot, not rare
             for n in _own_level([stmt]):
                 if isinstance(n, ast.Call) and step_kind(n, self.models, self.stepping) == "update":
                     return False
         return True
+
+    def _off_tails(self, tree: ast.AST) -> set[int]:
+        """Statements after a guard that leaves on most steps (`if not log_now: return`,
+        `if step % N != 0: continue`): they run on the rare steps only."""
+        out: set[int] = set()
+        for node in ast.walk(tree):
+            for field in ("body", "orelse", "finalbody"):
+                body = getattr(node, field, None)
+                if not isinstance(body, list):
+                    continue
+                for i, stmt in enumerate(body):
+                    if not (isinstance(stmt, ast.If) and not stmt.orelse and stmt.body
+                            and isinstance(stmt.body[-1], (ast.Return, ast.Continue))):
+                        continue
+                    t = stmt.test
+                    inner = t.operand if isinstance(t, ast.UnaryOp) and isinstance(t.op, ast.Not) else (
+                        t if isinstance(t, ast.Compare) and any(isinstance(o, ast.NotEq) for o in t.ops) else None)
+                    if inner is not None and self._rate_limited(inner, body[i + 1:]):
+                        out |= {id(s) for s in body[i + 1:]}
+                        break
+        return out
 
     # -- synchronize() next to a timer read, or in a loop that reads one: measurement
     def _timed(self, tree: ast.AST) -> None:

@@ -140,7 +140,7 @@ class Kinds:
                 return "mask" if isinstance(node.op, (ast.BitAnd, ast.BitOr, ast.BitXor)) else "tensor"
             if kinds <= {"num"}:
                 return "num"
-            if "str" in kinds and isinstance(node.op, (ast.Mod, ast.Add)):
+            if "str" in kinds and isinstance(node.op, (ast.Mod, ast.Add, ast.Mult)):
                 return "str"
             return "host" if kinds & ({"host"} | BATCHES) else None
         if isinstance(node, ast.Compare):
@@ -194,7 +194,10 @@ class Kinds:
                 return "str"
             if func.id in ("tqdm", "iter", "progress_bar", "trange", "cycle", "islice") and node.args:
                 k = self.iter_kind(node.args[0])
-                return k if k and k.startswith("loader") else None   # a wrapped loader is a loader
+                return k if k and k.startswith(("loader", "enum_")) else None   # a wrapped loader is a loader
+            if func.id == "enumerate" and node.args:
+                k = self.iter_kind(node.args[0])
+                return "enum_" + k if k and k.startswith("loader") else None   # pbar = enumerate(loader)
             if func.id == "next" and node.args:
                 k = self.iter_kind(node.args[0])
                 return ITEM_KIND.get(k) if k and k.startswith("loader") else None

@@ -19,7 +19,7 @@ import ast
 from dataclasses import asdict, dataclass
 
 from gobrrr.device.lint_hot import HotMap, is_bench_name, is_model_name, iterates, name_of, own_nodes, root_name
-from gobrrr.device.lint_kinds import (BATCHES, DATA_DEPENDENT, DEVICE_WRAPPERS, DTYPE_METHODS, FACTORIES, HOSTISH, LOADERS_PINNED,
+from gobrrr.device.lint_kinds import (BATCHES, DATA_DEPENDENT, DEVICE_WRAPPERS, ITEM_KIND, DTYPE_METHODS, FACTORIES, HOSTISH, LOADERS_PINNED,
                                       TENSORISH, VIEW_METHODS, Kinds)
 
 RULES = {
@@ -113,6 +113,11 @@ class Checker(Kinds, ast.NodeVisitor):
         """In a loop that trains (backward / optimizer step), or in a helper or hook of one: not a
         generation or inference loop, where a small per-prompt copy is not worth a finding."""
         return self.via is not None or not self.loop_stack or self.loop_stack[-1] in self.hotmap.update_loops
+
+    def visit(self, node: ast.AST):
+        if self.region != "off" and id(node) in self.hotmap.off_tails:
+            return self.visit_off(node)   # after `if not should_log(step): return`
+        return super().visit(node)
 
     def looping(self) -> bool:
         return self.region in ("hot", "cold")
@@ -266,6 +271,9 @@ class Checker(Kinds, ast.NodeVisitor):
             if method == "values" and recv in BATCHES | TENSORISH:
                 return self.bind(target, recv)
         k = self.iter_kind(it, unpacked=isinstance(target, ast.Tuple))
+        if k and k.startswith("enum_") and isinstance(target, ast.Tuple) and len(target.elts) == 2:
+            self.bind(target.elts[0], "num")   # for i, batch in pbar (pbar = tqdm(enumerate(loader)))
+            return self.bind(target.elts[1], ITEM_KIND.get(k[5:]))
         self.bind(target, {"loader_pageable": "batch_host", "loader_pinned": "batch_pinned", "loader": "batch",
                            "loader_device": "tensor"}.get(k, k if k in ("numpy", "host", "pinned", "tensor", "mask",
                                                                          *BATCHES) else None))
@@ -461,7 +469,8 @@ class Checker(Kinds, ast.NodeVisitor):
         self.generic_visit(node)
 
     def visit_BinOp(self, node: ast.BinOp) -> None:
-        right = node.right.elts if isinstance(node.right, ast.Tuple) else [node.right]
+        right = [e.value if isinstance(e, ast.Starred) else e for e in node.right.elts] \
+            if isinstance(node.right, ast.Tuple) else [node.right]   # "%.4g %.4g" % (*mloss, n)
         if self.looping() and isinstance(node.op, ast.Mod) and self.kind(node.left) == "str" \
                 and any(self.kind(r) in TENSORISH for r in right):   # "%.4f %.4f" % (loss, acc)
             self.flag(node, "GB003", what="formatting")
