@@ -60,7 +60,7 @@ DTYPE_METHODS = {"float", "half", "bfloat16", "double", "long", "int", "short", 
 DATA_DEPENDENT = {"nonzero", "unique", "unique_consecutive", "masked_select", "argwhere"}
 DEVICE_WRAPPERS = {"prepare", "prepare_data_loader", "setup_dataloaders"}   # accelerate / Lightning Fabric
 LOADERS_PINNED = {"Prefetcher", "PinnedWorkerLoader", "from_dataloader"}
-TENSORISH = {"tensor", "mask"}
+TENSORISH = {"tensor", "mask", "generated"}   # generated: model.generate()'s tokens, made to be read on the host
 BATCHES = {"batch_host", "batch_pinned", "batch", "batch_tok"}   # batch_tok: a tokenizer's return_tensors="pt" output
 HOSTISH = {"num", "host", "pinned", "numpy", "str", "obj", "loader_pinned", "loader_pageable", "loader_device",
            "loader", *BATCHES}
@@ -144,8 +144,9 @@ class Kinds:
                 return "str"
             return "host" if kinds & ({"host"} | BATCHES) else None
         if isinstance(node, ast.Compare):
-            if any(isinstance(op, (ast.Is, ast.IsNot, ast.In, ast.NotIn)) for op in node.ops):
-                return "num"
+            if any(isinstance(op, (ast.Is, ast.IsNot, ast.In, ast.NotIn)) for op in node.ops) \
+                    or any(isinstance(x, ast.Constant) and x.value is None for x in node.comparators):
+                return "num"   # `probs != None` is a Python bool, never an elementwise compare
             kinds = {self.kind(x) for x in [node.left, *node.comparators]}
             if kinds & {"str", "obj"}:
                 return "num"
@@ -165,7 +166,7 @@ class Kinds:
                 return "tensor"  # a parameter's gradient
             k = self.kind(node.value)
             if k in TENSORISH:
-                return "tensor"  # .data, .T, a model output's .loss / .logits
+                return "generated" if k == "generated" else "tensor"  # .data, .T, a model output's .loss / .logits
             if k in ("host", "pinned", "numpy") or k in BATCHES:
                 return k  # a field of a host batch is on the host too
             return None
@@ -269,7 +270,7 @@ class Kinds:
             return recv
         if recv == "obj" or method in NOT_TENSOR_METHODS:
             if method in ("forward", "generate") or (recv == "obj" and is_model_name(method)):
-                return "tensor"
+                return "generated" if method == "generate" else "tensor"
             return None
         if method == "numpy":
             return "numpy"
@@ -290,7 +291,7 @@ class Kinds:
         if is_model_name(method) and isinstance(func.value, ast.Name) and func.value.id == "self":
             return "tensor"  # self.model(x)
         if method in ("forward", "generate") and self.is_model(func.value):
-            return "tensor"
+            return "generated" if method == "generate" else "tensor"
         if method in ("any", "all", "sum", "mean", "max", "min", "norm", "argmax", "argmin", "std", "var",
                       "detach", "abs", "sqrt", "exp", "log", "softmax", "log_softmax", "float", "half",
                       "bfloat16", "clone", "squeeze", "unsqueeze", "view", "reshape", "argsort", "topk"):

@@ -418,7 +418,7 @@ class Checker(Kinds, ast.NodeVisitor):
     def sync_rules(self, node, func, name, method, recv, kw) -> None:
         # GB002: reading a device value on the host
         forced = isinstance(kw.get("force"), ast.Constant) and kw["force"].value is True
-        if method in READS and recv not in HOSTISH and not isinstance(func.value, ast.Constant) \
+        if method in READS and recv not in HOSTISH and recv != "generated" and not isinstance(func.value, ast.Constant) \
                 and (method != "numpy" or forced) \
                 and (method != "tolist" or recv in TENSORISH) \
                 and not (method == "cpu" and self.is_model(func.value)):
