@@ -176,6 +176,7 @@ class HotMap:
         self.update_loops: set[int] = set()      # id(loop) of the step loops that train (backward / step)
         self.off_ifs: set[int] = set()           # id(If) whose body is rare
         self.hooks: set[int] = set()             # id(def) of per-step framework hooks
+        self.hot_call_nodes: list[ast.Call] = []  # every call made from hot code (for helpers in other files)
         self.step_fns: set[int] = set()          # id(def) of methods (or looped functions) that step once
         self.hot_calls: dict[int, tuple[ast.AST, int]] = {}   # id(def) -> (def, line of first hot call)
         self.call_targets: dict[int, ast.AST] = {}            # id(Call) in hot code -> the def it calls
@@ -270,6 +271,7 @@ class HotMap:
         for n in ast.walk(node):
             if not isinstance(n, ast.Call):
                 continue
+            self.hot_call_nodes.append(n)
             target = self._target(n, defs, cls)
             if isinstance(target, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 self.call_targets[id(n)] = target

@@ -89,7 +89,7 @@ class Checker(Kinds, ast.NodeVisitor):
         self.loaders: list[dict] = []           # pageable DataLoaders in this scope (GB006 candidates)
         self.scope_node: ast.AST | None = None  # the module or function whose loops GB006 searches
         self.functions: list[str] = []          # names of the enclosing functions
-        self.via: int | None = None             # the line a revisited helper is called from
+        self.via: int | str | None = None       # where a revisited helper is called from (line, or file:line)
         self.call_args: dict[int, dict[str, str | None]] = {}   # id(def) -> parameter kinds at a hot call
         self.callers: dict[int, str] = {}                        # id(def) -> the function of that call
         self.loop_stack: list[int] = []                          # id() of the enclosing loops
@@ -101,7 +101,9 @@ class Checker(Kinds, ast.NodeVisitor):
         hot = self.region == "hot" if hot is None else hot
         message, fix = RULES[rule]
         message = message.format(**fmt)
-        if hot and self.via:
+        if hot and isinstance(self.via, str):
+            message += f" (in a function called from the step loop at {self.via})"
+        elif hot and self.via:
             message += f" (in a function called from the step loop at line {self.via})"
         key = (rule, node.lineno)
         old = self.findings.get(key)
@@ -129,12 +131,21 @@ class Checker(Kinds, ast.NodeVisitor):
                 self.visit(n)
         self.region = saved
 
-    def check(self, tree: ast.Module) -> None:
-        """Both passes: the module as written, then each function called from hot code, as hot."""
+    def check(self, tree: ast.Module, called_from: dict[str, str] | None = None) -> None:
+        """Both passes: the module as written, then each function called from hot code, as hot
+        (`called_from`: module-level functions of this file called from another file's step loop,
+        name -> 'other.py:LINE')."""
         self.scope_node = tree
         self.visit(tree)
         self.check_loaders()
         module_scope = self.scopes[0]
+        for stmt in tree.body:
+            where = (called_from or {}).get(getattr(stmt, "name", None))
+            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)) and where \
+                    and id(stmt) not in self.hotmap.hot_calls and id(stmt) not in self.hotmap.step_fns:
+                self.scopes = [module_scope]
+                self.functions = []
+                self._function(stmt, region="hot", via=where)
         for key, (fn, line) in list(self.hotmap.hot_calls.items()):
             if key in self.hotmap.hooks:
                 continue
@@ -153,7 +164,8 @@ class Checker(Kinds, ast.NodeVisitor):
         for a in node.names:
             self.aliases[a.asname or a.name] = f"{node.module}.{a.name}" if node.module else a.name
 
-    def _function(self, node, region: str | None = None, via: int | None = None, seed: dict | None = None) -> None:
+    def _function(self, node, region: str | None = None, via: int | str | None = None,
+                  seed: dict | None = None) -> None:
         if via is None:
             for d in node.decorator_list:
                 self.visit(d)
