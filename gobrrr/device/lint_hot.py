@@ -197,14 +197,20 @@ class HotMap:
 
     # -- step loops, bottom-up: a loop steps if its own level updates, or calls a model with no inner step loop
     def _steps(self, tree: ast.AST) -> None:
+        looping_fns: set[str] = set()   # same-file functions that hold a step loop (`def train(epoch)`)
+
         def visit(node: ast.AST) -> bool:        # True if node is or holds a step loop
             inner = False
             for child in ast.iter_child_nodes(node):
                 inner |= visit(child)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and inner:
+                looping_fns.add(node.name)
             if not isinstance(node, _LOOPS):
                 return inner and not isinstance(node, _DEFS)
-            kinds = {step_kind(n, self.models, self.stepping) for n in _own_level(node.body, self.rare)
-                     if isinstance(n, ast.Call)}
+            calls = [n for n in _own_level(node.body, self.rare) if isinstance(n, ast.Call)]
+            kinds = {step_kind(n, self.models, self.stepping) for n in calls}
+            # `for epoch: train(epoch); sample = model.decode(z)`: an epoch loop that samples once
+            inner |= any(name_of(n.func) in looping_fns for n in calls)
             if "update" in kinds:
                 self.update_loops.add(id(node))
             if "update" in kinds or ("forward" in kinds and not inner):
@@ -212,6 +218,10 @@ class HotMap:
                 return True
             return inner
         visit(tree)
+        if looping_fns:   # again, now that every function holding a step loop is known
+            self.step_loops.clear()
+            self.update_loops.clear()
+            visit(tree)
 
     # -- hot regions and the same-file calls made from them
     def _walk(self, body, hot: bool, defs: list[dict], cls: dict | None) -> None:
