@@ -15,8 +15,11 @@ GB009  blocking `.to(device)` / `.cuda()` of every batch in the step loop       
 Few false positives by design (a finding a user must dismiss costs more than a missed one):
 a rule needs evidence that the value is a tensor (lint_kinds: a torch op, a loader's batch, a
 model's output; never a module, a name or a Python predicate), and by default only code that
-runs every step is reported (lint_hot: the step loop, per-step hooks, the same-file helpers they
-call), not set-up, epoch-level, rate-limited (`if step % 100 == 0:`), error or timing code;
+runs every step is reported (lint_hot: the step loop, per-step hooks and step methods such as a
+trainer's `run_step`, the helpers they call in the same file, inherited or through a one-line
+wrapper, and the functions of other checked files they import and call), not set-up, epoch-level,
+rate-limited (`if step % 100 == 0:`, code after `if not should_log(step): return`), error or
+timing code;
 `--all` adds the findings in other loops. Files under tests/ and test_*.py are skipped when a
 directory is walked (`--tests` keeps them); `--exclude GLOB` skips more. Suppress one line with
 `# gobrrr: ignore[GB002]` (or `# gobrrr: ignore` for every rule); a line carrying the project's
