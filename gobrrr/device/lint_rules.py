@@ -237,7 +237,8 @@ class Checker(Kinds, ast.NodeVisitor):
             self.bind(t, k)
             if k == "loader_pageable" and isinstance(t, ast.Name):
                 self.loaders.append({"name": t.id, "node": node.value, "scope": self.scope_node})
-        dotted = self.dotted(node.value) if isinstance(node.value, ast.Attribute) else None
+        aliased = node.value.body if isinstance(node.value, ast.IfExp) else node.value  # `a if cuda else noop`
+        dotted = self.dotted(aliased) if isinstance(aliased, ast.Attribute) else None
         if dotted and dotted.endswith(".synchronize") and len(node.targets) == 1 \
                 and isinstance(node.targets[0], ast.Name):
             self.aliases[node.targets[0].id] = dotted  # synchronize = torch.cuda.synchronize
