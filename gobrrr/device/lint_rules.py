@@ -4,9 +4,10 @@ Two passes over one file:
 
     1. lint_hot.HotMap (syntax only): the step loops, the rare branches inside them, the
        same-file functions they call, the synchronize() calls used for timing.
-    2. Checker (this file): walks the module once with lint_kinds' guess of what each name holds,
-       and applies a rule only with evidence that the value is a tensor; then walks once more each
-       function called from a step loop, as hot code, its parameters typed from the call site.
+    2. Checker (this file, with the host-read rules of lint_sync): walks the module once with
+       lint_kinds' guess of what each name holds, and applies a rule only with evidence that the
+       value is a tensor; then walks once more each function called from a step loop, as hot
+       code, its parameters typed from the call site.
 
 Each finding is `hot` (in a step loop, a per-step hook, or a helper they call: shown by default)
 or not (a loop that does not step, an epoch loop, set-up code: shown with `--all`). Rare branches
@@ -18,9 +19,10 @@ from __future__ import annotations
 import ast
 from dataclasses import asdict, dataclass
 
-from gobrrr.device.lint_hot import HotMap, is_bench_name, is_model_name, iterates, name_of, own_nodes, root_name
-from gobrrr.device.lint_kinds import (BATCHES, DATA_DEPENDENT, DEVICE_WRAPPERS, ITEM_KIND, DTYPE_METHODS, FACTORIES, HOSTISH, LOADERS_PINNED,
+from gobrrr.device.lint_hot import HotMap, is_model_name, iterates, name_of, own_nodes, root_name
+from gobrrr.device.lint_kinds import (BATCHES, DEVICE_WRAPPERS, DTYPE_METHODS, FACTORIES, ITEM_KIND, LOADERS_PINNED,
                                       TENSORISH, VIEW_METHODS, Kinds)
+from gobrrr.device.lint_sync import SyncRules
 
 RULES = {
     "GB001": ("tensor built on the host, then copied to the device: an extra host allocation and a "
@@ -52,8 +54,6 @@ TITLES = {"GB001": "a tensor built on the host, then moved to the device", "GB00
           "GB005": "non_blocking=True from pageable memory", "GB006": "a DataLoader without pin_memory feeding the GPU",
           "GB007": "a tensor as a Python condition", "GB008": "data-dependent shapes (nonzero, x[mask], unique)",
           "GB009": "a blocking .to(device) / .cuda() of every batch"}
-READS = {"item", "cpu", "tolist", "numpy"}
-_LOGGERS = {"add_scalar", "add_scalars", "add_histogram", "log_metric", "log_metrics"}
 _HOOK_TENSORS = {"inputs", "outputs", "output", "x", "y", "logits", "loss", "labels", "targets", "images", "data"}
 
 
@@ -74,7 +74,7 @@ class Finding:
         return f"{self.path}:{self.line}:{self.col}: {self.rule} {self.message}" + ("" if self.hot else " [not per-step]")
 
 
-class Checker(Kinds, ast.NodeVisitor):
+class Checker(SyncRules, Kinds, ast.NodeVisitor):
     """One module's findings. Regions: None (straight-line code), 'cold' (a loop that does not
     step), 'hot' (a step loop, a per-step hook, a helper they call), 'off' (rare or error paths)."""
 
@@ -428,41 +428,6 @@ class Checker(Kinds, ast.NodeVisitor):
                     self.loaders = [d for d in self.loaders if d["name"] != a.id]
         self.generic_visit(node)
 
-    def sync_rules(self, node, func, name, method, recv, kw) -> None:
-        # GB002: reading a device value on the host
-        forced = isinstance(kw.get("force"), ast.Constant) and kw["force"].value is True
-        if method in READS and recv not in HOSTISH and recv != "generated" and not isinstance(func.value, ast.Constant) \
-                and (method != "numpy" or forced) \
-                and (method != "tolist" or recv in TENSORISH) \
-                and not (method == "cpu" and self.is_model(func.value)):
-            # .numpy() of a CUDA tensor raises unless force=True; .tolist() of an unknown is as likely numpy
-            self.flag(node, "GB002", what=f"`.{method}()`")
-        elif isinstance(func, ast.Name) and func.id in ("float", "int", "bool") and len(node.args) == 1 \
-                and self.kind(node.args[0]) in TENSORISH:
-            self.flag(node, "GB002", what=f"`{func.id}()` of a tensor")
-        # GB003: printing or formatting a tensor
-        if isinstance(func, ast.Name) and func.id in ("print", "str", "repr", "format") \
-                and any(self.kind(a) in TENSORISH for a in node.args):
-            self.flag(node, "GB003", what="printing" if func.id == "print" else "formatting")
-        elif method == "format" and isinstance(func.value, ast.Constant) \
-                and any(self.kind(a) in TENSORISH for a in [*node.args, *kw.values()]):
-            self.flag(node, "GB003", what="formatting")
-        elif (method in _LOGGERS or name in ("wandb.log", "mlflow.log_metric", "mlflow.log_metrics")) \
-                and any(self.kind(v) in TENSORISH for a in [*node.args, *kw.values()] for v in _values(a)):
-            self.flag(node, "GB003", what="logging")  # writer.add_scalar("loss", loss, step) reads it on the host
-        # GB004: synchronize in a loop, unless it is measuring time or in benchmark code
-        if name.endswith("torch.cuda.synchronize") or method == "synchronize":
-            if not (self.hotmap.bench_file or node.lineno in self.hotmap.timed
-                    or any(is_bench_name(f) for f in self.functions)):
-                self.flag(node, "GB004", what=f"`{ast.unparse(func)}()`")
-        # GB008: data-dependent output shapes
-        last = name.rsplit(".", 1)[-1]
-        if (name.startswith("torch.") and name.count(".") == 1 and last in DATA_DEPENDENT) or \
-                (name == "torch.where" and len(node.args) == 1 and not node.keywords):
-            self.flag(node, "GB008", what=f"`{name}()`")
-        elif method in DATA_DEPENDENT and recv not in HOSTISH and not name.startswith(("torch.", "numpy.", "np.")):
-            self.flag(node, "GB008", what=f"`.{method}()`")
-
     def record_call(self, node: ast.Call, fn) -> None:
         """The kinds a helper's parameters get from its first hot call site."""
         if id(fn) in self.call_args:
@@ -474,27 +439,6 @@ class Checker(Kinds, ast.NodeVisitor):
         kinds.update({k.arg: self.kind(k.value) for k in node.keywords if k.arg})
         self.call_args[id(fn)] = kinds
         self.callers[id(fn)] = self.functions[-1] if self.functions else ""
-
-    def visit_JoinedStr(self, node: ast.JoinedStr) -> None:
-        if self.looping() and any(isinstance(v, ast.FormattedValue) and self.kind(v.value) in TENSORISH
-                                  for v in node.values):
-            self.flag(node, "GB003", what="formatting")
-        self.generic_visit(node)
-
-    def visit_BinOp(self, node: ast.BinOp) -> None:
-        right = [e.value if isinstance(e, ast.Starred) else e for e in node.right.elts] \
-            if isinstance(node.right, ast.Tuple) else [node.right]   # "%.4g %.4g" % (*mloss, n)
-        if self.looping() and isinstance(node.op, ast.Mod) and self.kind(node.left) == "str" \
-                and any(self.kind(r) in TENSORISH for r in right):   # "%.4f %.4f" % (loss, acc)
-            self.flag(node, "GB003", what="formatting")
-        self.generic_visit(node)
-
-    def visit_Subscript(self, node: ast.Subscript) -> None:
-        if self.looping() and isinstance(node.ctx, ast.Load) and self.kind(node.value) not in HOSTISH:
-            parts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
-            if any(self.kind(p) == "mask" for p in parts):
-                self.flag(node, "GB008", what="boolean-mask indexing `x[mask]`")
-        self.generic_visit(node)
 
     # -- GB006: a pageable DataLoader whose batches go to CUDA
     def check_loaders(self) -> None:
@@ -508,11 +452,6 @@ class Checker(Kinds, ast.NodeVisitor):
                 self.flag(cand["node"], "GB006", hot=any(id(loop) in self.hotmap.step_loops for loop in moving))
                 self.region = saved
         self.loaders = []
-
-
-def _values(node: ast.AST) -> list[ast.AST]:
-    """The values a logging call is handed: the dict's values for wandb.log({"loss": loss})."""
-    return [v for v in node.values if v is not None] if isinstance(node, ast.Dict) else [node]
 
 
 def _short(node: ast.AST, width: int = 40) -> str:
