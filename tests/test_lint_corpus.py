@@ -84,3 +84,23 @@ def test_test_files_skipped_unless_asked(tmp_path, capsys):
     assert lint_paths([tmp_path], exclude=["train.py"]) == []
     assert main([str(tmp_path)]) == 1
     assert "2 test files skipped" in capsys.readouterr().out
+
+
+def test_helpers_in_other_files_are_hot(tmp_path):
+    """A step loop's call into a sibling module (`from helpers import log_step`, `metrics.top1(...)`)
+    checks that function as per-step code; the module's other functions stay quiet."""
+    (tmp_path / "train.py").write_text(
+        "import torch\nfrom helpers import log_step\nimport metrics\n\n"
+        "def train(model, loader, opt, device):\n"
+        "    for step, (x, y) in enumerate(loader):\n"
+        "        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)\n"
+        "        loss = torch.nn.functional.cross_entropy(model(x), y)\n"
+        "        opt.zero_grad()\n        loss.backward()\n        opt.step()\n"
+        "        log_step(step, loss)\n        metrics.top1(model(x), y)\n")
+    (tmp_path / "helpers.py").write_text("def log_step(step, loss):\n    print('step', step, loss.item())\n\n\n"
+                                         "def unused(loss):\n    return loss.item()\n")
+    (tmp_path / "metrics.py").write_text("def top1(out, y):\n    return (out.argmax(1) == y).float().mean().item()\n")
+    found = {(Path(f.path).name, f.line, f.rule) for f in lint_paths([tmp_path])}
+    assert found == {("helpers.py", 2, "GB002"), ("metrics.py", 2, "GB002")}
+    assert "train.py:12" in next(f.message for f in lint_paths([tmp_path]) if f.path.endswith("helpers.py"))
+    assert lint_paths([tmp_path / "helpers.py"]) == []   # alone, nothing says it runs per step

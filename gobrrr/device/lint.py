@@ -15,8 +15,11 @@ GB009  blocking `.to(device)` / `.cuda()` of every batch in the step loop       
 Few false positives by design (a finding a user must dismiss costs more than a missed one):
 a rule needs evidence that the value is a tensor (lint_kinds: a torch op, a loader's batch, a
 model's output; never a module, a name or a Python predicate), and by default only code that
-runs every step is reported (lint_hot: the step loop, per-step hooks, the same-file helpers they
-call), not set-up, epoch-level, rate-limited (`if step % 100 == 0:`), error or timing code;
+runs every step is reported (lint_hot: the step loop, per-step hooks and step methods such as a
+trainer's `run_step`, the helpers they call in the same file, inherited or through a one-line
+wrapper, and the functions of other checked files they import and call), not set-up, epoch-level,
+rate-limited (`if step % 100 == 0:`, code after `if not should_log(step): return`), error or
+timing code;
 `--all` adds the findings in other loops. Files under tests/ and test_*.py are skipped when a
 directory is walked (`--tests` keeps them); `--exclude GLOB` skips more. Suppress one line with
 `# gobrrr: ignore[GB002]` (or `# gobrrr: ignore` for every rule); a line carrying the project's
@@ -71,15 +74,18 @@ def _suppressions(text: str) -> dict[int, set[str]]:
 
 # ------------------------------------------------------------------------------------------- API
 
-def lint_source(text: str, path: str = "<string>", select=None, everything: bool = False) -> list[Finding]:
+def lint_source(text: str, path: str = "<string>", select=None, everything: bool = False,
+                called_from: dict[str, str] | None = None) -> list[Finding]:
     """Findings for one file's source text, sorted by line: those that run every step, or all of
-    them with `everything`. Raises SyntaxError if it does not parse, RecursionError if too deep."""
+    them with `everything`. `called_from` names this file's functions that another file's step loop
+    calls (name -> 'train.py:LINE'): they are checked as hot too. Raises SyntaxError if it does not
+    parse, RecursionError if too deep."""
     wanted = _select(select)
     tree = ast.parse(text, filename=path)
-    if not may_use_gpu(text):
+    if not may_use_gpu(text) and not called_from:
         return []  # a file that never names a device runs on the CPU: nothing to sync with
     checker = Checker(path, HotMap(tree, path))
-    checker.check(tree)
+    checker.check(tree, called_from)
     quiet = _suppressions(text)
     out = []
     for f in checker.findings.values():
@@ -106,9 +112,10 @@ def lint_paths(paths, select=None, errors: list | None = None, *, everything: bo
     if errors is not None:
         errors += problems
     findings: list[Finding] = []
+    called = called_across(files)
     for file in files:
         try:
-            findings += lint_file(file, select, everything)
+            findings += lint_file(file, select, everything, called.get(file))
         except ValueError as e:
             if errors is None:
                 raise
@@ -116,11 +123,11 @@ def lint_paths(paths, select=None, errors: list | None = None, *, everything: bo
     return findings
 
 
-def lint_file(file: Path, select=None, everything: bool = False) -> list[Finding]:
+def lint_file(file: Path, select=None, everything: bool = False, called_from=None) -> list[Finding]:
     """One file's findings; ValueError with a one-line reason if it cannot be read or parsed."""
     try:
         text = file.read_text(encoding="utf-8")
-        return lint_source(text, str(file), select, everything)
+        return lint_source(text, str(file), select, everything, called_from)
     except (SyntaxError, UnicodeDecodeError, OSError) as e:
         line = getattr(e, "lineno", None)
         raise ValueError(f"{file}:{line or 0}: cannot check this file: {e.__class__.__name__}: "
@@ -128,6 +135,60 @@ def lint_file(file: Path, select=None, everything: bool = False) -> list[Finding
     except (RecursionError, MemoryError) as e:
         raise ValueError(f"{file}:0: cannot check this file: an expression too deeply nested to parse "
                          f"({e.__class__.__name__}); split it or skip the file with --exclude") from e
+
+
+# ------------------------------------------------------------------------- helpers in other files
+
+def called_across(files: list[Path]) -> dict[Path, dict[str, str]]:
+    """For each file, its module-level functions that another checked file calls from a step loop
+    (`from utils import accuracy` ... `accuracy(out, y)` in the loop): name -> 'caller.py:LINE'.
+    One level deep, like same-file helpers; a module is matched to a checked file by its dotted
+    path's tail (`utils`, `pkg.utils` -> .../pkg/utils.py or .../utils/__init__.py)."""
+    if len(files) < 2:
+        return {}
+    by_tail: dict[tuple[str, ...], list[Path]] = {}
+    for f in files:
+        parts = f.with_suffix("").parts if f.name != "__init__.py" else f.parent.parts
+        for k in range(1, min(len(parts), 4) + 1):
+            by_tail.setdefault(tuple(parts[-k:]), []).append(f)
+    out: dict[Path, dict[str, str]] = {}
+    for f in files:
+        try:
+            text = f.read_text(encoding="utf-8")
+            if not may_use_gpu(text):
+                continue
+            tree = ast.parse(text, filename=str(f))
+            hot = HotMap(tree, str(f))
+        except (SyntaxError, UnicodeDecodeError, OSError, RecursionError, MemoryError, ValueError):
+            continue   # reported when the file itself is checked
+        funcs, mods = _imports(tree)
+        for call in hot.hot_call_nodes:
+            fn = call.func
+            if isinstance(fn, ast.Name) and fn.id in funcs:
+                module, name = funcs[fn.id]
+            elif isinstance(fn, ast.Attribute) and isinstance(fn.value, ast.Name) and fn.value.id in mods:
+                module, name = mods[fn.value.id], fn.attr
+            else:
+                continue
+            targets = [t for t in by_tail.get(tuple(module.split(".")), []) if t != f]
+            if len(targets) == 1:   # ambiguous module names are left alone
+                out.setdefault(targets[0], {}).setdefault(name, f"{f.name}:{call.lineno}")
+    return out
+
+
+def _imports(tree: ast.Module) -> tuple[dict[str, tuple[str, str]], dict[str, str]]:
+    """(name -> (module, function) for `from m import f as name`, alias -> module for `import m as alias`)."""
+    funcs: dict[str, tuple[str, str]] = {}
+    mods: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and not node.module.startswith(("torch", "numpy")):
+            for a in node.names:
+                funcs[a.asname or a.name] = (node.module, a.name)
+                mods[a.asname or a.name] = f"{node.module}.{a.name}"   # from pkg import utils; utils.f()
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                mods[a.asname or a.name] = a.name
+    return funcs, mods
 
 
 def python_files(paths, exclude=(), tests: bool = False) -> tuple[list[Path], list[str], int]:
@@ -226,9 +287,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     files, errors, skipped = python_files(args.paths, args.exclude, args.tests)
     found: list[Finding] = []
+    called = called_across(files)
     for file in files:
         try:
-            found += lint_file(file, args.select, everything=True)
+            found += lint_file(file, args.select, everything=True, called_from=called.get(file))
         except ValueError as e:
             errors.append(str(e))
     shown = [f for f in found if args.everything or f.hot]

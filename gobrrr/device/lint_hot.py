@@ -173,13 +173,20 @@ class HotMap:
         self.models = _model_names(tree)
         self.stepping = self._stepping(tree)     # names of same-file functions that call backward / step
         self.step_loops: set[int] = set()        # id(loop)
+        self.update_loops: set[int] = set()      # id(loop) of the step loops that train (backward / step)
         self.off_ifs: set[int] = set()           # id(If) whose body is rare
         self.hooks: set[int] = set()             # id(def) of per-step framework hooks
+        self.hot_call_nodes: list[ast.Call] = []  # every call made from hot code (for helpers in other files)
+        self.step_fns: set[int] = set()          # id(def) of methods (or looped functions) that step once
         self.hot_calls: dict[int, tuple[ast.AST, int]] = {}   # id(def) -> (def, line of first hot call)
         self.call_targets: dict[int, ast.AST] = {}            # id(Call) in hot code -> the def it calls
         self.timed: set[int] = set()             # lines of synchronize() calls used for timing
         self.bench_file = is_bench_name(path)   # benchmarks/..., bench_attention.py, param_bench/...
+        self.classes = {c.name: c for c in ast.walk(tree) if isinstance(c, ast.ClassDef)}
+        self.in_loops = {name_of(n.func) for loop in ast.walk(tree) if isinstance(loop, _LOOPS)
+                         for n in ast.walk(loop) if isinstance(n, ast.Call)}
         self._steps(tree)
+        self.off_tails = self._off_tails(tree)   # id(stmt) after `if not should_log(step): return`
         self._walk(tree.body, False, [_defs(tree.body)], None)
         self._timed(tree)
 
@@ -190,24 +197,36 @@ class HotMap:
 
     # -- step loops, bottom-up: a loop steps if its own level updates, or calls a model with no inner step loop
     def _steps(self, tree: ast.AST) -> None:
+        looping_fns: set[str] = set()   # same-file functions that hold a step loop (`def train(epoch)`)
+
         def visit(node: ast.AST) -> bool:        # True if node is or holds a step loop
             inner = False
             for child in ast.iter_child_nodes(node):
                 inner |= visit(child)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and inner:
+                looping_fns.add(node.name)
             if not isinstance(node, _LOOPS):
                 return inner and not isinstance(node, _DEFS)
-            kinds = {step_kind(n, self.models, self.stepping) for n in _own_level(node.body, self.rare)
-                     if isinstance(n, ast.Call)}
+            calls = [n for n in _own_level(node.body, self.rare) if isinstance(n, ast.Call)]
+            kinds = {step_kind(n, self.models, self.stepping) for n in calls}
+            # `for epoch: train(epoch); sample = model.decode(z)`: an epoch loop that samples once
+            inner |= any(name_of(n.func) in looping_fns for n in calls)
+            if "update" in kinds:
+                self.update_loops.add(id(node))
             if "update" in kinds or ("forward" in kinds and not inner):
                 self.step_loops.add(id(node))
                 return True
             return inner
         visit(tree)
+        if looping_fns:   # again, now that every function holding a step loop is known
+            self.step_loops.clear()
+            self.update_loops.clear()
+            visit(tree)
 
     # -- hot regions and the same-file calls made from them
     def _walk(self, body, hot: bool, defs: list[dict], cls: dict | None) -> None:
         for stmt in body:
-            self._stmt(stmt, hot, defs, cls)
+            self._stmt(stmt, hot and id(stmt) not in self.off_tails, defs, cls)
 
     def _stmt(self, node: ast.AST, hot: bool, defs: list[dict], cls: dict | None) -> None:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -216,9 +235,14 @@ class HotMap:
             is_hook = cls is not None and node.name in STEP_HOOKS
             if is_hook:
                 self.hooks.add(id(node))
-            return self._walk(node.body, is_hook, [*defs, _defs(node.body)], cls)
+            elif node.name in self.stepping and (cls is not None or node.name in self.in_loops) \
+                    and any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "step"
+                            and _OPTIM.search(name_of(n.func.value) or "") for n in _own_level(node.body)):
+                self.step_fns.add(id(node))   # `def run_step(self): ... loss.backward(); opt.step()`: runs per step
+            hot_fn = is_hook or id(node) in self.step_fns
+            return self._walk(node.body, hot_fn, [*defs, _defs(node.body)], cls)
         if isinstance(node, ast.ClassDef):
-            return self._walk(node.body, False, defs, _defs(node.body))
+            return self._walk(node.body, False, defs, self._class_defs(node))
         if isinstance(node, _LOOPS):
             self._expr(node.iter if not isinstance(node, ast.While) else node.test, hot, defs, cls)
             inner = hot or id(node) in self.step_loops
@@ -257,22 +281,52 @@ class HotMap:
         for n in ast.walk(node):
             if not isinstance(n, ast.Call):
                 continue
-            target = None
-            if isinstance(n.func, ast.Name):
-                target = next((d[n.func.id] for d in reversed(defs) if n.func.id in d), None)
-            elif isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name) \
-                    and n.func.value.id == "self" and cls:
-                target = cls.get(n.func.attr)
+            self.hot_call_nodes.append(n)
+            target = self._target(n, defs, cls)
             if isinstance(target, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 self.call_targets[id(n)] = target
                 self.hot_calls.setdefault(id(target), (target, n.lineno))
+                inner = _forwarded(target)   # `def _write_metrics(self, d): Trainer.write_metrics(d)`
+                inner_target = self._target(inner, [_defs(target.body), *defs], cls) if inner else None
+                if isinstance(inner_target, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    self.call_targets[id(inner)] = inner_target
+                    self.hot_calls.setdefault(id(inner_target), (inner_target, n.lineno))
+
+    def _target(self, n: ast.Call, defs: list[dict], cls: dict | None):
+        """The same-file def a call runs: `helper(x)`, `self.helper(x)` (also inherited from a class of
+        this file), `Trainer.helper(x)`; None if it is not one."""
+        f = n.func
+        if isinstance(f, ast.Name):
+            return next((d[f.id] for d in reversed(defs) if f.id in d), None)
+        if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name):
+            if f.value.id == "self" and cls:
+                return cls.get(f.attr)
+            if f.value.id in self.classes:
+                return self._class_defs(self.classes[f.value.id]).get(f.attr)
+        return None
+
+    def _class_defs(self, node: ast.ClassDef, seen=None) -> dict[str, ast.AST]:
+        """A class's methods with those it inherits from classes of the same file (its own first)."""
+        seen = seen or set()
+        seen.add(node.name)
+        out: dict[str, ast.AST] = {}
+        for base in node.bases:
+            b = self.classes.get(name_of(base))
+            if b is not None and b.name not in seen:
+                out.update(self._class_defs(b, seen))
+        out.update(_defs(node.body))
+        return out
 
     def rare(self, node: ast.If) -> bool:
         """The body runs on few iterations: rate-limited, first/last, a flag, a timer; and it does
         not hold the optimizer step (`if (i + 1) % accum == 0: opt.step()` is the step itself)."""
         if _ends_flow(node.body) or _lazy_init(node):
             return True
-        test = node.test
+        return self._rate_limited(node.test, node.body)
+
+    def _rate_limited(self, test: ast.AST, body: list[ast.stmt]) -> bool:
+        """The test passes on few iterations (`step % N == 0`, a log/eval flag, a timer) and `body`
+        does not hold the optimizer step."""
         rare = False
         for n in ast.walk(test):
             if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod):
@@ -286,11 +340,32 @@ class HotMap:
                 rare = True
         if not rare:
             return False
-        for stmt in node.body:   # the accumulation boundary is hot, not rare
+        for stmt in body:   # the accumulation boundary is hot, not rare
             for n in _own_level([stmt]):
                 if isinstance(n, ast.Call) and step_kind(n, self.models, self.stepping) == "update":
                     return False
         return True
+
+    def _off_tails(self, tree: ast.AST) -> set[int]:
+        """Statements after a guard that leaves on most steps (`if not log_now: return`,
+        `if step % N != 0: continue`): they run on the rare steps only."""
+        out: set[int] = set()
+        for node in ast.walk(tree):
+            for field in ("body", "orelse", "finalbody"):
+                body = getattr(node, field, None)
+                if not isinstance(body, list):
+                    continue
+                for i, stmt in enumerate(body):
+                    if not (isinstance(stmt, ast.If) and not stmt.orelse and stmt.body
+                            and isinstance(stmt.body[-1], (ast.Return, ast.Continue))):
+                        continue
+                    t = stmt.test
+                    inner = t.operand if isinstance(t, ast.UnaryOp) and isinstance(t.op, ast.Not) else (
+                        t if isinstance(t, ast.Compare) and any(isinstance(o, ast.NotEq) for o in t.ops) else None)
+                    if inner is not None and self._rate_limited(inner, body[i + 1:]):
+                        out |= {id(s) for s in body[i + 1:]}
+                        break
+        return out
 
     # -- synchronize() next to a timer read, or in a loop that reads one: measurement
     def _timed(self, tree: ast.AST) -> None:
@@ -309,6 +384,14 @@ class HotMap:
                     near = body[max(0, i - 1):i] + body[i + 1:i + 2]
                     if any(_calls(s, _TIMER.search) for s in near):
                         self.timed.add(stmt.lineno)
+
+
+def _forwarded(fn: ast.AST) -> ast.Call | None:
+    """The call a one-statement wrapper hands its work to (`return helper(x)`), else None."""
+    body = [s for s in fn.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+    if len(body) == 1 and isinstance(body[0], (ast.Expr, ast.Return)) and isinstance(body[0].value, ast.Call):
+        return body[0].value
+    return None
 
 
 def _lazy_init(node: ast.If) -> bool:

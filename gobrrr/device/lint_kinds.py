@@ -58,9 +58,10 @@ VIEW_METHODS = {"view", "reshape", "narrow", "squeeze", "unsqueeze", "flatten", 
                 "expand", "select", "split", "chunk", "unbind", "detach", "view_as", "contiguous"}
 DTYPE_METHODS = {"float", "half", "bfloat16", "double", "long", "int", "short", "bool", "byte", "char", "type_as"}
 DATA_DEPENDENT = {"nonzero", "unique", "unique_consecutive", "masked_select", "argwhere"}
+DEVICE_WRAPPERS = {"prepare", "prepare_data_loader", "setup_dataloaders"}   # accelerate / Lightning Fabric
 LOADERS_PINNED = {"Prefetcher", "PinnedWorkerLoader", "from_dataloader"}
-TENSORISH = {"tensor", "mask"}
-BATCHES = {"batch_host", "batch_pinned", "batch"}
+TENSORISH = {"tensor", "mask", "generated"}   # generated: model.generate()'s tokens, made to be read on the host
+BATCHES = {"batch_host", "batch_pinned", "batch", "batch_tok"}   # batch_tok: a tokenizer's return_tensors="pt" output
 HOSTISH = {"num", "host", "pinned", "numpy", "str", "obj", "loader_pinned", "loader_pageable", "loader_device",
            "loader", *BATCHES}
 # what iterating (or unpacking) a value of one kind gives
@@ -68,6 +69,7 @@ ITEM_KIND = {"loader_pageable": "batch_host", "loader_pinned": "batch_pinned", "
              "loader": "batch", "host": "host", "pinned": "pinned", "tensor": "tensor", "mask": "tensor",
              "batch_host": "batch_host", "batch_pinned": "batch_pinned", "batch": "batch", "numpy": "numpy"}
 _DATA_WORDS = {"data", "dataset", "ds", "batches", "train", "val", "valid", "test", "eval", "dl"}
+_TOKENIZER = re.compile(r"tokeni[sz]er|processor|feature_extractor|^tok$", re.I)
 _LOADER_NAME = re.compile(r"loader|dataloader|_dl$|^dl$|batches$", re.I)
 
 
@@ -78,6 +80,7 @@ class Kinds:
         self.scopes: list[dict[str, str | None]] = [{}]
         self.aliases: dict[str, str] = {}       # local name -> module or object path ("F" -> torch.nn.functional)
         self.models: set[str] = set()           # names assigned a module in this file (from lint_hot)
+        self.self_attrs: dict[str, str | None] = {}   # `self.loss = ...` anywhere in the file: attr -> kind
 
     def lookup(self, name: str) -> str | None:
         for scope in reversed(self.scopes):
@@ -88,6 +91,10 @@ class Kinds:
     def bind(self, target: ast.AST, kind: str | None) -> None:
         if isinstance(target, ast.Name):
             self.scopes[-1][target.id] = kind
+        elif isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self":
+            # one kind per attribute name in the file; two different kinds leave it unknown
+            old = self.self_attrs.get(target.attr, kind)
+            self.self_attrs[target.attr] = kind if old == kind or (old == "num" and kind in ("obj",)) else None
         elif isinstance(target, (ast.Tuple, ast.List)):
             for t in target.elts:
                 self.bind(t.value if isinstance(t, ast.Starred) else t, ITEM_KIND.get(kind))
@@ -107,7 +114,8 @@ class Kinds:
         """A module by its name (`model`, `self.net`) or by what was assigned to it (`m = resnet50()`)."""
         if isinstance(node, (ast.Name, ast.Attribute)):
             n = name_of(node)
-            return is_model_name(n) or n in self.models or (isinstance(node, ast.Name) and self.lookup(n) == "obj")
+            return is_model_name(n) or n in self.models or (isinstance(node, ast.Name) and self.lookup(n) == "obj") \
+                or (isinstance(node, ast.Attribute) and self.kind(node) == "obj")
         return False
 
     # -- what an expression holds
@@ -132,12 +140,13 @@ class Kinds:
                 return "mask" if isinstance(node.op, (ast.BitAnd, ast.BitOr, ast.BitXor)) else "tensor"
             if kinds <= {"num"}:
                 return "num"
-            if "str" in kinds and isinstance(node.op, (ast.Mod, ast.Add)):
+            if "str" in kinds and isinstance(node.op, (ast.Mod, ast.Add, ast.Mult)):
                 return "str"
             return "host" if kinds & ({"host"} | BATCHES) else None
         if isinstance(node, ast.Compare):
-            if any(isinstance(op, (ast.Is, ast.IsNot, ast.In, ast.NotIn)) for op in node.ops):
-                return "num"
+            if any(isinstance(op, (ast.Is, ast.IsNot, ast.In, ast.NotIn)) for op in node.ops) \
+                    or any(isinstance(x, ast.Constant) and x.value is None for x in node.comparators):
+                return "num"   # `probs != None` is a Python bool, never an elementwise compare
             kinds = {self.kind(x) for x in [node.left, *node.comparators]}
             if kinds & {"str", "obj"}:
                 return "num"
@@ -151,11 +160,13 @@ class Kinds:
         if isinstance(node, ast.Attribute):
             if node.attr in NUMBER_ATTRS:
                 return "num"
+            if isinstance(node.value, ast.Name) and node.value.id == "self" and node.attr in self.self_attrs:
+                return self.self_attrs[node.attr]
             if node.attr == "grad":
                 return "tensor"  # a parameter's gradient
             k = self.kind(node.value)
             if k in TENSORISH:
-                return "tensor"  # .data, .T, a model output's .loss / .logits
+                return "generated" if k == "generated" else "tensor"  # .data, .T, a model output's .loss / .logits
             if k in ("host", "pinned", "numpy") or k in BATCHES:
                 return k  # a field of a host batch is on the host too
             return None
@@ -171,6 +182,10 @@ class Kinds:
     def call_kind(self, node: ast.Call) -> str | None:
         func = node.func
         name = self.dotted(func)
+        if any(k.arg == "return_tensors" for k in node.keywords) and (
+                _TOKENIZER.search(name_of(func)) or (isinstance(func, ast.Attribute) and _TOKENIZER.search(
+                    name_of(func.value)))):
+            return "batch_tok"   # tokenizer(texts, return_tensors="pt"): a fresh host batch, pageable
         if isinstance(func, ast.Name):
             if func.id in NUM_BUILTINS:
                 return "num"
@@ -178,9 +193,12 @@ class Kinds:
                 return "tensor" if {self.kind(a) for a in node.args} & TENSORISH else "num"
             if func.id in ("str", "repr", "format"):
                 return "str"
-            if func.id in ("tqdm", "iter", "progress_bar", "trange") and node.args:
+            if func.id in ("tqdm", "iter", "progress_bar", "trange", "cycle", "islice") and node.args:
                 k = self.iter_kind(node.args[0])
-                return k if k and k.startswith("loader") else None   # a wrapped loader is a loader
+                return k if k and k.startswith(("loader", "enum_")) else None   # a wrapped loader is a loader
+            if func.id == "enumerate" and node.args:
+                k = self.iter_kind(node.args[0])
+                return "enum_" + k if k and k.startswith("loader") else None   # pbar = enumerate(loader)
             if func.id == "next" and node.args:
                 k = self.iter_kind(node.args[0])
                 return ITEM_KIND.get(k) if k and k.startswith("loader") else None
@@ -188,6 +206,8 @@ class Kinds:
             root, _, last = name.rpartition(".")
             if last == "DataLoader":
                 return self.loader_kind(node)
+            if last == "Variable" and node.args:
+                return self.kind(node.args[0])   # torch.autograd.Variable(t) (old PyTorch) is t
             if last in LOADERS_PINNED:
                 if last == "Prefetcher" and self.device_of(_arg(node, 1, "device")) != "cpu":
                     return "loader_device"
@@ -216,6 +236,10 @@ class Kinds:
                 return None
             if last[:1].isupper():
                 return "obj"  # a class: a module, a meter, a config; not a tensor
+        if isinstance(func, ast.Attribute) and func.attr in DEVICE_WRAPPERS and len(node.args) == 1:
+            k = self.iter_kind(node.args[0])
+            if k and k.startswith("loader"):
+                return "loader_device"   # accelerator.prepare(loader): its batches arrive on the device
         if isinstance(func, ast.Attribute):
             return self.method_kind(node, func)
         if self.is_model(func) or re.search(r"loss|criterion", name_of(func), re.I):
@@ -246,7 +270,7 @@ class Kinds:
             return recv
         if recv == "obj" or method in NOT_TENSOR_METHODS:
             if method in ("forward", "generate") or (recv == "obj" and is_model_name(method)):
-                return "tensor"
+                return "generated" if method == "generate" else "tensor"
             return None
         if method == "numpy":
             return "numpy"
@@ -267,7 +291,7 @@ class Kinds:
         if is_model_name(method) and isinstance(func.value, ast.Name) and func.value.id == "self":
             return "tensor"  # self.model(x)
         if method in ("forward", "generate") and self.is_model(func.value):
-            return "tensor"
+            return "generated" if method == "generate" else "tensor"
         if method in ("any", "all", "sum", "mean", "max", "min", "norm", "argmax", "argmin", "std", "var",
                       "detach", "abs", "sqrt", "exp", "log", "softmax", "log_softmax", "float", "half",
                       "bfloat16", "clone", "squeeze", "unsqueeze", "view", "reshape", "argsort", "topk"):

@@ -4,9 +4,10 @@ Two passes over one file:
 
     1. lint_hot.HotMap (syntax only): the step loops, the rare branches inside them, the
        same-file functions they call, the synchronize() calls used for timing.
-    2. Checker (this file): walks the module once with lint_kinds' guess of what each name holds,
-       and applies a rule only with evidence that the value is a tensor; then walks once more each
-       function called from a step loop, as hot code, its parameters typed from the call site.
+    2. Checker (this file, with the host-read rules of lint_sync): walks the module once with
+       lint_kinds' guess of what each name holds, and applies a rule only with evidence that the
+       value is a tensor; then walks once more each function called from a step loop, as hot
+       code, its parameters typed from the call site.
 
 Each finding is `hot` (in a step loop, a per-step hook, or a helper they call: shown by default)
 or not (a loop that does not step, an epoch loop, set-up code: shown with `--all`). Rare branches
@@ -18,9 +19,10 @@ from __future__ import annotations
 import ast
 from dataclasses import asdict, dataclass
 
-from gobrrr.device.lint_hot import HotMap, is_bench_name, is_model_name, iterates, name_of, own_nodes, root_name
-from gobrrr.device.lint_kinds import (BATCHES, DATA_DEPENDENT, DTYPE_METHODS, FACTORIES, HOSTISH, LOADERS_PINNED,
+from gobrrr.device.lint_hot import HotMap, is_model_name, iterates, name_of, own_nodes, root_name
+from gobrrr.device.lint_kinds import (BATCHES, DEVICE_WRAPPERS, DTYPE_METHODS, FACTORIES, ITEM_KIND, LOADERS_PINNED,
                                       TENSORISH, VIEW_METHODS, Kinds)
+from gobrrr.device.lint_sync import SyncRules
 
 RULES = {
     "GB001": ("tensor built on the host, then copied to the device: an extra host allocation and a "
@@ -52,8 +54,6 @@ TITLES = {"GB001": "a tensor built on the host, then moved to the device", "GB00
           "GB005": "non_blocking=True from pageable memory", "GB006": "a DataLoader without pin_memory feeding the GPU",
           "GB007": "a tensor as a Python condition", "GB008": "data-dependent shapes (nonzero, x[mask], unique)",
           "GB009": "a blocking .to(device) / .cuda() of every batch"}
-READS = {"item", "cpu", "tolist", "numpy"}
-_LOGGERS = {"add_scalar", "add_scalars", "add_histogram", "log_metric", "log_metrics"}
 _HOOK_TENSORS = {"inputs", "outputs", "output", "x", "y", "logits", "loss", "labels", "targets", "images", "data"}
 
 
@@ -74,7 +74,7 @@ class Finding:
         return f"{self.path}:{self.line}:{self.col}: {self.rule} {self.message}" + ("" if self.hot else " [not per-step]")
 
 
-class Checker(Kinds, ast.NodeVisitor):
+class Checker(SyncRules, Kinds, ast.NodeVisitor):
     """One module's findings. Regions: None (straight-line code), 'cold' (a loop that does not
     step), 'hot' (a step loop, a per-step hook, a helper they call), 'off' (rare or error paths)."""
 
@@ -89,9 +89,10 @@ class Checker(Kinds, ast.NodeVisitor):
         self.loaders: list[dict] = []           # pageable DataLoaders in this scope (GB006 candidates)
         self.scope_node: ast.AST | None = None  # the module or function whose loops GB006 searches
         self.functions: list[str] = []          # names of the enclosing functions
-        self.via: int | None = None             # the line a revisited helper is called from
+        self.via: int | str | None = None       # where a revisited helper is called from (line, or file:line)
         self.call_args: dict[int, dict[str, str | None]] = {}   # id(def) -> parameter kinds at a hot call
         self.callers: dict[int, str] = {}                        # id(def) -> the function of that call
+        self.loop_stack: list[int] = []                          # id() of the enclosing loops
 
     # -- reporting
     def flag(self, node: ast.AST, rule: str, hot: bool | None = None, **fmt) -> None:
@@ -100,13 +101,25 @@ class Checker(Kinds, ast.NodeVisitor):
         hot = self.region == "hot" if hot is None else hot
         message, fix = RULES[rule]
         message = message.format(**fmt)
-        if hot and self.via:
+        if hot and isinstance(self.via, str):
+            message += f" (in a function called from the step loop at {self.via})"
+        elif hot and self.via:
             message += f" (in a function called from the step loop at line {self.via})"
         key = (rule, node.lineno)
         old = self.findings.get(key)
         if old is None or (hot and not old.hot):
             self.findings[key] = Finding(self.path, node.lineno, node.col_offset + 1, rule, message, fix, hot)
             self.spans[key] = range(node.lineno, (getattr(node, "end_lineno", None) or node.lineno) + 1)
+
+    def updating(self) -> bool:
+        """In a loop that trains (backward / optimizer step), or in a helper or hook of one: not a
+        generation or inference loop, where a small per-prompt copy is not worth a finding."""
+        return self.via is not None or not self.loop_stack or self.loop_stack[-1] in self.hotmap.update_loops
+
+    def visit(self, node: ast.AST):
+        if self.region != "off" and id(node) in self.hotmap.off_tails:
+            return self.visit_off(node)   # after `if not should_log(step): return`
+        return super().visit(node)
 
     def looping(self) -> bool:
         return self.region in ("hot", "cold")
@@ -118,12 +131,21 @@ class Checker(Kinds, ast.NodeVisitor):
                 self.visit(n)
         self.region = saved
 
-    def check(self, tree: ast.Module) -> None:
-        """Both passes: the module as written, then each function called from hot code, as hot."""
+    def check(self, tree: ast.Module, called_from: dict[str, str] | None = None) -> None:
+        """Both passes: the module as written, then each function called from hot code, as hot
+        (`called_from`: module-level functions of this file called from another file's step loop,
+        name -> 'other.py:LINE')."""
         self.scope_node = tree
         self.visit(tree)
         self.check_loaders()
         module_scope = self.scopes[0]
+        for stmt in tree.body:
+            where = (called_from or {}).get(getattr(stmt, "name", None))
+            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)) and where \
+                    and id(stmt) not in self.hotmap.hot_calls and id(stmt) not in self.hotmap.step_fns:
+                self.scopes = [module_scope]
+                self.functions = []
+                self._function(stmt, region="hot", via=where)
         for key, (fn, line) in list(self.hotmap.hot_calls.items()):
             if key in self.hotmap.hooks:
                 continue
@@ -142,13 +164,15 @@ class Checker(Kinds, ast.NodeVisitor):
         for a in node.names:
             self.aliases[a.asname or a.name] = f"{node.module}.{a.name}" if node.module else a.name
 
-    def _function(self, node, region: str | None = None, via: int | None = None, seed: dict | None = None) -> None:
+    def _function(self, node, region: str | None = None, via: int | str | None = None,
+                  seed: dict | None = None) -> None:
         if via is None:
             for d in node.decorator_list:
                 self.visit(d)
         saved = (self.region, self.loaders, self.scope_node, self.via)
         hook = id(node) in self.hotmap.hooks
-        self.region, self.loaders, self.scope_node, self.via = region or ("hot" if hook else None), [], node, via
+        per_step = hook or id(node) in self.hotmap.step_fns
+        self.region, self.loaders, self.scope_node, self.via = region or ("hot" if per_step else None), [], node, via
         self.functions.append(node.name)
         scope: dict[str, str | None] = {}
         args = node.args
@@ -194,6 +218,15 @@ class Checker(Kinds, ast.NodeVisitor):
         self.visit(node.value)
         for t in node.targets:
             self.visit_target(t)
+        value = node.value
+        if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) \
+                and value.func.attr in DEVICE_WRAPPERS and len(node.targets) == 1 \
+                and isinstance(node.targets[0], ast.Tuple) and len(node.targets[0].elts) == len(value.args):
+            # model, opt, loader = accelerator.prepare(model, opt, loader): the loader yields device batches
+            for t, a in zip(node.targets[0].elts, value.args):
+                k = self.iter_kind(a)
+                self.bind(t, "loader_device" if k and k.startswith("loader") else self.kind(a))
+            return
         if isinstance(node.value, ast.Tuple) and all(isinstance(t, ast.Tuple) for t in node.targets):
             for t in node.targets:
                 for a, v in zip(t.elts, node.value.elts):
@@ -204,7 +237,8 @@ class Checker(Kinds, ast.NodeVisitor):
             self.bind(t, k)
             if k == "loader_pageable" and isinstance(t, ast.Name):
                 self.loaders.append({"name": t.id, "node": node.value, "scope": self.scope_node})
-        dotted = self.dotted(node.value) if isinstance(node.value, ast.Attribute) else None
+        aliased = node.value.body if isinstance(node.value, ast.IfExp) else node.value  # `a if cuda else noop`
+        dotted = self.dotted(aliased) if isinstance(aliased, ast.Attribute) else None
         if dotted and dotted.endswith(".synchronize") and len(node.targets) == 1 \
                 and isinstance(node.targets[0], ast.Name):
             self.aliases[node.targets[0].id] = dotted  # synchronize = torch.cuda.synchronize
@@ -250,6 +284,9 @@ class Checker(Kinds, ast.NodeVisitor):
             if method == "values" and recv in BATCHES | TENSORISH:
                 return self.bind(target, recv)
         k = self.iter_kind(it, unpacked=isinstance(target, ast.Tuple))
+        if k and k.startswith("enum_") and isinstance(target, ast.Tuple) and len(target.elts) == 2:
+            self.bind(target.elts[0], "num")   # for i, batch in pbar (pbar = tqdm(enumerate(loader)))
+            return self.bind(target.elts[1], ITEM_KIND.get(k[5:]))
         self.bind(target, {"loader_pageable": "batch_host", "loader_pinned": "batch_pinned", "loader": "batch",
                            "loader_device": "tensor"}.get(k, k if k in ("numpy", "host", "pinned", "tensor", "mask",
                                                                          *BATCHES) else None))
@@ -269,8 +306,10 @@ class Checker(Kinds, ast.NodeVisitor):
         saved = self.region
         if saved != "hot":
             self.region = "hot" if id(node) in self.hotmap.step_loops else ("off" if saved == "off" else "cold")
+        self.loop_stack.append(id(node))
         for part in (*every_iteration, *node.body):
             self.visit(part)
+        self.loop_stack.pop()
         self.region = saved
         for stmt in node.orelse:
             self.visit(stmt)
@@ -367,10 +406,13 @@ class Checker(Kinds, ast.NodeVisitor):
             elif nb_true and recv in ("host", "batch_host"):
                 self.flag(node, "GB005")
             # GB009: a loader's batch copied with a blocking copy, every step
-            if recv in BATCHES and blocking and self.looping():
+            if recv in BATCHES and blocking and self.looping() and (recv != "batch_tok" or self.updating()):
                 self.flag(node, "GB009", what=_short(node))
         elif method == "copy_" and nb_true and node.args and self.kind(node.args[0]) in ("host", "batch_host"):
             self.flag(node, "GB005")
+        elif method == "copy_" and blocking and node.args and recv in TENSORISH and self.looping() \
+                and self.kind(node.args[0]) in BATCHES:
+            self.flag(node, "GB009", what=_short(node))   # x_dev.copy_(batch): a blocking copy into a device buffer
 
         if self.looping():
             self.sync_rules(node, func, name, method, recv, kw)
@@ -386,41 +428,6 @@ class Checker(Kinds, ast.NodeVisitor):
                     self.loaders = [d for d in self.loaders if d["name"] != a.id]
         self.generic_visit(node)
 
-    def sync_rules(self, node, func, name, method, recv, kw) -> None:
-        # GB002: reading a device value on the host
-        forced = isinstance(kw.get("force"), ast.Constant) and kw["force"].value is True
-        if method in READS and recv not in HOSTISH and not isinstance(func.value, ast.Constant) \
-                and (method != "numpy" or forced) \
-                and (method != "tolist" or recv in TENSORISH) \
-                and not (method == "cpu" and self.is_model(func.value)):
-            # .numpy() of a CUDA tensor raises unless force=True; .tolist() of an unknown is as likely numpy
-            self.flag(node, "GB002", what=f"`.{method}()`")
-        elif isinstance(func, ast.Name) and func.id in ("float", "int", "bool") and len(node.args) == 1 \
-                and self.kind(node.args[0]) in TENSORISH:
-            self.flag(node, "GB002", what=f"`{func.id}()` of a tensor")
-        # GB003: printing or formatting a tensor
-        if isinstance(func, ast.Name) and func.id in ("print", "str", "repr", "format") \
-                and any(self.kind(a) in TENSORISH for a in node.args):
-            self.flag(node, "GB003", what="printing" if func.id == "print" else "formatting")
-        elif method == "format" and isinstance(func.value, ast.Constant) \
-                and any(self.kind(a) in TENSORISH for a in [*node.args, *kw.values()]):
-            self.flag(node, "GB003", what="formatting")
-        elif (method in _LOGGERS or name in ("wandb.log", "mlflow.log_metric", "mlflow.log_metrics")) \
-                and any(self.kind(v) in TENSORISH for a in [*node.args, *kw.values()] for v in _values(a)):
-            self.flag(node, "GB003", what="logging")  # writer.add_scalar("loss", loss, step) reads it on the host
-        # GB004: synchronize in a loop, unless it is measuring time or in benchmark code
-        if name.endswith("torch.cuda.synchronize") or method == "synchronize":
-            if not (self.hotmap.bench_file or node.lineno in self.hotmap.timed
-                    or any(is_bench_name(f) for f in self.functions)):
-                self.flag(node, "GB004", what=f"`{ast.unparse(func)}()`")
-        # GB008: data-dependent output shapes
-        last = name.rsplit(".", 1)[-1]
-        if (name.startswith("torch.") and name.count(".") == 1 and last in DATA_DEPENDENT) or \
-                (name == "torch.where" and len(node.args) == 1 and not node.keywords):
-            self.flag(node, "GB008", what=f"`{name}()`")
-        elif method in DATA_DEPENDENT and recv not in HOSTISH and not name.startswith(("torch.", "numpy.", "np.")):
-            self.flag(node, "GB008", what=f"`.{method}()`")
-
     def record_call(self, node: ast.Call, fn) -> None:
         """The kinds a helper's parameters get from its first hot call site."""
         if id(fn) in self.call_args:
@@ -432,25 +439,6 @@ class Checker(Kinds, ast.NodeVisitor):
         kinds.update({k.arg: self.kind(k.value) for k in node.keywords if k.arg})
         self.call_args[id(fn)] = kinds
         self.callers[id(fn)] = self.functions[-1] if self.functions else ""
-
-    def visit_JoinedStr(self, node: ast.JoinedStr) -> None:
-        if self.looping() and any(isinstance(v, ast.FormattedValue) and self.kind(v.value) in TENSORISH
-                                  for v in node.values):
-            self.flag(node, "GB003", what="formatting")
-        self.generic_visit(node)
-
-    def visit_BinOp(self, node: ast.BinOp) -> None:
-        if self.looping() and isinstance(node.op, ast.Mod) and self.kind(node.left) == "str" \
-                and self.kind(node.right) in TENSORISH:
-            self.flag(node, "GB003", what="formatting")
-        self.generic_visit(node)
-
-    def visit_Subscript(self, node: ast.Subscript) -> None:
-        if self.looping() and isinstance(node.ctx, ast.Load) and self.kind(node.value) not in HOSTISH:
-            parts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
-            if any(self.kind(p) == "mask" for p in parts):
-                self.flag(node, "GB008", what="boolean-mask indexing `x[mask]`")
-        self.generic_visit(node)
 
     # -- GB006: a pageable DataLoader whose batches go to CUDA
     def check_loaders(self) -> None:
@@ -466,11 +454,6 @@ class Checker(Kinds, ast.NodeVisitor):
         self.loaders = []
 
 
-def _values(node: ast.AST) -> list[ast.AST]:
-    """The values a logging call is handed: the dict's values for wandb.log({"loss": loss})."""
-    return [v for v in node.values if v is not None] if isinstance(node, ast.Dict) else [node]
-
-
 def _short(node: ast.AST, width: int = 40) -> str:
     text = ast.unparse(node)
     return text if len(text) <= width else text[:width - 3] + "..."
@@ -482,6 +465,9 @@ def _moves_to_cuda(loop: ast.AST, checker: Checker) -> bool:
         if isinstance(n, ast.Assign) and root_name(n.value) in targets:
             targets |= {t.id for tgt in n.targets for t in ast.walk(tgt) if isinstance(t, ast.Name)}
     for n in ast.walk(loop):
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "copy_" and n.args \
+                and root_name(n.args[0]) in targets and checker.kind(n.func.value) in TENSORISH:
+            return True   # x_dev.copy_(batch)
         if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in ("to", "cuda"):
             if root_name(n.func.value) in targets and checker.copy_target(n) == "cuda" \
                     and not checker.is_model(n.func.value):
