@@ -14,6 +14,7 @@ COMMANDS = {
     "lint": ("gobrrr.device.lint", "static check for host-device anti-patterns (GB001-GB008)"),
     "doctor": ("gobrrr.doctor", "run a script under the profiler and show where the GPU waits"),
     "train": ("gobrrr.train", "train the reference GPT (works under torchrun)"),
+    "plan": ("gobrrr.plan_cli", "memory, communication and step time of every parallel layout, before renting GPUs"),
     "bench": (None, "benchmarks: " + ", ".join(["copy", "prefetch", "syncwatch", "comm", "p2p", "ddp"])),
 }
 
