@@ -15,7 +15,7 @@ COMMANDS = {
     "doctor": ("gobrrr.doctor", "run a script under the profiler and show where the GPU waits"),
     "train": ("gobrrr.train", "train the reference GPT (works under torchrun)"),
     "plan": ("gobrrr.plan_cli", "memory, communication and step time of every parallel layout, before renting GPUs"),
-    "bench": (None, "benchmarks: " + ", ".join(["copy", "prefetch", "syncwatch", "comm", "p2p", "ddp"])),
+    "bench": (None, "benchmarks: " + ", ".join(["copy", "prefetch", "syncwatch", "comm", "p2p", "ddp", "plan"])),
 }
 
 # `gobrrr bench NAME` -> module under bench/ (each also runs as `python -m bench.MODULE`)
@@ -26,6 +26,7 @@ BENCHES = {
     "comm": "bench.comm",
     "p2p": "bench.p2p",
     "ddp": "bench.ddp",
+    "plan": "bench.plan_check",
 }
 
 

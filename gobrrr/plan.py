@@ -251,23 +251,34 @@ def block_activation_bytes(model: ModelShape, layout: Layout, b: int, s: int, op
     return outside + inside / t + attn / t + stats
 
 
-def activation_bytes(model: ModelShape, layout: Layout, b: int, s: int, opt: Options) -> float:
-    """Peak activation bytes on one GPU during one micro-step (the start of backward).
+def saved_bytes(model: ModelShape, layout: Layout, b: int, s: int, opt: Options) -> float:
+    """Bytes autograd holds at the end of one micro-step's forward, on one GPU (no recompute):
+    L blocks + the head's inputs (ln_f r + lm_head c, in sbh) + the fp32 log-softmax output (4·sbV/tp)."""
+    _, _, _, r, c = PRECISIONS[opt.precision]
+    h, V, t = model.n_embd, model.vocab_size, layout.tp
+    shard = t if layout.sequence_parallel else 1
+    head = (r + c) * s * b * h / shard + 4 * s * b * math.ceil(V / t)
+    return model.n_layer * block_activation_bytes(model, layout, b, s, opt) + head
 
-    no recompute: L blocks saved + the head's inputs (ln_f r + lm_head c, sbh) + the loss's peak
-                  (c + 12)·sbV/tp: bf16 logits, and at the log-softmax backward the fp32 output it
-                  saved, the incoming and the outgoing gradient, 4 bytes each.
-    recompute:    L block inputs (r·sbh, /tp with SP) + the larger of the loss peak and one block
-                  recomputed during its backward plus two fp32 residual gradients.
+
+def activation_bytes(model: ModelShape, layout: Layout, b: int, s: int, opt: Options) -> float:
+    """Peak activation bytes on one GPU during one micro-step (at the loss's backward).
+
+    no recompute: `saved_bytes` + (c + 8)·sbV/tp live at the log-softmax backward: the logits (compute
+                  dtype, held by the caller) and the incoming and outgoing fp32 gradients.
+    recompute:    L block inputs (r·sbh, /tp with SP) + the larger of that loss peak (with the head's
+                  saved inputs) and one block recomputed during its backward plus two fp32 residual
+                  gradients.
     """
     _, _, _, r, c = PRECISIONS[opt.precision]
     h, V, t, L = model.n_embd, model.vocab_size, layout.tp, model.n_layer
     sbh = s * b * h
     shard = t if layout.sequence_parallel else 1
-    head = (r + c) * sbh / shard + (c + 12) * s * b * math.ceil(V / t)
-    block = block_activation_bytes(model, layout, b, s, opt)
+    loss_peak = (c + 8) * s * b * math.ceil(V / t)
     if not layout.recompute:
-        return L * block + head
+        return saved_bytes(model, layout, b, s, opt) + loss_peak
+    head = (r + c) * sbh / shard + 4 * s * b * math.ceil(V / t) + loss_peak
+    block = block_activation_bytes(model, layout, b, s, opt)
     return L * r * sbh / shard + max(head, block + 2 * 4 * sbh / shard)
 
 
@@ -275,8 +286,13 @@ def temp_bytes(model: ModelShape, layout: Layout, opt: Options) -> dict[str, flo
     """Buffers beyond model states and activations, by kind."""
     p, g, _, _, _ = PRECISIONS[opt.precision]
     out: dict[str, float] = {}
-    if opt.precision == "amp":
-        out["autocast_bf16_weights"] = 2.0 * model.cast_params_per_tp_rank(layout.tp)
+    if opt.precision == "amp":  # held from forward to backward by the matmuls that saved them; under
+        # recompute only the head's (outside the checkpoints) and one recomputed block's
+        cast = model.cast_params_per_tp_rank(layout.tp)
+        if layout.recompute:
+            blocks = cast - math.ceil(model.vocab_size / layout.tp) * model.n_embd
+            cast = cast - blocks + blocks / model.n_layer
+        out["autocast_bf16_weights"] = 2.0 * cast
     if layout.zero >= 3:
         block = model.block_params() / layout.tp
         out["zero3_gathered_blocks"] = 2 * p * block + g * block  # this + the prefetched next; its grads

@@ -56,6 +56,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def model_from_args(a: argparse.Namespace) -> ModelShape:
+    for name in ("layers", "width", "heads", "vocab", "seq_len"):
+        if getattr(a, name) is not None and getattr(a, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")
     shape = (a.layers, a.width, a.heads)
     if a.model:
         if any(x is not None for x in shape):
@@ -68,7 +71,7 @@ def model_from_args(a: argparse.Namespace) -> ModelShape:
         return base
     if any(x is None for x in shape):
         raise ValueError("give --model NAME, or all of --layers, --width and --heads for a custom model")
-    return ModelShape("custom", a.layers, a.width, a.heads, a.vocab or 50304, a.seq_len or 1024)
+    return ModelShape("custom", a.layers, a.width, a.heads, a.vocab or 50304, a.seq_len or 1024)  # both >= 1 here
 
 
 def build(a: argparse.Namespace) -> Plan:
