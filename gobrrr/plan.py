@@ -476,3 +476,32 @@ def _why_slower(r: Row, top: Row) -> str:
 def row_for(model: ModelShape, machine, batch: Batch, layout: Layout, opt: Options = Options()) -> Row:
     """One layout's row (what `gobrrr train` prints at start): `evaluate` with the batch checked."""
     return evaluate(model, layout, batch, machine, replace(opt))
+
+
+def train_row(gpt_config, *, world_size: int, micro_batch: int, seq_len: int, grad_accum: int = 1,
+              gpu: str = "H200", gpu_mem_gb: float | None = None, tp: int = 1, zero: int = 0,
+              recompute: bool = False, sequence_parallel: bool = False, precision: str = "amp",
+              name: str = "run", gpus_per_node: int | None = None) -> Row:
+    """The plan's row for a `gobrrr train` run: its GPT config, world size, batch and precision.
+
+    `gpu` is a GPU model name (torch.cuda.get_device_name() works); ValueError if it is unknown.
+    """
+    from gobrrr.plan_links import machine
+
+    shape = ModelShape(name, gpt_config.n_layer, gpt_config.n_embd, gpt_config.n_head, gpt_config.vocab_size,
+                       gpt_config.block_size)
+    if world_size % tp:
+        raise ValueError(f"world size {world_size} is not a multiple of tp {tp}")
+    dp = world_size // tp
+    mach = machine(gpu, gpu_mem_gb, gpus_per_node or world_size, model=name)
+    batch = Batch(micro_batch, seq_len, micro_batch * dp * grad_accum)
+    return evaluate(shape, Layout(dp, tp, zero, recompute, sequence_parallel), batch, mach, Options(precision=precision))
+
+
+def summary(row: Row) -> str:
+    """One line: the layout, the bytes per GPU by part, whether it fits, the step time and tokens/s."""
+    return (f"plan: {row.name()}: params {row.param_bytes / GB:.2f} + grads {row.grad_bytes / GB:.2f} + optimizer "
+            f"{row.optimizer_bytes / GB:.2f} + activations {row.activation_bytes / GB:.2f} + temp "
+            f"{row.temp_bytes / GB:.2f} = {row.total_bytes / GB:.2f} GB per GPU "
+            f"({'fits' if row.fits else 'DOES NOT FIT'} in {row.usable_bytes / GB:.0f} GB usable); "
+            f"step {row.step_s * 1e3:.1f} ms, {row.tokens_per_s:,.0f} tokens/s at MFU {row.mfu:.1%} (docs/plan.md)")

@@ -214,3 +214,18 @@ def test_plan_check_quick_on_a_gpu():
     from bench.plan_check import main as check_main
 
     assert check_main(["--quick"]) == 0
+
+
+def test_train_row_is_the_plan_row_of_a_run(no_records):
+    from gobrrr.models.gpt import GPTConfig
+    from gobrrr.plan import summary, train_row
+
+    row = train_row(GPTConfig.from_name("124m"), world_size=4, micro_batch=8, seq_len=1024, grad_accum=2,
+                    gpu="NVIDIA H200", name="124m", zero=2)
+    same = evaluate(PRESETS["124m"], Layout(4, 1, 2), Batch(8, 1024, 64), machine("H200", gpus_per_node=4),
+                    Options(precision="amp"))
+    assert row.as_dict() == same.as_dict() and row.grad_accum == 2
+    line = summary(row)
+    assert line.startswith("plan: dp4 tp1 z2") and "fits" in line and "\n" not in line
+    with pytest.raises(ValueError, match="unknown GPU"):
+        train_row(GPTConfig.from_name("tiny"), world_size=1, micro_batch=1, seq_len=8, gpu="cpu")
