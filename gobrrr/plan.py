@@ -152,6 +152,7 @@ class Batch:
 class Options:
     precision: str = "bf16"
     attention: str = "flash"   # flash: no s x s scores kept; eager: Korthikanti's 5 a s^2 b
+    loss: str = "full"         # full: F.cross_entropy on (B, T, V) logits; chunked: gobrrr.ops.linear_cross_entropy
     bucket_mb: float = 25.0    # gradient bucket size (gobrrr.parallel.ddp's default)
     headroom: float = 0.10     # fraction of GPU memory kept free: CUDA context, allocator fragmentation
 
@@ -160,6 +161,8 @@ class Options:
             raise ValueError(f"unknown precision {self.precision!r}; choose one of {', '.join(PRECISIONS)}")
         if self.attention not in ("flash", "eager"):
             raise ValueError(f"unknown attention {self.attention!r}; choose flash or eager")
+        if self.loss not in ("full", "chunked"):
+            raise ValueError(f"unknown loss {self.loss!r}; choose full or chunked")
         if not 0 <= self.headroom < 1:
             raise ValueError(f"headroom {self.headroom} must be in [0, 1)")
 
@@ -251,35 +254,53 @@ def block_activation_bytes(model: ModelShape, layout: Layout, b: int, s: int, op
     return outside + inside / t + attn / t + stats
 
 
+CHUNK_LOGITS = 2**29  # gobrrr.ops.linear_cross_entropy: logits per chunk (1 GiB in bf16)
+
+
+def head_bytes(model: ModelShape, layout: Layout, b: int, s: int, opt: Options) -> tuple[float, float]:
+    """(bytes the head and loss save for backward, bytes live on top of that at their peak), one GPU.
+
+    full (the reference GPT's F.cross_entropy under autocast): saved ln_f's input (r) and the head's
+        input (c) per sbh, and the fp32 log-softmax output 4·sbV/tp; at the log-softmax backward the
+        logits (c·sbV/tp, still referenced) and two fp32 gradients (8·sbV/tp) are live too.
+    chunked (gobrrr.ops.linear_cross_entropy, gradients computed in forward one chunk of at most
+        2^29 logits at a time): saved ln_f's input (r·sbh), grad_x (c·sbh) and grad_W (c·Vh/tp);
+        live during a chunk: its logits and their gradient (c each) and one fp32 working copy (4),
+        plus the bf16 copies of x and W.
+    """
+    _, _, _, r, c = PRECISIONS[opt.precision]
+    h, Vt = model.n_embd, math.ceil(model.vocab_size / layout.tp)
+    sbh = s * b * h
+    shard = layout.tp if layout.sequence_parallel else 1
+    if opt.loss == "full":
+        return (r + c) * sbh / shard + 4 * s * b * Vt, (c + 8) * s * b * Vt
+    rows = s * b
+    per_chunk = max(1, CHUNK_LOGITS // Vt)
+    chunk = math.ceil(rows / math.ceil(rows / per_chunk)) * Vt
+    return r * sbh / shard + c * sbh + c * Vt * h, chunk * (2 * c + 4) + c * Vt * h + c * sbh
+
+
 def saved_bytes(model: ModelShape, layout: Layout, b: int, s: int, opt: Options) -> float:
     """Bytes autograd holds at the end of one micro-step's forward, on one GPU (no recompute):
-    L blocks + the head's inputs (ln_f r + lm_head c, in sbh) + the fp32 log-softmax output (4·sbV/tp)."""
-    _, _, _, r, c = PRECISIONS[opt.precision]
-    h, V, t = model.n_embd, model.vocab_size, layout.tp
-    shard = t if layout.sequence_parallel else 1
-    head = (r + c) * s * b * h / shard + 4 * s * b * math.ceil(V / t)
-    return model.n_layer * block_activation_bytes(model, layout, b, s, opt) + head
+    L blocks + what the head and the loss save (`head_bytes`)."""
+    return model.n_layer * block_activation_bytes(model, layout, b, s, opt) + head_bytes(model, layout, b, s, opt)[0]
 
 
 def activation_bytes(model: ModelShape, layout: Layout, b: int, s: int, opt: Options) -> float:
-    """Peak activation bytes on one GPU during one micro-step (at the loss's backward).
+    """Peak activation bytes on one GPU during one micro-step (at the loss).
 
-    no recompute: `saved_bytes` + (c + 8)·sbV/tp live at the log-softmax backward: the logits (compute
-                  dtype, held by the caller) and the incoming and outgoing fp32 gradients.
-    recompute:    L block inputs (r·sbh, /tp with SP) + the larger of that loss peak (with the head's
-                  saved inputs) and one block recomputed during its backward plus two fp32 residual
-                  gradients.
+    no recompute: `saved_bytes` + the loss's live bytes at its peak (`head_bytes`).
+    recompute:    L block inputs (r·sbh, /tp with SP) + the larger of the head and loss's peak and
+                  one block recomputed during its backward plus two fp32 residual gradients.
     """
     _, _, _, r, c = PRECISIONS[opt.precision]
-    h, V, t, L = model.n_embd, model.vocab_size, layout.tp, model.n_layer
-    sbh = s * b * h
-    shard = t if layout.sequence_parallel else 1
-    loss_peak = (c + 8) * s * b * math.ceil(V / t)
+    sbh = s * b * model.n_embd
+    shard = layout.tp if layout.sequence_parallel else 1
+    saved_head, live = head_bytes(model, layout, b, s, opt)
     if not layout.recompute:
-        return saved_bytes(model, layout, b, s, opt) + loss_peak
-    head = (r + c) * sbh / shard + 4 * s * b * math.ceil(V / t) + loss_peak
+        return saved_bytes(model, layout, b, s, opt) + live
     block = block_activation_bytes(model, layout, b, s, opt)
-    return L * r * sbh / shard + max(head, block + 2 * 4 * sbh / shard)
+    return model.n_layer * r * sbh / shard + max(saved_head + live, block + 2 * 4 * sbh / shard)
 
 
 def temp_bytes(model: ModelShape, layout: Layout, opt: Options) -> dict[str, float]:

@@ -49,6 +49,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     b.add_argument("--precision", choices=list(PRECISIONS), default="bf16",
                    help="bf16: bf16 weights + fp32 master (default); amp: fp32 weights under autocast")
     b.add_argument("--attention", choices=["flash", "eager"], default="flash")
+    b.add_argument("--loss", choices=["full", "chunked"], default="full",
+                   help="full: (B, T, V) logits; chunked: gobrrr.ops.linear_cross_entropy (what gobrrr train uses)")
     b.add_argument("--headroom", type=float, default=0.10, help="fraction of GPU memory kept free (default 0.10)")
     p.add_argument("--format", choices=["table", "json"], default="table")
     p.add_argument("--top", type=int, default=0, help="print only the first N rows (default all)")
@@ -83,8 +85,8 @@ def build(a: argparse.Namespace) -> Plan:
         raise ValueError(f"--gpu-mem must be > 0 GB, got {a.gpu_mem}")
     if a.global_batch is not None and a.global_batch < 1:
         raise ValueError(f"--global-batch must be >= 1, got {a.global_batch}")
-    mach = machine(a.gpu, a.gpu_mem, a.gpus_per_node, a.mfu, model.name, a.records)
-    opt = Options(precision=a.precision, attention=a.attention, headroom=a.headroom)
+    mach = machine(a.gpu, a.gpu_mem, a.gpus_per_node, a.mfu, model.name, a.records, a.micro_batch)
+    opt = Options(precision=a.precision, attention=a.attention, loss=a.loss, headroom=a.headroom)
     return plan(model, mach, Batch(a.micro_batch, a.seq_len or model.seq_len, a.global_batch), a.gpus, opt)
 
 
@@ -95,7 +97,7 @@ def header(p: Plan) -> list[str]:
         f"{m.n_head} heads, vocab {m.vocab_size}, GPT-shaped) on {p.gpus} x {mach.gpu} "
         f"{mach.mem_bytes / GB:.0f} GB ({mach.gpus_per_node} per node)",
         f"  batch: micro {p.batch.micro} x seq {p.batch.seq_len}; precision {o.precision} "
-        f"(p/g/o bytes {'/'.join(map(str, PRECISIONS[o.precision][:3]))}); {o.attention} attention; "
+        f"(p/g/o bytes {'/'.join(map(str, PRECISIONS[o.precision][:3]))}); {o.attention} attention; {o.loss} loss; "
         f"fits = total <= {1 - o.headroom:.0%} of memory ({o.headroom:.0%} headroom)",
         f"  compute: {mach.sources['peak']} x MFU {mach.mfu:.1%} ({mach.sources['mfu']}); "
         f"HBM {mach.hbm_Bps / 1e12:.2f} TB/s ({mach.sources['hbm']})",

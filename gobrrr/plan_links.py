@@ -12,7 +12,9 @@ $GOBRRR_BENCH_RESULTS, or from --records DIR:
   p2p.jsonl   (`gobrrr bench p2p`): with 2+ GPUs and peer access, the slowest pair's copy bandwidth
               stands in for the intra-node bus bandwidth when there is no comm record; with one GPU,
               its device-to-device read+write bandwidth is the HBM bandwidth the optimizer step uses.
-  ddp.jsonl   (`gobrrr bench ddp`): the "plain" row's MFU, used when the plan is for the same model.
+  train.jsonl (`gobrrr bench train`): the "gobrrr" row's MFU (gobrrr train's step), for the same model,
+              at the planned micro-batch when measured (else the largest); else
+  ddp.jsonl   (`gobrrr bench ddp`): the "plain" row's MFU (an eager loop), for the same model.
 
 Defaults (named in the table when used): NVLink 4 (H100/H200 SXM) 360 GB/s all-reduce bus bandwidth,
 80% of its 450 GB/s per direction, the range nccl-tests reports on 8-GPU NVSwitch hosts;
@@ -104,9 +106,34 @@ def comm_link(records: list[dict], inter: bool) -> Link | None:
     return None
 
 
+def measured_mfu(gpu: str, dirs: list[Path], model: str | None, micro_batch: int | None,
+                 prefer: tuple[str, ...] = ("train", "ddp")) -> tuple[float, str] | None:
+    """(MFU, its source) from the latest record of the same model, in the order of `prefer`:
+    `bench train`'s "gobrrr" row (gobrrr train's own step; the row at this micro-batch, else the
+    largest), or `bench ddp`'s "plain" row (an eager loop). None when no record fits."""
+    if not model:
+        return None
+    wanted = {"train": "gobrrr", "ddp": "plain"}
+    for bench in prefer:
+        for rec in reversed(read_records(bench, gpu, dirs)):
+            if rec.get("config", {}).get("model") != model:
+                continue
+            rows = [r for r in rec.get("rows", []) if r.get("variant") == wanted[bench] and r.get("mfu")]
+            if not rows:
+                continue
+            row = next((r for r in rows if r.get("B") == micro_batch), max(rows, key=lambda r: r.get("B") or 0))
+            b = row.get("B") or rec["config"].get("batch_size")
+            return row["mfu"], f"bench {bench} {rec.get('time', '?')[:10]}: {model} {wanted[bench]} step, batch {b}, " \
+                               f"{row['mfu']:.1%}"
+    return None
+
+
 def machine(gpu: str = "H200", mem_gb: float | None = None, gpus_per_node: int = 8, mfu: float | None = None,
-            model: str | None = None, records: str | os.PathLike | None = None) -> Machine:
+            model: str | None = None, records: str | os.PathLike | None = None, micro_batch: int | None = None,
+            prefer: tuple[str, ...] = ("train", "ddp")) -> Machine:
     """The Machine for --gpu, with measured records where they exist (module docstring)."""
+    if gpus_per_node < 1:
+        raise ValueError(f"--gpus-per-node must be >= 1, got {gpus_per_node}")
     key = next((k for k in GPUS if k.lower() in gpu.lower()), None)
     if key is None:
         raise ValueError(f"unknown GPU {gpu!r}; choose one of {', '.join(GPUS)} (or give --peak-tflops)")
@@ -143,13 +170,7 @@ def machine(gpu: str = "H200", mem_gb: float | None = None, gpus_per_node: int =
             raise ValueError(f"--mfu {mfu} must be in (0, 1]")
         sources["mfu"] = f"--mfu {mfu:.0%}"
     else:
-        mfu, sources["mfu"] = DEFAULT_MFU, f"default {DEFAULT_MFU:.0%}"
-        for rec in reversed(read_records("ddp", key, dirs)):
-            plain = [r for r in rec.get("rows", []) if r.get("variant") == "plain" and r.get("mfu")]
-            if model and plain and rec.get("config", {}).get("model") == model:
-                mfu = plain[0]["mfu"]
-                sources["mfu"] = (f"bench ddp {rec.get('time', '?')[:10]}: {model} plain loop, batch "
-                                  f"{rec['config'].get('batch_size')}, {mfu:.1%}")
-                break
+        found = measured_mfu(key, dirs, model, micro_batch, prefer)
+        mfu, sources["mfu"] = found if found else (DEFAULT_MFU, f"default {DEFAULT_MFU:.0%}")
     return Machine(gpu=key, mem_bytes=(mem_gb if mem_gb is not None else mem) * 1e9, gpus_per_node=gpus_per_node,
                    peak_flops=peak, hbm_Bps=hbm_Bps, mfu=mfu, intra=intra, inter=inter, sources=sources)

@@ -128,11 +128,17 @@ def test_bandwidths_hbm_and_mfu_come_from_records(no_records):
                              "figures": {"gpus": 1, "d2d_read_write_GBs": 4000.0}})
     _write(d / "ddp.jsonl", {"device": "NVIDIA H200", "time": "2027-01-01", "config": {"model": "124m", "batch_size": 16},
                              "rows": [{"variant": "plain", "mfu": 0.3}]})
-    m = machine("H200", model="124m")
+    m = machine("H200", model="124m", prefer=("ddp",))
     assert m.intra.busbw_Bps == 480e9 and m.intra.latency_s == pytest.approx(30e-6)
     assert m.inter.busbw_Bps == 48e9
     assert m.hbm_Bps == 4000e9 and m.mfu == 0.3 and "bench ddp" in m.sources["mfu"]
     assert machine("H200", model="7b").mfu == 0.40  # the record is for another model
+    _write(d / "train.jsonl", {"device": "NVIDIA H200", "time": "2027-01-01", "config": {"model": "124m"},
+                               "rows": [{"B": 8, "variant": "gobrrr", "mfu": 0.41}, {"B": 16, "variant": "gobrrr", "mfu": 0.45},
+                                        {"B": 16, "variant": "plain", "mfu": 0.2}]})
+    assert machine("H200", model="124m", micro_batch=8).mfu == 0.41  # gobrrr train's step at that batch
+    assert machine("H200", model="124m", micro_batch=4).mfu == 0.45  # else the largest batch measured
+    assert machine("H200", model="124m", prefer=("ddp",)).mfu == 0.3
     fast = evaluate(PRESETS["124m"], Layout(8, 1, 0), Batch(8, 1024), m, Options())
     slow = evaluate(PRESETS["124m"], Layout(8, 1, 0), Batch(8, 1024), machine("H200", records=d / "none", model="124m",
                                                                               mfu=0.3), Options())
