@@ -21,7 +21,8 @@ and its source; Ψ = parameters this GPU's tensor-parallel shard holds, N = dp):
                  c are the bytes of the residual stream and of the compute dtype (amp: 36·sbh;
                  bf16: 32·sbh). TP shards 12c of the 2r + 14c; SP shards the rest; full recompute
                  keeps only each block's input (r·sbh) plus one block live during its backward.
-                 The loss adds (c + 12)·sbV bytes at its backward (logits, fp32 log-softmax, grads).
+                 The loss adds (c + 12)·sbV bytes at its backward (logits, fp32 log-softmax, grads),
+                 or one chunk of logits with gobrrr.ops' chunked loss (`head_bytes`).
   temporaries    autocast's bf16 weight copies (amp), ZeRO-3's gathered block (this one and the
                  prefetched next), ZeRO's gradient buckets.
   communication  bytes each GPU's link carries per optimizer step, with nccl-tests' bus factors
@@ -36,13 +37,15 @@ and its source; Ψ = parameters this GPU's tensor-parallel shard holds, N = dp):
                  one block ahead and hide under that block's compute.
 
 Bandwidths, peak FLOP/s and MFU come from a `Machine` (gobrrr/plan_links.py: measured `bench comm`
-/ `bench p2p` / `bench ddp` records when they exist, else named defaults); only the records change
-when the machine does. `gobrrr plan` is gobrrr/plan_cli.py.
+/ `p2p` / `train` / `ddp` records when they exist, else named defaults); only the records change
+when the machine does. `gobrrr plan` is gobrrr/plan_cli.py; `train_row` + `summary` give the one
+line `gobrrr train` prints for its own layout. The plan covers layouts gobrrr itself may not run
+(e.g. ZeRO-3 with tp > 1): it is the formulas, not a list of features.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 
 GB = 1e9
 
@@ -492,11 +495,6 @@ def _why_slower(r: Row, top: Row) -> str:
     if ratio < 0.005:
         return f"as fast; needs {(r.total_bytes - top.total_bytes) / GB:+.1f} GB vs the fastest"
     return f"{ratio:.0%} slower: {worst}"
-
-
-def row_for(model: ModelShape, machine, batch: Batch, layout: Layout, opt: Options = Options()) -> Row:
-    """One layout's row (what `gobrrr train` prints at start): `evaluate` with the batch checked."""
-    return evaluate(model, layout, batch, machine, replace(opt))
 
 
 def train_row(gpt_config, *, world_size: int, micro_batch: int, seq_len: int, grad_accum: int = 1,
