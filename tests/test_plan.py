@@ -36,10 +36,12 @@ def test_preset_parameter_count_equals_the_reference_gpt_on_meta(name):
     assert shape.params_per_tp_rank(1) == shape.params()
 
 
-def _saved_by_autograd(shape: ModelShape, b: int, s: int) -> int:
+def _saved_by_autograd(shape: ModelShape, b: int, s: int, fused_loss=None) -> int:
     """Bytes of the distinct non-parameter storages autograd saves during one fp32 forward on CPU."""
     torch.manual_seed(0)
     model = GPT(shape.gpt_config())
+    if fused_loss is not None:
+        model.fused_loss = fused_loss
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     seen: dict[int, int] = {}
 
@@ -60,6 +62,25 @@ def _saved_by_autograd(shape: ModelShape, b: int, s: int) -> int:
 def test_saved_activations_equal_what_autograd_saves(shape, b):
     measured = _saved_by_autograd(shape, b, shape.seq_len)
     predicted = saved_bytes(shape, Layout(1, 1), b, shape.seq_len, Options(precision="fp32"))
+    assert measured == pytest.approx(predicted, rel=0.01)
+
+
+def _no_chunked_loss() -> bool:
+    try:
+        import gobrrr.ops  # noqa: F401
+    except ImportError:
+        return True
+    return not hasattr(GPT(ModelShape("t", 1, 8, 1, 16, 4).gpt_config()), "fused_loss")
+
+
+@pytest.mark.skipif(_no_chunked_loss(), reason="gobrrr.ops' chunked cross-entropy (the train branch) is not in "
+                    "this checkout yet")
+def test_chunked_loss_saves_what_the_plan_says():
+    from gobrrr.ops import ChunkedCrossEntropy
+
+    shape, b = ModelShape("wide-vocab", 2, 64, 2, 4096, 32), 2
+    measured = _saved_by_autograd(shape, b, shape.seq_len, ChunkedCrossEntropy(chunk_rows=16))
+    predicted = saved_bytes(shape, Layout(1, 1), b, shape.seq_len, Options(precision="fp32", loss="chunked"))
     assert measured == pytest.approx(predicted, rel=0.01)
 
 
