@@ -19,7 +19,7 @@ and its source; Ψ = parameters this GPU's tensor-parallel shard holds, N = dp):
                  Transformer Models") re-counted for this GPT: with flash attention (no s x s
                  scores kept) and no dropout, a block saves (2r + 14c)·sbh + 4·abs bytes, where r and
                  c are the bytes of the residual stream and of the compute dtype (amp: 36·sbh;
-                 bf16: 32·sbh). TP shards 12c of the 2r + 14c; SP shards the rest; full recompute
+                 bf16: 32·sbh). TP shards 12c of the 2r + 14c; SP also 2r; full recompute
                  keeps only each block's input (r·sbh) plus one block live during its backward.
                  The loss adds (c + 12)·sbV bytes at its backward (logits, fp32 log-softmax, grads),
                  or one chunk of logits with gobrrr.ops' chunked loss (`head_bytes`).
@@ -244,16 +244,19 @@ def block_activation_bytes(model: ModelShape, layout: Layout, b: int, s: int, op
     Saved tensors, in units of s·b·h: LayerNorm inputs 2r; qkv input c; q, k, v 3c; attention output
     c; fc input c; GELU input 4c; the last linear's input 4c; total 2r + 14c. Tensor parallelism
     shards the 12c that live inside the column/row-parallel pair (heads, the 4h hidden); sequence
-    parallelism also shards the 2r + 2c outside it. Flash attention keeps its fp32 log-sum-exp
-    (4·a·s·b bytes, sharded with the heads); eager attention keeps Korthikanti's 5·a·s^2·b instead.
+    parallelism also shards the LayerNorm inputs (2r), while the all-gathered inputs of qkv and fc
+    (2c) are kept whole for backward, as gobrrr.parallel.tp and torch's SequenceParallel do
+    (Megatron gathers them again in backward instead, and so shards all 2r + 14c). Flash attention
+    keeps its fp32 log-sum-exp (4·a·s·b bytes, sharded with the heads); eager attention keeps
+    Korthikanti's 5·a·s^2·b instead.
     """
     _, _, _, r, c = PRECISIONS[opt.precision]
     h, a, t = model.n_embd, model.n_head, layout.tp
     sbh = s * b * h
-    outside, inside = (2 * r + 2 * c) * sbh, 12 * c * sbh
-    outside = outside / t if layout.sequence_parallel else outside
+    shard = t if layout.sequence_parallel else 1
+    outside, inside = 2 * r * sbh / shard + 2 * c * sbh, 12 * c * sbh
     attn = 4 * a * s * b if opt.attention == "flash" else 5 * a * s * s * b
-    stats = 2 * 2 * 4 * s * b  # LayerNorm mean and rstd, fp32, two per block
+    stats = 2 * 2 * 4 * s * b / shard  # LayerNorm mean and rstd, fp32, two per block
     return outside + inside / t + attn / t + stats
 
 
@@ -263,8 +266,8 @@ CHUNK_LOGITS = 2**29  # gobrrr.ops.linear_cross_entropy: logits per chunk (1 GiB
 def head_bytes(model: ModelShape, layout: Layout, b: int, s: int, opt: Options) -> tuple[float, float]:
     """(bytes the head and loss save for backward, bytes live on top of that at their peak), one GPU.
 
-    full (the reference GPT's F.cross_entropy under autocast): saved ln_f's input (r) and the head's
-        input (c) per sbh, and the fp32 log-softmax output 4·sbV/tp; at the log-softmax backward the
+    full (the reference GPT's F.cross_entropy under autocast): saved ln_f's input (r, sharded by SP)
+        and the head's input (c, gathered whole) per sbh, and the fp32 log-softmax output 4·sbV/tp; at the log-softmax backward the
         logits (c·sbV/tp, still referenced) and two fp32 gradients (8·sbV/tp) are live too.
     chunked (gobrrr.ops.linear_cross_entropy, gradients computed in forward one chunk of at most
         2^29 logits at a time): saved ln_f's input (r·sbh), grad_x (c·sbh) and grad_W (c·Vh/tp);
@@ -276,7 +279,7 @@ def head_bytes(model: ModelShape, layout: Layout, b: int, s: int, opt: Options) 
     sbh = s * b * h
     shard = layout.tp if layout.sequence_parallel else 1
     if opt.loss == "full":
-        return (r + c) * sbh / shard + 4 * s * b * Vt, (c + 8) * s * b * Vt
+        return r * sbh / shard + c * sbh + 4 * s * b * Vt, (c + 8) * s * b * Vt
     rows = s * b
     per_chunk = max(1, CHUNK_LOGITS // Vt)
     chunk = math.ceil(rows / math.ceil(rows / per_chunk)) * Vt

@@ -3,7 +3,9 @@
 Each rank wraps the reference GPT (tiny and small; with 4 heads where tp = 4 needs them), runs one
 fp32 AdamW step on CPU, and reports the bytes it holds: ZeRO through its own `memory_report()`, TP by
 summing its parameters, gradients and optimizer moments. The plan (precision "fp32": 4 + 4 + 8 bytes
-per parameter) must agree within 2% (ZeRO pads each flat to a multiple of the world size).
+per parameter) must agree within 2% (ZeRO pads each flat to a multiple of the world size). The TP
+model's activations too: the bytes autograd saves in one forward (saved-tensor hooks), with and
+without sequence parallelism, against the plan's `saved_bytes`.
 
 Skipped, with the reason, while gobrrr.parallel.zero / gobrrr.parallel.tp are not in this checkout.
 """
@@ -87,10 +89,37 @@ def _tp_held(rank) -> dict:
     return out
 
 
+def _tp_saved(rank) -> dict:
+    """On each rank: {sequence_parallel: bytes autograd saves in one forward} of the tiny model at tp = world."""
+    from gobrrr.models.gpt import GPT, GPTConfig
+    from gobrrr.parallel.tp import tp
+
+    out = {}
+    cfg = GPTConfig.from_name("tiny", **MODELS["tiny"])
+    for sp in (False, True):
+        torch.manual_seed(0)
+        model = tp(GPT(cfg), None, sequence_parallel=sp)
+        params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        seen: dict[int, int] = {}
+
+        def pack(t):
+            st = t.untyped_storage()
+            if st.data_ptr() not in params:
+                seen[st.data_ptr()] = st.nbytes()
+            return t
+
+        x, y = _batch(cfg.vocab_size, 0)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            model(x, y)
+        out[sp] = sum(seen.values())
+    return out
+
+
 def _held(rank, with_zero: bool, with_tp: bool) -> dict:
     """Both checks in one process per rank (one spawn per world size keeps the suite fast)."""
     torch.set_num_threads(1)  # ranks share the CPU cores; intra-op threads only spin against each other
-    return {"zero": _zero_held(rank) if with_zero else {}, "tp": _tp_held(rank) if with_tp else {}}
+    return {"zero": _zero_held(rank) if with_zero else {}, "tp": _tp_held(rank) if with_tp else {},
+            "tp_saved": _tp_saved(rank) if with_tp else {}}
 
 
 @functools.cache
@@ -125,3 +154,16 @@ def test_tensor_parallel_holds_what_the_plan_says(world):
     for rank, held in enumerate(_run(world)):
         for name, h in held["tp"].items():
             _close(h, model_state_bytes(_shape(name), Layout(1, world, 0), "fp32"), f"{name} tp {world} rank {rank}")
+
+
+@pytest.mark.skipif(NO_TP, reason="gobrrr.parallel.tp is not in this checkout yet (the TP branch has not landed)")
+@pytest.mark.parametrize("world", WORLDS)
+def test_tensor_parallel_saves_the_activations_the_plan_says(world):
+    from gobrrr.plan import Options, saved_bytes
+
+    x, _ = _batch(256, 0)
+    b, s = x.shape
+    for rank, held in enumerate(_run(world)):
+        for sp, nbytes in held["tp_saved"].items():
+            want = saved_bytes(_shape("tiny"), Layout(1, world, 0, False, sp), b, s, Options(precision="fp32"))
+            assert nbytes == pytest.approx(want, rel=0.02), f"tp {world} sp {sp} rank {rank}"
