@@ -97,20 +97,8 @@ def train_step_s(b: int, steps: int) -> float | None:
     return b * PRESETS["124m"].seq_len / res["tokens_per_s"] if res.get("tokens_per_s") else None
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="gobrrr bench plan", description=__doc__.split("\n")[0])
-    p.add_argument("--batches", default="4,8,16", help="micro-batch sizes (default 4,8,16)")
-    p.add_argument("--steps", type=int, default=10, help="timed steps per row (default 10)")
-    p.add_argument("--train-steps", type=int, default=30, help="gobrrr train steps per B (0 = skip)")
-    p.add_argument("--quick", action="store_true", help="B = 4, 3 steps, no train run, no record")
-    args = p.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("gobrrr bench plan: error: needs a CUDA GPU (it measures torch.cuda.max_memory_allocated) ; "
-              "run it on the GPU machine", file=sys.stderr)
-        return 2
-    batches = [4] if args.quick else [int(x) for x in args.batches.split(",")]
-    steps, warmup = (3, 1) if args.quick else (args.steps, 3)
-    train_steps = 0 if args.quick else args.train_steps
+def check(batches: list[int], steps: int, warmup: int, train_steps: int) -> list[dict]:
+    """One row per (B, recompute): the plan's figures beside the measured ones (module docstring)."""
     shape = PRESETS["124m"]
     gpu = torch.cuda.get_device_name()
     opt = Options(precision="amp")
@@ -135,7 +123,25 @@ def main(argv: list[str] | None = None) -> int:
                          "train_plan_ms": None if rc else train_plan.step_s * 1e3,
                          "train_step_ms": (train_s * 1e3 if (train_s and not rc) else None),
                          "train_ratio": (train_s / train_plan.step_s if (train_s and not rc) else None),
+                         "mfu_source": loop_mach.sources["mfu"], "train_mfu_source": train_mach.sources["mfu"],
                          "wall_s": time.perf_counter() - t0})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="gobrrr bench plan", description=__doc__.split("\n")[0])
+    p.add_argument("--batches", default="4,8,16", help="micro-batch sizes (default 4,8,16)")
+    p.add_argument("--steps", type=int, default=10, help="timed steps per row (default 10)")
+    p.add_argument("--train-steps", type=int, default=30, help="gobrrr train steps per B (0 = skip)")
+    p.add_argument("--quick", action="store_true", help="B = 4, 3 steps, no train run, no record")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("gobrrr bench plan: error: needs a CUDA GPU (it measures torch.cuda.max_memory_allocated) ; "
+              "run it on the GPU machine", file=sys.stderr)
+        return 2
+    batches = [4] if args.quick else [int(x) for x in args.batches.split(",")]
+    steps, warmup = (3, 1) if args.quick else (args.steps, 3)
+    rows = check(batches, steps, warmup, 0 if args.quick else args.train_steps)
     print_table(rows, ["B", "recompute", "plan_act_GB", "meas_act_GB", "act_ratio", "plan_step_ms", "meas_step_ms",
                        "step_ratio", "train_plan_ms", "train_step_ms", "train_ratio"],
                 title="gobrrr bench plan: 124m, amp, world size 1 (ratio = measured / plan; targets: act within "
@@ -147,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{'yes' if step_ok else 'NO'}, gobrrr train {'yes' if train_ok else 'NO'}")
     if not args.quick:
         path = record("plan", config={"model": "124m", "batches": batches, "steps": steps, "precision": "amp",
-                                      "mfu": loop_mach.mfu, "mfu_source": loop_mach.sources["mfu"]}, rows=rows,
+                                      "train_steps": args.train_steps}, rows=rows,
                       figures={"act_within_15pct": act_ok, "step_within_20pct": step_ok,
                                "train_within_20pct": train_ok,
                                "max_act_error": max(abs(r["act_ratio"] - 1) for r in rows),

@@ -1,8 +1,8 @@
 """The machine a plan runs on: peak FLOP/s, HBM and link bandwidths, MFU, each with where it came from.
 
 Measured figures win over defaults. `machine(...)` reads the latest records of this GPU model
-(the `device` field contains --gpu, e.g. "H200") from bench/results/*.jsonl, or from
-$GOBRRR_BENCH_RESULTS, or from --records DIR:
+(the `device` field contains --gpu, e.g. "H200") from bench/results/*.jsonl and $GOBRRR_BENCH_RESULTS
+(both), or only from --records DIR:
 
   comm.jsonl  (`gobrrr bench comm`, world size >= 2): per op, the bus bandwidth of the largest size
               measured, and the smallest size's time per call as the latency. A record whose world
@@ -39,6 +39,7 @@ DEFAULT_MFU = 0.40
 NET_GBS = 40.0            # InfiniBand NDR, bus bandwidth per GPU
 LINK_EFFICIENCY = 0.80    # achieved bus bandwidth / per-direction link peak
 HBM_EFFICIENCY = 0.85     # achieved streaming bandwidth / datasheet
+REPO_RESULTS = Path(__file__).resolve().parent.parent / "bench" / "results"
 
 
 @dataclass(frozen=True)
@@ -64,9 +65,9 @@ class Machine:
 def results_dirs(records: str | os.PathLike | None = None) -> list[Path]:
     if records:
         return [Path(records)]
-    env = os.environ.get("GOBRRR_BENCH_RESULTS")
-    repo = Path(__file__).resolve().parent.parent / "bench" / "results"
-    return [Path(env)] if env else [repo]
+    env = os.environ.get("GOBRRR_BENCH_RESULTS")  # where benchmarks write now (e.g. $OUT); the repo's too
+    repo = REPO_RESULTS
+    return [Path(env), repo] if env and Path(env).resolve() != repo.resolve() else [repo]
 
 
 def read_records(name: str, gpu: str, dirs: list[Path]) -> list[dict]:

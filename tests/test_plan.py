@@ -23,6 +23,7 @@ REQUIRED = ("dp", "tp", "zero", "recompute", "sequence_parallel", "params", "par
 def no_records(tmp_path, monkeypatch):
     """An empty results folder, so defaults are used whatever bench/results holds."""
     monkeypatch.setenv("GOBRRR_BENCH_RESULTS", str(tmp_path))
+    monkeypatch.setattr("gobrrr.plan_links.REPO_RESULTS", tmp_path / "repo")
     return tmp_path
 
 
@@ -238,9 +239,12 @@ def test_plan_check_needs_a_gpu(capsys):
 def test_plan_check_quick_on_a_gpu():
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    from bench.plan_check import main as check_main
+    from bench.plan_check import check
 
-    assert check_main(["--quick"]) == 0
+    rows = check([4], steps=3, warmup=1, train_steps=0)
+    assert [(r["B"], r["recompute"]) for r in rows] == [(4, False), (4, True)]
+    for r in rows:  # the plan's activations against torch.cuda.max_memory_allocated, within 15%
+        assert abs(r["act_ratio"] - 1) <= 0.15, r
 
 
 def test_train_row_is_the_plan_row_of_a_run(no_records):
