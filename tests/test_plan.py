@@ -37,8 +37,9 @@ def test_preset_parameter_count_equals_the_reference_gpt_on_meta(name):
     assert shape.params_per_tp_rank(1) == shape.params()
 
 
-def _saved_by_autograd(shape: ModelShape, b: int, s: int, fused_loss=None) -> int:
-    """Bytes of the distinct non-parameter storages autograd saves during one fp32 forward on CPU."""
+def _saved_by_autograd(shape: ModelShape, b: int, s: int, fused_loss=None, amp: bool = False) -> int:
+    """Bytes of the distinct non-parameter storages autograd saves during one forward on CPU (fp32, or
+    fp32 weights under bf16 autocast: then autocast's weight copies are among them)."""
     torch.manual_seed(0)
     model = GPT(shape.gpt_config())
     if fused_loss is not None:
@@ -53,8 +54,9 @@ def _saved_by_autograd(shape: ModelShape, b: int, s: int, fused_loss=None) -> in
         return t
 
     x = torch.randint(0, shape.vocab_size, (b, s))
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(x, x)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            model(x, x)
     return sum(seen.values())
 
 
@@ -63,6 +65,12 @@ def _saved_by_autograd(shape: ModelShape, b: int, s: int, fused_loss=None) -> in
 def test_saved_activations_equal_what_autograd_saves(shape, b):
     measured = _saved_by_autograd(shape, b, shape.seq_len)
     predicted = saved_bytes(shape, Layout(1, 1), b, shape.seq_len, Options(precision="fp32"))
+    assert measured == pytest.approx(predicted, rel=0.01)
+    # amp: fp32 residual stream, bf16 matmul inputs, and the bf16 weight copies autocast keeps
+    amp = Options(precision="amp")
+    measured = _saved_by_autograd(shape, b, shape.seq_len, amp=True)
+    predicted = saved_bytes(shape, Layout(1, 1), b, shape.seq_len, amp) + temp_bytes(shape, Layout(1, 1), amp)[
+        "autocast_bf16_weights"]
     assert measured == pytest.approx(predicted, rel=0.01)
 
 
