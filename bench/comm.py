@@ -20,14 +20,14 @@ wrapper costs nothing, the target is >= 0.95.
 """
 from __future__ import annotations
 
-import argparse
+import os
 import time
 from typing import Callable
 
 import torch
 import torch.distributed as dist
 
-from bench.common import print_table, record
+from bench.common import Parser, add_results_option, parse_device, parse_dtype, positive, print_table, record
 from gobrrr.dist import comm, init, shutdown
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce")
@@ -99,26 +99,34 @@ def sizes(lo: int, hi: int) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="gobrrr bench comm", description=__doc__.split("\n")[0])
+    p = Parser(prog="gobrrr bench comm", description=__doc__.split("\n")[0])
     p.add_argument("--ops", default=",".join(OPS), help=f"comma-separated, from {','.join(OPS)}")
     p.add_argument("--min-bytes", default=None, help="smallest size (default 1K; e.g. 8, 64K, 1M)")
     p.add_argument("--max-bytes", default=None, help="largest size (default 256M on GPU, 1M on CPU)")
     p.add_argument("--dtype", default="float32", help="float32, bfloat16, float16, ...")
-    p.add_argument("--iters", type=int, default=None, help="timed calls per measurement (default 20; CPU 5)")
-    p.add_argument("--reps", type=int, default=3, help="interleaved ours/raw repetitions; the median is kept")
+    p.add_argument("--iters", type=positive(int), default=None, help="timed calls per measurement (default 20; CPU 5)")
+    p.add_argument("--reps", type=positive(int), default=3, help="interleaved ours/raw repetitions; the median is kept")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--quick", action="store_true", help="tiny sizes, few iterations: a smoke test")
+    add_results_option(p)
     args = p.parse_args(argv)
 
     ops = [o.strip() for o in args.ops.split(",") if o.strip()]
     for o in ops:
         if o not in OPS:
             p.error(f"unknown op {o!r}; choose from {', '.join(OPS)}")
-    dtype = getattr(torch, args.dtype, None)
-    if not isinstance(dtype, torch.dtype):
-        p.error(f"unknown dtype {args.dtype!r}")
+    dtype = parse_dtype(p, args.dtype)
+    for flag, text in (("--min-bytes", args.min_bytes), ("--max-bytes", args.max_bytes)):
+        try:
+            if text is not None and parse_bytes(text) < 1:
+                raise ValueError
+        except (ValueError, IndexError):
+            p.error(f"{flag} {text!r} is not a size; use e.g. 8, 64K, 1M, 2G")
 
-    rank = init(device=args.device)
+    # the steady-state per-call cost is measured here: no leading signature check (ops #0-15 would
+    # otherwise land in the first row's timing; its one-time cost is in gobrrr/dist/debug.py)
+    os.environ.setdefault("GOBRRR_DIST_CHECK_FIRST", "0")
+    rank = init(device=parse_device(p, args.device))
     try:
         dev, n = rank.device, rank.world_size
         gpu = dev.type == "cuda"
@@ -160,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
                     figures[f"{op}_median_vs_raw"] = sorted(r["vs_raw"] for r in mine)[len(mine) // 2]
             config = {"ops": ops, "min_bytes": lo, "max_bytes": hi, "dtype": args.dtype, "iters": iters,
                       "reps": reps, "backend": rank.backend, "device": dev.type}
-            path = record("comm", config=config, rows=rows, figures=figures, world_size=n)
+            path = record("comm", config=config, rows=rows, figures=figures, world_size=n, quick=args.quick,
+                          results=args.results)
             print(f"recorded to {path}")
     finally:
         shutdown()

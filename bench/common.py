@@ -1,15 +1,22 @@
-"""Shared plumbing for benchmarks: the environment record, the results file and the table.
+"""Shared plumbing for benchmarks: the command line, the environment record, the results file, the table.
 
-Every benchmark appends one JSON object per run to `bench/results/<name>.jsonl` (or to
-`$GOBRRR_BENCH_RESULTS/<name>.jsonl` when that is set, e.g. `$OUT` on a lent GPU machine):
+Every benchmark appends one JSON object per run to `<results>/<name>.jsonl`, where <results> is,
+first match wins:
+  1. `--results DIR` on the command line;
+  2. `$GOBRRR_BENCH_RESULTS` (e.g. `$OUT` on a lent GPU machine; the test suite sets a temp dir);
+  3. for a `--quick` smoke run: `$XDG_CACHE_HOME/gobrrr/bench-results` (~/.cache/...), so smoke
+     runs and CPU checks never land in the committed records;
+  4. `bench/results/` (the committed figures: real runs only).
 
     {"bench": "prefetch", "time": "...", "git_sha": "...", "device": "NVIDIA H200",
      "torch": "2.11.0+cu130", "cuda": "13.0", "world_size": 1, "config": {...}, "rows": [...], "figures": {...}}
 """
 from __future__ import annotations
 
+import argparse
 import datetime as _dt
 import json
+import math
 import os
 import platform
 import statistics
@@ -59,14 +66,24 @@ def environment() -> dict[str, Any]:
     }
 
 
-def results_dir() -> Path:
-    return Path(os.environ.get("GOBRRR_BENCH_RESULTS", RESULTS_DIR))
+def results_dir(quick: bool = False, results: str | os.PathLike | None = None) -> Path:
+    """Where a run's record goes (see the module docstring for the order)."""
+    if results:
+        return Path(results)
+    if os.environ.get("GOBRRR_BENCH_RESULTS"):
+        return Path(os.environ["GOBRRR_BENCH_RESULTS"])
+    if quick:
+        cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        return Path(cache) / "gobrrr" / "bench-results"
+    return RESULTS_DIR
 
 
 def record(bench: str, *, config: dict[str, Any], rows: Sequence[dict[str, Any]] = (),
-           figures: dict[str, Any] | None = None, **extra: Any) -> Path:
-    """Append one JSON line for this run to `<results_dir>/<bench>.jsonl`; return the path."""
-    out = results_dir()
+           figures: dict[str, Any] | None = None, quick: bool = False, results: str | os.PathLike | None = None,
+           **extra: Any) -> Path:
+    """Append one JSON line for this run to `<results_dir>/<bench>.jsonl`; return the path.
+    `quick` (a --quick smoke run) and `results` (--results DIR) pick the folder: see results_dir."""
+    out = results_dir(quick, results)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{bench}.jsonl"
     entry = {"bench": bench, **environment(), "config": config, "rows": list(rows),
@@ -74,6 +91,64 @@ def record(bench: str, *, config: dict[str, Any], rows: Sequence[dict[str, Any]]
     with path.open("a") as f:
         f.write(json.dumps(entry, default=_jsonable) + "\n")
     return path
+
+
+# ---------------------------------------------------------------- the command line
+
+class Parser(argparse.ArgumentParser):
+    """argparse with the gobrrr error shape: one line `gobrrr bench NAME: error: ...; see --help`, exit 2."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}; see {self.prog} --help\n")
+
+
+def add_results_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--results", metavar="DIR", default=None,
+                   help="folder for the JSON record (default bench/results/; with --quick a cache folder)")
+
+
+def positive(kind: type = int) -> Any:
+    """An argparse `type=` accepting finite numbers > 0 of `kind`."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not (math.isfinite(value) and value > 0):
+            raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
+        return value
+    parse.__name__ = f"positive {kind.__name__}"
+    return parse
+
+
+def parse_device(p: argparse.ArgumentParser, text: str | None, default: str | None = None) -> torch.device | None:
+    """'cpu', 'cuda' or 'cuda:N', checked against this machine; `p.error` (exit 2) otherwise."""
+    text = text or default
+    if text is None:
+        return None
+    try:
+        dev = torch.device(text)
+    except (RuntimeError, ValueError):
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda"):
+        p.error(f"--device {text!r} is not a device here; use cpu, cuda or cuda:N")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            p.error(f"--device {text} asks for a GPU but torch sees none; use --device cpu (or --quick)")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            p.error(f"--device {text}: this machine has {torch.cuda.device_count()} GPU(s); pick cuda:0..")
+    return dev
+
+
+DTYPES = ("float32", "float64", "float16", "bfloat16", "int8", "uint8", "int16", "int32", "int64")
+
+
+def parse_dtype(p: argparse.ArgumentParser, name: str) -> torch.dtype:
+    """A torch dtype by name, one of DTYPES (torch also names sub-byte placeholders such as int7 that
+    hold no data); `p.error` (exit 2) otherwise."""
+    if name not in DTYPES:
+        p.error(f"--dtype {name!r} is not one of {', '.join(DTYPES)}")
+    return getattr(torch, name)
 
 
 def _jsonable(x: Any) -> Any:

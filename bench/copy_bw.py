@@ -11,13 +11,12 @@ of this run: the ceiling the Prefetcher's copy-bound case is measured against (t
 """
 from __future__ import annotations
 
-import argparse
 import time
 from typing import Callable
 
 import torch
 
-from bench.common import median, print_table, record
+from bench.common import Parser, add_results_option, median, parse_device, positive, print_table, record
 
 KINDS = ("h2d_pageable", "h2d_pinned", "d2h_pageable", "d2h_pinned", "d2d")
 MB = 1 << 20
@@ -91,14 +90,17 @@ def run(sizes_mb: list[float], device: torch.device, kinds: tuple[str, ...], rep
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="gobrrr bench copy", description=__doc__.split("\n\n")[0])
-    p.add_argument("--sizes", type=float, nargs="+", default=None, help="sizes in MiB (default 1 8 64 256)")
+    p = Parser(prog="gobrrr bench copy", description=__doc__.split("\n\n")[0])
+    p.add_argument("--sizes", type=positive(float), nargs="+", default=None, help="sizes in MiB (default 1 8 64 256)")
     p.add_argument("--device", default=None, help="'cuda', 'cuda:N' or 'cpu' (default: the GPU if any)")
-    p.add_argument("--repeats", type=int, default=5, help="timings per figure; the median is reported")
+    p.add_argument("--repeats", type=positive(int), default=5, help="timings per figure; the median is reported")
     p.add_argument("--quick", action="store_true", help="small sizes and few repeats (a smoke test)")
+    add_results_option(p)
     args = p.parse_args(argv)
-    device = torch.device(args.device) if args.device else (
+    device = parse_device(p, args.device) or (
         torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu"))
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
     sizes = args.sizes or ([1, 4] if args.quick else [1, 8, 64, 256])
     repeats = 2 if args.quick else args.repeats
     kinds = KINDS if device.type == "cuda" else ("host_memcpy",)
@@ -113,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
                "h2d_pageable_peak_GBps": max(pageable) if pageable else None,
                "pinned_over_pageable": (max(pinned) / max(pageable)) if pinned and pageable else None}
     path = record("copy", config={"sizes_MB": sizes, "device": str(device), "repeats": repeats},
-                  rows=rows, figures=figures)
+                  rows=rows, figures=figures, quick=args.quick, results=args.results)
     if pinned:
         print(f"pinned H2D peak {figures['h2d_pinned_peak_GBps']:.1f} GB/s, "
               f"{figures['pinned_over_pageable']:.1f}x the pageable peak")

@@ -27,7 +27,6 @@ where t_allreduce is the time to all-reduce every bucket back to back with no co
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import copy
 import json
@@ -38,7 +37,7 @@ from dataclasses import asdict, dataclass, replace
 import torch
 import torch.distributed as dist
 
-from bench.common import device_name, median, print_table, record
+from bench.common import Parser, add_results_option, device_name, median, parse_device, positive, print_table, record
 
 # dense bf16 tensor-core peak per GPU (vendor datasheets), for MFU
 PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 70e12}
@@ -256,20 +255,27 @@ def _baseline_tokens_per_gpu(path: str) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     d = BenchConfig()
-    p = argparse.ArgumentParser(prog="gobrrr bench ddp", description=__doc__.split("\n")[0])
+    p = Parser(prog="gobrrr bench ddp", description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="CPU smoke: tiny GPT, gloo, a few seconds")
     p.add_argument("--model", default=None, help=f"GPT config name (default {d.model})")
-    p.add_argument("--batch-size", type=int, default=None, help=f"rows per rank per micro-step ({d.batch_size})")
-    p.add_argument("--seq-len", type=int, default=None, help=f"({d.seq_len})")
-    p.add_argument("--steps", type=int, default=None, help=f"optimizer steps per variant per round ({d.steps})")
-    p.add_argument("--rounds", type=int, default=None, help=f"({d.rounds})")
+    p.add_argument("--batch-size", type=positive(int), default=None, help=f"rows per rank per micro-step ({d.batch_size})")
+    p.add_argument("--seq-len", type=positive(int), default=None, help=f"({d.seq_len})")
+    p.add_argument("--steps", type=positive(int), default=None, help=f"optimizer steps per variant per round ({d.steps})")
+    p.add_argument("--rounds", type=positive(int), default=None, help=f"({d.rounds})")
     p.add_argument("--warmup", type=int, default=None, help=f"({d.warmup})")
-    p.add_argument("--grad-accum", type=int, default=None, help=f"K of the accumulation variants ({d.grad_accum})")
-    p.add_argument("--bucket-mb", type=float, default=None, help=f"({d.bucket_mb})")
+    p.add_argument("--grad-accum", type=positive(int), default=None, help=f"K of the accumulation variants ({d.grad_accum})")
+    p.add_argument("--bucket-mb", type=positive(float), default=None, help=f"({d.bucket_mb})")
     p.add_argument("--variants", default=None, help=f"comma list from {','.join(d.variants)}")
     p.add_argument("--baseline-json", default=None, help="a world-size-1 ddp.jsonl: scaling efficiency against it")
     p.add_argument("--device", default=None, help="cpu or cuda (default cuda when available; --quick: cpu)")
+    add_results_option(p)
     a = p.parse_args(argv)
+    from gobrrr.models.gpt import _CONFIGS
+
+    if a.model is not None and a.model not in _CONFIGS:
+        p.error(f"--model {a.model!r} is not a GPT config; choose one of {', '.join(_CONFIGS)}")
+    if a.warmup is not None and a.warmup < 0:
+        p.error(f"--warmup {a.warmup} must be >= 0")
 
     cfg = BenchConfig.quick() if a.quick else BenchConfig()
     for field in ("model", "batch_size", "seq_len", "steps", "rounds", "warmup", "grad_accum", "bucket_mb",
@@ -278,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
             cfg = replace(cfg, **{field: getattr(a, field)})
     if a.variants:
         cfg = replace(cfg, variants=tuple(x.strip() for x in a.variants.split(",") if x.strip()))
-    device = a.device or ("cpu" if a.quick or not torch.cuda.is_available() else None)
+    device = parse_device(p, a.device) or ("cpu" if a.quick or not torch.cuda.is_available() else None)
     if cfg.baseline_json:  # fail before the run, not after it
         if not os.path.exists(cfg.baseline_json):
             p.error(f"--baseline-json {cfg.baseline_json} does not exist; run `gobrrr bench ddp` on one GPU first "
@@ -303,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {key.replace('ddp_over_plain', 'ddp/plain')}: {value:.4g}" if isinstance(value, float)
                   else f"  {key}: {value}")
         path = record("ddp", config=asdict(cfg), rows=result["rows"], figures=result["figures"],
-                      world_size=rank.world_size)
+                      world_size=rank.world_size, quick=a.quick, results=a.results)
         print(f"  appended to {path}")
     return 0
 

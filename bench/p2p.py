@@ -17,14 +17,13 @@ of increasing distance), printed and recorded when the tool exists.
 """
 from __future__ import annotations
 
-import argparse
 import shutil
 import subprocess
 import time
 
 import torch
 
-from bench.common import print_table, record
+from bench.common import Parser, add_results_option, positive, print_table, record
 
 
 def topology() -> str | None:
@@ -69,14 +68,20 @@ def time_copy(src: torch.device, dst: torch.device, nbytes: int, iters: int) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="gobrrr bench p2p", description=__doc__.split("\n")[0])
+    p = Parser(prog="gobrrr bench p2p", description=__doc__.split("\n")[0])
     p.add_argument("--bytes", default=None, help="bandwidth buffer size in bytes (default 256M; K/M/G suffixes)")
-    p.add_argument("--iters", type=int, default=None, help="copies per bandwidth measurement (default 20)")
+    p.add_argument("--iters", type=positive(int), default=None, help="copies per bandwidth measurement (default 20)")
     p.add_argument("--quick", action="store_true", help="small buffer, few iterations (a smoke test)")
+    add_results_option(p)
     args = p.parse_args(argv)
     from bench.comm import parse_bytes
 
-    nbytes = parse_bytes(args.bytes or ("1M" if args.quick else "256M"))
+    try:
+        nbytes = parse_bytes(args.bytes or ("1M" if args.quick else "256M"))
+        if nbytes < 1:
+            raise ValueError
+    except (ValueError, IndexError):
+        p.error(f"--bytes {args.bytes!r} is not a size; use e.g. 4096, 64K, 256M")
     iters = args.iters or (3 if args.quick else 20)
     lat_iters = 20 if args.quick else 1000
     n_gpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -118,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     if n_gpu == 1:
         figures["d2d_read_write_GBs"] = 2 * rows[0]["GBs"]
     path = record("p2p", config={"bytes": nbytes, "iters": iters, "latency_iters": lat_iters}, rows=rows,
-                  figures=figures, topology=topo)
+                  figures=figures, topology=topo, quick=args.quick, results=args.results)
     print(f"recorded to {path}")
     return 0
 

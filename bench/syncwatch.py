@@ -31,7 +31,7 @@ import warnings
 
 import torch
 
-from bench.common import median, print_table, record
+from bench.common import Parser, add_results_option, median, parse_device, positive, print_table, record
 
 MODES = ("not_watching", "count", "warn", "torch_warn")  # in-process, round-robin
 CHILD_MODES = ("off", "imported")  # fresh child processes, alternated
@@ -111,18 +111,20 @@ def _pin_two_cpus() -> list[int] | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="gobrrr bench syncwatch", description=__doc__.split("\n\n")[0])
-    p.add_argument("--kernels", type=int, default=64, help="tiny kernels per step (default 64)")
-    p.add_argument("--steps", type=int, default=300, help="steps per measurement (default 300)")
-    p.add_argument("--repeats", type=int, default=9, help="measurements per mode (default 9)")
+    p = Parser(prog="gobrrr bench syncwatch", description=__doc__.split("\n\n")[0])
+    p.add_argument("--kernels", type=positive(int), default=64, help="tiny kernels per step (default 64)")
+    p.add_argument("--steps", type=positive(int), default=300, help="steps per measurement (default 300)")
+    p.add_argument("--repeats", type=positive(int), default=9, help="measurements per mode (default 9)")
     p.add_argument("--stat", choices=("min", "median"), default="min",
                    help="figure over the repeats: min (default, as timeit) or median")
     p.add_argument("--no-pin", action="store_true", help="do not pin the process to two CPUs")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--child-pairs", type=int, default=4,
+    p.add_argument("--child-pairs", type=positive(int), default=4,
                    help="off/imported child-process pairs, alternated (default 4)")
     p.add_argument("--quick", action="store_true", help="tiny sizes: a CPU smoke run in a few seconds")
+    add_results_option(p)
     args = p.parse_args(argv)
+    parse_device(p, args.device)  # a one-line error for a device this machine lacks, before any timing
     old_cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
     pinned = _pin_two_cpus() if not args.no_pin else None
     try:
@@ -177,7 +179,8 @@ def _run(args: argparse.Namespace, pinned: list[int] | None) -> int:
               f"imported {i:+.2f}% (target <= 1%: {'ok' if i <= 1 else 'OVER'})")
     path = record("syncwatch", config={"kernels": args.kernels, "steps": args.steps, "repeats": args.repeats,
                                        "child_pairs": args.child_pairs, "device": str(device),
-                                       "stat": args.stat, "cpus": pinned}, rows=rows, figures=figures)
+                                       "stat": args.stat, "cpus": pinned}, rows=rows, figures=figures,
+                  quick=args.quick, results=args.results)
     print(f"results appended to {path}")
     return 0
 

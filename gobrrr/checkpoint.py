@@ -13,8 +13,14 @@ The write, step by step, and what each step buys:
   4. `fsync` the folder: the rename itself is durable, so a power cut cannot bring back the
      old name pointing at nothing.
 A kill between any two of these leaves the previous checkpoint in place and, at worst, a stale
-temporary file, which the next save removes. A write error (disk full, quota, I/O error)
-removes the temporary file and raises `CheckpointError`; the previous checkpoint is untouched.
+temporary file, which the next save removes. A write error (disk full, quota, file-size limit,
+I/O error) removes the temporary file and raises `CheckpointError`; the previous checkpoint is
+untouched. torch.save reports a failed write as a RuntimeError from its zip writer ("unexpected
+pos ..."), not as an OSError, so both are caught, and the hint comes from the folder's free space
+and this process's file-size limit.
+
+Loading refuses anything `weights_only=True` refuses (a pickle that would run code) and says the
+file is not ours; it never suggests `weights_only=False` for a file gobrrr did not write.
 
 What goes in a training checkpoint is the trainer's business (gobrrr/train.py); this module
 only adds `rng_state()` / `set_rng_state()` for the generators every trainer needs, in a form
@@ -24,7 +30,10 @@ from __future__ import annotations
 
 import errno
 import os
+import pickle
 import random
+import resource
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -84,11 +93,10 @@ def save_checkpoint(state: dict[str, Any], path: str | os.PathLike) -> Path:
         os.replace(tmp, path)
     except BaseException as e:
         tmp.unlink(missing_ok=True)
-        if isinstance(e, OSError):
-            hint = ("the disk is full; free space or point --out at a larger disk"
-                    if e.errno in (errno.ENOSPC, errno.EDQUOT) else "check the disk and the folder's permissions")
-            raise CheckpointError(f"could not write checkpoint {path}: {e.strerror or e}; the previous "
-                                  f"checkpoint (if any) is untouched; {hint}") from e
+        if isinstance(e, OSError) or (isinstance(e, RuntimeError) and _is_write_failure(e)):
+            what = e.strerror if isinstance(e, OSError) and e.strerror else _first_line(e)
+            raise CheckpointError(f"could not write checkpoint {path} ({what}); the previous checkpoint "
+                                  f"(if any) is untouched; {_write_hint(folder, e)}") from e
         raise
     _fsync_dir(folder)
     return path
@@ -103,8 +111,45 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:
-        raise CheckpointError(f"checkpoint {path} could not be read ({type(e).__name__}: {e}); it is damaged "
-                              "or not a gobrrr checkpoint; restore a copy or start the run afresh") from e
+        # torch's text suggests weights_only=False: never pass that on for a file we did not write (it runs code)
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip() and "weights_only" not in ln]
+        if isinstance(e, pickle.UnpicklingError) and any("GLOBAL" in ln for ln in lines):
+            why = next(ln for ln in lines if "GLOBAL" in ln)
+            raise CheckpointError(f"checkpoint {path} holds more than tensors and plain containers ({why[:200]}); "
+                                  "gobrrr never writes such a file, so do not load it: restore your own copy "
+                                  "or start the run afresh") from None
+        why = (lines[0] if lines else type(e).__name__)[:200]
+        raise CheckpointError(f"checkpoint {path} could not be read ({type(e).__name__}: {why}); it is damaged "
+                              "or not a gobrrr checkpoint; restore a copy or start the run afresh") from None
+
+
+def _is_write_failure(e: RuntimeError) -> bool:
+    """torch.save's zip writer reports a failed write as a RuntimeError ("unexpected pos", "file write
+    failed", "PytorchStreamWriter failed writing"); anything else (a CUDA error while copying a tensor
+    out) is not a disk problem and keeps its own type."""
+    text = str(e).lower()
+    return any(s in text for s in ("inline_container", "unexpected pos", "write", "streamwriter"))
+
+
+def _first_line(e: BaseException) -> str:
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return (lines[0] if lines else type(e).__name__)[:300]
+
+
+def _write_hint(folder: Path, e: BaseException) -> str:
+    """What to do after a failed write, from the error's errno, the free space and `ulimit -f`."""
+    code = e.errno if isinstance(e, OSError) else None
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        free = None
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if code in (errno.ENOSPC, errno.EDQUOT) or (free is not None and free < (64 << 20)):
+        return "the disk is full; free space or point --out at a larger disk, then --resume"
+    if code == errno.EFBIG or limit != resource.RLIM_INFINITY:
+        return (f"this process may not write files over {limit} bytes (ulimit -f); raise the limit, "
+                "then --resume")
+    return "check the disk (full? failing?) and the folder's permissions, then --resume"
 
 
 # ---------------------------------------------------------------- random number generators

@@ -12,12 +12,17 @@ The script runs as `__main__` (runpy), with its own argv. The doctor records a b
    dropped; after W warmup steps (1 runs as 2: see Session) N steps are recorded, each marked
    `ProfilerStep#k`, then the profiler stops: the trace covers N steps, not the run. Steps
    that first come after the time window closed are recorded the same way.
-3. The trace goes through gobrrr.device.timeline (figures), timeline_plot (timeline.png)
-   and advice (what to fix, merged with gobrrr lint); report.json, timeline.png and
-   trace.json land in DIR and a summary is printed.
+3. When the recording window closes (the N-th recorded step ends, or the time window runs
+   out) the trace goes through gobrrr.device.timeline (figures), timeline_plot (timeline.png)
+   and advice (what to fix, merged with gobrrr lint); report.json, timeline.png and trace.json
+   land in DIR and the summary is printed right then, while the script carries on (a real run
+   lasts hours). When the script ends, report.json gets its exit code and one line says so.
 
 The script's exit code is passed through; an exception in the script still writes the report
-of what was recorded up to that point, prints the script's traceback and exits 1.
+of what was recorded up to that point, prints the script's traceback and exits 1. A script that
+ends (or raises) inside a recorded step leaves that step out of the figures: a partial step is
+not a step (its time is whatever the script did last, often teardown); it stays in trace.json,
+and the report counts only the complete steps it measured ("2 recorded", "ended after 2").
 
 Python API: `gobrrr.doctor.profile(fn, steps=5)` profiles a function called once per step and
 returns the report; `with gobrrr.doctor.profile() as doc: ... gobrrr.doctor.step()` profiles a
@@ -60,9 +65,9 @@ class DoctorConfig:
 
     def __post_init__(self):
         if self.steps < 1:
-            raise ValueError(f"--steps must be at least 1, got {self.steps}.")
+            raise ValueError(f"--steps must be at least 1, got {self.steps}; pass a positive number of steps")
         if self.warmup < 0:
-            raise ValueError(f"--warmup must be 0 or more, got {self.warmup}.")
+            raise ValueError(f"--warmup must be 0 or more, got {self.warmup}; pass 0 to record from the start")
 
 
 def step() -> None:
@@ -108,6 +113,8 @@ class Session:
         # the sync detective (gobrrr.device.syncs) watches exactly what the trace records
         self._detective = None
         self.sync_report = None
+        self._reported = False      # the summary of the last recording window was printed
+        self._sync_at_step = None   # the detective's counts at the last step boundary
 
     # -- profiler control -------------------------------------------------------------------
     # A torch.profiler.profile is driven by its schedule (the supported way to start and stop
@@ -201,6 +208,7 @@ class Session:
             self._prof.stop()  # saves the window through _on_trace_ready
             self._prof = None
             self.mode = "window-closed"
+            self._close_window(f"no step in the first {self.cfg.window_s:g} s: recorded that time window")
 
     def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
         if self.manual:
@@ -223,6 +231,7 @@ class Session:
             if self.mode == "window-closed" and k >= max(W, 1):
                 # steps came after the time window closed: record N of them with a fresh profiler
                 self.step_source, self._step0, self.mode = source, k, "steps"
+                self._reported = False  # a new window: its summary comes when it closes
                 self._prof = self._new_profiler(self._schedule_late)
                 self._watch()
                 return
@@ -236,12 +245,11 @@ class Session:
             with warnings.catch_warnings():  # "events are cleared at the end of each cycle": we want that
                 warnings.simplefilter("ignore", UserWarning)
                 self._prof.step()
+            self._sync_at_step = _snapshot(self.sync_report)  # what the detective saw in the complete steps
             if last:
                 self.mode = "done"
                 self._prof = None
-                self._analyze()
-                print(f"gobrrr doctor: recorded {N} steps; report in {self.out}/ (the script carries on)",
-                      file=sys.stderr)
+                self._close_window(f"recorded {N} steps")
             else:
                 self.mode = "warmup" if self._step0 == 0 and k < W else "steps"
                 if self._step0 == 0 and W >= 1 and k == 1:
@@ -251,24 +259,33 @@ class Session:
         finally:
             self._busy = False
 
+    def _close_window(self, what: str) -> None:
+        """The recording window closed: analyse it, write the files and print the summary now."""
+        self._analyze()
+        if self.cfg.print_summary:
+            print(summary(self.report), flush=True)
+        print(f"gobrrr doctor: {what}; report in {self.out}/ (the script carries on; report.json gets its exit "
+              "code when it ends)", file=sys.stderr, flush=True)
+        self._reported = True
+
     def finish(self, exit_code: int = 0, error: BaseException | None = None) -> dict:
-        """Stop recording (if still on), analyze what was recorded, write and print the report."""
+        """Stop recording (if still on), analyze what was recorded (unless its window already closed and
+        was reported), then write the exit code and wall time into the report."""
         self._cancel_alarm()
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
         self._unwatch()  # first: stopping the profiler syncs
-        if self._prof is not None:
+        recording = self._prof is not None
+        if recording:
             self._prof.stop()  # saves what was recorded through _on_trace_ready
             self._prof = None
         if self._token is not None:
             _ACTIVE.reset(self._token)
             self._token = None
-        if self.report is None:
+        fresh = recording or self.report is None or not self._reported
+        if fresh:
             self._analyze()
-        if self.warmup != self.cfg.warmup:
-            self.report["notes"].append(f"--warmup {self.cfg.warmup} ran as {self.warmup}: the profiler cannot "
-                                        "stop its start-up trace and start recording in the same step")
         assert self.report is not None
         self.report["exit_code"] = exit_code
         self.report["steps"]["seen"] = self.boundaries
@@ -279,9 +296,17 @@ class Session:
             self.report["notes"].append(f"the script raised {type(error).__name__}: the report covers what "
                                         "was recorded until then")
         self._write_report()
-        if self.cfg.print_summary:
+        if fresh and self.cfg.print_summary:
             print(summary(self.report))
+        elif not fresh:
+            print(f"gobrrr doctor: the script ended with exit code {exit_code}; {self.out / 'report.json'} "
+                  "has it", file=sys.stderr)
         return self.report
+
+    def _complete_steps(self) -> int:
+        """Recorded steps that ran to their end (a script can end or raise inside one)."""
+        start = self._step0 if self._step0 else (self.warmup if self.warmup >= 1 else 0)
+        return max(0, min(self.cfg.steps, self.boundaries - start))
 
     def _watch(self) -> None:
         """Start the sync detective for a new recording (it replaces an earlier one's report)."""
@@ -317,12 +342,19 @@ class Session:
         if self.script:
             roots.insert(0, str(Path(self.script).resolve().parent))
         fig = None
+        sync_report = self.sync_report
         if self._trace_path is not None and self._trace_path.exists():
             mb = self._trace_path.stat().st_size / 1e6
             if mb > 50:
                 notes.append(f"trace.json is {mb:.0f} MB: pass fewer --steps for a lighter trace")
             try:
                 tr = timeline.parse(self._trace_path)
+                complete = self._complete_steps()
+                if 1 <= complete < len(tr.steps) and self.boundaries:
+                    tr.steps = tr.steps[:complete]  # the partial step the script ended in is not a step
+                    sync_report = self._sync_at_step if self._sync_at_step is not None else sync_report
+                    notes.append(f"the script ended inside step {complete + 1} of the recording: that partial "
+                                 "step is left out of the figures (it is in trace.json)")
                 fig = timeline.analyze(tr, source_roots=roots)
             except Exception as e:  # keep the run's report (steps, exit code, lint) even then
                 notes.append(f"the trace could not be analysed ({type(e).__name__}: {e}); trace.json is kept "
@@ -339,10 +371,13 @@ class Session:
                 notes.append("no GPU work was recorded in the window: is the script using the GPU?")
         elif self._trace_path is None:
             notes.append("nothing was recorded (the script ended before the profiler started)")
+        if self.warmup != self.cfg.warmup:
+            notes.append(f"--warmup {self.cfg.warmup} ran as {self.warmup}: the profiler cannot "
+                         "stop its start-up trace and start recording in the same step")
         findings, lint_note = advice.lint_script([self.script]) if self.script else ([], "")
         if lint_note:
             notes.append(lint_note)
-        detective = advice.detective_rows(self.sync_report, roots)
+        detective = advice.detective_rows(sync_report, roots)
         recs = advice.recommend(fig, findings, detective)
         steps_ms = fig.steps_ms if fig else []
         source = self.step_source
@@ -388,9 +423,23 @@ class Session:
             json.dump(self.report, f, indent=1, default=str)
 
 
+def _snapshot(report):
+    """A copy of a SyncReport's counts as they stand (the detective keeps adding to the original)."""
+    if report is None:
+        return None
+    from dataclasses import replace
+
+    from gobrrr.device.syncs import SyncReport
+
+    copy = SyncReport(report.mode)
+    copy._sites = {(s.kind, s.file, s.line): replace(s) for s in report.sites}
+    return copy
+
+
 def _gpu_part(d: dict) -> dict:
     keys = ("span_ms", "idle_pct", "compute_idle_pct", "idle_breakdown_ms", "idle_breakdown_pct", "top_cause",
-            "copy_overlap_pct", "overlap_pct", "copy_hidden_pct", "h2d_overlap_pct", "copies", "pageable", "h2d_sites", "host_bound_sites",
+            "copy_overlap_pct", "overlap_pct", "copy_hidden_pct", "h2d_overlap_pct", "copies", "pageable", "h2d_sites",
+            "host_bound_sites", "loader_sites",
             "queue_lead_ms", "top_kernels", "launch", "streams")
     return {k: d.get(k) for k in keys}
 
@@ -403,7 +452,7 @@ def run_script(script: str, args: list[str], cfg: DoctorConfig) -> tuple[int, di
     """Run `script` as __main__ under a doctor session; returns (exit code, report)."""
     path = Path(script)
     if not path.is_file():
-        raise FileNotFoundError(f"gobrrr doctor: no such script {script!r}; pass the path of a Python file.")
+        raise FileNotFoundError(f"no such script {script!r}; pass the path of a Python file")
     session = Session(cfg, script=str(path), argv=list(args))
     old_argv, old_path = sys.argv, list(sys.path)
     sys.argv = [str(path)] + list(args)
@@ -484,11 +533,29 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = DoctorConfig(steps=a.steps, warmup=a.warmup, out_dir=a.out, window_s=a.window_s,
                            print_summary=not a.quiet)
-        code, _ = run_script(a.script, a.args, cfg)
+        if not Path(a.script).is_file():
+            raise FileNotFoundError(f"no such script {a.script!r}; pass the path of a Python file")
+        _check_out_dir(a.out)
     except (FileNotFoundError, ValueError) as e:
-        print(f"gobrrr doctor: {e}", file=sys.stderr)
+        print(f"gobrrr doctor: error: {e}", file=sys.stderr)
         return 2
+    code, _ = run_script(a.script, a.args, cfg)
     return code
+
+
+def _check_out_dir(out: str) -> None:
+    """--out must be a folder we can write (created if missing): say so before the script runs."""
+    path = Path(out)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise ValueError(f"--out {out} is a file, or lies under one, not a folder; pass a folder path "
+                         "(it is created if missing)") from None
+    except OSError as e:
+        raise ValueError(f"cannot create the --out folder {out} ({e.strerror}); pass a folder you can "
+                         "write to") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ValueError(f"the --out folder {out} is not writable; pass a folder you can write to")
 
 
 def demo_doctor(out_dir) -> dict[str, dict]:
@@ -514,8 +581,10 @@ def demo_doctor(out_dir) -> dict[str, dict]:
     if not cuda:
         print(NO_GPU_NOTE)
     print(side_by_side(reports))
-    first = reports["naive"].get("advice") or []
-    if first:
-        a = first[0]
-        print(f"doctor's first fix for the naive loop: {a['site']}  {a['code'][:60]}\n  -> {a['change']}")
+    for mode in ("naive", "gobrrr"):
+        first = reports[mode].get("advice") or []
+        if first:
+            a = first[0]
+            where = f"{a['site']}  {a['code'][:60]}" if a["site"] else "(the whole step)"
+            print(f"doctor's first fix for the {mode} loop: {where}\n  -> {a['change']}")
     return reports

@@ -8,26 +8,38 @@ One step, per rank (the same code at every world size; at world size 1 communica
   1. K micro-batches (--grad-accum K) arrive through `gobrrr.Prefetcher`; micro-batch i of the
      run is a pure function of (seed, i), and each rank keeps its rows of the global batch;
   2. forward + backward under bf16 autocast on a GPU; the first K-1 inside `model.no_sync()`,
-     so gradients are reduced once, by `gobrrr.parallel.ddp`, during the last backward;
+     so gradients are reduced once, by `gobrrr.parallel.ddp`, during the last backward (steps 2-3
+     are `gobrrr.train_step.train_step`; on a GPU the blocks are torch.compile'd, and the loss never
+     holds the (B, T, V) logits; the first step, which compiles, is timed apart from tokens/s);
   3. clip the gradient norm, set the warmup+cosine learning rate, AdamW step;
   4. the loss stays on the device; every --log-every steps the stacked losses are averaged over
      ranks and read in one go (the only host-device sync in the loop), then appended to
      DIR/metrics.jsonl, one object per step;
-  5. every --ckpt-every steps rank 0 writes DIR/checkpoint.pt atomically (gobrrr.checkpoint).
+  5. every --ckpt-every steps rank 0 writes DIR/checkpoint.pt atomically (gobrrr.checkpoint);
+     with --zero 1|2|3 (gobrrr.parallel.zero instead of ddp) every rank writes its shards to
+     DIR/zero_checkpoints through torch.distributed.checkpoint, resumable at another world size.
 
 Why a resumed run equals an uninterrupted one: `--steps` is the schedule's length (the LR at
 step s does not depend on where the run stopped), the data position is the step, and the
 checkpoint holds model, optimizer (with Adam's step counts), the RNG states and that position.
 On a CPU the result is bitwise identical; tests/test_train.py checks it.
 
-metrics.jsonl is only ever appended to. After a resume the steps between the checkpoint and
-the kill appear twice (the later record wins; `read_metrics` does that) and a
-{"event": "resume", "step": s} record marks the seam.
+metrics.jsonl is only ever appended to, one whole flush at a time (gobrrr.rundir.MetricsLog: a
+full disk cuts the file back to its last whole record and stops the run). After a resume the steps
+between the checkpoint and the kill appear twice (the later record wins; `read_metrics` does that)
+and a {"event": "resume", "step": s} record marks the seam; a torn last line left by a crash is cut
+off first ("repaired_bytes"). DIR belongs to one live run: rank 0 holds DIR/run.lock (a lock the
+kernel drops when its process dies) and a second run into DIR stops at once, naming the first.
+
+Failures end the run with one line and a non-zero exit: 2 for what the user can fix (arguments,
+--out, a full disk, a checkpoint that does not fit), 1 for a run that diverged (a non-finite loss
+or weights: nothing non-finite is ever checkpointed, see gobrrr.train_checks) or lost a rank
+(named by gobrrr.dist). Ranks started by torchrun exit within about a second of the launcher's
+death (gobrrr.dist.lifeline).
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import os
@@ -41,9 +53,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from gobrrr import rundir, train_checks as checks
 from gobrrr.checkpoint import CheckpointError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from gobrrr.data import CharCorpus, SyntheticTokens
+from gobrrr.dist import comm
+from gobrrr.dist.debug import CollectiveError, DistConfigError
 from gobrrr.models.gpt import GPT, GPTConfig
+from gobrrr.train_step import autocast_for, setup_model, train_step
 
 CHECKPOINT = "checkpoint.pt"
 METRICS = "metrics.jsonl"
@@ -72,13 +88,14 @@ class TrainConfig:
     steps: int = 200                 # optimizer steps in the whole schedule
     out: str = "runs/gobrrr"         # folder for checkpoint.pt and metrics.jsonl
     device: str | None = None        # cpu | cuda; default cuda when available
-    batch_size: int = 8              # sequences per rank per micro-step
+    batch_size: int | None = None    # sequences per rank per micro-step; default 8 on CPU, probed on GPU
     seq_len: int | None = None       # default: the model's block_size
     grad_accum: int = 1              # micro-steps per optimizer step
     data: str = "shakespeare"        # shakespeare (shipped text) | synthetic (random tokens)
     lr: float = 1e-3                 # peak learning rate
     min_lr: float = 1e-4             # end of the cosine
     warmup: int | None = None        # linear warmup steps; default min(100, steps // 10)
+    warmup_default: bool = False     # warmup was not given: a resume keeps the checkpoint's (not one from --steps)
     weight_decay: float = 0.1
     grad_clip: float = 1.0           # max global gradient norm (0 = off)
     ckpt_every: int = 100            # checkpoint every M steps (and at the end)
@@ -87,17 +104,24 @@ class TrainConfig:
     seed: int = 0
     progress: bool = True            # progress bar / progress lines on rank 0
     crash_after_step: int | None = None  # testing aid: SIGKILL this process after that step
+    zero: int = 0                    # 0: ddp; 1|2|3: ZeRO stage (gobrrr.parallel.zero), sharded checkpoints
+    compile: bool | None = None      # torch.compile the blocks; default on for a GPU, off for a CPU
+    compile_backend: str = "inductor"  # testing aid: "aot_eager" traces without generating code
 
     def __post_init__(self):
-        if self.warmup is None:
-            self.warmup = min(100, self.steps // 10)
+        if self.warmup is None:  # marked: a resumed run with a longer --steps keeps the run's own warmup
+            self.warmup, self.warmup_default = min(100, self.steps // 10), True
         for name in ("steps", "batch_size", "grad_accum", "ckpt_every", "log_every"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise TrainError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.data not in ("shakespeare", "synthetic"):
             raise TrainError(f"--data must be 'shakespeare' or 'synthetic', got {self.data!r}")
+        if self.zero not in (0, 1, 2, 3):
+            raise TrainError(f"--zero must be 1, 2 or 3 (or 0 for ddp), got {self.zero}")
         if not 0 <= self.warmup <= self.steps:
             raise TrainError(f"--warmup {self.warmup} must be between 0 and --steps {self.steps}")
+        if (problem := checks.numbers_problem(self)) is not None:
+            raise TrainError(problem)
 
 
 # These must match between a checkpoint and the run resuming it, or the continuation is not the
@@ -152,12 +176,9 @@ def read_metrics(path: str | os.PathLike) -> dict[int, dict[str, Any]]:
     """metrics.jsonl as {step: record}; for a step logged twice (before a kill and after the resume)
     the later record wins. Event records ({"event": ...}) are skipped."""
     records: dict[int, dict[str, Any]] = {}
-    with open(path) as f:
-        for line in f:
-            if line.strip():
-                rec = json.loads(line)
-                if "event" not in rec:
-                    records[rec["step"]] = rec
+    for rec in rundir.read_jsonl(path):  # a torn last line (a crash mid-write) is skipped
+        if "event" not in rec:
+            records[rec["step"]] = rec
     return records
 
 
@@ -185,10 +206,11 @@ class _Progress:
         if self.bar is not None:
             self.bar.advance(self.task)
 
-    def report(self, step: int, loss: float, tokens_per_s: float, mfu: float | None) -> None:
+    def report(self, step: int, loss: float, tokens_per_s: float | None, mfu: float | None) -> None:
         if not self.enabled:
             return
-        stats = f"loss {loss:.4f}  {tokens_per_s:,.0f} tok/s" + (f"  MFU {mfu:.1%}" if mfu is not None else "")
+        stats = (f"loss {loss:.4f}" + (f"  {tokens_per_s:,.0f} tok/s" if tokens_per_s else "")
+                 + (f"  MFU {mfu:.1%}" if mfu is not None else ""))
         if self.bar is not None:
             self.bar.update(self.task, stats=stats)
         else:
@@ -209,13 +231,12 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         raise TrainError("--device cuda was asked for but torch sees no GPU; use --device cpu")
     from gobrrr.dist import session  # the rank runtime (engineer D)
 
-    with session(device=device, seed=cfg.seed) as rank:
+    with session(device=device, seed=cfg.seed) as rank, rundir.claim(cfg.out, rank.is_main, rank.device):
         return _train(cfg, rank)
 
 
 def _train(cfg: TrainConfig, rank) -> dict[str, Any]:
     from gobrrr import Prefetcher
-    from gobrrr.parallel import ddp
 
     device, W, main = rank.device, rank.world_size, rank.is_main
     out = Path(cfg.out)
@@ -231,19 +252,30 @@ def _train(cfg: TrainConfig, rank) -> dict[str, Any]:
 
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank and at every world size
     raw = GPT(model_cfg).to(device)
-    model = ddp(raw)
-    opt = make_optimizer(raw, cfg, device)
+    auto_batch = cfg.batch_size is None
+    B, compiled, setup_lines = setup_model(raw, cfg, device, T)  # batch size, loss path, torch.compile
+    cfg = replace(cfg, batch_size=B)
+    model, opt = wrap_model(raw, cfg, device)  # ddp, or ZeRO with --zero
     data = make_data(cfg, model_cfg, T, rank.rank, W)
 
     start = 0
-    if ckpt_path.exists():
+    if ckpt_path.exists() or zero_checkpoint(out) is not None:
         if not cfg.resume:
             raise TrainError(f"{out} already holds a run ({CHECKPOINT}); pass --resume to continue it "
                              "or choose a new --out")
-        state = load_checkpoint(ckpt_path)  # to host memory; load_state_dict copies onto the device
+        state = load_model_state(out, raw, model, opt, cfg)  # model + optimizer restored; the trainer's state
+        old_global = state["config"]["batch_size"] * state["world_size"]
+        if auto_batch and old_global % W == 0 and old_global // W != B:  # resume keeps the run's global batch
+            B = old_global // W
+            cfg = replace(cfg, batch_size=B)
+            data = make_data(cfg, model_cfg, T, rank.rank, W)
+            setup_lines.append(f"batch size {B} per rank: the checkpoint's global batch {old_global} over {W} rank(s)")
         _check_resumable(state, cfg, W)
-        raw.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
+        if not cfg.zero:  # with --zero the shards were loaded above (any world size and stage)
+            if (problem := checks.misfit(ckpt_path, state, raw, opt)) is not None:
+                raise TrainError(problem)
+            raw.load_state_dict(state["model"])
+            opt.load_state_dict(state["optimizer"])
         set_rng_state(state["rng"], device)
         start = state["step"]
         if data.check_state(state["data"]) != start * K:
@@ -258,74 +290,78 @@ def _train(cfg: TrainConfig, rank) -> dict[str, Any]:
     flops_per_token = raw.flops_per_token(T)
     peak, peak_src = peak_flops(device)
     tokens_per_step = B * T * K * W
-    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda"
-                else contextlib.nullcontext())
+    autocast = autocast_for(device)
+    params = list(raw.parameters())
+    if main and cfg.progress and setup_lines:
+        print("\n".join(setup_lines), file=sys.stderr, flush=True)
 
-    metrics = open(metrics_path, "a") if main else None
+    metrics = rundir.MetricsLog(metrics_path) if main else None  # whole records only; a torn tail is cut
     if main and start > 0:
-        metrics.write(json.dumps({"event": "resume", "step": start, "time": time.time()}) + "\n")
+        metrics.write(json.dumps({"event": "resume", "step": start, "time": time.time(),
+                                  "repaired_bytes": metrics.repaired_bytes}) + "\n")
         metrics.flush()
     progress = _Progress(main and cfg.progress, cfg.steps, start,
                          f"{cfg.model} x{W} {'cuda' if device.type == 'cuda' else 'cpu'}")
     logged: dict[int, float] = {}
     rates: list[float] = []
     pending: list[torch.Tensor] = []   # per step: (loss, grad_norm) stacked, still on the device
-    t_last = time.perf_counter()
+    t_last, t_step = time.perf_counter(), start  # the clock of the current log interval, and its first step
     loader = Prefetcher(data.batches(start * K, cfg.steps * K), device=device)
     batches = iter(loader)
 
     def flush(step: int) -> None:
-        nonlocal t_last
+        nonlocal t_last, t_step
         if not pending:
             return
         both = torch.stack(pending)             # (n, 2): loss, grad norm per step
-        dist.all_reduce(both)                   # one collective per log interval, not per step
+        comm.all_reduce(both)                   # one collective per log interval, not per step (names a dead rank)
         rows = (both / W).tolist()              # sync: the one device->host read per log interval
         now = time.perf_counter()
-        dt = (now - t_last) / len(rows)
-        tok_s = tokens_per_step / dt
-        mfu = flops_per_token * tok_s / (peak * W) if peak else None
+        dt = (now - t_last) / (step - t_step) if step > t_step else None  # the first step is timed apart
+        tok_s = tokens_per_step / dt if dt else None
+        mfu = flops_per_token * tok_s / (peak * W) if (peak and tok_s) else None
         first = step - len(rows) + 1
         for i, (loss, norm) in enumerate(rows):
             s = first + i
             logged[s] = loss
             if metrics is not None:
                 metrics.write(json.dumps({"step": s, "loss": loss, "lr": lr_at(s - 1, cfg), "grad_norm": norm,
-                                          "tokens_per_s": tok_s, "step_ms": dt * 1e3, "mfu": mfu}) + "\n")
+                                          "tokens_per_s": tok_s, "step_ms": dt * 1e3 if dt else None,
+                                          "mfu": mfu}) + "\n")
         if metrics is not None:
             metrics.flush()
-        rates.append(tok_s)
+        if tok_s:
+            rates.append(tok_s)
         progress.report(step, rows[-1][0], tok_s, mfu)
         pending.clear()
-        t_last = now
+        t_last, t_step = now, step
 
     try:
         for step in range(start, cfg.steps):
             lr = lr_at(step, cfg)
             for group in opt.param_groups:
                 group["lr"] = lr
-            loss_sum = torch.zeros((), device=device)
-            for k in range(K):
-                x, y = next(batches)  # (B, T) int64 each, already on the device
-                sync_ctx = model.no_sync() if k < K - 1 else contextlib.nullcontext()
-                with sync_ctx:
-                    with autocast:
-                        _, loss = model(x, y)
-                    (loss / K).backward()
-                loss_sum += loss.detach()
-            norm = (torch.nn.utils.clip_grad_norm_(raw.parameters(), cfg.grad_clip) if cfg.grad_clip > 0
-                    else torch.zeros((), device=device))
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            pending.append(torch.stack([loss_sum / K, norm.float()]))
+            # x, y: (B, T) int64 each, already on the device; the step lives in gobrrr/train_step.py
+            pending.append(train_step(model, opt, (next(batches) for _ in range(K)), accum=K, params=params,
+                                      grad_clip=cfg.grad_clip, autocast=autocast))  # (2,): loss, grad norm
+            if cfg.zero and step == start and main and cfg.progress:  # gobrrr: ignore[GB007] (ints, not tensors)
+                print(model.step_report, file=sys.stderr, flush=True)  # gobrrr: ignore[GB003] (once: bytes held)
             progress.advance()
             done = step + 1
+            if step == start:
+                t_last, t_step = _first_step_done(t_last, device, compiled, main and cfg.progress,
+                                                  None if auto_batch else (B, T), sum(p.numel() for p in params)), done
             last = done == cfg.steps
             if done % cfg.log_every == 0 or done % cfg.ckpt_every == 0 or last:
                 flush(done)
-            if done % cfg.ckpt_every == 0 or last:
-                error = None
-                if main:
+                checks.stop_if_diverged(logged, done - start, cfg)
+            if cfg.zero and (done % cfg.ckpt_every == 0 or last):  # every rank writes its shards
+                save_zero_checkpoint(model, out, {"format": FORMAT, "step": done, "rng": rng_state(device),
+                                                  "data": data.state_dict(done * K), "config": asdict(cfg),
+                                                  "world_size": W}, cfg)
+            elif done % cfg.ckpt_every == 0 or last:
+                error = checks.nonfinite_weights(raw, done, cfg)  # never checkpoint NaN/inf (a TP/ZeRO shard counts too)
+                if main and error is None:
                     try:
                         save_checkpoint({"format": FORMAT, "step": done, "model": raw.state_dict(),
                                          "optimizer": opt.state_dict(), "rng": rng_state(device),
@@ -334,9 +370,10 @@ def _train(cfg: TrainConfig, rank) -> dict[str, Any]:
                     except CheckpointError as e:
                         error = e
                 failed = torch.tensor([0.0 if error is None else 1.0], device=device)
-                dist.all_reduce(failed)  # every rank learns whether rank 0's write failed
+                comm.all_reduce(failed)  # every rank learns whether rank 0's write failed
                 if failed.item():  # sync: once per checkpoint, so all ranks stop together instead of hanging
-                    raise error or CheckpointError("rank 0 could not write the checkpoint; see its error message")
+                    raise error or CheckpointError("another rank could not check or write the checkpoint; see "
+                                                   "its error message")
             if cfg.crash_after_step == done:
                 os.kill(os.getpid(), signal.SIGKILL)  # testing aid: die like a killed job, no cleanup
     finally:
@@ -345,7 +382,7 @@ def _train(cfg: TrainConfig, rank) -> dict[str, Any]:
         if metrics is not None:
             metrics.close()
 
-    steady = rates[1:] or rates  # the first interval includes warm-up (allocation, autotuning)
+    steady = rates[1:] or rates  # the first step (compilation, allocation) is timed apart; skip one more interval
     tok_s = sorted(steady)[len(steady) // 2] if steady else None
     mfu = flops_per_token * tok_s / (peak * W) if (peak and tok_s) else None
     if main and cfg.progress and logged:
@@ -357,10 +394,92 @@ def _train(cfg: TrainConfig, rank) -> dict[str, Any]:
     return {"step": cfg.steps, "losses": logged, "tokens_per_s": tok_s, "mfu": mfu, "peak": peak}
 
 
+ZERO_CHECKPOINTS = "zero_checkpoints"  # DIR/zero_checkpoints/{latest, step-<s>.<ns>/}: sharded (DCP)
+
+
+def wrap_model(raw: GPT, cfg: TrainConfig, device: torch.device):
+    """(model, optimizer): `ddp` with AdamW, or with --zero S, `zero(..., stage=S)` (bf16 parameters on a GPU)."""
+    from gobrrr.parallel import ddp, zero
+
+    if not cfg.zero:
+        return ddp(raw), make_optimizer(raw, cfg, device)
+    return zero(raw, lambda m: make_optimizer(m, cfg, device), stage=cfg.zero,
+                param_dtype=torch.bfloat16 if device.type == "cuda" else None)
+
+
+def zero_checkpoint(out: Path) -> Path | None:
+    from gobrrr.parallel.zero_ckpt import latest
+
+    return latest(out / ZERO_CHECKPOINTS)
+
+
+def save_zero_checkpoint(model, out: Path, state: dict[str, Any], cfg: TrainConfig) -> None:
+    """Every rank writes its shards (DCP); rank 0 adds the trainer's state; atomic (see zero_ckpt).
+    Never NaN/inf: each rank checks its own master shards and all ranks stop together."""
+    from types import SimpleNamespace
+
+    from gobrrr.parallel.zero_ckpt import save
+
+    bad = checks.nonfinite_weights(SimpleNamespace(parameters=lambda: [f.master for f in model.order]),
+                                   state["step"], cfg)
+    flag = torch.tensor([0.0 if bad is None else 1.0], device=model.order[0].master.device)
+    dist.all_reduce(flag)  # every rank learns whether any shard diverged
+    if flag.item():  # sync: once per checkpoint
+        raise bad or checks.DivergedError(f"another rank's weights hold NaN/inf after step {state['step']}; "
+                                          "start a new run with a lower --lr or --grad-clip")
+    try:
+        save(model, out / ZERO_CHECKPOINTS, state["step"], extra=state)
+    except OSError as e:
+        raise CheckpointError(f"could not write the sharded checkpoint in {out / ZERO_CHECKPOINTS}: {e}; the "
+                              "previous one is untouched; check the disk") from e
+
+
+def load_model_state(out: Path, raw: GPT, model, opt, cfg: TrainConfig) -> dict[str, Any]:
+    """DIR's checkpoint: with --zero, load the shards into `model` and `opt` now and return the trainer's
+    state; without, return the plain checkpoint (the caller checks it fits, then loads it)."""
+    ckpt = zero_checkpoint(out)
+    if cfg.zero and ckpt is None:
+        raise TrainError(f"{out} holds a ddp run ({CHECKPOINT}); resume it without --zero")
+    if not cfg.zero and ckpt is not None:
+        raise TrainError(f"{out} holds a --zero run (sharded checkpoint); resume it with --zero 1, 2 or 3")
+    if cfg.zero:
+        from gobrrr.parallel.zero_ckpt import load
+
+        return load(model, out / ZERO_CHECKPOINTS)["extra"]  # any world size, any stage
+    return load_checkpoint(out / CHECKPOINT)
+
+
+def _first_step_done(t0: float, device: torch.device, compiled: bool, verbose: bool,
+                     given_batch: tuple[int, int] | None, n_params: int) -> float:
+    """Time the first step apart (torch.compile, allocator and cuBLAS warm-up) and say so on its own line;
+    return the clock for the next interval, so tokens/s never includes it. With a hand-picked batch
+    size on a GPU, add a hint when the step's peak memory says a much larger one would fit."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)  # sync: once, after the first step, to time it apart
+    now = time.perf_counter()
+    if verbose:
+        what = "torch.compile + first step" if compiled else "first step (warm-up)"
+        print(f"{what}: {now - t0:.1f} s (not counted in tokens/s)", file=sys.stderr, flush=True)
+        if given_batch is not None and device.type == "cuda":
+            from gobrrr.auto_batch import underuse_hint
+
+            hint = underuse_hint(*given_batch, torch.cuda.max_memory_allocated(device),
+                                 torch.cuda.get_device_properties(device).total_memory, n_params)
+            if hint:
+                print(hint, file=sys.stderr, flush=True)
+    return now
+
+
 def _check_resumable(state: dict[str, Any], cfg: TrainConfig, world_size: int) -> None:
     if state.get("format") != FORMAT:
         raise TrainError(f"checkpoint format {state.get('format')!r} is not {FORMAT!r}; start a new run")
+    lacking = [k for k in ("step", "rng", "data", "config", "world_size") if k not in state]
+    if lacking:
+        raise TrainError(f"checkpoint lacks {', '.join(lacking)}: it is damaged or edited; restore a copy or "
+                         "start a new run")
     old = state["config"]
+    if cfg.warmup_default and "warmup" in old:  # --warmup not given: the run keeps its own (cfg is _train's copy)
+        cfg.warmup = old["warmup"]
     diffs = [f"--{k.replace('_', '-')} {old.get(k)} -> {getattr(cfg, k)}" for k in _SAME_ON_RESUME
              if old.get(k) != getattr(cfg, k)]
     old_global = old["batch_size"] * state["world_size"]
@@ -381,7 +500,9 @@ def parse_args(argv: list[str]) -> TrainConfig:
     p.add_argument("--steps", type=int, default=d.steps, help="optimizer steps in the whole schedule")
     p.add_argument("--out", required=True, help="folder for checkpoint.pt and metrics.jsonl")
     p.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda when available")
-    p.add_argument("--batch-size", type=int, default=d.batch_size, help="sequences per rank per micro-step")
+    p.add_argument("--batch-size", type=int, default=d.batch_size,
+                   help="sequences per rank per micro-step (default: 8 on a CPU; on a GPU the largest power of two "
+                        "that fits in free memory, up to 64k tokens per micro-step, found by a short probe)")
     p.add_argument("--seq-len", type=int, default=None, help="default: the model's block size")
     p.add_argument("--grad-accum", type=int, default=d.grad_accum, help="micro-steps per optimizer step")
     p.add_argument("--data", choices=["shakespeare", "synthetic"], default=d.data)
@@ -395,18 +516,27 @@ def parse_args(argv: list[str]) -> TrainConfig:
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress output")
+    p.add_argument("--compile", dest="compile", action="store_true", default=None,
+                   help="torch.compile each transformer block (default on a GPU; on a CPU it needs a C++ compiler). "
+                        "Not yet with --tp > 1 or --zero 3: those run eagerly with a one-line notice")
+    p.add_argument("--no-compile", dest="compile", action="store_false", help="run eagerly")
+    p.add_argument("--compile-backend", default=d.compile_backend, help=argparse.SUPPRESS)
     p.add_argument("--crash-after-step", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--zero", type=int, default=0, help="ZeRO stage 1, 2 or 3 instead of ddp (sharded checkpoints)")
     args = p.parse_args(argv)
-    return TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)})
+    return TrainConfig(**{f.name: getattr(args, f.name, f.default) for f in fields(TrainConfig)})
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         train(parse_args(argv))
-    except (TrainError, CheckpointError) as e:
+    except (TrainError, CheckpointError, rundir.RunDirError, DistConfigError) as e:
         print(f"gobrrr train: error: {e}", file=sys.stderr)
         return 2
+    except (checks.DivergedError, CollectiveError) as e:  # the run failed: diverged, or a rank died (named)
+        print(f"gobrrr train: error: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -11,7 +11,7 @@ from bench import prefetch
 @pytest.mark.timeout(120)
 def test_quick_run_records_every_row(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("GOBRRR_BENCH_RESULTS", str(tmp_path))
-    assert prefetch.main(["--quick", "--steps", "3"]) == 0
+    assert prefetch.main(["--quick", "--steps", "3", "--no-busy"]) == 0
     out = capsys.readouterr().out
     assert "x_floor" in out and "floor: compute only" in out
     entry = json.loads((tmp_path / "prefetch.jsonl").read_text().splitlines()[-1])
@@ -57,3 +57,30 @@ def test_repeated_worker_rows_keep_the_median_and_spread(tmp_path, monkeypatch, 
 def test_unknown_kind_is_refused():
     with pytest.raises(SystemExit):
         prefetch.main(["--quick", "--kinds", "gpu-rows"])
+
+
+@pytest.mark.timeout(120)
+def test_busy_pass_rows_and_ring_setup_are_recorded(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("GOBRRR_BENCH_RESULTS", str(tmp_path))
+    assert prefetch.main(["--quick", "--steps", "2", "--kinds", "in-process,prebatched", "--regime", "copy-bound"]) == 0
+    out = capsys.readouterr().out
+    assert "busy process:" in out and "what each Prefetcher row ran through" in out
+    entry = json.loads((tmp_path / "prefetch.jsonl").read_text().splitlines()[-1])
+    busy = [r for r in entry["rows"] if r["regime"] == "copy-bound, busy"]
+    assert {r["row"] for r in busy} == {name for name, method, _, _ in prefetch.ROWS if method in prefetch.BUSY_ROWS}
+    by = {r["row"]: r for r in entry["rows"] if r["regime"] == "copy-bound"}
+    for name in ("Prefetcher(DataLoader batch_size=None, workers)",
+                 "Prefetcher(DataLoader(IterableDataset of batches), workers)"):
+        assert by[name]["ms_per_step"] > 0 and by[name]["setup"].startswith("depth 2"), by[name]
+        prod = by["floor: workers' production, pre-batched (copy into a reused buffer)"]["ms_per_step"]
+        compute = by["floor: compute only"]["ms_per_step"]
+        assert by[name]["x_floor"] == pytest.approx(by[name]["ms_per_step"] / max(prod, compute))
+
+
+def test_busy_experiment_without_cuda_says_so_in_one_line(capsys):
+    from bench import prefetch_busy
+    if prefetch_busy.torch.cuda.is_available():
+        pytest.skip("a GPU is here: the experiment would run")
+    assert prefetch_busy.main([]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("gobrrr bench prefetch_busy: error:") and len(err.splitlines()) == 1

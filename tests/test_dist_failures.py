@@ -154,7 +154,9 @@ def test_error_classes():
     assert issubclass(CollectiveTimeoutError, TimeoutError)
 
 
-MONITOR_ENV = {"GOBRRR_DIST_MONITOR": "1", "GOBRRR_DIST_MONITOR_STALL_S": "1"}  # on for gloo, fast
+# monitor on for gloo, fast; no leading-collective check (it would name the departed peer itself,
+# as it would on NCCL: these tests stand in for an NCCL host blocked behind a queued kernel)
+MONITOR_ENV = {"GOBRRR_DIST_MONITOR": "1", "GOBRRR_DIST_MONITOR_STALL_S": "1", "GOBRRR_DIST_CHECK_FIRST": "0"}
 
 
 def stuck_behind_departed_peer(rank):

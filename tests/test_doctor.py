@@ -290,3 +290,74 @@ def test_unreadable_trace_still_gives_a_report(tmp_path):
     s._analyze()
     assert any("could not be analysed" in n for n in s.report["notes"]) and s.report["gpu"] is None
     assert json.loads((tmp_path / "out" / "report.json").read_text())["steps"]["seen"] == 3
+
+
+def test_cli_bad_out_and_missing_script_are_one_line_errors(tmp_path, capsys):
+    script = _script(tmp_path, "print('never runs')\n")
+    a_file = tmp_path / "taken"
+    a_file.write_text("x")
+    for out in (a_file, a_file / "under"):  # on a file, and under one
+        assert doctor.main(["--out", str(out), str(script)]) == 2
+        err = capsys.readouterr()
+        assert "never runs" not in err.out  # refused before the script ran
+        (line,) = err.err.strip().splitlines()
+        assert line.startswith("gobrrr doctor: error: --out ") and "folder" in line, line
+    assert doctor.main(["--out", str(tmp_path / "ok"), str(tmp_path / "missing.py")]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line == f"gobrrr doctor: error: no such script {str(tmp_path / 'missing.py')!r}; pass the path of a Python file"
+    assert doctor.main(["--steps", "0", str(script)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("gobrrr doctor: error: --steps must be at least 1") and "doctor: gobrrr" not in line
+
+
+CARRIES_ON = """
+import os, sys, warnings
+import torch
+
+model = torch.nn.Linear(32, 8)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for i in range(int(sys.argv[2])):
+    model(torch.randn(16, 32)).square().mean().backward()
+    opt.step()
+    opt.zero_grad()
+    warnings.warn("called a synchronizing CUDA operation")  # a stand-in sync, after the step boundary
+    if i == int(sys.argv[3]):
+        raise RuntimeError("boom at step %d" % i)
+print("SCRIPT-AFTER-THE-WINDOW report exists:", os.path.exists(os.path.join(sys.argv[1], "report.json")))
+"""
+
+
+@pytest.mark.timeout(60)
+def test_summary_comes_when_the_window_closes_and_the_script_carries_on(tmp_path, capsys):
+    out = tmp_path / "doc"
+    script = _script(tmp_path, CARRIES_ON)
+    cfg = DoctorConfig(steps=2, warmup=2, out_dir=str(out), print_summary=True)
+    code, report = run_script(str(script), [str(out), "7", "-1"], cfg)
+    assert code == 0
+    cap = capsys.readouterr()
+    # the summary was printed, and the files written, before the script went on to its last line
+    assert cap.out.index("gobrrr doctor: ") < cap.out.index("SCRIPT-AFTER-THE-WINDOW report exists: True")
+    assert cap.out.count("  steps: 2 recorded") == 1  # printed once, not again at the end
+    assert "recorded 2 steps" in cap.err and "the script carries on" in cap.err
+    assert "the script ended with exit code 0" in cap.err
+    assert json.loads((out / "report.json").read_text())["exit_code"] == 0 and report["steps"]["seen"] == 7
+
+
+@pytest.mark.timeout(60)
+def test_a_step_cut_short_by_the_end_of_the_script_is_not_counted(tmp_path):
+    """Decided (issue 16): the step the script raised in is partial, so it is not a recorded step; the
+    report counts 2, says it ended after 2, and leaves the partial step in trace.json only."""
+    out = tmp_path / "doc"
+    script = _script(tmp_path, CARRIES_ON)
+    cfg = DoctorConfig(steps=3, warmup=2, out_dir=str(out), print_summary=False)
+    code, report = run_script(str(script), [str(out), "8", "3"], cfg)  # raises after the 4th optimizer step
+    assert code == 1 and report["error"]["type"] == "RuntimeError"
+    st = report["steps"]
+    assert st["seen"] == 4 and st["recorded"] == 2 and len(st["ms"]) == 2
+    assert any("ended after 2 recorded step(s) of 3" in n for n in report["notes"])
+    assert any("partial step is left out" in n for n in report["notes"])
+    trace = json.loads((out / "trace.json").read_text())
+    steps = sorted(e["name"] for e in trace["traceEvents"] if e.get("name", "").startswith("ProfilerStep#"))
+    assert steps == ["ProfilerStep#2", "ProfilerStep#3", "ProfilerStep#4"]  # the partial one is kept there
+    # the sync detective's table covers the same two complete steps (one stand-in sync each), not the third
+    assert [d["count"] for d in report["host"]["sync_detective"]] == [2], report["host"]["sync_detective"]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -10,13 +11,17 @@ import pytest
 
 from gobrrr.device.lint import RULES, Finding, lint_paths, lint_source, main
 
-HEADER = "import torch\nimport numpy as np\nimport torch.nn.functional as F\nfrom torch.utils.data import DataLoader\n"
+# DEVICE names a device: a file that never does is taken as CPU-only and not checked
+HEADER = ("import torch\nimport numpy as np\nimport torch.nn.functional as F\nfrom torch.utils.data import DataLoader\n"
+          "DEVICE = 'cuda'\n")
 
 
-def findings(body: str, select=None) -> list[tuple[str, int]]:
-    """(rule, line) pairs for a snippet; line 1 is the snippet's first line (after the imports)."""
+def findings(body: str, select=None, everything=True) -> list[tuple[str, int]]:
+    """(rule, line) pairs for a snippet; line 1 is the snippet's first line (after the imports).
+    The rule cases are toy loops that do not step, so they ask for every finding (`--all`);
+    what runs every step is tested on the corpus in test_lint_corpus.py."""
     offset = HEADER.count("\n")
-    out = lint_source(HEADER + textwrap.dedent(body), "snippet.py", select)
+    out = lint_source(HEADER + textwrap.dedent(body), "snippet.py", select, everything)
     return [(f.rule, f.line - offset) for f in out]
 
 
@@ -42,6 +47,8 @@ POSITIVE = {
         ("def f(loss: torch.Tensor):\n    for i in range(9):\n        msg = f'loss {loss:.3f}'", 3),
         ("x = torch.randn(3, device='cuda')\nfor i in range(3):\n    s = 'x=%s' % x", 3),
         ("x = torch.randn(3, device='cuda')\nfor i in range(3):\n    s = 'x={}'.format(x)", 3),
+        ("def f(writer, x: torch.Tensor):\n    for i in range(3):\n        writer.add_scalar('x', x.sum(), i)", 3),
+        ("import wandb\ndef f(loss: torch.Tensor):\n    for i in range(3):\n        wandb.log({'loss': loss})", 4),
     ],
     "GB004": [
         ("for i in range(3):\n    torch.cuda.synchronize()", 2),
@@ -62,6 +69,12 @@ POSITIVE = {
         ("def f(t: torch.Tensor):\n    while t:\n        break", 2),
         ("def f(x):\n    for i in range(3):\n        y = x.sum()\n        if y:\n            pass", 4),
         ("x = torch.ones(2, device='cuda')\nfor i in range(3):\n    z = 1 if (x > 0).any() else 2", 3),
+    ],
+    "GB009": [
+        ("def f(model, loader, dev):\n    for x, y in loader:\n        x = x.to(dev)\n        model(x).backward()", 3),
+        ("def f(ds):\n    for batch in DataLoader(ds, pin_memory=True):\n        b = {k: v.cuda() for k, v in batch.items()}",
+         3),
+        ("def f(loader):\n    for i, data in enumerate(loader):\n        a, b = data[0].to(DEVICE), data[1].to(DEVICE)", 3),
     ],
     "GB008": [
         ("def f(x):\n    for i in range(3):\n        idx = torch.nonzero(x)", 3),
@@ -94,6 +107,7 @@ NEGATIVE = {
         "x = torch.randn(3, device='cuda')\nprint(x)",
         "for i in range(3):\n    print(i, f'{i:04d}')",
         "x = torch.randn(3, device='cuda')\nfor i in range(3):\n    print(x.shape, x.dtype, x.device)",
+        "def f(writer, sched):\n    for i in range(3):\n        writer.add_scalar('lr', sched.get_last_lr()[0], i)",
     ],
     "GB004": [
         "torch.cuda.synchronize()",
@@ -118,6 +132,12 @@ NEGATIVE = {
         "x = torch.ones(3, device='cuda')\nif x.sum() > 0:\n    pass",           # once, outside a loop
         "for i in range(3):\n    if i > 1:\n        pass",
     ],
+    "GB009": [
+        "def f(model, loader, dev):\n    for x, y in loader:\n        x = x.to(dev, non_blocking=True)\n        model(x)",
+        "def f(model, loader, dev):\n    model = model.to(dev)\n    for x in loader:\n        model(x)",   # a module
+        "import gobrrr\ndef f(dl):\n    for x, y in gobrrr.Prefetcher(dl, device='cuda'):\n        x = x.to('cuda')",
+        "def f(loader):\n    for x, y in loader:\n        x = x.to(torch.float16)",             # a dtype, not a copy
+    ],
     "GB008": [
         "x = torch.randn(9, device='cuda')\nidx = torch.nonzero(x)",
         "x = torch.randn(9, device='cuda')\nfor i in range(3):\n    y = torch.where(x > 0, x, 0)",
@@ -139,7 +159,7 @@ def test_rule_stays_quiet(rule, body):
 
 
 def test_every_rule_has_cases_and_text():
-    assert set(POSITIVE) == set(NEGATIVE) == set(RULES) == {f"GB00{i}" for i in range(1, 9)}
+    assert set(POSITIVE) == set(NEGATIVE) == set(RULES) == {f"GB00{i}" for i in range(1, 10)}
     for message, fix in RULES.values():
         assert message and fix
 
@@ -157,8 +177,9 @@ def test_a_realistic_loop():
                 print(f"step {step} loss {loss.item():.3f}")
         return total / (step + 1)
     """
-    got = findings(body)
-    assert sorted(got) == [("GB002", 8), ("GB005", 6), ("GB006", 3)], got
+    got = findings(body, everything=False)  # the loop steps (model forward): every finding is per-step
+    # GB009: y.to(device) is a blocking copy of each batch (added with the rule)
+    assert sorted(got) == [("GB002", 8), ("GB005", 6), ("GB006", 3), ("GB009", 7)], got
 
 
 def test_suppression():
@@ -180,13 +201,14 @@ def test_select():
 
 
 def test_finding_fields():
-    (f,) = lint_source("import torch\nfor i in range(2):\n    torch.cuda.synchronize()\n", "a.py")
+    (f,) = lint_source("import torch\nfor i in range(2):\n    torch.cuda.synchronize()\n    model(i).backward()\n", "a.py")
     assert isinstance(f, Finding)
-    assert f.to_dict() == {"path": "a.py", "line": 3, "col": 5, "rule": "GB004", "message": f.message, "fix": f.fix}
+    assert f.to_dict() == {"path": "a.py", "line": 3, "col": 5, "rule": "GB004", "message": f.message, "fix": f.fix,
+                           "hot": True}   # hot: in a step loop (shown by default)
     assert "stalls the host" in f.message and "event" in f.fix
 
 
-BAD = "import torch\nfor i in range(3):\n    torch.cuda.synchronize()\n"
+BAD = "import torch\nfor i in range(3):\n    torch.cuda.synchronize()\n    model(i).backward()\n"  # a step loop
 
 
 def test_cli_exit_codes_and_json(tmp_path, capsys):
@@ -207,7 +229,7 @@ def test_cli_exit_codes_and_json(tmp_path, capsys):
     assert main([str(tmp_path / "pkg"), "--format", "json"]) == 1
     data = json.loads(capsys.readouterr().out)
     assert isinstance(data, list) and len(data) == 1
-    assert set(data[0]) == {"path", "line", "col", "rule", "message", "fix"}
+    assert set(data[0]) == {"path", "line", "col", "rule", "message", "fix", "hot"}
     assert (data[0]["path"], data[0]["line"], data[0]["rule"]) == (str(bad), 3, "GB004")
     assert main([str(clean), "--format", "json"]) == 0
     assert json.loads(capsys.readouterr().out) == []
@@ -239,7 +261,64 @@ def test_lint_paths_errors(tmp_path):
 def test_cli_entry_point(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text(BAD)
+    broken = tmp_path / "broken.py"
+    broken.write_text("def f(:\n")
     out = subprocess.run([sys.executable, "-m", "gobrrr", "lint", str(bad), "--format", "json"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 1, out.stderr
     assert json.loads(out.stdout)[0]["rule"] == "GB004"
+    # a file that cannot be parsed is reported before the summary line, and the summary never says clean
+    both = subprocess.run([sys.executable, "-m", "gobrrr", "lint", str(tmp_path)], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=120)
+    lines = both.stdout.splitlines()
+    assert both.returncode == 2
+    error = next(i for i, line in enumerate(lines) if "broken.py" in line)
+    assert error < len(lines) - 1 and lines[-1].startswith("gobrrr lint: 1 finding") and "clean" not in lines[-1]
+
+
+def test_cli_one_line_errors(tmp_path, capsys):
+    bad = tmp_path / "bad.py"
+    bad.write_text(BAD)
+    assert main([str(bad), "--select", ""]) == 2                      # no rule selected is a mistake
+    err = capsys.readouterr().err
+    assert err.startswith("gobrrr lint: error: --select names no rule") and err.count("gobrrr lint") == 1
+    assert main([str(tmp_path / "missing.py")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("gobrrr lint:") == 1 and "no such file or directory" in err   # no doubled prefix
+    loop_a, loop_b = tmp_path / "a.py", tmp_path / "b.py"
+    os.symlink(loop_b, loop_a)
+    os.symlink(loop_a, loop_b)
+    dangling = tmp_path / "gone.py"
+    os.symlink(tmp_path / "nowhere.py", dangling)
+    assert main([str(loop_a), str(dangling), str(bad)]) == 2
+    cap = capsys.readouterr()
+    assert "symbolic link loop" in cap.err and "broken symbolic link" in cap.err and "GB004" in cap.out
+    os.unlink(loop_a), os.unlink(loop_b), os.unlink(dangling)
+
+
+def test_cli_fifo_and_deep_expression(tmp_path, capsys):
+    fifo = tmp_path / "pipe.py"
+    os.mkfifo(fifo)                                                   # opening it would block forever
+    deep = tmp_path / "deep.py"
+    deep.write_text("x = " + " + ".join(["1"] * 20000) + "\n")
+    (tmp_path / "bad.py").write_text(BAD)
+    assert main([str(tmp_path)]) == 2                                 # the FIFO is skipped in a walk
+    cap = capsys.readouterr()
+    assert "deep.py:0: cannot check this file: an expression too deeply nested" in cap.err
+    assert "pipe.py" not in cap.err and "GB004" in cap.out           # the other files are still checked
+    assert main([str(fifo)]) == 2                                     # named: said, not opened
+    assert "not a regular file" in capsys.readouterr().err
+
+
+def test_fix_printed_once_per_rule_and_exclude(tmp_path, capsys):
+    src = "import torch\nfor i in range(3):\n    torch.cuda.synchronize()\n    torch.cuda.synchronize()\n" \
+          "    model(i).backward()\n"
+    (tmp_path / "a.py").write_text(src)
+    (tmp_path / "gen").mkdir()
+    (tmp_path / "gen" / "b.py").write_text(src)
+    assert main([str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert out.count(": GB004") == 4 and out.count(RULES["GB004"][1]) == 1
+    assert main([str(tmp_path), "--exclude", "gen", "--exclude", "nothing*"]) == 1
+    assert capsys.readouterr().out.count(": GB004") == 2
+    assert main([str(tmp_path), "--exclude", "*.py"]) == 0

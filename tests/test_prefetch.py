@@ -149,29 +149,37 @@ def test_empty_iterable_yields_nothing():
     assert pf.stats().steps == 0 and pf.stats().mean_wait_ms == 0.0
 
 
-def test_early_break_releases_the_source():
+def test_early_break_releases_a_reiterable_source_and_the_next_loop_starts_over():
+    pf2 = gobrrr.Prefetcher([torch.tensor([i]) for i in range(5)], device="cpu")
+    for x in pf2:
+        if int(x) == 1:
+            break
+    assert [int(t) for t in pf2] == [0, 1, 2, 3, 4]
+
+
+def test_generator_source_continues_after_break_and_closes_with_the_prefetcher():
     closed = []
 
     def gen():
         try:
-            for i in range(100):
+            for i in range(10):
                 yield torch.tensor([i])
         finally:
             closed.append(True)
 
     pf = gobrrr.Prefetcher(gen(), device="cpu")
-    for i, x in enumerate(pf):
-        if i == 2:
+    first = []
+    for x in pf:
+        first.append(int(x))
+        if len(first) == 3:
             break
-    del x
+    gc.collect()
+    assert closed == [], "a break must not close a one-shot source: its remaining items would be lost"
+    assert first + [int(x) for x in pf] == list(range(10))
+    assert list(pf) == []   # exhausted, as the generator itself is
+    del pf, x
     gc.collect()
     assert closed == [True]
-    # a fresh iteration of a list after a break starts from the beginning
-    pf2 = gobrrr.Prefetcher([torch.tensor([i]) for i in range(5)], device="cpu")
-    it = iter(pf2)
-    next(it)
-    next(it)
-    assert [int(t) for t in pf2] == [0, 1, 2, 3, 4]
 
 
 # -- bad input ---------------------------------------------------------------------------------------
@@ -703,3 +711,38 @@ def test_gpu_path_gc_of_the_prefetcher_stops_its_pinning_threads(fake_cuda):
     frames = sys._current_frames()
     alive = [t for t in mine if t.is_alive()]
     assert not alive, [(t.name, "".join(traceback.format_stack(frames[t.ident])[-3:])) for t in alive if t.ident in frames]
+
+
+# -- iterating twice (issue 16): nothing dropped silently ------------------------------------------------------
+def test_gpu_path_break_on_a_generator_keeps_the_batches_pulled_ahead(fake_cuda):
+    pf = fake_cuda((torch.full((3,), float(i)) for i in range(12)), depth=3)
+    got = []
+    for x in pf:
+        got.append(float(x[0]))
+        if len(got) == 4:
+            break            # depth 3: batches 4-6 are already pulled, pinned and "copied"
+    for x in pf:
+        got.append(float(x[0]))
+    assert got == [float(i) for i in range(12)]
+
+
+def test_second_pass_while_the_first_is_open_makes_the_first_raise(fake_cuda):
+    for pf in (gobrrr.Prefetcher([torch.tensor([i]) for i in range(6)], device="cpu"),
+               fake_cuda([torch.full((2,), float(i)) for i in range(6)], depth=2)):
+        a = iter(pf)
+        assert float(next(a)[0]) == 0.0
+        b = iter(pf)
+        assert [float(x[0]) for x in b] == [float(i) for i in range(6)]   # the new pass is whole
+        with pytest.raises(RuntimeError, match="ended by a newer iter"):
+            next(a)
+        with pytest.raises(RuntimeError, match="ended by a newer iter"):
+            list(zip(pf, pf))
+
+
+def test_generator_prefetcher_closed_with_batches_pulled_ahead_says_how_many_were_dropped(fake_cuda):
+    pf = fake_cuda((torch.full((3,), float(i)) for i in range(10)), depth=2)
+    it = iter(pf)
+    next(it)
+    pf.close()
+    with pytest.raises(RuntimeError, match=r"3 batch\(es\) already taken"):   # 1 copied + 2 pulled ahead
+        iter(pf)

@@ -321,12 +321,14 @@ def test_bad_arguments_say_what_to_do():
         def __iter__(self):
             yield torch.zeros(1)
 
-    with pytest.raises(TypeError, match="map-style"):
-        PinnedWorkerLoader(Stream(), 2)
+    with pytest.raises(ValueError, match="takes no shuffle"):
+        PinnedWorkerLoader(Stream(), 2, shuffle=True)
+    with pytest.raises(ValueError, match="slots of its own"):
+        PinnedWorkerLoader(Stream(), 2, num_workers=3, slots=2)
     with pytest.raises(ValueError, match="at least one worker"):
         PinnedWorkerLoader(Nested(4), 2, num_workers=0)
     with pytest.raises(ValueError, match="batch_size=None"):
-        PinnedWorkerLoader.from_dataloader(DataLoader(Nested(4), batch_size=None, num_workers=1))
+        PinnedWorkerLoader(Nested(4), 0, num_workers=1)
     with pytest.raises(ValueError, match="shuffle=True conflicts"):
         PinnedWorkerLoader(Nested(4), 2, shuffle=True, sampler=range(4))
     empty = PinnedWorkerLoader(Nested(0), 2, num_workers=1)

@@ -115,3 +115,57 @@ def test_prefetcher_through_the_ring_matches_dataloader_with_slow_consumer(how):
     del pf
     gc.collect()
     assert not multiprocessing.active_children()
+
+
+class PatternShards(Dataset):
+    """Item i: a whole batch (16 patterned images, 16 labels), for DataLoader(batch_size=None)."""
+
+    def __init__(self, n: int = 12):
+        self.n, self.inner = n, Pattern(16 * n)
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        xs, ys = zip(*(self.inner[16 * i + k] for k in range(16)))
+        return torch.stack(xs), torch.tensor(ys)
+
+
+class PatternStream(torch.utils.data.IterableDataset):
+    """The same batches streamed; worker w yields batches w, w + W, ... and worker 0 one extra at the end."""
+
+    def __init__(self, n: int = 12):
+        self.shards = PatternShards(n)
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        w, W = (info.id, info.num_workers) if info is not None else (0, 1)
+        yield from (self.shards[i] for i in range(w, len(self.shards), W))
+        if w == 0:
+            yield self.shards[0]
+
+
+@pytest.mark.parametrize("kind", ["batch_size=None", "IterableDataset"])
+def test_prefetcher_over_unbatched_sources_uses_pinned_slots_and_exact_batches_with_slow_copies(kind):
+    """Each worker its own page-locked slots; slow copies and a slow consumer; batches as the DataLoader's."""
+    from gobrrr.device.prefetch import Prefetcher
+
+    ds = PatternShards() if kind == "batch_size=None" else PatternStream()
+    make = lambda: DataLoader(ds, batch_size=None, num_workers=3, generator=torch.Generator().manual_seed(5))  # noqa: E731
+    want = checksums([(x.clone(), y.clone()) for _ in range(3) for x, y in make()])
+    pf = Prefetcher(make(), device="cuda")
+    assert type(pf.source).__name__ == "PinnedWorkerLoader"
+    sums = []
+    for _ in range(3):
+        for x, y in pf:
+            assert x.is_cuda and x.shape == (16, 3, 16, 16)
+            torch.cuda._sleep(2_000_000)   # a slow step: the workers and the copies race ahead
+            sums.append(checksums([(x, y)])[0])
+    ring = pf.source._ring
+    assert ring.registered and ring.owners == 3 and ring.num_slots >= 3
+    assert ring.views[0].is_pinned()
+    torch.testing.assert_close(torch.stack(sums).cpu(), want, rtol=0, atol=0)
+    assert "per worker" in pf.describe()
+    del pf, ring
+    gc.collect()
+    assert not multiprocessing.active_children()

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from gobrrr.device.syncs import DEFAULT_HINT, HINTS
 from gobrrr.device.timeline import Figures
+from gobrrr.device.timeline_host import HOST_OVERHEAD
 
 # callee of a sync (the Python call found in the trace) -> the sync detective's kind, whose fix
 # (gobrrr.device.syncs.HINTS) is the one change we recommend for it, in the doctor and the detective alike
@@ -110,32 +111,85 @@ def recommend(fig: Figures | None, lint_findings: list | None = None,
             why=f"{row['count']} x {row['call']} ({row['kind']}): host blocked {row['total_ms']:.3f} ms, "
                 f"GPU left empty {idle:.3f} ms afterwards"))
 
+    # Waiting for the DataLoader: the host sat in its __next__ while the GPU had nothing to do.
+    for s in getattr(fig, "loader_sites", []) or []:
+        recs.append(Recommendation(
+            loader_change(s.get("loader", ""), s.get("in_process", False), s.get("ours", False)), s["site"],
+            s.get("code", ""),
+            saved_ms=per_step(s["idle_ms"]),
+            why=f"the host waited in the DataLoader's __next__ while the GPU had no work: "
+                f"{per_step(s['idle_ms']):.3f} ms/step"))
+
     # Host-bound: the next launch came late, the host was busy elsewhere.
+    # (each line's own; a launch-bound step gets the CUDA-graph advice for its launch gaps on top)
     launch = fig.launch or {}
+    for s in fig.host_bound_sites[:5]:
+        recs.append(Recommendation(host_change(s), s["site"], s.get("code", ""), saved_ms=per_step(s["idle_ms"]),
+                                   why=f"the GPU waited for the host here: {s['idle_ms']:.3f} ms empty "
+                                       f"({per_step(s['idle_ms']):.3f} ms/step)"))
     if launch.get("launch_bound"):
-        gaps = br.get("launch_gaps", 0.0) + br.get("host_bound", 0.0)
         recs.append(Recommendation(
             "capture the step in a CUDA graph (torch.compile(mode='reduce-overhead') or torch.cuda.graphs), "
-            "or fuse the small ops", saved_ms=per_step(gaps),
+            "or fuse the small ops", saved_ms=per_step(br.get("launch_gaps", 0.0)),
             why=f"launch-bound: the median kernel runs {launch['median_kernel_us']:.1f} us, shorter than its "
                 f"launch ({launch['median_launch_us']:.1f} us); {launch['kernels']} kernels"))
     else:
-        for s in fig.host_bound_sites[:3]:
-            text = s.get("code", "")
-            loader = any(k in text for k in ("next(", "loader", "DataLoader", "batch"))
-            change = ("raise DataLoader num_workers (and pin_memory=True), or use gobrrr.Prefetcher to load ahead"
-                      if loader else "move Python work off the hot path between launches (precompute, batch "
-                      "small ops, or run it in a DataLoader worker)")
-            recs.append(Recommendation(change, s["site"], text, saved_ms=per_step(s["idle_ms"]),
-                                       why=f"the GPU waited for the host here: {s['idle_ms']:.3f} ms empty"))
         if br.get("launch_gaps", 0.0) > 0.05 * max(fig.span_ms, 1e-9):
             recs.append(Recommendation(
-                "fewer, larger kernels: torch.compile or CUDA graphs remove the launch gaps",
+                "launch gaps: fewer, larger kernels: torch.compile or CUDA graphs remove the launch gaps",
                 saved_ms=per_step(br["launch_gaps"]),
                 why=f"{br['launch_gaps']:.3f} ms of gaps shorter than a launch between kernels"))
 
     recs.sort(key=lambda r: -(r.saved_ms or 0.0))
     return _merge_lint(_merge_detective(_merge_same_site(recs), detective or []), lint_findings or [])
+
+
+LAUNCH_OVERHEAD_FIX = "host launch overhead: try torch.compile or CUDA graphs"
+
+
+def loader_change(name: str, in_process: bool, ours: bool = False) -> str:
+    """What to do about a DataLoader the GPU waited for (`name`: what the `for` line iterates)."""
+    if ours:
+        which = f"`{name}`" if name else "the gobrrr.Prefetcher"
+        return (f"{which} waited for its source: the copies are hidden, the loading is not; give the DataLoader "
+                "it wraps more workers (num_workers), or raise the Prefetcher's depth")
+    which = f"the DataLoader `{name}`" if name else "the DataLoader"
+    if in_process:
+        return (f"{which} loads in the main process (num_workers=0): give it workers (num_workers > 0) and "
+                "pin_memory=True, or wrap it in gobrrr.Prefetcher to load and copy ahead")
+    return (f"{which} cannot keep up: raise its num_workers, set pin_memory=True, or wrap it in gobrrr.Prefetcher "
+            "to load and copy ahead")
+
+
+def host_change(row: dict) -> str:
+    """The change for host-bound idle time at one line, by what the line calls (timeline_host)."""
+    callee, code = row.get("callee", ""), row.get("code", "")
+    if callee == HOST_OVERHEAD or not row.get("site"):
+        where = f" in {row['func']}()" if row.get("func") else ""
+        return f"{LAUNCH_OVERHEAD_FIX} (the GPU waited for the host's launches{where})"
+    if callee == "__next__" or any(k in code for k in ("next(", "loader", "DataLoader")):
+        return loader_change("", False)
+    if callee == "module call" and row.get("detail") == "DataParallel":
+        return ("nn.DataParallel walks the model's parameters and buffers on the host every step (and on several "
+                "GPUs replicates it): on one GPU call the module directly; on several use DistributedDataParallel "
+                "(or gobrrr.parallel.ddp), one process per GPU")
+    if callee == "module call":
+        return ("host launch overhead in this forward (its kernels launch slower than the GPU runs them): "
+                "try torch.compile or CUDA graphs")
+    if callee == "backward":
+        return ("host launch overhead in backward (many small kernels): try torch.compile (it compiles backward "
+                "too) or CUDA graphs")
+    if callee == "step":
+        return ("the optimizer step is Python-bound: pass foreach=True or fused=True to the optimizer, "
+                "or torch.compile the step")
+    if callee == "zero_grad":
+        return ("zero_grad walks every parameter in Python: keep set_to_none=True (the default), and capture "
+                "the step with torch.compile or CUDA graphs")
+    kind = _CALLEE_KIND.get(callee)
+    if kind:
+        return HINTS.get(kind, DEFAULT_HINT)
+    return ("Python work at this line kept the GPU waiting: move it off the hot path (precompute, batch small "
+            f"ops, or do it in a DataLoader worker), or {LAUNCH_OVERHEAD_FIX.split(': ', 1)[1]}")
 
 
 def _merge_detective(recs: list[Recommendation], rows: list[dict]) -> list[Recommendation]:

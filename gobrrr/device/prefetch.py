@@ -36,6 +36,7 @@ On the CPU (or `device=None` without CUDA) the same API passes batches through u
 """
 from __future__ import annotations
 
+import collections.abc
 import statistics
 import time
 import warnings
@@ -51,6 +52,9 @@ from gobrrr.device.streams import GpuTimer, new_copy_stream, resolve_device
 from gobrrr.device.tree import map_tensors, tensors
 
 
+KEEP_STEPS = 100_000   # per-step figures kept for stats(): bounded memory however long the run
+
+
 @dataclass
 class PrefetchStats:
     """What the Prefetcher measured since it was made (or since `reset_stats()`).
@@ -58,7 +62,8 @@ class PrefetchStats:
     host_wait_ms[i]: how long the host waited for batch i's data (the source's `next()` and
     the pinning threads). device_wait_ms[i]: how long the consumer's stream stalled on batch
     i's copy (CUDA events around its `wait_event`; 0 on the CPU). copy_ms: GPU time of all
-    host-to-device copies on the copy stream; gbps = bytes / copy_ms.
+    host-to-device copies on the copy stream; gbps = bytes / copy_ms. The per-step lists hold
+    the last KEEP_STEPS steps (bounded memory in a long run); `steps` counts every step.
     """
     device: str
     steps: int
@@ -108,7 +113,26 @@ class Prefetcher:
         depth + 1 batches).
     pin_threads: threads that copy pageable tensors into pinned memory (default: 3/4 of the cores, <= 12).
     worker_ring: swap a DataLoader with workers for a PinnedWorkerLoader when one is available.
+
+    Iterating twice. What `iter()` does depends on the source, as it does without a Prefetcher:
+    - A re-iterable source (a list, a DataLoader, a dataset): each `for` loop is a new pass from the
+      first batch; `break` ends the pass and frees what it held (a DataLoader's workers stop).
+      One pass at a time: starting a second pass while the first is still open ends the first,
+      and the first then raises RuntimeError on its next `next()` instead of ending quietly
+      (`zip(pf, pf)` is an error, not a silently shortened loop).
+    - A one-shot iterator (a generator, `iter(x)`, `map(...)`): the Prefetcher is one stream of
+      batches, like the iterator itself. After `break`, the next `for` loop continues with the
+      next batch: the batches already pulled ahead and copied are kept, none is dropped. Two
+      loops at once share the stream (each batch is delivered once). Once the iterator is
+      exhausted, further loops yield nothing. `close()` (or garbage collection) drops the batches
+      pulled ahead and closes the generator; iterating again afterwards raises RuntimeError
+      saying how many were dropped.
     """
+
+    # experiment switches, read by bench/prefetch_busy.py (not API): where device batches are
+    # allocated, and whether every step records timing events for stats()
+    _alloc_on_copy_stream = False
+    _timed = True
 
     def __init__(self, iterable: Iterable, device: Any = None, depth: int = 2,
                  transform: Callable[[Any], Any] | None = None, *, pin_threads: int | None = None,
@@ -129,21 +153,37 @@ class Prefetcher:
         self._cuda = self.device.type == "cuda"
         self._stream = None          # the copy stream, made on first use, kept for life
         self._ring: PinnedRing | None = None
-        self._epoch: weakref.ref | None = None
+        self._one_shot = isinstance(iterable, collections.abc.Iterator)   # a generator, map(), iter(x)...
+        self._epoch: Any = None       # the current pass: itself (one-shot source) or a weakref to it
         self.reset_stats()
 
     # -- iteration -------------------------------------------------------------------------------
     def __iter__(self) -> "_Epoch":
-        old = self._epoch() if self._epoch is not None else None
-        if old is not None:
-            old.close()  # one epoch at a time: the ring and the copy stream are shared
+        """A pass over the source (see "Iterating twice" in the class doc)."""
+        old = self._current_epoch()
+        if self._one_shot and old is not None:
+            if not old.closed:
+                return old   # an iterator source is one stream: carry on where the last loop stopped
+            if old.dropped:
+                raise RuntimeError(
+                    f"this Prefetcher's source is a one-shot iterator and {old.dropped} batch(es) already taken "
+                    "from it were dropped when the Prefetcher was closed (close() or an interrupt); wrap a "
+                    "fresh iterator in a new Prefetcher, or pass a re-iterable source (a list, a DataLoader).")
+        elif old is not None:
+            old.close(superseded=True)  # one pass at a time: the ring and the copy stream are shared
         if self._cuda and self._stream is None:
             self._stream = new_copy_stream(self.device)
             self._wait_timer = GpuTimer(self.device)
             self._copy_timer = GpuTimer(self.device, stream=self._stream)
         epoch = _Epoch(self)
-        self._epoch = weakref.ref(epoch)
+        # a one-shot source's pass is held here, so that `break` loses none of the batches pulled
+        # ahead; a re-iterable source's pass is held by the loop alone (dropping it ends it)
+        self._epoch = epoch if self._one_shot else weakref.ref(epoch)
         return epoch
+
+    def _current_epoch(self) -> "_Epoch | None":
+        e = self._epoch
+        return e() if isinstance(e, weakref.ref) else e
 
     def __len__(self) -> int:
         try:
@@ -160,7 +200,8 @@ class Prefetcher:
 
     # -- stats -----------------------------------------------------------------------------------
     def reset_stats(self) -> None:
-        self._host_wait: list[float] = []
+        self._host_wait: deque[float] = deque(maxlen=KEEP_STEPS)   # the last steps' host waits, ms
+        self._steps = 0
         self._bytes = 0
         if self._cuda and self._stream is not None:
             self._wait_timer.reset()
@@ -175,7 +216,7 @@ class Prefetcher:
             copy_ms = self._copy_timer.total_ms
         ring = self._ring
         return PrefetchStats(
-            device=str(self.device), steps=len(self._host_wait), bytes=self._bytes, copy_ms=copy_ms,
+            device=str(self.device), steps=self._steps, bytes=self._bytes, copy_ms=copy_ms,
             gbps=(self._bytes / (copy_ms * 1e6)) if copy_ms > 0 else 0.0,
             host_wait_ms=list(self._host_wait), device_wait_ms=device_wait,
             pinned_allocations=ring.allocations if ring else 0,
@@ -183,8 +224,8 @@ class Prefetcher:
 
     # -- lifetime ----------------------------------------------------------------------------------
     def close(self) -> None:
-        """End the current epoch, stop the pinning threads and free the pinned buffers."""
-        old = self._epoch() if self._epoch is not None else None
+        """End the current pass, stop the pinning threads and free the pinned buffers."""
+        old = self._current_epoch()
         if old is not None:
             old.close()
         if self._ring is not None:
@@ -196,6 +237,17 @@ class Prefetcher:
             self.close()
         except Exception:
             pass
+
+    def describe(self) -> str:
+        """One line: depth, and the ring the batches come through (what a benchmark prints)."""
+        src = self.source
+        if getattr(src, "yields_leases", False) and hasattr(src, "describe"):
+            ring = src.describe()
+        elif self._ring is not None:
+            ring = f"PinnedRing: {self._ring.slots} pinned slots, {self._ring.threads} pinning threads"
+        else:
+            ring = f"PinnedRing: {2 * self.depth + 1} slots when a pageable batch comes"
+        return f"depth {self.depth}; {ring}"
 
     def __repr__(self) -> str:
         return (f"Prefetcher({type(self.iterable).__name__}, device={str(self.device)!r}, depth={self.depth}"
@@ -222,6 +274,8 @@ class _Epoch:
         self.exhausted = False
         self.error: BaseException | None = None
         self.closed = False
+        self.superseded = False   # ended by a newer pass over the same Prefetcher
+        self.dropped = 0          # batches pulled from the source but never handed over, at close
         self.waited = 0.0   # host seconds spent waiting for data since the last handed batch
         if owner._cuda:
             # the copy stream starts after everything already enqueued on the current stream
@@ -233,6 +287,11 @@ class _Epoch:
 
     def __next__(self) -> Any:
         if self.closed:
+            if self.superseded:
+                raise RuntimeError("this pass over the Prefetcher was ended by a newer iter() of the same "
+                                   "Prefetcher (one pass at a time: they share its pinned slots and copy "
+                                   "stream); finish or break out of one loop before starting the next, or "
+                                   "wrap the source in two Prefetchers.")
             raise StopIteration
         if not self.pf._cuda:
             return self._next_cpu()
@@ -250,9 +309,11 @@ class _Epoch:
         batch, ready, allocated_on, transformed = self.launched.popleft()
         consumer = torch.cuda.current_stream(self.device)
         pf = self.pf
-        pf._wait_timer.start(consumer)
+        if pf._timed:
+            pf._wait_timer.start(consumer)
         consumer.wait_event(ready)   # the consumer's stream, not the host, waits for the copy
-        pf._wait_timer.stop(consumer)
+        if pf._timed:
+            pf._wait_timer.stop(consumer)
         if transformed or consumer != allocated_on:
             for t in tensors(batch):
                 if t.device == self.device:
@@ -260,6 +321,7 @@ class _Epoch:
                     # so that it does not hand the block out again before this step's kernels ran
                     t.record_stream(consumer)
         pf._host_wait.append(self.waited * 1e3)
+        pf._steps += 1
         self.waited = 0.0
         self._pull()  # start pinning the next batches while this step computes
         return batch
@@ -286,6 +348,7 @@ class _Epoch:
         if self.pf.transform is not None:
             batch = self.pf.transform(batch)
         self.pf._host_wait.append(waited * 1e3)
+        self.pf._steps += 1
         return batch
 
     # -- CUDA: pull, pin, copy -------------------------------------------------------------------------
@@ -343,31 +406,40 @@ class _Epoch:
                 copies.append((dst, t))
                 return dst
 
-            if staged.slot is not None and staged.nbytes:
-                # one DMA for every staged tensor of the batch: the slot's used bytes, then views
-                flat = torch.empty(staged.nbytes, dtype=torch.uint8, device=self.device)   # (nbytes,) uint8
-                copies.append((flat, staged.slot.buf[:staged.nbytes]))
-                batch = staged.rebuild(flat, destination)
-            else:
-                batch = map_tensors(destination, host_batch)
+            alloc_on = pf._stream if pf._alloc_on_copy_stream else consumer
+            with torch.cuda.stream(alloc_on):
+                if staged.slot is not None and staged.nbytes:
+                    # one DMA for every staged tensor of the batch: the slot's used bytes, then views
+                    flat = torch.empty(staged.nbytes, dtype=torch.uint8, device=self.device)   # (nbytes,) uint8
+                    copies.append((flat, staged.slot.buf[:staged.nbytes]))
+                    batch = staged.rebuild(flat, destination)
+                else:
+                    batch = map_tensors(destination, host_batch)
         except BaseException:
             self._release(p, None)   # nothing was enqueued from it
             raise
         finally:
             self.waited += time.perf_counter() - t0
-        allocated = torch.cuda.Event()
-        allocated.record(consumer)
         stream = pf._stream
+        if alloc_on is consumer:
+            allocated = torch.cuda.Event()
+            allocated.record(consumer)
         with torch.cuda.stream(stream):
             # overlap: this copy (copy stream, DMA engine) with the step the consumer runs now
-            stream.wait_event(allocated)
-            pf._copy_timer.start(stream)
+            if alloc_on is consumer:
+                stream.wait_event(allocated)
+            if pf._timed:
+                pf._copy_timer.start(stream)
             try:
                 for dst, src in copies:
                     dst.copy_(src, non_blocking=True)   # pinned source: an asynchronous DMA
                     pf._bytes += src.numel() * src.element_size()
             finally:
-                copied = pf._copy_timer.stop(stream)
+                if pf._timed:
+                    copied = pf._copy_timer.stop(stream)
+                else:
+                    copied = torch.cuda.Event()
+                    copied.record(stream)
                 self._release(p, copied)  # the slot is rewritten only after `copied` completed
             if pf.transform is not None:
                 inputs = [t for t in tensors(batch) if t.device == self.device]
@@ -379,7 +451,7 @@ class _Epoch:
             else:
                 ready = copied
         # a transform allocates its outputs on the copy stream: those need record_stream at hand-over
-        self.launched.append((batch, ready, consumer, pf.transform is not None))
+        self.launched.append((batch, ready, alloc_on, pf.transform is not None))
 
     def _release(self, p: _Pending, event: Any) -> None:
         if p.release is not None:
@@ -388,11 +460,13 @@ class _Epoch:
             self.pf._ring.release(p.staged, event)
 
     # -- lifetime ------------------------------------------------------------------------------------------
-    def close(self) -> None:
-        """Stop the epoch: free the slots and leases it holds and let go of the source iterator."""
+    def close(self, superseded: bool = False) -> None:
+        """Stop the pass: free the slots and leases it holds and let go of the source iterator."""
         if self.closed:
             return
         self.closed = True
+        self.superseded = superseded
+        self.dropped = len(self.pending) + len(self.launched)
         ring = self.pf._ring if self.pf is not None else None
         while self.pending:
             p = self.pending.popleft()

@@ -134,7 +134,12 @@ class SlotWriter:
             if base <= t.data_ptr() < end and t.is_contiguous():
                 return Leaf(t.data_ptr() - base, tuple(t.shape), t.dtype)
             ref, view = self.alloc(tuple(t.shape), t.dtype)
-            view.copy_(t)
+            if t.is_contiguous() and not (t.is_conj() or t.is_neg()):
+                # a whole batch from the dataset (batch_size=None, IterableDataset): libc memmove
+                # ran 15-20% faster than torch's copy_ into pinned memory on an H200 host (pinned.py)
+                ctypes.memmove(view.data_ptr(), t.data_ptr(), t.numel() * t.element_size())
+            else:
+                view.copy_(t)
             return ref
 
         return map_tree(leaf, batch, _is_tensor)

@@ -73,17 +73,21 @@ class GpuTimer:
     `stream=` is given, to the constructor or to `start`/`stop`). Reading `times_ms()`,
     `total_ms` or `mean_ms` waits for the last pending end event (`# sync:` at the one
     place it happens). So that a timer used every step of a long run holds a bounded number
-    of events, once more than `max_pending` regions are pending the oldest is folded in if
-    `query()` (non-blocking) says it has completed. On the CPU the clock is `perf_counter`.
+    of events (Python objects the garbage collector walks, in a busy process too), once more
+    than `max_pending` regions are pending the oldest are folded in while `query()`
+    (non-blocking) says they have completed. `times_ms()` keeps the last `keep` regions;
+    `count`, `total_ms` and `mean_ms` cover every region. On the CPU the clock is `perf_counter`.
     """
 
-    def __init__(self, device: Any = None, stream: Any = None, max_pending: int = 1024):
+    def __init__(self, device: Any = None, stream: Any = None, max_pending: int = 64, keep: int = 100_000):
         self.device = resolve_device(device)
         self.stream = stream
         self.max_pending = max_pending
         self._cuda = self.device.type == "cuda"
-        self._pending: deque = deque()  # (start_event, end_event) not read yet
-        self._times: list[float] = []   # resolved region times, ms, in order
+        self._pending: deque = deque()               # (start_event, end_event) not read yet
+        self._times: deque = deque(maxlen=keep)      # the last `keep` resolved region times, ms, in order
+        self._sum_ms = 0.0                           # of every resolved region
+        self._n = 0
         self._open: Any = None
 
     # -- recording (hot path: no waits) --------------------------------------------------
@@ -109,16 +113,21 @@ class GpuTimer:
             raise RuntimeError("GpuTimer.stop() called without start()")
         begin, self._open = self._open, None
         if not self._cuda:
-            self._times.append((time.perf_counter() - begin) * 1e3)
+            self._fold((time.perf_counter() - begin) * 1e3)
             return None
         end = torch.cuda.Event(enable_timing=True)
         end.record(self._stream_for(stream))
         self._pending.append((begin, end))
-        if len(self._pending) > self.max_pending and self._pending[0][1].query():
+        while len(self._pending) > self.max_pending and self._pending[0][1].query():
             # query() asks without waiting; the oldest region has long finished in practice
             b, e = self._pending.popleft()
-            self._times.append(b.elapsed_time(e))
+            self._fold(b.elapsed_time(e))
         return end
+
+    def _fold(self, ms: float) -> None:
+        self._times.append(ms)
+        self._sum_ms += ms
+        self._n += 1
 
     def __enter__(self) -> "GpuTimer":
         self.start()
@@ -129,27 +138,28 @@ class GpuTimer:
 
     # -- reading (waits, once) ---------------------------------------------------------------
     def times_ms(self) -> list[float]:
-        """Every region's time in milliseconds, oldest first."""
+        """The last `keep` regions' times in milliseconds, oldest first."""
         if self._pending:
             # sync: the caller asked for the figures; wait once for the newest region to finish
             self._pending[-1][1].synchronize()
             while self._pending:
                 b, e = self._pending.popleft()
-                self._times.append(b.elapsed_time(e))
+                self._fold(b.elapsed_time(e))
         return list(self._times)
 
     @property
     def count(self) -> int:
-        return len(self._times) + len(self._pending)
+        return self._n + len(self._pending)
 
     @property
     def total_ms(self) -> float:
-        return float(sum(self.times_ms()))
+        self.times_ms()
+        return float(self._sum_ms)
 
     @property
     def mean_ms(self) -> float:
-        times = self.times_ms()
-        return float(sum(times) / len(times)) if times else 0.0
+        self.times_ms()
+        return float(self._sum_ms / self._n) if self._n else 0.0
 
     @property
     def last_ms(self) -> float:
@@ -160,6 +170,7 @@ class GpuTimer:
         """Forget every region (pending events are dropped unread)."""
         self._pending.clear()
         self._times.clear()
+        self._sum_ms, self._n = 0.0, 0
         self._open = None
 
     def __repr__(self) -> str:

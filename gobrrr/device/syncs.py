@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import inspect
 import json
 import linecache
 import os
@@ -45,8 +46,10 @@ from typing import Any, Callable, TextIO
 import torch
 
 from gobrrr.device.sync_rules import DEFAULT_KIND, targets
+from gobrrr.device.syncs_resume import resumable
 
 SYNC_WARNING = "called a synchronizing CUDA operation"  # torch's text for sync debug mode
+PROTOTYPE_WARNING = "Synchronization debug mode is a prototype feature"  # torch's, once, when the mode is set
 MODES = ("count", "warn", "raise")
 
 HINTS = {
@@ -192,7 +195,9 @@ class watch_syncs:
 
     mode: "count" records; "warn" also warns once per site; "raise" raises SyncError at the line.
     all_threads: False watches only the thread that entered the block.
-    As a decorator each call gets a fresh report, kept on the wrapper as `.sync_report`.
+    As a decorator each call gets a fresh report, kept on the wrapper as `.sync_report`. On a generator
+    function, an `async def` or an async generator the body is watched on each resumption, into one
+    report per call, and a budget covers the whole iteration (gobrrr.device.syncs_resume).
     """
 
     def __init__(self, mode: str = "count", *, all_threads: bool = True):
@@ -201,6 +206,7 @@ class watch_syncs:
         self.mode = mode
         self.all_threads = all_threads
         self.report: SyncReport | None = None
+        self._shared: SyncReport | None = None  # a report carried over resumptions (generators, coroutines)
         self._thread = None
 
     def _clone(self) -> "watch_syncs":
@@ -209,7 +215,7 @@ class watch_syncs:
     def __enter__(self) -> SyncReport:
         if self.report is not None:
             raise RuntimeError("watch_syncs: this watcher is already in use; create a new one per block")
-        self.report = SyncReport(self.mode)
+        self.report = self._shared if self._shared is not None else SyncReport(self.mode)
         self._thread = threading.get_ident()
         _HOOKS.add(self)
         return self.report
@@ -219,6 +225,9 @@ class watch_syncs:
         return False
 
     def __call__(self, fn: Callable) -> Callable:
+        if inspect.isgeneratorfunction(fn) or inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
+            return resumable(self, fn)
+
         @functools.wraps(fn)
         def watched(*args, **kwargs):
             cm = self._clone()
@@ -227,6 +236,15 @@ class watch_syncs:
                 return fn(*args, **kwargs)
         watched.sync_report = None
         return watched
+
+    def _fresh_report(self) -> SyncReport:
+        return SyncReport(self.mode)
+
+    def _resumption(self, report: SyncReport) -> "watch_syncs":
+        """A watcher for one resumption of a generator or coroutine, adding to `report`."""
+        w = self._clone()
+        w._shared = report
+        return w
 
     def _sees(self, thread: int) -> bool:
         return self.all_threads or thread == self._thread
@@ -411,13 +429,13 @@ class _Hooks:
             return  # a CPU build or no GPU: no CUDA sync points to switch on
         self._debug_mode = get()
         if self._debug_mode == 0:
-            set_(1)  # warn: the C++ sync points report through Python's warnings, in the syncing thread
+            _set_debug_mode(set_, 1)  # warn: the C++ sync points report through Python's warnings, in the syncing thread
 
     def _uninstall_warning_net(self) -> None:
         if self._show is None:
             return
         if self._debug_mode == 0:
-            torch._C._cuda_set_sync_debug_mode(0)
+            _set_debug_mode(torch._C._cuda_set_sync_debug_mode, 0)
         warnings._showwarnmsg = self._show
         try:
             warnings.filters.remove(self._filter)
@@ -430,6 +448,14 @@ class _Hooks:
 
 
 _MISSING = object()
+
+
+def _set_debug_mode(set_: Callable, mode: int) -> None:
+    """Set torch's sync debug mode without its "prototype feature" warning: the detective turns the mode
+    on, the user never asked for it (the filter is scoped to this one call and that one message)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=PROTOTYPE_WARNING)
+        set_(mode)
 
 
 def _on_warning(hooks: _Hooks, show: Callable, msg) -> None:

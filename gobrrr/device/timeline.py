@@ -46,7 +46,8 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Iterable
 
-from gobrrr.device.timeline_sources import Site, SourceResolver, attribute, stacks_at
+from gobrrr.device.timeline_host import HOST_OVERHEAD, HostAttribution, loader_ranges
+from gobrrr.device.timeline_sources import Site, SourceResolver
 from gobrrr.device.timeline_trace import (  # noqa: F401  (re-exported: the doctor's one import)
     SYNC_CALLS, GpuEvent, HostCall, Intervals, Trace, complement, intersect, load_trace, merge, parse,
     subtract, total, LAUNCH_RE,
@@ -76,7 +77,8 @@ class Figures:
     pageable: list = field(default_factory=list)     # [{site, code, name, count, bytes, ms, gbps}]
     h2d_sites: list = field(default_factory=list)    # every H2D copy by source line, pinned or not
     syncs: list = field(default_factory=list)        # [{site, code, kind, count, total_ms, idle_ms}]
-    host_bound_sites: list = field(default_factory=list)
+    host_bound_sites: list = field(default_factory=list)  # [{site, code, callee, func, idle_ms}]
+    loader_sites: list = field(default_factory=list)      # [{site, code, loader, in_process, idle_ms}]
     queue_lead_ms: dict = field(default_factory=dict)
     top_kernels: list = field(default_factory=list)
     launch: dict = field(default_factory=dict)
@@ -88,7 +90,7 @@ class Figures:
         return asdict(self)
 
 
-CAUSES = ("waiting_for_data", "sync_blocked", "host_bound", "launch_gaps", "other_copies", "other")
+CAUSES = ("waiting_for_data", "data_loader", "sync_blocked", "host_bound", "launch_gaps", "other_copies", "other")
 
 
 def analyze(trace, *, source_roots: Iterable[str] = (), launch_gap_us: float = 20.0,
@@ -111,8 +113,9 @@ def analyze(trace, *, source_roots: Iterable[str] = (), launch_gap_us: float = 2
         gpu = [g for g in tr.gpu if h0 <= g.ts <= h1]
     fig = Figures(has_gpu=bool(gpu), steps_ms=steps_ms)
     fig.host_threads = _host_threads(tr, h0, h1)
+    host = HostAttribution(tr, resolver)
     site_cache: dict[tuple[int, float], Site] = {}
-    _prime_sites(tr, calls, resolver, site_cache)
+    _prime_sites(tr, calls, host, site_cache)
     fig.call_sites = site_cache  # (tid, ts) -> Site for syncs and copies; not serialised
     pageable_calls = {g.correlation for g in gpu if g.pageable}
     fig.syncs = _sync_table(calls, site_cache, pageable_calls)
@@ -141,8 +144,9 @@ def analyze(trace, *, source_roots: Iterable[str] = (), launch_gap_us: float = 2
     sync_ends = [s.end for s in syncs]
     starts = [g.ts for g in gpu]
     sync_idle: dict[tuple[str, str], float] = defaultdict(float)
-    host_idle: dict[str, float] = defaultdict(float)
-    host_sites: dict[str, Site] = {}
+    loaders = loader_ranges(tr, host.main)
+    loader_iv = [(r.ts, r.end) for r in loaders]
+    late: list[tuple[int, float, float, float]] = []  # (launching thread, a, b, idle us): named below
     for c, d in empty:
         nxt = gpu[min(bisect.bisect_left(starts, d - 1e-6), len(gpu) - 1)]
         launch = by_corr.get(nxt.correlation)
@@ -161,20 +165,24 @@ def analyze(trace, *, source_roots: Iterable[str] = (), launch_gap_us: float = 2
         elif gap <= launch_gap_us:
             cause_us["launch_gaps"] += gap
         elif launch is not None and launch.ts > c:
-            cause_us["host_bound"] += gap
-            site = _site_at(tr, launch.tid, (c + min(d, launch.ts)) / 2, resolver)
-            host_idle[site.key] += gap
-            host_sites[site.key] = site
+            # the host came late: the part spent in a DataLoader's __next__ is waiting for data,
+            # the rest is charged to what the Python thread was running (timeline_host)
+            in_loader = intersect([(c, d)], loader_iv) if loader_iv else []
+            for a, b in in_loader:
+                cause_us["data_loader"] += b - a
+                late.append((-1, a, b, -(b - a)))  # negative: a loader piece
+            rest = gap - total(in_loader)
+            if rest > 0:
+                cause_us["host_bound"] += rest
+                late.append((launch.tid, c, min(d, launch.ts), rest))
         else:
             cause_us["other"] += gap
+    fig.host_bound_sites, fig.loader_sites = _late_sites(host, late, loaders)
     fig.idle_breakdown_ms = {k: round(v / 1e3, 4) for k, v in cause_us.items()}
     fig.idle_breakdown_pct = {k: _pct(v, span) for k, v in cause_us.items()}
     fig.top_cause = max(cause_us, key=cause_us.get) if total(no_compute) > 0 else ""
     for row in fig.syncs:
         row["idle_ms"] = round(sync_idle.get((row["site"], row["kind"]), 0.0) / 1e3, 4)
-    fig.host_bound_sites = sorted(
-        ({"site": k, "code": host_sites[k].code, "idle_ms": round(v / 1e3, 4)} for k, v in host_idle.items()),
-        key=lambda r: -r["idle_ms"])
 
     both = total(intersect(copies, compute))
     fig.copy_overlap_pct = _pct(both, total(copies)) if copies else None
@@ -234,17 +242,13 @@ def _blocking_sync(syncs, sync_ends, c, d, tol):
     return None
 
 
-def _prime_sites(tr: Trace, calls: list[HostCall], resolver, cache) -> None:
-    """Attribute every sync and memcpy call to a source line, one stack sweep per thread."""
+def _prime_sites(tr: Trace, calls: list[HostCall], host: HostAttribution, cache) -> None:
+    """Attribute every sync and memcpy call to a source line (timeline_host), one sweep per thread."""
     wanted = [c for c in calls if c.name in SYNC_CALLS or "Memcpy" in c.name or "memcpy" in c.name]
-    by_tid: dict[int, list[HostCall]] = defaultdict(list)
-    for c in wanted:
-        by_tid[c.tid].append(c)
-    for tid, cs in by_tid.items():
-        frames = tr.frames.get(tid, [])
-        stacks = stacks_at(frames, [c.ts for c in cs]) if frames else [[] for _ in cs]
-        for c, st in zip(cs, stacks):
-            cache[(c.tid, c.ts)] = attribute(st, resolver, fallback=_innermost_op(tr, c))
+    sites = host.locate([(c.tid, c.ts, c.ts) for c in wanted])
+    for c, site in zip(wanted, sites):
+        cache[(c.tid, c.ts)] = site if site is not None else Site(callee=f"{_innermost_op(tr, c)} in torch "
+                                                                         "(no frame of your code in the trace)")
 
 
 def _innermost_op(tr: Trace, c: HostCall) -> str:
@@ -261,20 +265,35 @@ def _site_of(c: HostCall, cache) -> Site:
     return cache.get((c.tid, c.ts)) or Site(callee=c.name)
 
 
-def _site_at(tr: Trace, tid: int, t: float, resolver) -> Site:
-    """What the host thread was running at time t: a user line, else the innermost torch op."""
-    frames = tr.frames.get(tid, [])
-    if frames:
-        site = attribute(stacks_at(frames, [t])[0], resolver)
-        if site.line:
-            return site
-    ops = tr.ops.get(tid, [])
-    i = bisect.bisect_right(ops, (t, float("inf"), "")) - 1
-    for j in range(i, max(i - 500, -1), -1):
-        if ops[j][1] >= t:
-            name = tr.thread_names.get(tid, "")
-            return Site(callee=f"{ops[j][2]} ({name or f'thread {tid}'})")
-    return Site(callee=f"host thread {tid}")
+def _late_sites(host: HostAttribution, late: list, loaders: list) -> tuple[list[dict], list[dict]]:
+    """Host-bound idle by the user's line (or the named cause), and DataLoader waits by `for` line."""
+    sites = host.locate([(tid if tid >= 0 else (host.main or 0), a, b) for tid, a, b, _ in late])
+    rows: dict[str, dict] = {}
+    lrows: dict[str, dict] = {}
+    starts = [r.ts for r in loaders]
+    for (tid, a, b, us), site in zip(late, sites):
+        if us < 0:  # waiting in a DataLoader's __next__
+            r = loaders[max(bisect.bisect_right(starts, a) - 1, 0)]
+            key = site.key if site is not None else "DataLoader"
+            row = lrows.setdefault(key, {
+                "site": key, "code": site.code if site else "", "in_process": r.in_process, "ours": r.ours,
+                "idle_ms": 0.0,
+                "loader": host.resolver.loader_name(site.file, site.line) if site and site.line else ""})
+            row["idle_ms"] += -us / 1e3
+            continue
+        if site is None:
+            site = Site(callee=HOST_OVERHEAD)
+        row = rows.setdefault(site.key, {"site": site.key if site.line else "", "cause": site.key,
+                                         "code": site.code, "callee": site.callee, "func": site.func,
+                                         "detail": site.detail, "idle_ms": 0.0})
+        row["detail"] = row["detail"] or site.detail
+        row["idle_ms"] += us / 1e3
+    out = []
+    for table in (rows, lrows):
+        for row in table.values():
+            row["idle_ms"] = round(row["idle_ms"], 4)
+        out.append(sorted(table.values(), key=lambda r: -r["idle_ms"]))
+    return out[0], out[1]
 
 
 def _sync_table(calls: list[HostCall], cache, pageable_calls: set[int] = frozenset()) -> list[dict]:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 CAUSE_WORDS = {
     "waiting_for_data": "waiting for data (H2D copy, nothing computing)",
+    "data_loader": "waiting for data (host in the DataLoader's __next__)",
     "sync_blocked": "sync-blocked (host waited in a sync, then refilled)",
     "host_bound": "host-bound (next launch came late)",
     "launch_gaps": "launch gaps (< 20 us between kernels)",
@@ -44,6 +45,18 @@ def summary(r: dict) -> str:
             if pct[cause] > 0:
                 out.append(f"    {pct[cause]:6.1f}%  {CAUSE_WORDS.get(cause, cause)}")
         out.append(f"  nothing at all running {g['idle_pct']:.1f}%")
+        for row in (g.get("loader_sites") or [])[:2]:
+            name = f" `{row['loader']}`" if row.get("loader") else ""
+            out.append(f"  GPU idle while the host waited for the DataLoader{name}: {row['idle_ms']:.2f} ms at "
+                       f"{row['site']}   {row['code'][:50]}")
+        for row in (g.get("host_bound_sites") or [])[:3]:
+            if row.get("site"):
+                via = f" ({row['callee']})" if row.get("callee") else ""
+                out.append(f"  GPU idle while the host ran {row['site']}{via}: {row['idle_ms']:.2f} ms   "
+                           f"{row['code'][:50]}")
+            else:  # no line of the user's held the gap: the cause, named
+                out.append(f"  GPU idle for {row.get('cause', '')} (no line of yours in the trace): "
+                           f"{row['idle_ms']:.2f} ms")
         if g["copy_overlap_pct"] is not None:
             hid = g.get("copy_hidden_pct")
             hid_text = f"{hid:.1f}% of H2D time off the critical path; " if hid is not None else ""
@@ -90,6 +103,11 @@ def summary(r: dict) -> str:
     return "\n".join(out)
 
 
+def _fix_name(a: dict) -> str:
+    """A recommendation's line, or the cause it names when it has none ("host launch overhead")."""
+    return a.get("site") or a.get("change", "").split(":")[0][:40] or "-"
+
+
 def side_by_side(reports: dict[str, dict]) -> str:
     """Before/after figures of several reports, one column each."""
     def g(r, *keys, fmt="{:.1f}"):
@@ -102,6 +120,7 @@ def side_by_side(reports: dict[str, dict]) -> str:
         ("median step (ms)", lambda r: "-" if r["steps"]["median_ms"] is None else f"{r['steps']['median_ms']:.2f}"),
         ("GPU idle, no kernel (%)", lambda r: g(r, "compute_idle_pct")),
         ("  waiting for data (%)", lambda r: g(r, "idle_breakdown_pct", "waiting_for_data")),
+        ("  the DataLoader (%)", lambda r: g(r, "idle_breakdown_pct", "data_loader")),
         ("  sync-blocked (%)", lambda r: g(r, "idle_breakdown_pct", "sync_blocked")),
         ("  host-bound (%)", lambda r: g(r, "idle_breakdown_pct", "host_bound")),
         ("  launch gaps (%)", lambda r: g(r, "idle_breakdown_pct", "launch_gaps")),
@@ -114,7 +133,7 @@ def side_by_side(reports: dict[str, dict]) -> str:
          if r.get("gpu") else "-"),
         ("blocking calls in window", lambda r: str(sum(s["count"] for s in (r.get("host") or {}).get("syncs", [])))),
         ("syncs (sync detective)", lambda r: str(sum(d["count"] for d in (r.get("host") or {}).get("sync_detective") or []))),
-        ("top fix", lambda r: (r["advice"][0]["site"] if r.get("advice") else "-")),
+        ("top fix", lambda r: (_fix_name(r["advice"][0]) if r.get("advice") else "-")),
     ]
     labels = list(reports)
     w0 = max(len(n) for n, _ in rows) + 2

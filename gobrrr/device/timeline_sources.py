@@ -11,6 +11,8 @@ synchronize` -> `synchronize`) and look for that call in the function's source w
 from __future__ import annotations
 
 import ast
+import builtins
+import functools
 import os
 import re
 import sys
@@ -32,6 +34,8 @@ class Frame:
     ts: float
     end: float
     raw: str
+    index: int = -1     # position in its thread's frame list (set by timeline_trace.parse)
+    parent: int = -1    # the caller's position, -1 for an outermost frame
 
 
 @dataclass
@@ -42,6 +46,7 @@ class Site:
     code: str = ""
     func: str = ""
     callee: str = ""
+    detail: str = ""    # what the call ran through, when it matters for the fix ("DataParallel")
 
     @property
     def key(self) -> str:
@@ -56,7 +61,15 @@ def is_library_file(file: str) -> bool:
     top = parts[0].removesuffix(".py") if parts else ""
     if len(parts) > 1 and os.path.isabs(file):  # an absolute path: library if under the interpreter or gobrrr
         return file.startswith((sys.base_prefix, sys.prefix, _GOBRRR_DIR))
-    return top in _LIBRARY_TOPS or top in sys.stdlib_module_names
+    return top in _LIBRARY_TOPS or top in sys.stdlib_module_names or _installed(file)
+
+
+@functools.lru_cache(maxsize=4096)
+def _installed(rel: str) -> bool:
+    """A path the profiler wrote relative to a sys.path entry (`torchvision/models/resnet.py`): a library's
+    when some site-packages folder holds it."""
+    return any(("site-packages" in p or "dist-packages" in p) and os.path.isfile(os.path.join(p, rel))
+               for p in sys.path)
 
 
 def _is_detective(file: str) -> bool:
@@ -81,6 +94,7 @@ class SourceResolver:
     def __init__(self, roots: Iterable[str | os.PathLike] = ()):
         self.roots = [Path(r) for r in roots] + [Path.cwd()] + [Path(p) for p in sys.path if p]
         self._cache: dict[str, tuple[list[str], ast.AST] | None] = {}
+        self._lines: dict[tuple, list[int]] = {}  # (what, file, def line, func[, callee]) -> lines: asked per gap
 
     def _load(self, file: str):
         if file not in self._cache:
@@ -102,6 +116,12 @@ class SourceResolver:
 
     def call_lines(self, file: str, def_line: int, func: str, callee: str) -> list[int]:
         """Lines in the body of `func` (defined at `def_line`; `<module>` for module level) calling `callee`."""
+        key = ("call", file, def_line, func, callee)
+        if key not in self._lines:
+            self._lines[key] = self._call_lines(file, def_line, func, callee)
+        return self._lines[key]
+
+    def _call_lines(self, file: str, def_line: int, func: str, callee: str) -> list[int]:
         src = self._load(file)
         if src is None or not callee:
             return []
@@ -115,9 +135,59 @@ class SourceResolver:
             if isinstance(node, ast.Call):
                 f = node.func
                 name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
-                if name == callee:
+                if name == callee or (callee == "__next__" and name == "next"):
                     lines.add(node.lineno)
         return sorted(lines)
+
+    def module_call_lines(self, file: str, def_line: int, func: str) -> list[int]:
+        """Lines in `func` that call an object, as a module is called: `model(x)`, `self.conv1(x)`,
+        `self.blocks[i](x)`; not a built-in, nor a function, class or import of the file."""
+        key = ("module", file, def_line, func)
+        if key not in self._lines:
+            self._lines[key] = self._module_call_lines(file, def_line, func)
+        return self._lines[key]
+
+    def _module_call_lines(self, file: str, def_line: int, func: str) -> list[int]:
+        src = self._load(file)
+        if src is None:
+            return []
+        tree = src[1]
+        scope = tree if func == "<module>" else _find_scope(tree, def_line, func)
+        if scope is None:
+            return []
+        named = set(dir(builtins))
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                named.add(node.name)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                named.update((a.asname or a.name).split(".")[0] for a in node.names)
+        lines = set()
+        for node in _walk_scope(scope):
+            if not isinstance(node, ast.Call):
+                continue
+            f = node.func
+            if isinstance(f, ast.Name) and f.id not in named:
+                lines.add(node.lineno)
+            elif isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "self" \
+                    and f.attr not in named:
+                lines.add(node.lineno)
+            elif isinstance(f, ast.Subscript):
+                lines.add(node.lineno)
+        return sorted(lines)
+
+    def loader_name(self, file: str, line: int) -> str:
+        """`for i, (x, y) in enumerate(train_loader):` -> "train_loader" (what the loop iterates)."""
+        src = self._load(file)
+        if src is None:
+            return ""
+        for node in ast.walk(src[1]):
+            if isinstance(node, (ast.For, ast.AsyncFor)) and node.lineno == line:
+                it = node.iter
+                while isinstance(it, ast.Call) and it.args and isinstance(it.func, ast.Name) \
+                        and it.func.id in ("enumerate", "zip", "iter", "tqdm"):
+                    it = it.args[0]
+                return ast.unparse(it)
+        return ""
 
 
 def _find_scope(tree: ast.AST, def_line: int, func: str):

@@ -127,6 +127,7 @@ class Trace:
     steps: list[tuple[int, float, float]]            # (number, ts, end), host clock
     thread_names: dict[int, str]
     meta: dict = field(default_factory=dict)
+    annotations: dict = field(default_factory=dict)  # tid -> [(ts, end, name)]: record_function ranges
 
 
 def load_trace(src) -> dict:
@@ -158,6 +159,7 @@ def parse(trace) -> Trace:
     frames: dict[int, list[Frame]] = defaultdict(list)
     ops: dict[int, list] = defaultdict(list)
     thread_names: dict[int, str] = {}
+    annotations: dict[int, list] = defaultdict(list)
     for e in data["traceEvents"]:
         ph = e.get("ph")
         if ph == "M" and e.get("name") == "thread_name":
@@ -182,21 +184,44 @@ def parse(trace) -> Trace:
             calls.append(HostCall(name, ts, dur, _int(e.get("tid")), corr))
         elif cat == "python_function":
             m = FRAME_RE.match(name)
-            file, line, func = (m.group(1), int(m.group(2)), m.group(3)) if m else (name, 0, name)
+            # `nn.Module: Linear_0` and the like are markers, not source: named `<...>` like built-ins
+            file, line, func = (m.group(1), int(m.group(2)), m.group(3)) if m else (
+                name if name.startswith("<") else f"<{name}>", 0, name)
             frames[_int(e.get("tid"))].append(Frame(file, line, func, ts, ts + dur, name))
         elif cat == "user_annotation" and _STEP_RE.match(name):
             steps.append((int(_STEP_RE.match(name).group(1)), ts, ts + dur))
+        elif cat == "user_annotation":
+            annotations[_int(e.get("tid"))].append((ts, ts + dur, name))
         elif cat == "cpu_op":
             ops[_int(e.get("tid"))].append((ts, ts + dur, name))
     gpu.sort(key=lambda g: g.ts)
     calls.sort(key=lambda c: c.ts)
     for fl in frames.values():
         fl.sort(key=lambda f: (f.ts, -f.end))
+        _link_parents(fl)
     for ol in ops.values():
         ol.sort()
     steps.sort(key=lambda s: s[1])
     meta = {k: v for k, v in data.items() if k != "traceEvents"}
-    return Trace(gpu, calls, dict(frames), dict(ops), steps, thread_names, meta)
+    for al in annotations.values():
+        al.sort()
+    return Trace(gpu, calls, dict(frames), dict(ops), steps, thread_names, meta, dict(annotations))
+
+
+def _link_parents(frames: list[Frame]) -> None:
+    """Number the frames of one thread (sorted by start) and give each its caller's number (-1: none).
+
+    Frames of one thread nest, so one sweep with a stack finds every caller.
+    """
+    stack: list[Frame] = []
+    for i, f in enumerate(frames):
+        f.index = i
+        while stack and stack[-1].end <= f.ts:
+            stack.pop()
+        while stack and stack[-1].end < f.end - 0.01:  # clipped at a trace edge: not a caller
+            stack.pop()
+        f.parent = stack[-1].index if stack else -1
+        stack.append(f)
 
 
 def _int(x, default: int = -1) -> int:

@@ -6,14 +6,15 @@
 
 Modules: ranks (init, Rank, session, print0, RankSampler), comm (p2p and collectives), debug
 (GOBRRR_DIST_DEBUG: matching checks and named-rank diagnostics), monitor (NCCL: exit instead of
-hanging behind a departed rank), ring (ring all-reduce from send/recv), testing (spawn N ranks).
+hanging behind a departed rank), lifeline (torchrun: exit when the launcher dies), ring (ring
+all-reduce from send/recv), testing (spawn N ranks).
 """
 from gobrrr.dist import comm
-from gobrrr.dist.debug import CollectiveError, CollectiveMismatchError, CollectiveTimeoutError
-from gobrrr.dist.ranks import (DEFAULT_TIMEOUT_S, Rank, RankSampler, init, log0, print0, session, shard_indices,
-                               shutdown)
+from gobrrr.dist.debug import CollectiveError, CollectiveMismatchError, CollectiveTimeoutError, DistConfigError
+from gobrrr.dist.ranks import (DEFAULT_TIMEOUT_S, Rank, RankSampler, RendezvousError, init, log0, print0, session,
+                               shard_indices, shutdown)
 from gobrrr.dist.ring import ring_all_reduce
 
 __all__ = ["Rank", "init", "shutdown", "session", "print0", "log0", "RankSampler", "shard_indices", "comm",
            "ring_all_reduce", "DEFAULT_TIMEOUT_S", "CollectiveError", "CollectiveMismatchError",
-           "CollectiveTimeoutError"]
+           "CollectiveTimeoutError", "DistConfigError", "RendezvousError"]

@@ -12,9 +12,10 @@ wait for the communication stream, which is all later kernels need.
 
 What the wrappers add over calling torch.distributed directly (and nothing more; the benchmark
 `gobrrr bench comm` measures the cost next to the raw call):
-  * each collective is op #k on its group; in debug mode (GOBRRR_DIST_DEBUG=1) every rank checks
+  * each collective is op #k on its group; in debug mode (GOBRRR_DIST_DEBUG=1), and for the first
+    16 ops of every group of up to 32 ranks always (GOBRRR_DIST_CHECK_FIRST), every rank checks
     that op #k has the same name, shapes, dtypes and root everywhere, and raises on all ranks
-    naming the odd ones out instead of hanging (see gobrrr.dist.debug);
+    naming the odd ones out instead of hanging or adding mismatched bits (see gobrrr.dist.debug);
   * a failure (timeout, dead peer) is re-raised as CollectiveError naming the op and the ranks
     that never arrived;
   * ops a backend lacks are emulated (gloo: AVG via SUM, all_to_all of lists via p2p, and
@@ -128,7 +129,7 @@ def _collective(name: str, group, sig: Sequence[torch.Tensor | None], attrs: dic
     watch = watch or _debug.watch_for(group)
     k = watch.seq
     watch.seq = k + 1
-    if watch.debug:
+    if watch.debug or k < watch.check_first:  # the first few ops of a group are always checked (debug.py)
         _debug.check_in(watch, k, _debug.signature(name, sig, attrs), name)
 
     def explain(exc: BaseException) -> BaseException:

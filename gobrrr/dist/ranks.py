@@ -14,10 +14,24 @@ What `init()` does, in order, and why that order:
      GOBRRR_DIST_BACKEND);
   3. bind `cuda:LOCAL_RANK` *before* creating the group: NCCL builds its communicator on the current
      device, and a group created while every rank sits on cuda:0 puts all ranks on one GPU;
-  4. create the group with a timeout (default 300 s, GOBRRR_DIST_TIMEOUT_S; NCCL's own default is
+  4. rendezvous through MASTER_ADDR:MASTER_PORT within GOBRRR_DIST_RENDEZVOUS_TIMEOUT_S (default
+     30 s, at most the group timeout): a wrong port, address or world size fails here in seconds,
+     with a message naming all three, not after the 5-minute group timeout;
+  5. create the group with a timeout (default 300 s, GOBRRR_DIST_TIMEOUT_S; NCCL's own default is
      10 minutes of silence);
-  5. seed: the *model* seed is the same on every rank (identical initial weights, no broadcast
+  6. under torchrun, arm the lifeline (gobrrr.dist.lifeline): the rank exits within about a
+     second of its launcher's death instead of training on as an orphan;
+  7. seed: the *model* seed is the same on every rank (identical initial weights, no broadcast
      needed); the *data* seed (`Rank.data_seed`) differs per rank, for per-rank augmentation/noise.
+
+Every environment variable read here is checked, and a bad one is named in a `DistConfigError`
+(a ValueError): "GOBRRR_DIST_TIMEOUT_S='abc' is not a number of seconds", not "could not convert".
+
+Calling init() again (or a `session()` inside a `session()`) adopts the live group. Decided:
+  * it does not re-seed unless `seed=` is passed: a silent re-seed in the middle of a program
+    repeats random draws (dropout masks, data order) that already happened;
+  * a `session()` only tears down a group its own init created: an inner session leaves the
+    outer one's group alive, and does not announce "left" to the peers when it raises.
 
 At world size 1 the same code path runs: a real one-member process group, so every collective in
 `gobrrr.dist.comm` works and is (almost) free. There is no branch for "not distributed".
@@ -38,9 +52,14 @@ import torch.distributed as dist
 from torch.utils.data import Sampler
 
 from gobrrr.dist import debug as _debug
+from gobrrr.dist.debug import DistConfigError
+from gobrrr.dist import lifeline as _lifeline
 from gobrrr.dist import monitor as _monitor
 
 DEFAULT_TIMEOUT_S = 300.0
+DEFAULT_RENDEZVOUS_TIMEOUT_S = 30.0
+ENV_TIMEOUT = "GOBRRR_DIST_TIMEOUT_S"
+ENV_RENDEZVOUS_TIMEOUT = "GOBRRR_DIST_RENDEZVOUS_TIMEOUT_S"
 log = logging.getLogger("gobrrr.dist")
 
 
@@ -65,6 +84,10 @@ class Rank:
         return torch.Generator().manual_seed(self.data_seed)
 
 
+class RendezvousError(DistConfigError, TimeoutError):
+    """The ranks could not meet at MASTER_ADDR:MASTER_PORT within the rendezvous timeout."""
+
+
 def _env_int(name: str, default: int) -> int:
     value = os.environ.get(name)
     if value is None or value == "":
@@ -72,8 +95,59 @@ def _env_int(name: str, default: int) -> int:
     try:
         return int(value)
     except ValueError:
-        raise ValueError(f"gobrrr.dist: environment variable {name}={value!r} is not an integer; "
-                         f"unset it or launch with torchrun, which sets it.") from None
+        raise DistConfigError(f"gobrrr.dist: environment variable {name}={value!r} is not an integer; "
+                              f"unset it or launch with torchrun, which sets it.") from None
+
+
+def _env_seconds(name: str, default: float) -> float:
+    value = os.environ.get(name)
+    if value is None or value.strip() == "":
+        return default
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = float("nan")
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise DistConfigError(f"gobrrr.dist: environment variable {name}={value!r} is not a positive number of "
+                              f"seconds; set it to e.g. {default:g}, or unset it.")
+    return seconds
+
+
+def _master() -> tuple[str, int]:
+    """MASTER_ADDR and MASTER_PORT, checked (torch's own errors do not name the variable)."""
+    addr = os.environ.get("MASTER_ADDR", "").strip()
+    if not addr:
+        raise DistConfigError("gobrrr.dist: MASTER_ADDR is not set; launch with torchrun, or set MASTER_ADDR "
+                              "to rank 0's host name and MASTER_PORT to a free port on it.")
+    port = os.environ.get("MASTER_PORT", "")
+    try:
+        number = int(port)
+    except ValueError:
+        number = -1
+    if not 1 <= number <= 65535:
+        raise DistConfigError(f"gobrrr.dist: environment variable MASTER_PORT={port!r} is not a port number "
+                              "(1-65535); set it to the same free port on every rank, or launch with torchrun.")
+    return addr, number
+
+
+def _rendezvous(rank: int, world_size: int, timeout_s: float) -> dist.Store:
+    """env:// rendezvous with its own, short timeout; a failure names address, port and world size."""
+    addr, port = _master()
+    # A client's connect retries twice over its timeout (plus a back-off), so it gets half: every rank
+    # gives up within about `timeout_s`. Under torchrun every rank is a client of the agent's store.
+    client = rank != 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    try:
+        store, _, _ = next(dist.rendezvous("env://", rank, world_size,
+                                           timeout=_dt.timedelta(seconds=timeout_s / 2 if client else timeout_s)))
+    except (RuntimeError, TimeoutError, OSError, ValueError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise RendezvousError(
+            f"gobrrr.dist: rank {rank} of {world_size} could not meet the other ranks at "
+            f"MASTER_ADDR={addr} MASTER_PORT={port} within {timeout_s:g} s ({first}). Check that every rank "
+            f"uses the same MASTER_ADDR and MASTER_PORT, that rank 0 can listen on that port and the others "
+            f"reach it, and that WORLD_SIZE={world_size} processes were started; "
+            f"{ENV_RENDEZVOUS_TIMEOUT} sets this timeout.") from None
+    return store
 
 
 def _pick_device(device: torch.device | str | None, backend: str | None, local_rank: int) -> torch.device:
@@ -100,7 +174,7 @@ def _seed_everything(seed: int) -> None:
         pass
 
 
-def init(backend: str | None = None, *, timeout_s: float | None = None, seed: int = 0,
+def init(backend: str | None = None, *, timeout_s: float | None = None, seed: int | None = None,
          device: torch.device | str | None = None, debug: bool | None = None,
          store: dist.Store | None = None) -> Rank:
     """Join the process group described by the torchrun environment and return this process's `Rank`.
@@ -108,7 +182,9 @@ def init(backend: str | None = None, *, timeout_s: float | None = None, seed: in
     backend:   "nccl", "gloo" (or any c10d backend string); default NCCL when the device is CUDA,
                else gloo; GOBRRR_DIST_BACKEND overrides the default.
     timeout_s: how long any collective may wait for its peers (default 300 s, GOBRRR_DIST_TIMEOUT_S).
-    seed:      the model seed, applied identically on every rank (python, numpy, torch).
+    seed:      the model seed, applied identically on every rank (python, numpy, torch); default 0.
+               A second init() (adopting our own live group) leaves the generators alone unless
+               `seed` is given.
     device:    "cpu" forces CPU (and gloo); default cuda:LOCAL_RANK when CUDA is available.
     debug:     check before every collective that all ranks call the same op with the same shapes
                and dtypes (default: GOBRRR_DIST_DEBUG=1). See gobrrr.dist.debug.
@@ -118,14 +194,19 @@ def init(backend: str | None = None, *, timeout_s: float | None = None, seed: in
     If a default process group already exists (you called torch.distributed.init_process_group
     yourself), `init` adopts it instead of creating another.
     """
+    return _init(backend, timeout_s=timeout_s, seed=seed, device=device, debug=debug, store=store)[0]
+
+
+def _init(backend, *, timeout_s, seed, device, debug, store) -> tuple[Rank, bool]:
+    """`init`, also saying whether this call created the group (True) or adopted a live one."""
     rank = _env_int("RANK", 0)
     world_size = _env_int("WORLD_SIZE", 1)
     local_rank = _env_int("LOCAL_RANK", rank)  # launched without torchrun on one node: local = global
     if not 0 <= rank < world_size:
-        raise ValueError(f"gobrrr.dist: RANK={rank} is outside 0..WORLD_SIZE-1={world_size - 1}; "
-                         f"launch with torchrun, or unset RANK and WORLD_SIZE for a single process.")
+        raise DistConfigError(f"gobrrr.dist: RANK={rank} is outside 0..WORLD_SIZE-1={world_size - 1}; "
+                              f"launch with torchrun, or unset RANK and WORLD_SIZE for a single process.")
     if timeout_s is None:
-        timeout_s = float(os.environ.get("GOBRRR_DIST_TIMEOUT_S", DEFAULT_TIMEOUT_S))
+        timeout_s = _env_seconds(ENV_TIMEOUT, DEFAULT_TIMEOUT_S)
     if debug is None:
         debug = os.environ.get(_debug.ENV_DEBUG, "0").lower() not in ("", "0", "false", "no")
     backend = backend or os.environ.get("GOBRRR_DIST_BACKEND") or None
@@ -139,14 +220,18 @@ def init(backend: str | None = None, *, timeout_s: float | None = None, seed: in
         world = _debug._WATCHES.get("WORLD")
         if world is not None:  # our own group (e.g. init() called again inside gobrrr.dist.testing.spawn)
             world.debug = world.debug or debug
+            if seed is None:  # adopting our own group: no silent re-seed (see the module docstring)
+                return Rank(rank, local_rank, world_size, dev, rank == 0, backend, world.seed), False
         else:
             try:  # private but long-stable; without it we simply lose the named-rank diagnostics
                 adopted_store = dist.distributed_c10d._get_default_store()
             except Exception:
                 adopted_store = None
             _debug.install(adopted_store, rank, world_size, timeout_s, debug)
+        seed = 0 if seed is None else seed
         _seed_everything(seed)
-        return Rank(rank, local_rank, world_size, dev, rank == 0, backend, seed)
+        _debug._WATCHES["WORLD"].seed = seed
+        return Rank(rank, local_rank, world_size, dev, rank == 0, backend, seed), False
 
     dev = _pick_device(device, backend, local_rank)
     if backend is None:
@@ -163,7 +248,8 @@ def init(backend: str | None = None, *, timeout_s: float | None = None, seed: in
         if world_size == 1 and "MASTER_ADDR" not in os.environ:
             store = dist.HashStore()  # world size 1 without torchrun: nothing to rendezvous with
         else:
-            store, _, _ = next(dist.rendezvous("env://", rank, world_size, timeout=timeout))
+            rendezvous_s = min(timeout_s, _env_seconds(ENV_RENDEZVOUS_TIMEOUT, DEFAULT_RENDEZVOUS_TIMEOUT_S))
+            store = _rendezvous(rank, world_size, rendezvous_s)
     store.set_timeout(timeout)
     kwargs = {}
     if "nccl" in backend and dev.type == "cuda":
@@ -172,8 +258,11 @@ def init(backend: str | None = None, *, timeout_s: float | None = None, seed: in
                             world_size=world_size, timeout=timeout, **kwargs)
     world = _debug.install(store, rank, world_size, timeout_s, debug)
     _monitor.start(world, backend)  # NCCL: exit with a message when a peer left and we wait for it
+    world.lifeline_stop = _lifeline.start(rank)  # torchrun: exit when the launcher dies
+    seed = 0 if seed is None else seed
+    world.seed = seed
     _seed_everything(seed)
-    return Rank(rank, local_rank, world_size, dev, rank == 0, backend, seed)
+    return Rank(rank, local_rank, world_size, dev, rank == 0, backend, seed), True
 
 
 def shutdown() -> None:
@@ -190,8 +279,15 @@ def session(backend: str | None = None, **kwargs) -> Iterator[Rank]:
 
     On an exception the rank first posts it to the store, so the peers waiting for it say
     "rank 3 raised ValueError: ... and left" instead of timing out in silence.
+
+    Inside a live group (an outer session, or a group you created yourself) the session adopts it
+    and, on exit, leaves it alive and posts nothing: the owner of the group tears it down.
     """
-    rank = init(backend, **kwargs)
+    kwargs = {"timeout_s": None, "seed": None, "device": None, "debug": None, "store": None, **kwargs}
+    rank, created = _init(backend, **kwargs)
+    if not created:  # an inner session: the outer one owns the group and tears it down
+        yield rank
+        return
     try:
         yield rank
     except BaseException as exc:

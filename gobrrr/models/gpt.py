@@ -125,7 +125,11 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    """`model(idx, targets=None) -> (logits, loss)`; idx is (B, T) int64 token ids."""
+    """`model(idx, targets=None) -> (logits, loss)`; idx is (B, T) int64 token ids.
+
+    With `model.fused_loss` set (e.g. `gobrrr.ops.ChunkedCrossEntropy()`), a call with targets
+    returns (None, loss) and never materializes the (B, T, V) logits.
+    """
 
     def __init__(self, config: GPTConfig):
         super().__init__()
@@ -138,6 +142,9 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         # Weight tying (Press & Wolf 2017): the head reads out through the embedding matrix.
         self.lm_head.weight = self.wte.weight
+        # Optional `fn(x (N, C), head_weight (V, C), targets (N,)) -> mean loss` used instead of
+        # lm_head + F.cross_entropy when targets are given; forward then returns (None, loss).
+        self.fused_loss = None
         self.apply(self._init_weights)
 
     def _init_weights(self, module: nn.Module) -> None:
@@ -163,7 +170,11 @@ class GPT(nn.Module):
         x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
         for block in self.blocks:
             x = block(x)  # (B, T, C)
-        logits = self.lm_head(self.ln_f(x))  # (B, T, V)
+        x = self.ln_f(x)  # (B, T, C)
+        if targets is not None and self.fused_loss is not None:
+            # the head and the loss in one op that never holds all (B, T, V) logits (gobrrr.ops.linear_ce)
+            return None, self.fused_loss(x.view(B * T, -1), self.lm_head.weight, targets.view(B * T))
+        logits = self.lm_head(x)  # (B, T, V)
         loss = None
         if targets is not None:
             # Under bf16 autocast, cross_entropy runs in float32 (it is on autocast's fp32 list), so the

@@ -263,6 +263,20 @@ class _DataParallel(nn.Module):
         self._hooks.clear()
 
 
+def _explain(exc: BaseException, group, what: str) -> BaseException:
+    """The backend's bare error ("Connection closed by peer") as gobrrr.dist's, naming the ranks that left.
+
+    Our all-reduces are not counted as gobrrr.dist collectives, so the message uses the group's
+    current count; what matters is the part about who died or raised."""
+    from gobrrr.dist import debug as _debug
+
+    try:
+        watch = _debug.watch_for(group)
+    except RuntimeError:  # no gobrrr.dist group: nothing to ask
+        return exc
+    return _debug.explain_failure(watch, watch.seq, what, exc)
+
+
 def _no_gradient_error(names: list[str]) -> RuntimeError:
     return RuntimeError(
         f"data parallel: {len(names)} parameter(s) got no gradient in this backward: {names}. Every rank waits "
@@ -299,11 +313,14 @@ class NaiveDDP(_DataParallel):
         self._reset_iteration()
         if missing:
             raise _no_gradient_error(missing)
-        for _, p in self._named:
+        for n, p in self._named:
             self.reductions += 1
             if self._communicate:
                 # sync: on gloo the host waits for each tensor (that is the naive part); NCCL only orders streams
-                dist.all_reduce(p.grad, op=dist.ReduceOp.SUM, group=self.group)
+                try:
+                    dist.all_reduce(p.grad, op=dist.ReduceOp.SUM, group=self.group)
+                except RuntimeError as exc:
+                    raise _explain(exc, self.group, f"NaiveDDP all_reduce of {n}'s gradient") from exc
                 p.grad.div_(self.world_size)
 
 
@@ -423,7 +440,10 @@ class DDP(_DataParallel):
             missing = [n for b in self.buckets[self._next_bucket:] for n, r in zip(b.names, b.ready) if not r]
             for b in self.buckets[:self._next_bucket]:
                 if b.work is not None:  # CPU: gloo worked in the background during backward
-                    b.work.wait()  # sync: host waits for gloo's thread (CPU tensors, no device involved)
+                    try:
+                        b.work.wait()  # sync: host waits for gloo's thread (CPU tensors, no device involved)
+                    except RuntimeError as exc:  # a peer died or left: name it, as gobrrr.dist.comm does
+                        raise _explain(exc, self.group, f"ddp all_reduce of gradient bucket {b.index}") from exc
                     b.work = None
                     self._finish(b)
             if self._comm_stream is not None:

@@ -1,0 +1,187 @@
+"""One optimizer step of `gobrrr train`, and how the model is prepared (loss path, torch.compile).
+
+`gobrrr train` and `gobrrr bench train` both call `train_step`, so the benchmark measures the
+step users run, not a copy of it.
+
+    notice = prepare_model(raw, device, compile=True)          # before wrapping it (ddp, ...)
+    model = ddp(raw)
+    out = train_step(model, opt, micro_batches, params=list(raw.parameters()), grad_clip=1.0,
+                     autocast=autocast_for(device))           # (2,): mean loss, grad norm, on device
+
+The step, phase by phase (K = number of micro-batches):
+  1. micro-batches 0..K-2: forward + backward inside `model.no_sync()`: gradients accumulate
+     locally, no communication;
+  2. micro-batch K-1: forward + backward; a data-parallel wrapper reduces gradients bucket by
+     bucket from its post-accumulate-grad hooks, # overlap: with the rest of this backward;
+  3. clip the global gradient norm (one fused norm, no host read), fused AdamW step, grads to None;
+  4. return [mean loss, grad norm] stacked on the device: no `# sync:` anywhere in the step.
+
+How the model is compiled (`prepare_model`), and why this way:
+  * Regional compilation: each transformer block is compiled in place (`nn.Module.compile`), as
+    torchtitan does. The blocks share one code object, so dynamo traces and inductor compiles one
+    block graph that all twelve reuse (seconds, not the minute of a whole-model graph); module
+    names, parameters and state_dict keys are unchanged (no `_orig_mod.` prefix), so ddp, the
+    checkpoint and resume see the same model compiled or not.
+  * Gradient hooks keep their overlap: each compiled block's backward is one autograd node, so
+    the parameters of block i receive their gradients (and ddp's post-accumulate-grad hooks fire)
+    when block i's backward ends, while blocks i-1..0 still run. A whole-model graph would
+    deliver every gradient at the very end and leave nothing to overlap. ddp's end-of-backward
+    engine callback is queued from such a hook, outside any compiled code.
+  * The head and loss run through `gobrrr.ops.ChunkedCrossEntropy` (no (B, T, V) logits held);
+    its per-chunk softmax/gradient pass is compiled on its own.
+  * Not compiled: the embedding lookups and the final LayerNorm (a few memory-bound kernels).
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import shutil
+from typing import Any, Iterable
+
+import torch
+from torch import nn
+
+from gobrrr.ops import ChunkedCrossEntropy
+
+# Combinations that run eagerly for now: (config attribute, value test, why). Checked by
+# `compile_blocker`; the CLI's --help repeats the list.
+NO_COMPILE_YET: list[tuple[str, Any, str]] = [
+    ("tp", lambda v: (v or 1) > 1, "--tp > 1: the tensor-parallel collectives inside a block are not traced yet"),
+    ("zero", lambda v: (v or 0) >= 3, "--zero 3: per-block parameter gathers in hooks are not traced yet"),
+]
+
+
+def compile_blocker(device: torch.device, cfg: Any = None) -> str | None:
+    """Why torch.compile cannot be used for this run (a one-line reason), or None when it can."""
+    for name, test, why in NO_COMPILE_YET:
+        if cfg is not None and test(getattr(cfg, name, None)):
+            return why
+    if device.type == "cuda" and importlib.util.find_spec("triton") is None:
+        return "torch.compile needs triton for a GPU and it is not installed"
+    if device.type == "cpu" and not (shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")):
+        return "torch.compile on a CPU needs a C++ compiler (c++, g++ or clang++) on PATH"
+    return None
+
+
+def prepare_model(raw: nn.Module, *, compile: bool, backend: str = "inductor", mode: str | None = None,
+                  scope: str = "blocks", chunked_loss: bool = True) -> str:
+    """Set the loss path and compile `raw` (a GPT) in place; return a one-line description.
+
+    scope: "blocks" (each transformer block, the default; see the module docstring) or "model"
+    (one whole-model graph; the chunked loss then runs eagerly outside it, its kernel compiled).
+    Call before wrapping the model (ddp, ...) and before the first forward.
+    """
+    if scope not in ("blocks", "model"):
+        raise ValueError(f"compile scope {scope!r} is not 'blocks' or 'model'")
+    raw.fused_loss = ChunkedCrossEntropy(compile=backend if compile else False) if chunked_loss else None
+    loss = "chunked cross-entropy" if chunked_loss else "lm_head + F.cross_entropy"
+    if not compile:
+        return f"eager (not compiled), {loss}"
+    if scope == "blocks":
+        for block in raw.blocks:
+            block.compile(backend=backend, mode=mode)
+    else:
+        raw.compile(backend=backend, mode=mode)
+    how = f"torch.compile per {'block' if scope == 'blocks' else 'model'}, backend {backend}"
+    return how + (f", mode {mode}" if mode else "") + f", {loss}"
+
+
+class ComputeContext:
+    """The context forward and backward run in; reusable (entered once per micro-step).
+
+    On a GPU: bf16 autocast, and, when asked (`cudnn_attention=True`, or GOBRRR_CUDNN_ATTENTION=1
+    on a Hopper GPU), SDPA's cuDNN attention tried before FlashAttention-2. SDPA's fixed priority
+    puts flash first; on Hopper cuDNN's kernels are reported 1.7-2.3x faster for training shapes
+    (huggingface/transformers PR 48163). It is a preference, not a restriction: a shape cuDNN
+    cannot serve falls back to flash. Off by default until `gobrrr bench train --attention cudnn`
+    has measured it with torch.compile on our GPU (BENCHMARKS.md, `train`). The backward runs the kernel chosen in forward; a compiled block bakes in the kernel
+    chosen while it was traced, which happens inside this context. On a CPU: nothing (the tests'
+    bitwise resume relies on float32 there).
+    """
+
+    def __init__(self, device: torch.device, cudnn_attention: bool | None = None):
+        self.device = device
+        if cudnn_attention is None:  # opt-in until measured: GOBRRR_CUDNN_ATTENTION=1
+            cudnn_attention = (device.type == "cuda" and os.environ.get("GOBRRR_CUDNN_ATTENTION", "0") == "1"
+                               and torch.cuda.get_device_capability(device)[0] == 9)
+        self.cudnn_attention = cudnn_attention
+        self._stack: list[contextlib.ExitStack] = []
+
+    def __enter__(self):
+        stack = contextlib.ExitStack()
+        if self.device.type == "cuda":
+            stack.enter_context(torch.autocast("cuda", dtype=torch.bfloat16))
+            if self.cudnn_attention:
+                from torch.nn.attention import SDPBackend, sdpa_kernel
+
+                order = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                         SDPBackend.MATH]
+                stack.enter_context(sdpa_kernel(order, set_priority=True))
+        self._stack.append(stack)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stack.pop().close()
+
+
+def autocast_for(device: torch.device, cudnn_attention: bool | None = None) -> ComputeContext:
+    """The compute context for `device` (see ComputeContext)."""
+    return ComputeContext(device, cudnn_attention)
+
+
+def train_step(model: nn.Module, opt: torch.optim.Optimizer, micro_batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+               *, accum: int, params: list[torch.Tensor], grad_clip: float, autocast) -> torch.Tensor:
+    """One optimizer step over `accum` micro-batches of (x, y), each (B, T) int64 on the device.
+
+    `model` may be a data-parallel wrapper (it then has `no_sync()`); `params` are the parameters
+    whose gradient norm is clipped (0 = no clipping). The learning rate is the caller's to set.
+    Returns a (2,) float32 tensor on the device: [mean loss over micro-batches, gradient norm].
+    """
+    device = params[0].device
+    no_sync = getattr(model, "no_sync", None)
+    loss_sum = torch.zeros((), device=device)
+    batches = iter(micro_batches)
+    for k in range(accum):
+        x, y = next(batches)  # (B, T) each
+        skip = no_sync() if (no_sync is not None and k < accum - 1) else contextlib.nullcontext()
+        with skip:
+            with autocast:
+                _, loss = model(x, y)
+            (loss / accum).backward()
+        loss_sum += loss.detach()
+    if grad_clip > 0 and hasattr(opt, "clip_grad_norm_"):  # ZeRO: the global norm over every rank's shards
+        norm = opt.clip_grad_norm_(grad_clip)
+    elif grad_clip > 0:
+        norm = torch.nn.utils.clip_grad_norm_(params, grad_clip)  # foreach kernels on a GPU
+    else:
+        norm = torch.zeros((), device=device)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return torch.stack([loss_sum / accum, norm.float()])
+
+
+def setup_model(raw: nn.Module, cfg: Any, device: torch.device, seq_len: int) -> tuple[int, bool, list[str]]:
+    """Before wrapping `raw`: pick the batch size (cfg.batch_size, or probed on a GPU, 8 on a CPU),
+    decide on torch.compile (cfg.compile, default: on for a GPU) and prepare the model.
+
+    Returns (batch size, compiled?, lines to print on rank 0). Where the run asked for compile (or
+    defaulted to it) but `compile_blocker` names a reason, the model runs eagerly and one line says why.
+    """
+    from gobrrr.auto_batch import auto_batch_size
+
+    lines = []
+    prepare_model(raw, compile=False)  # the eager model with the chunked loss: what the probe measures
+    batch = cfg.batch_size
+    if batch is None and device.type == "cuda":
+        batch, line = auto_batch_size(raw, device, seq_len)
+        lines.append(line)
+    elif batch is None:
+        batch = 8
+    want = cfg.compile if cfg.compile is not None else device.type == "cuda"
+    why = compile_blocker(device, cfg) if want else None
+    if why:
+        lines.append(f"notice: running without torch.compile: {why}")
+    on = want and why is None
+    lines.append("model: " + prepare_model(raw, compile=on, backend=getattr(cfg, "compile_backend", "inductor")))
+    return batch, on, lines
