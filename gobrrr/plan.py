@@ -503,7 +503,7 @@ def _why_slower(r: Row, top: Row) -> str:
 def train_row(gpt_config, *, world_size: int, micro_batch: int, seq_len: int, grad_accum: int = 1,
               gpu: str = "H200", gpu_mem_gb: float | None = None, tp: int = 1, zero: int = 0,
               recompute: bool = False, sequence_parallel: bool = False, precision: str = "amp",
-              name: str = "run", gpus_per_node: int | None = None) -> Row:
+              name: str = "run", gpus_per_node: int | None = None, loss: str = "full") -> Row:
     """The plan's row for a `gobrrr train` run: its GPT config, world size, batch and precision.
 
     `gpu` is a GPU model name (torch.cuda.get_device_name() works); ValueError if it is unknown.
@@ -517,7 +517,8 @@ def train_row(gpt_config, *, world_size: int, micro_batch: int, seq_len: int, gr
     dp = world_size // tp
     mach = machine(gpu, gpu_mem_gb, gpus_per_node or world_size, model=name)
     batch = Batch(micro_batch, seq_len, micro_batch * dp * grad_accum)
-    return evaluate(shape, Layout(dp, tp, zero, recompute, sequence_parallel), batch, mach, Options(precision=precision))
+    opt = Options(precision=precision, loss=loss)
+    return evaluate(shape, Layout(dp, tp, zero, recompute, sequence_parallel), batch, mach, opt)
 
 
 def summary(row: Row) -> str:
