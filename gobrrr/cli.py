@@ -16,8 +16,9 @@ COMMANDS = {
     "lint": ("gobrrr.device.lint", "static check for host-device anti-patterns (GB001-GB009)"),
     "doctor": ("gobrrr.doctor", "run a script under the profiler and show where the GPU waits"),
     "train": ("gobrrr.train", "train the reference GPT (works under torchrun)"),
+    "plan": ("gobrrr.plan_cli", "memory, communication and step time of every parallel layout, before renting GPUs"),
     "bench": (None, "benchmarks: " + ", ".join(["copy", "prefetch", "syncwatch", "comm", "p2p", "ddp", "train",
-                                                 "zero", "tp"])),
+                                                 "zero", "tp", "plan"])),
 }
 
 # `gobrrr bench NAME` -> module under bench/ (each also runs as `python -m bench.MODULE`)
@@ -32,6 +33,7 @@ BENCHES = {
     "train": "bench.train",
     "zero": "bench.zero",
     "tp": "bench.tp",
+    "plan": "bench.plan_check",
 }
 
 

@@ -319,6 +319,15 @@ def _train(cfg: TrainConfig, rank) -> dict[str, Any]:
     autocast = autocast_for(device)
     params = list(raw.parameters())
     clip = tp_clip(model) if cfg.tp > 1 else None  # --tp: the norm over every shard, each counted once
+    if main and cfg.progress and device.type == "cuda":  # the plan's row for this layout (gobrrr plan, docs/plan.md)
+        from gobrrr.plan import summary, train_row
+        try:
+            setup_lines.append(summary(train_row(model_cfg, world_size=W, micro_batch=B, seq_len=T, grad_accum=K,
+                                                 gpu=torch.cuda.get_device_name(device), zero=cfg.zero or 0,
+                                                 tp=cfg.tp, sequence_parallel=cfg.sequence_parallel,
+                                                 name=cfg.model, loss="chunked" if raw.fused_loss else "full")))
+        except ValueError as e:  # e.g. a GPU the plan has no peak for: say so, train anyway
+            setup_lines.append(f"plan: not available ({e})")
     if main and cfg.progress and setup_lines:
         print("\n".join(setup_lines), file=sys.stderr, flush=True)
 
