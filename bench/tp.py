@@ -169,7 +169,7 @@ def run_bench(cfg: BenchConfig, device: torch.device, world: int) -> dict:
         m, opt = variants["tp"]
         with watch_syncs() as w:  # the same check as gobrrr.sync_budget(0), reported instead of raised
             _step("tp", m, opt, x, y, autocast)
-        syncs = w.report.count
+        syncs = w.count
     times: dict[str, list[float]] = {name: [] for name in variants}
     names = list(variants)
     for r in range(cfg.rounds):

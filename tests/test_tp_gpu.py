@@ -43,7 +43,9 @@ def test_tp1_step_has_no_sync_and_matches_plain(sp):
     fresh = tp(GPT(GPTConfig.from_name("small")).cuda(), sequence_parallel=sp)
     with torch.autocast("cuda", dtype=torch.bfloat16):
         _, got = fresh(x, y)
-    assert_close(got, ref)  # same weights, same bf16 arithmetic: the tp = 1 loss is the plain loss
+    # same weights; the row-parallel bias rides in the GEMM (addmm) where the plain model adds it after
+    # (mm + add), so bf16 rounding differs in the last bits: measured 1e-5 relative on an H200
+    assert_close(got, ref, rtol=1e-4, atol=1e-4)
 
 
 def _nccl_parity(rank, sp: bool):
