@@ -17,6 +17,16 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_multi)
 
 
+@pytest.fixture
+def one_thread():
+    """One OpenMP thread for the test: on 2 shared cores, two threads spin against each other and
+    against the other tests' rank processes."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _bench_results_to_tmp(tmp_path_factory):
     """Benchmark smoke tests write their JSON records to a temp dir, never into bench/results/."""

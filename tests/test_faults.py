@@ -34,12 +34,7 @@ TINY = ["--model", "tiny", "--device", "cpu", "--batch-size", "4", "--seq-len", 
 SMALL = dict(model="tiny", device="cpu", batch_size=4, seq_len=32, progress=False)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: one OpenMP thread
 
 
 def one_error_line(text: str, cmd: str) -> str:

@@ -11,13 +11,7 @@ from gobrrr.data import DEFAULT_CORPUS, CharCorpus, SyntheticTokens
 from gobrrr.models.gpt import GPT, GPTConfig
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # 2 shared cores: two OpenMP threads spin against each other and other tests' processes
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: one OpenMP thread
 
 
 def tiny(**overrides) -> GPT:

@@ -26,12 +26,7 @@ SMALL = dict(model="tiny", device="cpu", batch_size=4, seq_len=32, progress=Fals
 SMALL_ARGS = ["--model", "tiny", "--device", "cpu", "--batch-size", "4", "--seq-len", "32", "--no-progress"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: one OpenMP thread
 
 
 def cli(args: list[str], *, launcher: list[str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
