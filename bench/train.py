@@ -8,10 +8,14 @@ Variants (each its own copy of the same initial weights, fed the same batch):
   plain        written here, as a careful user would: the GPT with lm_head + F.cross_entropy,
                `torch.compile(model)` (one whole-model graph), bf16 autocast, SDPA (in the model),
                fused AdamW with nanoGPT's decay groups, clip_grad_norm_(1.0), zero_grad(set_to_none)
+  plain-ro     the same with torch.compile(mode="reduce-overhead"): torch's own CUDA graphs (cudagraph
+               trees) over the compiled forward and backward; the optimizer step stays eager
   gobrrr       what `gobrrr train` runs: `gobrrr.train_step.train_step` (the function train.py calls)
                on the model as `setup_model` prepares it (per-block compile, chunked cross-entropy),
                wrapped in gobrrr ddp (world size 1: collectives are no-ops), train's make_optimizer,
-               and the learning rate set per step as train.py does
+               and the learning rate set per step as train.py does; on a GPU the whole step is
+               replayed as one CUDA graph (`gobrrr.step_graph.GraphedStep`), as train.py does there
+  gobrrr-nograph  the same step issued kernel by kernel from Python (`--no-cuda-graph`)
   gobrrr-model the same step, one whole-model graph (the chunked head outside it, its kernel compiled)
   gobrrr-std   the same step, per-block compile, lm_head + F.cross_entropy (eager head)
   gobrrr-eager / plain-eager   the two without torch.compile
@@ -47,7 +51,8 @@ import torch.nn.functional as F
 from bench.common import device_name, median, print_table, record
 
 GiB = 2**30
-ALL = ("plain", "gobrrr", "gobrrr-model", "gobrrr-std", "gobrrr-eager", "plain-eager", "gobrrr-mat")
+ALL = ("plain", "plain-ro", "gobrrr", "gobrrr-nograph", "gobrrr-model", "gobrrr-std", "gobrrr-eager", "plain-eager",
+       "gobrrr-mat")
 
 
 @dataclass
@@ -91,7 +96,7 @@ def _autocast(device: torch.device, cudnn_attention: bool | None = None):
     return autocast_for(device, cudnn_attention)
 
 
-def _plain(base, batch, device, compile: bool, cudnn: bool) -> Variant:
+def _plain(base, batch, device, compile: bool, cudnn: bool, mode: str | None = None) -> Variant:
     """The baseline loop, written here on purpose (not gobrrr's code); `cudnn`: SDPA's cuDNN kernels first."""
     model = copy.deepcopy(base)
     model.fused_loss = None
@@ -99,7 +104,7 @@ def _plain(base, batch, device, compile: bool, cudnn: bool) -> Variant:
     other = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": other, "weight_decay": 0.0}],
                             lr=1e-4, betas=(0.9, 0.95), fused=device.type == "cuda")
-    fwd = torch.compile(model) if compile else model
+    fwd = torch.compile(model, mode=mode) if compile else model
     x, y = batch
     autocast = _autocast(device, cudnn_attention=cudnn and device.type == "cuda")
 
@@ -111,13 +116,15 @@ def _plain(base, batch, device, compile: bool, cudnn: bool) -> Variant:
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    return Variant("plain" if compile else "plain-eager", step, 16 * _numel(model))
+    name = ("plain" + ("-ro" if mode == "reduce-overhead" else "")) if compile else "plain-eager"
+    return Variant(name, step, 16 * _numel(model))
 
 
 def _gobrrr(name, base, batch, device, *, compile: bool, scope="blocks", chunked=True, mode=None,
-            cudnn: bool) -> Variant:
+            cudnn: bool, graph: bool = False) -> Variant:
     """gobrrr train's step: the same function and the same preparation train.py uses."""
     from gobrrr.parallel import ddp
+    from gobrrr.step_graph import GraphedStep
     from gobrrr.train import TrainConfig, lr_at, make_optimizer
     from gobrrr.train_step import prepare_model, train_step
 
@@ -130,11 +137,19 @@ def _gobrrr(name, base, batch, device, *, compile: bool, scope="blocks", chunked
     autocast = _autocast(device, cudnn)
     counter = [0]
 
+    def one(micro):
+        return train_step(model, opt, micro, accum=1, params=params, grad_clip=1.0, autocast=autocast)
+
+    graphed = GraphedStep(one, opt, device) if graph else None
+
     def step():
         lr = lr_at(counter[0] % cfg.steps, cfg)
-        for group in opt.param_groups:
-            group["lr"] = lr
-        train_step(model, opt, [batch], accum=1, params=params, grad_clip=1.0, autocast=autocast)
+        if graphed is not None:  # as train.py does it on a GPU at world size 1
+            graphed([batch], lr)
+        else:
+            for group in opt.param_groups:
+                group["lr"] = lr
+            one([batch])
         counter[0] += 1
 
     return Variant(name, step, 16 * _numel(raw))
@@ -146,10 +161,13 @@ def _numel(model) -> int:
 
 def _build(name: str, base, batch, device, cfg: BenchConfig) -> Variant:
     c, a = cfg.compile, cfg.attention == "cudnn" and device.type == "cuda"
+    g = device.type == "cuda"  # train.py's default: the step as one CUDA graph on a GPU at world size 1
     table = {
         "plain": lambda: _plain(base, batch, device, c, a),
+        "plain-ro": lambda: _plain(base, batch, device, c, a, mode="reduce-overhead"),
         "plain-eager": lambda: _plain(base, batch, device, False, a),
-        "gobrrr": lambda: _gobrrr(name, base, batch, device, compile=c, cudnn=a),
+        "gobrrr": lambda: _gobrrr(name, base, batch, device, compile=c, cudnn=a, graph=g),
+        "gobrrr-nograph": lambda: _gobrrr(name, base, batch, device, compile=c, cudnn=a),
         "gobrrr-model": lambda: _gobrrr(name, base, batch, device, compile=c, scope="model", cudnn=a),
         "gobrrr-std": lambda: _gobrrr(name, base, batch, device, compile=c, chunked=False, cudnn=a),
         "gobrrr-eager": lambda: _gobrrr(name, base, batch, device, compile=False, cudnn=a),

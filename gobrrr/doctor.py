@@ -70,6 +70,11 @@ class DoctorConfig:
             raise ValueError(f"--warmup must be 0 or more, got {self.warmup}; pass 0 to record from the start")
 
 
+def active_session() -> "Session | None":
+    """The doctor session recording this context, or None when no doctor is running."""
+    return _ACTIVE.get()
+
+
 def step() -> None:
     """Mark a step boundary for the doctor (a no-op when no doctor is running)."""
     session = _ACTIVE.get()

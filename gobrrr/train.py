@@ -65,6 +65,7 @@ from gobrrr.data import CharCorpus, SyntheticTokens
 from gobrrr.dist import comm
 from gobrrr.dist.debug import CollectiveError, DistConfigError
 from gobrrr.models.gpt import GPT, GPTConfig
+from gobrrr.step_graph import GraphedStep, graph_blocker
 from gobrrr.train_step import autocast_for, setup_model, train_step
 
 CHECKPOINT = "checkpoint.pt"
@@ -115,6 +116,7 @@ class TrainConfig:
     compile_backend: str = "inductor"  # testing aid: "aot_eager" traces without generating code
     tp: int = 1                      # tensor-parallel degree (gobrrr.parallel.tp); world = dp x tp
     sequence_parallel: bool = False  # with --tp: shard LayerNorm/dropout activations along the sequence
+    cuda_graph: bool | None = None   # replay the step as one CUDA graph; default on where graph_blocker allows
 
     def __post_init__(self):
         if self.warmup is None:  # marked: a resumed run with a longer --steps keeps the run's own warmup
@@ -328,6 +330,18 @@ def _train(cfg: TrainConfig, rank) -> dict[str, Any]:
                                                  name=cfg.model, loss="chunked" if raw.fused_loss else "full")))
         except ValueError as e:  # e.g. a GPU the plan has no peak for: say so, train anyway
             setup_lines.append(f"plan: not available ({e})")
+    graphed = None  # --cuda-graph: the step below, captured once and replayed (gobrrr/step_graph.py)
+    if cfg.cuda_graph is not False and device.type == "cuda":
+        why = graph_blocker(device, world_size=W, zero=cfg.zero, tp=cfg.tp)
+        if why is None:
+            graphed = GraphedStep(lambda micro: train_step(model, opt, micro, accum=K, params=params,
+                                                           grad_clip=cfg.grad_clip, autocast=autocast, clip=clip),
+                                  opt, device)
+            setup_lines.append("step: one CUDA graph, captured after 2 eager steps (--no-cuda-graph: eager)")
+        elif cfg.cuda_graph:
+            setup_lines.append(f"notice: running without a CUDA graph: {why}")
+    elif cfg.cuda_graph:
+        setup_lines.append("notice: running without a CUDA graph: CUDA graphs need a GPU")
     if main and cfg.progress and setup_lines:
         print("\n".join(setup_lines), file=sys.stderr, flush=True)
 
@@ -376,11 +390,16 @@ def _train(cfg: TrainConfig, rank) -> dict[str, Any]:
     try:
         for step in range(start, cfg.steps):
             lr = lr_at(step, cfg)
-            for group in opt.param_groups:
-                group["lr"] = lr
             # x, y: (B, T) int64 each, already on the device; the step lives in gobrrr/train_step.py
-            pending.append(train_step(model, opt, (next(batches) for _ in range(K)), accum=K, params=params,
-                                      grad_clip=cfg.grad_clip, autocast=autocast, clip=clip))  # (2,): loss, norm
+            if graphed is not None:
+                pending.append(graphed([next(batches) for _ in range(K)], lr))  # (2,): loss, norm
+                if (notice := graphed.pop_notice()) and main and cfg.progress:  # capture failed: eager from now on
+                    print(notice, file=sys.stderr, flush=True)
+            else:
+                for group in opt.param_groups:
+                    group["lr"] = lr
+                pending.append(train_step(model, opt, (next(batches) for _ in range(K)), accum=K, params=params,
+                                          grad_clip=cfg.grad_clip, autocast=autocast, clip=clip))  # (2,): loss, norm
             if cfg.zero and step == start and main and cfg.progress:  # gobrrr: ignore[GB007] (ints, not tensors)
                 print(model.step_report, file=sys.stderr, flush=True)  # gobrrr: ignore[GB003] (once: bytes held)
             progress.advance()
@@ -605,6 +624,12 @@ def parse_args(argv: list[str]) -> TrainConfig:
                         "Not yet with --tp > 1 or --zero 3: those run eagerly with a one-line notice")
     p.add_argument("--no-compile", dest="compile", action="store_false", help="run eagerly")
     p.add_argument("--compile-backend", default=d.compile_backend, help=argparse.SUPPRESS)
+    p.add_argument("--cuda-graph", dest="cuda_graph", action="store_true", default=None,
+                   help="capture the whole step (forward, backward, clip, AdamW) in one CUDA graph after 2 eager "
+                        "steps and replay it: one launch per step instead of ~1,500 (default on a GPU at world "
+                        "size 1; not yet with several ranks, --zero, --tp > 1 or under gobrrr doctor: those run "
+                        "eagerly with a one-line notice)")
+    p.add_argument("--no-cuda-graph", dest="cuda_graph", action="store_false", help="issue every kernel from Python")
     p.add_argument("--crash-after-step", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--zero", type=int, default=0, help="ZeRO stage 1, 2 or 3 instead of ddp (sharded checkpoints)")
     p.add_argument("--tp", type=int, default=d.tp, help="tensor-parallel degree: world size = dp x tp (torchrun)")

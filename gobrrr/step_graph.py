@@ -1,0 +1,172 @@
+"""The whole training step as one CUDA graph: the host issues one launch per step, not ~1,500.
+
+A 124M GPT step at B = 8 (T = 1024) is ~20 ms of GPU work, and Python spends as long issuing its
+kernels one by one (the compiled blocks' guards and wrappers, the loss chunks, autograd, the
+optimizer): the GPU waits on the host, the "host-bound" row of `gobrrr bench train`. A CUDA graph
+records the kernels of one step once and replays them with one call (NVIDIA, "CUDA Graphs", CUDA C
+Programming Guide; PyTorch's `torch.cuda.graph`, the whole-network capture of its CUDA-graphs
+note), so the step runs at the GPU's speed whatever the host costs.
+
+    step = GraphedStep(lambda mb: train_step(model, opt, mb, ...), opt, device)
+    out = step(micro_batches, lr)          # (2,) on the device: [mean loss, grad norm]
+
+Phase by phase:
+  1. Warm-up (the first `warmup` calls): real training steps, run eagerly on a side stream, which
+     waits for the caller's stream first and is waited for after (events, no host sync). They
+     compile, create the optimizer state and cuBLAS workspaces, and fill the allocator.
+  2. Capture (the next call, once): static input buffers shaped as this step's micro-batches; each
+     param group's learning rate becomes a 0-d device tensor and the group `capturable` (the fused
+     AdamW then reads lr and its step count on the device); `torch.cuda.graph` records one call of
+     the step into a private memory pool. # sync: capture synchronizes the device once. Nothing
+     runs while recording.
+  3. Every step from then on: the micro-batches are copied into the static buffers and the learning
+     rate written into its tensor (device-to-device copies and a fill, stream-ordered, no host read),
+     then one `replay()`; the result is copied out of the graph's output buffer, which the next
+     replay overwrites.
+
+What a graph needs, and how this class keeps to it: no host-device sync in the step (capture fails
+on one: `gobrrr lint` and the sync detective find them; here the step falls back to eager with a
+one-line notice); fixed shapes (a micro-batch of another shape raises); tensors the graph reads
+keep their addresses: parameters are written in place (load_state_dict copies into them), and
+`optimizer.load_state_dict` replaces the optimizer's state tensors, so it drops the graph (recaptured
+at the next call). `optimizer.state_dict()` reports the learning rate as a float and capturable as
+before, so checkpoints read the same with graphs on or off.
+
+Not with: several ranks (NCCL collectives can be captured, but gobrrr's ddp has not been tested
+under capture on several GPUs yet), ZeRO and TP (their hooks start collectives the same way), and a
+running `gobrrr doctor`, whose step boundaries are the optimizer's `step()` calls, which a replay
+does not make. `graph_blocker` says which; `gobrrr train` then runs eagerly and prints why.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+def graph_blocker(device: torch.device, *, world_size: int = 1, zero: int = 0, tp: int = 1) -> str | None:
+    """Why this run cannot capture its step in a CUDA graph (one line), or None when it can."""
+    if device.type != "cuda":
+        return "CUDA graphs need a GPU"
+    if world_size > 1:
+        return "not with several ranks yet (ddp's NCCL collectives are untested under graph capture)"
+    if zero:
+        return "not with --zero yet (its hooks start collectives and swap buffers)"
+    if tp > 1:
+        return "not with --tp > 1 yet"
+    from gobrrr.doctor import active_session
+
+    if active_session() is not None:
+        return "not under gobrrr doctor (it finds steps by the optimizer's step() calls, which a replay does not make)"
+    return None
+
+
+class GraphedStep:
+    """Calls `step(micro_batches)` eagerly `warmup` times, then captures it and replays it."""
+
+    def __init__(self, step: Callable[[Sequence[Batch]], torch.Tensor], opt: torch.optim.Optimizer,
+                 device: torch.device, *, warmup: int = 2):
+        if device.type != "cuda":
+            raise ValueError(f"GraphedStep: CUDA graphs need a CUDA device, got {device}")
+        self.step, self.opt, self.device, self.warmup = step, opt, device, max(1, warmup)
+        self.side = torch.cuda.Stream(device)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.static_in: list[Batch] = []
+        self.static_out: torch.Tensor | None = None
+        self.lr_tensors: list[torch.Tensor] = []
+        self.lr = 0.0
+        self.calls = 0
+        self.captures = 0
+        self.replays = 0
+        self.failed: str | None = None  # why capture failed: the step then stays eager for good
+        self.notice: str | None = None  # the same, once, for the caller to print (`pop_notice`)
+        opt.register_state_dict_post_hook(self._plain_state_dict)
+        opt.register_load_state_dict_post_hook(self._after_load)
+
+    # -- the step
+    def __call__(self, micro_batches: Sequence[Batch] | Any, lr: float) -> torch.Tensor:
+        batches = list(micro_batches)
+        self.lr = float(lr)
+        if self.graph is None and self.failed is None and self.calls >= self.warmup:
+            self._capture(batches)
+        self.calls += 1
+        if self.graph is None:
+            return self._eager(batches)
+        self.replays += 1
+        if len(batches) != len(self.static_in):
+            raise ValueError(f"GraphedStep: {len(batches)} micro-batches, the graph was captured with "
+                             f"{len(self.static_in)}; keep --grad-accum fixed within a run")
+        for (sx, sy), (x, y) in zip(self.static_in, batches):
+            if x.shape != sx.shape or y.shape != sy.shape:
+                raise ValueError(f"GraphedStep: micro-batch of shape {tuple(x.shape)}, the graph was captured "
+                                 f"with {tuple(sx.shape)}; CUDA graphs replay fixed shapes")
+            sx.copy_(x, non_blocking=True)
+            sy.copy_(y, non_blocking=True)
+        for t in self.lr_tensors:
+            t.fill_(self.lr)
+        self.graph.replay()
+        return self.static_out.clone()  # the next replay overwrites the graph's output buffer
+
+    def pop_notice(self) -> str | None:
+        """A line to print once (capture failed, the step goes on eagerly), or None."""
+        notice, self.notice = self.notice, None
+        return notice
+
+    def _eager(self, batches: list[Batch]) -> torch.Tensor:
+        for group in self.opt.param_groups:
+            group["lr"] = self.lr
+        caller = torch.cuda.current_stream(self.device)
+        self.side.wait_stream(caller)  # the batches were made ready on the caller's stream
+        with torch.cuda.stream(self.side):
+            out = self.step(batches)
+        caller.wait_stream(self.side)  # the caller's next work sees this step's results (no host sync)
+        for x, y in batches:
+            x.record_stream(self.side)
+            y.record_stream(self.side)
+        out.record_stream(caller)
+        return out
+
+    # -- phase 2: capture once
+    def _capture(self, batches: list[Batch]) -> None:
+        self.static_in = [(x.clone(), y.clone()) for x, y in batches]
+        self.lr_tensors = []
+        for group in self.opt.param_groups:
+            group["lr"] = torch.tensor(self.lr, dtype=torch.float32, device=self.device)
+            group["capturable"] = True
+            self.lr_tensors.append(group["lr"])
+        self.opt.zero_grad(set_to_none=True)
+        torch.cuda.empty_cache()  # the warm-up's cached blocks go back, so the graph's pool can grow
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph, stream=self.side):
+                out = self.step(self.static_in)
+        except Exception as e:  # e.g. a host sync inside the step: say so once, stay eager
+            self.failed = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}"
+            self.notice = f"notice: the step runs without a CUDA graph: capture failed: {self.failed}"
+            self._uncapture()
+            return
+        self.graph, self.static_out = graph, out
+        self.captures += 1
+
+    def _uncapture(self) -> None:
+        self.graph, self.static_out, self.static_in = None, None, []
+        for group in self.opt.param_groups:
+            group["lr"] = self.lr
+            group["capturable"] = False
+        self.lr_tensors = []
+        self.opt.zero_grad(set_to_none=True)  # gradients made during a failed capture are not real
+
+    # -- checkpoints read the same with graphs on or off
+    def _plain_state_dict(self, opt, state: dict) -> dict:
+        for group in state["param_groups"]:
+            if isinstance(group.get("lr"), torch.Tensor):
+                group["lr"] = self.lr
+                group["capturable"] = False
+        return state
+
+    def _after_load(self, opt) -> None:
+        if self.graph is not None:  # the optimizer's state tensors were replaced: record the step again
+            self._uncapture()
+            self.calls = self.warmup
