@@ -63,8 +63,9 @@ of gradients its optimizer owns; the rest of the schedule is unchanged. Not buil
 from __future__ import annotations
 
 import contextlib
+import weakref
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -202,6 +203,25 @@ class Bucket:
 
 # ---------------------------------------------------------------- shared wrapper mechanics
 
+def weak_grad_hook(owner: Any, call: Callable[[Any], None]) -> Callable[[torch.Tensor], None]:
+    """A parameter's gradient hook that runs `call(owner)` while `owner` lives, holding it weakly.
+
+    A parameter keeps its hooks in C++, where Python's garbage collector cannot follow them: a hook
+    that held the wrapper (or a bucket listing the parameters) would close the loop wrapper ->
+    model -> parameter -> hook -> wrapper out of the collector's sight, and a dropped wrapper, its
+    model and its gradient buffers would stay allocated for the life of the process. So `call`
+    gets the owner through a weak reference and must itself capture only plain values (indices).
+    """
+    ref = weakref.ref(owner)
+
+    def hook(_param: torch.Tensor) -> None:
+        live = ref()
+        if live is not None:
+            call(live)
+
+    return hook
+
+
 class _DataParallel(nn.Module):
     """What both versions share: wrap-time checks, forward pass-through, no_sync, hook plumbing."""
 
@@ -297,7 +317,7 @@ class NaiveDDP(_DataParallel):
         self._named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         self._got_grad = [False] * len(self._named)
         for i, (_, p) in enumerate(self._named):
-            self._hooks.append(p.register_post_accumulate_grad_hook(lambda p, i=i: self._grad_ready(i)))
+            self._hooks.append(p.register_post_accumulate_grad_hook(weak_grad_hook(self, lambda s, i=i: s._grad_ready(i))))
 
     def _grad_ready(self, i: int) -> None:
         if self._syncing():
@@ -344,10 +364,10 @@ class DDP(_DataParallel):
         groups = assign_buckets([(p.numel(), p.dtype) for _, p in named], int(bucket_mb * MB),
                                 int(first_bucket_mb * MB), keys=[p.device for _, p in named])
         self.buckets: list[Bucket] = [self._make_bucket(k, [named[i] for i in idx]) for k, idx in enumerate(groups)]
-        for b in self.buckets:
+        for k, b in enumerate(self.buckets):
             for j, p in enumerate(b.params):
                 self._hooks.append(p.register_post_accumulate_grad_hook(
-                    lambda p, b=b, j=j: self._grad_ready(b, j)))
+                    weak_grad_hook(self, lambda s, k=k, j=j: s._grad_ready(s.buckets[k], j))))
 
     def extra_repr(self) -> str:
         sizes = ", ".join(f"{b.nbytes / MB:.1f}" for b in self.buckets)

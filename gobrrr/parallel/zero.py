@@ -97,7 +97,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from gobrrr.parallel.ddp import MB, _DataParallel, _no_gradient_error, assign_buckets
+from gobrrr.parallel.ddp import MB, _DataParallel, _no_gradient_error, assign_buckets, weak_grad_hook
 from gobrrr.parallel.zero_optim import ZeroOptimizer
 from gobrrr.parallel.zero_shard import (Flat, MemoryReport, all_gather_flat, all_reduce_sum, check_optimizer_covers,
                                         formula_bytes, group_index, nbytes, reduce_scatter_flat)
@@ -164,7 +164,8 @@ class _ZeroBase(_DataParallel):
 
     def _hook(self, f: Flat) -> None:
         for j, p in enumerate(f.params):
-            self._hooks.append(p.register_post_accumulate_grad_hook(lambda p, f=f, j=j: self._grad_ready(f, j)))
+            self._hooks.append(p.register_post_accumulate_grad_hook(
+                weak_grad_hook(self, lambda s, i=f.index, j=j: s._grad_ready(s.flats[i], j))))
 
     # -- backward
     def _communicating(self) -> bool:
