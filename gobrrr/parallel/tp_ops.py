@@ -29,6 +29,8 @@ rank issues the same op with the same shapes, and a failure names the op and the
 """
 from __future__ import annotations
 
+import functools
+import importlib.util
 from dataclasses import dataclass
 from typing import Any
 
@@ -221,6 +223,30 @@ def vocab_parallel_embedding(ids: torch.Tensor, weight: torch.Tensor, vocab_star
 
 # ---------------------------------------------------------------- vocab-parallel cross-entropy
 
+def _ce_grad(ls: torch.Tensor, local: torch.Tensor, inside: torch.Tensor, scale: torch.Tensor,
+             dtype: torch.dtype) -> torch.Tensor:
+    """d loss / d logits = (softmax - onehot) * scale, one pass over (N, V/n), in the logits' dtype.
+
+    ls (N, V/n) fp32: log of my columns of the softmax; local (N,) my column of the target (valid
+    where `inside`); scale (N,) the incoming gradient, zero on ignored rows.
+    """
+    cols = torch.arange(ls.shape[1], device=ls.device)                       # (V/n,)
+    onehot = (cols[None, :] == local[:, None]) & inside[:, None]            # (N, V/n) bool, never stored
+    return ((ls.exp() - onehot.to(ls.dtype)) * scale[:, None]).to(dtype)    # (N, V/n)
+
+
+@functools.lru_cache(maxsize=None)
+def _ce_grad_kernel(device_type: str):
+    """`_ce_grad` as one fused kernel where triton can make one (a CUDA GPU), else eager.
+
+    Eager it is three passes over (N, V/n) (exp, the subtraction, the scale and cast); compiled it
+    reads the fp32 log-softmax once and writes the gradient once, in the logits' dtype.
+    """
+    if device_type == "cuda" and importlib.util.find_spec("triton") is not None:
+        return torch.compile(_ce_grad, dynamic=False)
+    return _ce_grad
+
+
 class _VocabParallelCE(Function):
     """Per-token loss -log softmax(z)[t] from logits split by vocabulary, never gathering (N, V).
 
@@ -232,14 +258,16 @@ class _VocabParallelCE(Function):
     Moves: (n-1) * 2N * 4 bytes forward (one all-gather; Megatron uses two all-reduces, a max and a
     sum); nothing backward. At n = 1 it is F.cross_entropy's own arithmetic: loss = -log_softmax(z)[t].
 
-    Memory traffic over (N, V/n), the reason for this shape: forward one fused log_softmax that
-    reads bf16 and writes fp32 (as autocast's F.cross_entropy does), backward one exp and one
-    scale-and-cast to the logits' dtype. It saves what F.cross_entropy saves: the fp32 log-softmax.
+    Memory traffic over (N, V/n), the reason for this shape: forward one log_softmax that reads the
+    bf16 logits and writes fp32 (autocast is off inside, so no separate fp32 copy of the logits is
+    made first), backward one fused pass (`_ce_grad_kernel`) that reads it and writes the gradient
+    in the logits' dtype. It saves what F.cross_entropy saves: the fp32 log-softmax.
     """
 
     @staticmethod
     def forward(ctx, logits, target, vocab_start, tpg, ignore_index):
-        ls = F.log_softmax(logits, dim=-1, dtype=torch.float32)  # (N, V/n) fp32, fused with the upcast
+        with torch.autocast(logits.device.type, enabled=False):  # log_softmax upcasts inside its kernel
+            ls = F.log_softmax(logits, dim=-1, dtype=torch.float32)  # (N, V/n) fp32
         vl = ls.shape[-1]
         local = target - vocab_start                            # (N,)
         inside = (local >= 0) & (local < vl)
@@ -264,13 +292,9 @@ class _VocabParallelCE(Function):
     @staticmethod
     def backward(ctx, grad):
         ls, local, inside, valid = ctx.saved_tensors
-        dz = ls.exp()                                           # (N, V/n) fp32: my columns of the softmax
-        dz.scatter_add_(1, local.unsqueeze(1), -inside.to(dz.dtype).unsqueeze(1))
-        scale = (grad * valid).unsqueeze(1).to(dz.dtype)        # (N, 1)
-        if ctx.dtype == dz.dtype:
-            return dz.mul_(scale), None, None, None, None
-        out = torch.empty(dz.shape, dtype=ctx.dtype, device=dz.device)
-        return torch.mul(dz, scale, out=out), None, None, None, None  # one pass: scale and cast
+        scale = (grad * valid).to(ls.dtype)                     # (N,)
+        dz = _ce_grad_kernel(ls.device.type)(ls, local, inside, scale, ctx.dtype)  # (N, V/n)
+        return dz, None, None, None, None
 
 
 def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor, vocab_start: int, tpg: TPGroup,
