@@ -29,8 +29,10 @@ process would share the first one's kernel. Compare two runs for its effect.
 Per batch size, every variant first runs --warmup steps (the first one compiles: its wall time is
 reported as compile_s, never inside tokens/s), then --rounds interleaved rounds of --steps steps
 (order reversed every other round); a variant's step time is the median over rounds, from CUDA
-events. Columns: tokens/s, MFU (GPT.flops_per_token and train.py's peak table), peak memory of a
-step (GiB, the step's own activations + that variant's weights, gradients and AdamW state),
+events. Columns: tokens/s, MFU (GPT.flops_per_token and train.py's peak table), peak memory (GiB:
+the highest allocation from the variant's build through its warm-up and one more step: weights,
+gradients, AdamW state and the step's activations; a CUDA-graph variant peaks while its step is
+recorded, and its pool keeps about that much afterwards),
 host_ms: the host's time to issue one step (when it nears ms_per_step, Python is the limit), and
 ratio = tokens/s over plain's in the same round. --breakdown adds, at the largest batch size: the
 head + loss alone (plain lm_head + float32 F.cross_entropy eager and compiled, against the chunked
@@ -210,6 +212,10 @@ def run_batch(cfg: BenchConfig, base, B: int, device: torch.device, flops_tok: f
     variants = []
     failed = []
     for name in cfg.variants:
+        if device.type == "cuda":  # the variant's whole footprint: weights, optimizer, the step (or its graph's pool)
+            _sync(device)
+            before = torch.cuda.memory_allocated(device)
+            torch.cuda.reset_peak_memory_stats(device)
         try:
             v = _build(name, base, batch, device, cfg)
             _sync(device)
@@ -226,12 +232,10 @@ def run_batch(cfg: BenchConfig, base, B: int, device: torch.device, flops_tok: f
             failed.append({"B": B, "variant": name, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"})
             print(f"  B={B} {name}: failed: {failed[-1]['error']}", flush=True)
             continue
-        if device.type == "cuda":  # peak of one step: its own activations on top of everything held now
-            before = torch.cuda.memory_allocated(device)
-            torch.cuda.reset_peak_memory_stats(device)
+        if device.type == "cuda":  # the highest point since the build: a graph's step peaks while it is recorded
             v.step()
             _sync(device)
-            v.peak = torch.cuda.max_memory_allocated(device) - before + v.state_bytes
+            v.peak = torch.cuda.max_memory_allocated(device) - before
         v.times, v.host = [], []
         variants.append(v)
     for r in range(cfg.rounds):

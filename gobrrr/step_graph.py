@@ -16,9 +16,10 @@ Phase by phase:
      compile, create the optimizer state and cuBLAS workspaces, and fill the allocator.
   2. Capture (the next call, once): static input buffers shaped as this step's micro-batches; each
      param group's learning rate becomes a 0-d device tensor and the group `capturable` (the fused
-     AdamW then reads lr and its step count on the device); `torch.cuda.graph` records one call of
-     the step into a private memory pool. # sync: capture synchronizes the device once. Nothing
-     runs while recording.
+     AdamW then reads lr and its step count on the device); one call of the step is recorded on the
+     side stream into a private memory pool, in "thread_local" capture mode so that other threads
+     (the Prefetcher's) may go on using CUDA meanwhile. # sync: the device is synchronized once,
+     before recording. Nothing runs while recording.
   3. Every step from then on: the micro-batches are copied into the static buffers and the learning
      rate written into its tensor (device-to-device copies and a fill, stream-ordered, no host read),
      then one `replay()`; the result is copied out of the graph's output buffer, which the next
@@ -137,12 +138,24 @@ class GraphedStep:
             group["capturable"] = True
             self.lr_tensors.append(group["lr"])
         self.opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize(self.device)  # sync: once per capture, as torch.cuda.graph does: nothing in flight
         torch.cuda.empty_cache()  # the warm-up's cached blocks go back, so the graph's pool can grow
+        rng = torch.cuda.default_generators[self.device.index or 0]
+        rng_before = rng.clone_state()
         graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(graph, stream=self.side):
-                out = self.step(self.static_in)
+            with torch.cuda.stream(self.side):  # left whatever happens: the caller's stream is current again
+                # "thread_local": other threads (the Prefetcher's pinning threads, a data loader's) may go
+                # on calling CUDA while this one records; only this thread's unsafe calls fail the capture
+                graph.capture_begin(capture_error_mode="thread_local")
+                try:
+                    out = self.step(self.static_in)
+                finally:
+                    graph.capture_end()
         except Exception as e:  # e.g. a host sync inside the step: say so once, stay eager
+            # a capture that ends in an error leaves the CUDA generator marked as capturing, and every
+            # later random op outside a graph would fail: give it back its state from before
+            rng.graphsafe_set_state(rng_before)
             self.failed = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}"
             self.notice = f"notice: the step runs without a CUDA graph: capture failed: {self.failed}"
             self._uncapture()

@@ -76,6 +76,7 @@ def test_a_step_that_syncs_falls_back_to_eager_with_one_notice():
     notice = step.pop_notice()
     assert notice.startswith("notice: the step runs without a CUDA graph: capture failed") and step.pop_notice() is None
     assert all(torch.isfinite(o).all() for o in outs)
+    torch.randint(0, 10, (4,), device=DEV)  # the CUDA generator is usable outside a graph again
     assert all(not isinstance(g["lr"], torch.Tensor) and not g["capturable"] for g in opt.param_groups)
 
 
@@ -113,3 +114,14 @@ def test_train_with_and_without_the_graph_gives_the_same_losses(tmp_path, capsys
     assert sorted(a) == sorted(b) == list(range(1, 13))
     torch.testing.assert_close(torch.tensor([a[s]["loss"] for s in a]), torch.tensor([b[s]["loss"] for s in a]),
                                rtol=1e-4, atol=1e-5)
+
+
+def test_two_runs_in_one_process_capture_with_the_prefetcher_running(tmp_path, capsys):
+    """As bench plan_check does: train at one batch size, then another, then draw random numbers.
+    The Prefetcher's threads use CUDA while the step is recorded (thread-local capture mode)."""
+    for b in (4, 8):
+        train(TrainConfig(model="tiny", device="cuda", steps=6, batch_size=b, seq_len=64, log_every=3,
+                          ckpt_every=6, out=str(tmp_path / f"b{b}")))
+        err = capsys.readouterr().err
+        assert "one CUDA graph" in err and "capture failed" not in err, err
+    torch.randint(0, 10, (4,), device=DEV)
