@@ -17,8 +17,8 @@ Phase by phase:
   2. Capture (the next call, once): static input buffers shaped as this step's micro-batches; each
      param group's learning rate becomes a 0-d device tensor and the group `capturable` (the fused
      AdamW then reads lr and its step count on the device); one call of the step is recorded on the
-     side stream into a private memory pool, in "thread_local" capture mode so that other threads
-     (the Prefetcher's) may go on using CUDA meanwhile. # sync: the device is synchronized once,
+     side stream into a private memory pool, in "relaxed" capture mode so that CUDA calls
+     elsewhere (the Prefetcher's threads) go on meanwhile, with the garbage collector paused. # sync: the device is synchronized once,
      before recording. Nothing runs while recording.
   3. Every step from then on: the micro-batches are copied into the static buffers and the learning
      rate written into its tensor (device-to-device copies and a fill, stream-ordered, no host read),
@@ -40,6 +40,7 @@ does not make. `graph_blocker` says which; `gobrrr train` then runs eagerly and 
 """
 from __future__ import annotations
 
+import gc
 from typing import Any, Callable, Sequence
 
 import torch
@@ -143,11 +144,14 @@ class GraphedStep:
         rng = torch.cuda.default_generators[self.device.index or 0]
         rng_before = rng.clone_state()
         graph = torch.cuda.CUDAGraph()
+        gc.collect()  # no finalizer (of a pinned buffer, an event) may run in this thread while it records
+        gc_was_on = gc.isenabled()
+        gc.disable()
         try:
             with torch.cuda.stream(self.side):  # left whatever happens: the caller's stream is current again
-                # "thread_local": other threads (the Prefetcher's pinning threads, a data loader's) may go
-                # on calling CUDA while this one records; only this thread's unsafe calls fail the capture
-                graph.capture_begin(capture_error_mode="thread_local")
+                # "relaxed": CUDA calls that do not touch the recording stream (the Prefetcher's threads,
+                # the NCCL watchdog's event queries) go on; a host sync inside the step still fails it
+                graph.capture_begin(capture_error_mode="relaxed")
                 try:
                     out = self.step(self.static_in)
                 finally:
@@ -156,10 +160,14 @@ class GraphedStep:
             # a capture that ends in an error leaves the CUDA generator marked as capturing, and every
             # later random op outside a graph would fail: give it back its state from before
             rng.graphsafe_set_state(rng_before)
-            self.failed = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}"
+            first = e.__context__ or e  # capture_end's "previous error" hides the one that broke the capture
+            self.failed = f"{type(first).__name__}: {(str(first).splitlines() or [''])[0][:160]}"
             self.notice = f"notice: the step runs without a CUDA graph: capture failed: {self.failed}"
             self._uncapture()
             return
+        finally:
+            if gc_was_on:
+                gc.enable()
         self.graph, self.static_out = graph, out
         self.captures += 1
 
