@@ -317,7 +317,8 @@ class NaiveDDP(_DataParallel):
         self._named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         self._got_grad = [False] * len(self._named)
         for i, (_, p) in enumerate(self._named):
-            self._hooks.append(p.register_post_accumulate_grad_hook(weak_grad_hook(self, lambda s, i=i: s._grad_ready(i))))
+            self._hooks.append(p.register_post_accumulate_grad_hook(
+                weak_grad_hook(self, lambda s, i=i: s._grad_ready(i))))
 
     def _grad_ready(self, i: int) -> None:
         if self._syncing():
