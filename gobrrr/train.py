@@ -131,8 +131,9 @@ class TrainConfig:
         if self.zero not in (0, 1, 2, 3):
             raise TrainError(f"--zero must be 1, 2 or 3 (or 0 for ddp), got {self.zero}")
         if self.tp > 1 and self.zero:
-            raise TrainError("--tp with --zero is not built yet (ZeRO's flat shards and checkpoints know no tp "
-                             "dimension); use --tp with ddp, or --zero without --tp")
+            raise TrainError("--tp with --zero is not built into gobrrr train yet (its ZeRO checkpoints know no tp "
+                             "dimension; the library composes stages 1-2: zero(tp(model, mesh), ..., "
+                             "group=mesh['dp'].get_group())); use --tp with ddp, or --zero without --tp")
         if not 0 <= self.warmup <= self.steps:
             raise TrainError(f"--warmup {self.warmup} must be between 0 and --steps {self.steps}")
         if (problem := checks.numbers_problem(self)) is not None:

@@ -72,4 +72,4 @@ def test_bad_tp_is_one_line(tmp_path, capsys):
     assert err == ["gobrrr train: error: tp=3 does not divide the world size 1; choose a tp that divides 1"]
     assert main(ARGS + ["--tp", "2", "--zero", "1", "--out", str(tmp_path / "bad")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "--tp with --zero is not built yet" in err[0], err
+    assert len(err) == 1 and "--tp with --zero is not built into gobrrr train yet" in err[0], err

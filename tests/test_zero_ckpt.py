@@ -119,6 +119,7 @@ def test_reshard_4_ranks_stage3_to_2_ranks_stage1_to_one_plain_file(tmp_path):
         assert torch.equal(v, plain_a["model"][k]), k
 
 
+@pytest.mark.usefixtures("one_thread")  # bitwise equal steps: one thread, one summation order for both models
 def test_world_size_one_loads_into_a_wrapped_model(tmp_path):
     class R:
         rank, world_size = 0, 1

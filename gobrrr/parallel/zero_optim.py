@@ -15,7 +15,14 @@ from typing import Any
 
 import torch
 
+from gobrrr.dist import comm
 from gobrrr.parallel.zero_shard import Flat, all_reduce_sum
+
+
+def _tp_state(module):
+    from gobrrr.parallel.tp import tp_state  # tp imports nothing of ZeRO; imported late to keep it so
+
+    return tp_state(module)
 
 
 class ZeroOptimizer:
@@ -41,14 +48,28 @@ class ZeroOptimizer:
 
     @torch.no_grad()
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
-        """Global L2 norm of the averaged gradient (all shards, all ranks), scaled to at most `max_norm`."""
+        """Global L2 norm of the averaged gradient (all shards, all ranks), scaled to at most `max_norm`.
+
+        Under tensor parallelism (ZeRO over the dp ranks of a `tp()` model) the norm is the whole
+        model's: squares of tp-sharded parameters are summed over the tp ranks too, replicated ones
+        (alike on every tp rank) counted once, as gobrrr.parallel.tp_tensors.clip_grad_norm_ does.
+        """
         shards = self._grads()
         dev = self.model.flats[0].master.device
-        sq = torch.zeros((), dtype=torch.float32, device=dev)
-        for _, g in shards:
-            sq += g.float().pow(2).sum()
-        all_reduce_sum(sq, self.model.group, self.model.world_size)  # one scalar; stream-ordered on NCCL
-        norm = sq.sqrt()
+        tp = _tp_state(self.model.module)
+        tp = tp if tp is not None and tp.tpg.size > 1 else None
+        sq = torch.zeros(1 if tp is None else 2, dtype=torch.float32, device=dev)  # [(tp-sharded,) the rest]
+        for f, g in shards:
+            if tp is None:
+                sq[0] += g.float().pow(2).sum()
+                continue
+            for i, a, b in f.owned_ranges():  # this rank's elements of parameter i: [a, b) of it
+                lo = f.offsets[i] + a - f.lo
+                sq[0 if tp.is_sharded(f.names[i]) else 1] += g[lo:lo + b - a].float().pow(2).sum()
+        all_reduce_sum(sq, self.model.group, self.model.world_size)  # one or two scalars over dp; stream-ordered
+        if tp is not None:
+            comm.all_reduce(sq[:1], "sum", group=tp.tpg.group)  # the shards' squares over tp as well
+        norm = sq.sum().sqrt()
         coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)  # as torch.nn.utils.clip_grad_norm_
         for _, g in shards:
             g.mul_(coef.to(g.dtype))
