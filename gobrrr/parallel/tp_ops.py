@@ -235,16 +235,22 @@ def _ce_grad(ls: torch.Tensor, local: torch.Tensor, inside: torch.Tensor, scale:
     return ((ls.exp() - onehot.to(ls.dtype)) * scale[:, None]).to(dtype)    # (N, V/n)
 
 
-@functools.lru_cache(maxsize=None)
-def _ce_grad_kernel(device_type: str):
-    """`_ce_grad` as one fused kernel where triton can make one (a CUDA GPU), else eager.
+def _ce_log_softmax(logits: torch.Tensor) -> torch.Tensor:
+    """fp32 log-softmax of (N, V/n) logits in any float dtype."""
+    return F.log_softmax(logits.float(), dim=-1)                             # (N, V/n) fp32
 
-    Eager it is three passes over (N, V/n) (exp, the subtraction, the scale and cast); compiled it
-    reads the fp32 log-softmax once and writes the gradient once, in the logits' dtype.
+
+@functools.lru_cache(maxsize=None)
+def _ce_kernels(device_type: str):
+    """(`_ce_log_softmax`, `_ce_grad`), each one fused kernel where triton can make one (a CUDA GPU).
+
+    Eager, the log-softmax of bf16 logits first writes an fp32 copy of them (ATen fuses the upcast
+    for fp16 only) and the gradient takes three passes (exp, the subtraction, the scale and cast);
+    compiled, each reads its input once and writes its output once.
     """
     if device_type == "cuda" and importlib.util.find_spec("triton") is not None:
-        return torch.compile(_ce_grad, dynamic=False)
-    return _ce_grad
+        return torch.compile(_ce_log_softmax, dynamic=False), torch.compile(_ce_grad, dynamic=False)
+    return _ce_log_softmax, _ce_grad
 
 
 class _VocabParallelCE(Function):
@@ -258,16 +264,16 @@ class _VocabParallelCE(Function):
     Moves: (n-1) * 2N * 4 bytes forward (one all-gather; Megatron uses two all-reduces, a max and a
     sum); nothing backward. At n = 1 it is F.cross_entropy's own arithmetic: loss = -log_softmax(z)[t].
 
-    Memory traffic over (N, V/n), the reason for this shape: forward one log_softmax that reads the
-    bf16 logits and writes fp32 (autocast is off inside, so no separate fp32 copy of the logits is
-    made first), backward one fused pass (`_ce_grad_kernel`) that reads it and writes the gradient
-    in the logits' dtype. It saves what F.cross_entropy saves: the fp32 log-softmax.
+    Memory traffic over (N, V/n), the reason for this shape: forward one fused log-softmax that
+    reads the bf16 logits and writes fp32 (autocast is off inside, so it makes no fp32 copy of the
+    logits first), backward one fused pass that reads it and writes the gradient in the logits'
+    dtype (`_ce_kernels`: compiled on a GPU). It saves what F.cross_entropy saves: the fp32 log-softmax.
     """
 
     @staticmethod
     def forward(ctx, logits, target, vocab_start, tpg, ignore_index):
-        with torch.autocast(logits.device.type, enabled=False):  # log_softmax upcasts inside its kernel
-            ls = F.log_softmax(logits, dim=-1, dtype=torch.float32)  # (N, V/n) fp32
+        with torch.autocast(logits.device.type, enabled=False):  # no fp32 copy of the logits from autocast
+            ls = _ce_kernels(logits.device.type)[0](logits)      # (N, V/n) fp32
         vl = ls.shape[-1]
         local = target - vocab_start                            # (N,)
         inside = (local >= 0) & (local < vl)
@@ -293,7 +299,7 @@ class _VocabParallelCE(Function):
     def backward(ctx, grad):
         ls, local, inside, valid = ctx.saved_tensors
         scale = (grad * valid).to(ls.dtype)                     # (N,)
-        dz = _ce_grad_kernel(ls.device.type)(ls, local, inside, scale, ctx.dtype)  # (N, V/n)
+        dz = _ce_kernels(ls.device.type)[1](ls, local, inside, scale, ctx.dtype)  # (N, V/n)
         return dz, None, None, None, None
 
 
