@@ -62,7 +62,7 @@ class BenchConfig:
     model: str = "124m"
     seq_len: int = 1024
     batch_sizes: tuple[int, ...] = (8, 16, 64)
-    variants: tuple[str, ...] = ("plain", "gobrrr")
+    variants: tuple[str, ...] = ("plain", "plain-ro", "gobrrr")  # plain-ro: torch's own CUDA graphs
     attention: str = "default"   # "cudnn": every variant tries SDPA's cuDNN kernels first
     steps: int = 10         # steps per variant per round
     rounds: int = 5
@@ -100,6 +100,8 @@ def _autocast(device: torch.device, cudnn_attention: bool | None = None):
 
 def _plain(base, batch, device, compile: bool, cudnn: bool, mode: str | None = None) -> Variant:
     """The baseline loop, written here on purpose (not gobrrr's code); `cudnn`: SDPA's cuDNN kernels first."""
+    if mode and not compile:
+        raise ValueError(f"plain with mode {mode!r} needs torch.compile (drop --no-compile or this variant)")
     model = copy.deepcopy(base)
     model.fused_loss = None
     decay = [p for p in model.parameters() if p.dim() >= 2]
@@ -148,6 +150,8 @@ def _gobrrr(name, base, batch, device, *, compile: bool, scope="blocks", chunked
         lr = lr_at(counter[0] % cfg.steps, cfg)
         if graphed is not None:  # as train.py does it on a GPU at world size 1
             graphed([batch], lr)
+            if notice := graphed.pop_notice():  # the capture failed: this variant's rows are eager
+                print(f"  {name}: {notice}", flush=True)
         else:
             for group in opt.param_groups:
                 group["lr"] = lr
