@@ -141,7 +141,8 @@ class GraphedStep:
         self.opt.zero_grad(set_to_none=True)
         torch.cuda.synchronize(self.device)  # sync: once per capture, as torch.cuda.graph does: nothing in flight
         torch.cuda.empty_cache()  # the warm-up's cached blocks go back, so the graph's pool can grow
-        rng = torch.cuda.default_generators[self.device.index or 0]
+        index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        rng = torch.cuda.default_generators[index]
         rng_before = rng.clone_state()
         graph = torch.cuda.CUDAGraph()
         gc.collect()  # no finalizer (of a pinned buffer, an event) may run in this thread while it records
