@@ -18,8 +18,10 @@ Phase by phase:
      param group's learning rate becomes a 0-d device tensor and the group `capturable` (the fused
      AdamW then reads lr and its step count on the device); one call of the step is recorded on the
      side stream into a private memory pool, in "relaxed" capture mode so that CUDA calls
-     elsewhere (the Prefetcher's threads) go on meanwhile, with the garbage collector paused. # sync: the device is synchronized once,
-     before recording. Nothing runs while recording.
+     elsewhere (the Prefetcher's threads) go on meanwhile, with the garbage collector paused (a
+     finalizer that synchronized an event in this thread would break the recording).
+     # sync: the device is synchronized once, before recording. Nothing runs while recording.
+     If the recording fails, the CUDA generator gets back its state and the step stays eager.
   3. Every step from then on: the micro-batches are copied into the static buffers and the learning
      rate written into its tensor (device-to-device copies and a fill, stream-ordered, no host read),
      then one `replay()`; the result is copied out of the graph's output buffer, which the next
