@@ -37,13 +37,9 @@ def test_preset_parameter_count_equals_the_reference_gpt_on_meta(name):
     assert shape.params_per_tp_rank(1) == shape.params()
 
 
-def _saved_by_autograd(shape: ModelShape, b: int, s: int, fused_loss=None, amp: bool = False) -> int:
-    """Bytes of the distinct non-parameter storages autograd saves during one forward on CPU (fp32, or
-    fp32 weights under bf16 autocast: then autocast's weight copies are among them)."""
-    torch.manual_seed(0)
-    model = GPT(shape.gpt_config())
-    if fused_loss is not None:
-        model.fused_loss = fused_loss
+def autograd_saved_bytes(model, run) -> int:
+    """Bytes of the distinct non-parameter storages autograd saves while `run()` runs a forward of `model`.
+    Also used by test_plan_crosscheck.py."""
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     seen: dict[int, int] = {}
 
@@ -53,11 +49,25 @@ def _saved_by_autograd(shape: ModelShape, b: int, s: int, fused_loss=None, amp: 
             seen[st.data_ptr()] = st.nbytes()
         return t
 
-    x = torch.randint(0, shape.vocab_size, (b, s))
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            model(x, x)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        run()
     return sum(seen.values())
+
+
+def _saved_by_autograd(shape: ModelShape, b: int, s: int, fused_loss=None, amp: bool = False) -> int:
+    """Bytes autograd saves during one forward on CPU (fp32, or fp32 weights under bf16 autocast: then
+    autocast's weight copies are among them)."""
+    torch.manual_seed(0)
+    model = GPT(shape.gpt_config())
+    if fused_loss is not None:
+        model.fused_loss = fused_loss
+    x = torch.randint(0, shape.vocab_size, (b, s))
+
+    def run():
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+            model(x, x)
+
+    return autograd_saved_bytes(model, run)
 
 
 @pytest.mark.parametrize("shape,b", [(ModelShape("tiny", 2, 64, 2, 256, 64), 4),

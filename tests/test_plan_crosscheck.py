@@ -93,25 +93,15 @@ def _tp_saved(rank) -> dict:
     """On each rank: {sequence_parallel: bytes autograd saves in one forward} of the tiny model at tp = world."""
     from gobrrr.models.gpt import GPT, GPTConfig
     from gobrrr.parallel.tp import tp
+    from tests.test_plan import autograd_saved_bytes
 
     out = {}
     cfg = GPTConfig.from_name("tiny", **MODELS["tiny"])
     for sp in (False, True):
         torch.manual_seed(0)
         model = tp(GPT(cfg), None, sequence_parallel=sp)
-        params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-        seen: dict[int, int] = {}
-
-        def pack(t):
-            st = t.untyped_storage()
-            if st.data_ptr() not in params:
-                seen[st.data_ptr()] = st.nbytes()
-            return t
-
         x, y = _batch(cfg.vocab_size, 0)
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            model(x, y)
-        out[sp] = sum(seen.values())
+        out[sp] = autograd_saved_bytes(model, lambda: model(x, y))  # noqa: B023 - called before the loop moves on
     return out
 
 

@@ -32,24 +32,20 @@ def _batch(step: int):
     return torch.randint(0, 256, (2 * B, T), generator=g), torch.randint(0, 256, (2 * B, T), generator=g)
 
 
-def _train(mesh, sp: bool) -> None:
-    from gobrrr.parallel import ddp
-    from gobrrr.parallel.tp import tp
-    from gobrrr.parallel.tp_tensors import clip_grad_norm_, full_state
+def train_beside_one_process(model, opt, clip, ref, dp_group, dp_rank: int, what: str, steps: int = STEPS) -> None:
+    """`steps` AdamW steps of `model` on this dp rank's rows, clipped by `clip()` (-> the norm), beside
+    `ref` (one process, the whole batch, torch's clip): dp-mean losses, gradient norms and the final
+    whole weights (`tp_tensors.full_state(model)`) must agree. Also used by test_zero_tp.py."""
+    from gobrrr.parallel.tp_tensors import full_state
 
-    dp_group, dp_rank = mesh["dp"].get_group(), mesh.get_local_rank("dp")
-    torch.manual_seed(0)
-    ref = GPT(GPTConfig.from_name("tiny", **CFG))
-    model = ddp(tp(copy.deepcopy(ref), mesh, sequence_parallel=sp), group=dp_group)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=3e-3)
     got, want = [], []
-    for step in range(STEPS):
+    for step in range(steps):
         x, y = _batch(step)
         rows = slice(dp_rank * B, (dp_rank + 1) * B)
         _, loss = model(x[rows], y[rows])
         loss.backward()
-        norm = clip_grad_norm_(model, CLIP)
+        norm = clip()
         opt.step()
         opt.zero_grad(set_to_none=True)
         mean = loss.detach().clone()
@@ -64,10 +60,23 @@ def _train(mesh, sp: bool) -> None:
         want.append(torch.stack([ref_loss.detach(), ref_norm]))
     got, want = torch.stack(got), torch.stack(want)
     assert (want[:, 1] > CLIP).all(), "the test must clip on every step"
-    assert_close(got, want, rtol=1e-5, atol=1e-6, msg=lambda m: f"sp={sp}: losses/norms over {STEPS} steps: {m}")
+    assert_close(got, want, rtol=1e-5, atol=1e-6, msg=lambda m: f"{what}: losses/norms over {steps} steps: {m}")
     for name, w in full_state(model).items():
         assert_close(w, dict(ref.named_parameters())[name].detach(), rtol=1e-4, atol=3e-5,
-                     msg=lambda m, name=name: f"sp={sp}: {name} after {STEPS} steps: {m}")
+                     msg=lambda m, name=name: f"{what}: {name} after {steps} steps: {m}")
+
+
+def _train(mesh, sp: bool) -> None:
+    from gobrrr.parallel import ddp
+    from gobrrr.parallel.tp import tp
+    from gobrrr.parallel.tp_tensors import clip_grad_norm_
+
+    dp_group, dp_rank = mesh["dp"].get_group(), mesh.get_local_rank("dp")
+    torch.manual_seed(0)
+    ref = GPT(GPTConfig.from_name("tiny", **CFG))
+    model = ddp(tp(copy.deepcopy(ref), mesh, sequence_parallel=sp), group=dp_group)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    train_beside_one_process(model, opt, lambda: clip_grad_norm_(model, CLIP), ref, dp_group, dp_rank, f"sp={sp}")
 
 
 def _checkpoint(rank, path: str) -> None:
