@@ -331,18 +331,18 @@ def _train(cfg: TrainConfig, rank) -> dict[str, Any]:
                                                  name=cfg.model, loss="chunked" if raw.fused_loss else "full")))
         except ValueError as e:  # e.g. a GPU the plan has no peak for: say so, train anyway
             setup_lines.append(f"plan: not available ({e})")
-    graphed = None  # --cuda-graph: the step below, captured once and replayed (gobrrr/step_graph.py)
-    if cfg.cuda_graph is not False and device.type == "cuda":
+    def one_step(micro_batches) -> torch.Tensor:  # (2,): loss, grad norm; the step lives in gobrrr/train_step.py
+        return train_step(model, opt, micro_batches, accum=K, params=params, grad_clip=cfg.grad_clip,
+                          autocast=autocast, clip=clip)
+
+    graphed = None  # --cuda-graph: one_step captured once and replayed (gobrrr/step_graph.py)
+    if cfg.cuda_graph is not False:
         why = graph_blocker(device, world_size=W, zero=cfg.zero, tp=cfg.tp)
         if why is None:
-            graphed = GraphedStep(lambda micro: train_step(model, opt, micro, accum=K, params=params,
-                                                           grad_clip=cfg.grad_clip, autocast=autocast, clip=clip),
-                                  opt, device)
+            graphed = GraphedStep(one_step, opt, device)
             setup_lines.append("step: one CUDA graph, captured after 2 eager steps (--no-cuda-graph: eager)")
-        elif cfg.cuda_graph:
+        elif cfg.cuda_graph:  # asked for and not possible; the default says nothing
             setup_lines.append(f"notice: running without a CUDA graph: {why}")
-    elif cfg.cuda_graph:
-        setup_lines.append("notice: running without a CUDA graph: CUDA graphs need a GPU")
     if main and cfg.progress and setup_lines:
         print("\n".join(setup_lines), file=sys.stderr, flush=True)
 
@@ -391,16 +391,15 @@ def _train(cfg: TrainConfig, rank) -> dict[str, Any]:
     try:
         for step in range(start, cfg.steps):
             lr = lr_at(step, cfg)
-            # x, y: (B, T) int64 each, already on the device; the step lives in gobrrr/train_step.py
+            # x, y: (B, T) int64 each, already on the device
             if graphed is not None:
-                pending.append(graphed([next(batches) for _ in range(K)], lr))  # (2,): loss, norm
+                pending.append(graphed([next(batches) for _ in range(K)], lr))
                 if (notice := graphed.pop_notice()) and main and cfg.progress:  # capture failed: eager from now on
                     print(notice, file=sys.stderr, flush=True)
             else:
                 for group in opt.param_groups:
                     group["lr"] = lr
-                pending.append(train_step(model, opt, (next(batches) for _ in range(K)), accum=K, params=params,
-                                          grad_clip=cfg.grad_clip, autocast=autocast, clip=clip))  # (2,): loss, norm
+                pending.append(one_step(next(batches) for _ in range(K)))
             if cfg.zero and step == start and main and cfg.progress:  # gobrrr: ignore[GB007] (ints, not tensors)
                 print(model.step_report, file=sys.stderr, flush=True)  # gobrrr: ignore[GB003] (once: bytes held)
             progress.advance()
