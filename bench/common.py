@@ -30,7 +30,10 @@ RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
 def git_sha() -> str:
-    """Short sha of the checkout (with '+dirty' when there are uncommitted changes), or 'unknown'."""
+    """Short sha of the checkout (with '+dirty' when there are uncommitted changes), or 'unknown'.
+    `GOBRRR_GIT_SHA`, when set, wins: a copied tree (a lent GPU machine) can carry a stale .git."""
+    if os.environ.get("GOBRRR_GIT_SHA"):
+        return os.environ["GOBRRR_GIT_SHA"]
     root = Path(__file__).resolve().parent.parent
     try:
         sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True,

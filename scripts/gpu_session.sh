@@ -6,7 +6,7 @@
 set -u
 OUT=${OUT:-/tmp/gobrrr-gpu-out}
 mkdir -p "$OUT/results"
-export PYTHONPATH=${PYTHONPATH:-.} PYTHONUNBUFFERED=1 GOBRRR_BENCH_RESULTS="$OUT/results"
+export PYTHONPATH=${PYTHONPATH:-.} PYTHONUNBUFFERED=1 GOBRRR_GIT_SHA=${GOBRRR_GIT_SHA:-} GOBRRR_BENCH_RESULTS="$OUT/results"
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/inductor-cache}
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available(), torch.cuda.get_device_name() if torch.cuda.is_available() else "")'
 git rev-parse --short HEAD 2>/dev/null || true
