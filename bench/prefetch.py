@@ -13,8 +13,8 @@ Floors (each measured here, in this run):
   prod, pre-batched   the same workers taking whole batches from a dataset (DataLoader with
             batch_size=None) and copying each into a reused private buffer: what a worker must do
             at least to hand a batch over
-  memcpy    the host's pageable -> pinned copy of one batch (libc memmove on 12 and 16 threads,
-            the best kept) into 5 pinned buffers in turn while the copy engine reads another: the
+  memcpy    the host's pageable -> pinned copy of one batch (libc memmove and the ring's streaming
+            copy, on 12 and 16 threads, the best kept) into 5 pinned buffers in turn while the copy engine reads another: the
             ceiling for pageable in-process tensors, which must cross host memory once more
 Every row is reported as ms/step and as a ratio to the floor that binds it:
 max(copy, compute) for in-process sources, max(copy, compute, prod) for worker sources,
@@ -284,14 +284,16 @@ class Rows:
         return timed_loop(dl, lambda _: None, self.cfg, self.dev)
 
     def memcpy(self, model):
-        """Host memcpy ceiling: the batch's bytes from pageable memory into one pinned buffer, one slice
-        per thread (libc memmove through ctypes, GIL released: the fastest of numpy / torch / memmove
-        in bench/prefetch_busy.py), while the copy engine reads another pinned buffer
-        (as it does during the Prefetcher's pageable rows); best of the pin-thread count and all cores."""
+        """Host memcpy ceiling: the batch's bytes from pageable memory into pinned buffers, one slice
+        per thread (GIL released), while the copy engine reads another pinned buffer (as it does
+        during the Prefetcher's pageable rows); the best of libc memmove (the fastest of numpy / torch /
+        memmove in bench/prefetch_busy.py) and the streaming copy the ring uses (gobrrr.device.ntcopy),
+        on the pin-thread count and on all cores."""
         import ctypes
         import os
         from concurrent.futures import ThreadPoolExecutor
         import numpy as np
+        from gobrrr.device import ntcopy
         # as many pinned destinations as the Prefetcher's ring has slots (2 * depth + 1), written in
         # turn: with one destination the copy would run partly in the L3 cache (300 MB on the H200
         # VM), which the ring's 5 slots do not fit
@@ -299,21 +301,28 @@ class Rows:
         srcs = [t.reshape(-1).view(torch.uint8).numpy() for t in self.pageable]
         dma_src = torch.empty(self.nbytes, dtype=torch.uint8, pin_memory=self.cuda)
         dma_dst = torch.empty(self.nbytes, dtype=torch.uint8, device=self.dev) if self.cuda else None
-        best = float("inf")
-        for threads in sorted({default_pin_threads(), len(os.sched_getaffinity(0))}):
-            cuts = np.linspace(0, self.nbytes, threads + 1).astype(np.int64) // 4096 * 4096
-            cuts[-1] = self.nbytes
-            with ThreadPoolExecutor(threads) as pool:
-                def one(i):
-                    s, d = srcs[i % len(srcs)], dsts[i % len(dsts)]
-                    list(pool.map(lambda k: ctypes.memmove(d[cuts[k]:].ctypes.data, s[cuts[k]:].ctypes.data,
-                                                           int(cuts[k + 1] - cuts[k])), range(threads)))
-                    if self.cuda and i % 2 == 0:   # keep the copy engine reading pinned memory meanwhile
-                        with torch.cuda.stream(side):
-                            dma_dst.copy_(dma_src, non_blocking=True)
-                side = torch.cuda.Stream(self.dev) if self.cuda else None
-                best = min(best, timed_loop(range(self.n), one, self.cfg, self.dev))
-        self.setup["memcpy"] = "best of " + "/".join(str(t) for t in sorted({default_pin_threads(), len(os.sched_getaffinity(0))})) + " threads"
+        copies = {"memmove": ctypes.memmove}
+        if ntcopy.streaming():
+            copies["streaming"] = ntcopy.copy
+        best, how, tried = float("inf"), "", []
+        for name, fn in copies.items():
+            for threads in sorted({default_pin_threads(), len(os.sched_getaffinity(0))}):
+                cuts = np.linspace(0, self.nbytes, threads + 1).astype(np.int64) // 4096 * 4096
+                cuts[-1] = self.nbytes
+                with ThreadPoolExecutor(threads) as pool:
+                    def one(i):
+                        s, d = srcs[i % len(srcs)], dsts[i % len(dsts)]
+                        list(pool.map(lambda k: fn(d[cuts[k]:].ctypes.data, s[cuts[k]:].ctypes.data,
+                                                   int(cuts[k + 1] - cuts[k])), range(threads)))
+                        if self.cuda and i % 2 == 0:   # keep the copy engine reading pinned memory meanwhile
+                            with torch.cuda.stream(side):
+                                dma_dst.copy_(dma_src, non_blocking=True)
+                    side = torch.cuda.Stream(self.dev) if self.cuda else None
+                    ms = timed_loop(range(self.n), one, self.cfg, self.dev)
+                    tried.append(f"{name} x{threads} {ms:.2f} ms")
+                    if ms < best:
+                        best, how = ms, f"{name}, {threads} threads"
+        self.setup["memcpy"] = f"best: {how} (of {', '.join(tried)})"
         return best
 
     def prebatched_loader(self, stream: bool = False, **kw) -> DataLoader:

@@ -37,11 +37,11 @@ of threads, task sizes and copy functions on one 78.6 MB batch, BENCHMARKS.md):
   DMA runs: 2.9 ms for 78.6 MB, 2.0x the 55 GB/s pinned copy floor.
 - The copy function matters too (bench/prefetch_busy.py, 78.6 MB pageable -> pinned, a DMA
   running, H200 VM, 2026-12-03): numpy copyto 29.7 GB/s on 12 threads (31.6 on 16), torch's
-  copy_ 31.5 (33.7), libc memmove through ctypes 38.2 (34.0). Hence memmove.
+  copy_ 31.5 (33.7), libc memmove through ctypes 38.2 (34.0). Hence memmove, and then streaming
+  stores (gobrrr.device.ntcopy), which do what the glibc tunable above did without it.
 """
 from __future__ import annotations
 
-import ctypes
 import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -51,6 +51,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from gobrrr.device import ntcopy
 from gobrrr.device.tree import map_tensors, tensors
 
 ALIGN = 512                 # bytes; any dtype's element size divides it
@@ -146,6 +147,7 @@ class PinnedRing:
         self.chunk_bytes = chunk_bytes
         self.should_stage = should_stage
         self.threads = threads or default_pin_threads()
+        self.streaming = ntcopy.streaming()   # built (once per machine) and loaded here, not in the first fill
         self.allocations = 0            # pinned buffers allocated so far (flat in steady state)
         self.bytes_staged = 0
         self._slots = [_Slot(i) for i in range(slots)]
@@ -317,9 +319,10 @@ def _deal(pieces: list[tuple[int, np.ndarray]], threads: int, least: int) -> lis
 
 def _copy_group(group: list[tuple[np.ndarray, np.ndarray]]) -> None:
     for dst, src in group:
-        # libc memmove through ctypes (the GIL is released for the call): 38 GB/s on 12 threads where
-        # numpy's copyto made 30 (module doc); both are contiguous uint8 views of the same length
-        ctypes.memmove(dst.ctypes.data, src.ctypes.data, src.nbytes)
+        # streaming stores past the cache (ntcopy; libc memmove where it cannot be built), GIL released
+        # for the call: memmove made 38 GB/s on 12 threads where numpy's copyto made 30 (module doc);
+        # both are contiguous uint8 views of the same length
+        ntcopy.copy(dst.ctypes.data, src.ctypes.data, src.nbytes)
 
 
 def _torch_copy(dst: torch.Tensor, src: torch.Tensor) -> None:

@@ -70,6 +70,7 @@ from torch.utils.data._utils import worker as _torch_worker
 from torch.utils.data._utils.collate import collate as _collate, default_collate_fn_map, default_convert
 from torch.utils.data.dataloader import _DatasetKind, _InfiniteConstantSampler, default_collate
 
+from gobrrr.device import ntcopy
 from gobrrr.device.slots import (ALIGN, NoRoom, SlotRing, SlotWriter, is_leaf_ref, leaf_view, map_tree,
                                  packed_size, prefault)
 
@@ -321,6 +322,7 @@ class PinnedWorkerLoader:
         self._iter: weakref.ref | None = None  # the live epoch, if any
         self._finalizer = None
         self._warned_fallback = False
+        ntcopy.streaming()   # build/load the slot copy loop once here, not in every forked worker
 
     @classmethod
     def from_dataloader(cls, dl: torch.utils.data.DataLoader, **overrides) -> "PinnedWorkerLoader":
