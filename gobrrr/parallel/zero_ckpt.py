@@ -11,13 +11,21 @@ Those pieces travel as `ShardedTensor`s with explicit offsets, so DCP's planner 
 layout (another world size, another stage, the naive stage 1, or one process with no group at
 all) exactly the elements it owns: resharding is DCP's job, not ours.
 
+ZeRO over the dp ranks of a `tp()` model (zero(tp(model, mesh), ..., group=mesh["dp"].get_group())):
+each parameter is saved with its *global* shape instead, the plain model's (unsharded over tp), and
+every dp x tp rank writes its pieces as boxes of it (zero_pieces.py draws them): ZeRO's 1-D piece is
+taken over the tp-local tensor and placed inside the global one. Such a checkpoint loads at any dp,
+any stage and any tp degree tp() accepts, a plain model (tp = 1) and one process (`load_plain`)
+included. A 1-D record (saved without tp) of a matrix loads at tp = 1 only. `load` reads which form
+each record has from the checkpoint's metadata and checks its shape.
+
 Keys: "model/<param name>", "optim/<param name>/<state key>" (exp_avg, exp_avg_sq, step, ...).
 Tied parameters are stored once under their first name. Buffers and the frozen parameters stages 1-2
 leave whole are stored once, flattened too ("model/<key>"; DCP deduplicates replicated tensors).
 
 Atomic save (a SIGKILL at any moment leaves the previous checkpoint loadable):
-  1. every rank writes into DIR/.tmp-step-<s>/ (DCP's FileSystemWriter; rank 0 also writes
-     extra.pt, the trainer's own state);                               # sync: DCP's own barriers
+  1. every rank (under tp: every dp x tp rank) writes into DIR/.tmp-step-<s>/ (DCP's
+     FileSystemWriter; rank 0 also writes extra.pt, the trainer's own state);  # sync: DCP's barriers
   2. rank 0 renames the folder to DIR/step-<s>.<ns> (atomic within one filesystem; a fresh name,
      so re-saving a step never touches the folder `latest` points at);
   3. rank 0 points DIR/latest at it (write latest.tmp, fsync, os.replace), then deletes the
@@ -44,7 +52,8 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 
 from gobrrr.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from gobrrr.parallel.zero_shard import Flat, all_gather_flat
+from gobrrr.parallel.zero_pieces import Layout, record
+from gobrrr.parallel.zero_shard import all_gather_flat
 
 LATEST = "latest"
 
@@ -106,40 +115,15 @@ def load_optimizer_state_dict(model, state: dict[str, Any]) -> None:
 
 # ---------------------------------------------------------------- sharded, layout-free state
 
-def _piece(f: Flat, t: torch.Tensor, i: int, a: int, b: int) -> torch.Tensor:
-    off = f.offsets[i] + a - f.lo
-    return t[off:off + b - a]
-
-
-def _sharded(f: Flat, i: int, local: torch.Tensor | None, a: int, world: int, group):
-    """A ShardedTensor for parameter i of f (global (numel,)), whose local piece starts at a; plain at world 1."""
-    from torch.distributed._shard.metadata import ShardMetadata
-    from torch.distributed._shard.sharded_tensor import Shard, ShardedTensor
-    from torch.distributed._shard.sharded_tensor.metadata import ShardedTensorMetadata, TensorProperties
-
-    numel = f.params[i].numel()
-    if world == 1:
-        return local
-    dev = "cpu" if local is None or local.device.type == "cpu" else f"cuda:{local.device.index}"
-    metas, mine = [], []
-    for q in range(world):
-        for j, qa, qb in f.owned_ranges(q):
-            if j == i:
-                g = dist.get_global_rank(group, q) if group is not None else q
-                m = ShardMetadata([qa], [qb - qa], f"rank:{g}/{dev}")
-                metas.append(m)
-                if q == f.rank:
-                    mine.append(Shard(local, m))
-    dtype = local.dtype if local is not None else f.master_dtype
-    props = TensorProperties(dtype=dtype, layout=torch.strided, requires_grad=False, memory_format=torch.contiguous_format,
-                             pin_memory=False)
-    meta = ShardedTensorMetadata(metas, torch.Size([numel]), props)
-    return ShardedTensor._init_from_local_shards_and_global_metadata(mine, meta, process_group=group)
-
-
-def sharded_state(model, optim_keys: dict[str, list[str]] | None = None) -> dict[str, Any]:
-    """{"model/<name>": 1-D sharded view of my master pieces, "optim/<name>/<key>": ...} (views: saving reads,
-    loading writes straight into the shards). `optim_keys` (loading): which state keys to create."""
+def sharded_state(model, optim_keys: dict[str, list[str]] | None = None, forms: dict[str, str] | None = None,
+                  layout: Layout | None = None) -> dict[str, Any]:
+    """{"model/<name>": my master pieces as one record, "optim/<name>/<key>": ...} (views: saving reads, loading
+    writes straight into the shards). `optim_keys` (loading): which state keys to create. `forms` (loading):
+    {name: "flat" | "global"}, the form each parameter was saved in (zero_pieces); saving picks "global" for a
+    tp() model and "flat" otherwise."""
+    layout = layout or Layout(model)
+    default = "global" if layout.tp is not None else "flat"
+    loading = forms is not None
     out: dict[str, Any] = {}
     opt = model.optimizer
     for f in model.flats:
@@ -153,15 +137,13 @@ def sharded_state(model, optim_keys: dict[str, list[str]] | None = None) -> dict
                 if key not in st:
                     st[key] = (torch.zeros_like(f.master) if key != "step" else
                                torch.zeros((), dtype=torch.float32, device=f.master.device if on_device else "cpu"))
-        ranges = {i: (a, b) for i, a, b in f.owned_ranges()}
+        owned = {i for i, _, _ in f.owned_ranges()}
         for i, name in enumerate(f.names):
-            a, b = ranges.get(i, (0, 0))
-            local = _piece(f, src, i, a, b) if i in ranges else None
-            out[f"model/{name}"] = _sharded(f, i, local, a, model.world_size, model.group)
+            form = (forms or {}).get(name, default)
+            out[f"model/{name}"] = record(layout, f, i, src if i in owned else None, form, loading)
             for key, v in st.items():
                 if torch.is_tensor(v) and v.dim() == 1:
-                    piece = _piece(f, v, i, a, b) if i in ranges else None
-                    out[f"optim/{name}/{key}"] = _sharded(f, i, piece, a, model.world_size, model.group)
+                    out[f"optim/{name}/{key}"] = record(layout, f, i, v if i in owned else None, form, loading)
                 elif torch.is_tensor(v):
                     out[f"optim/{name}/{key}"] = v  # replicated scalar (Adam's step)
     sharded = {id(p) for f in model.flats for p in f.params}
@@ -172,27 +154,28 @@ def sharded_state(model, optim_keys: dict[str, list[str]] | None = None) -> dict
 
 
 def save(model, folder: str | os.PathLike, step: int, extra: dict[str, Any] | None = None) -> Path:
-    """Atomically write checkpoint `step` of a zero-wrapped model (all ranks call it); return its folder."""
+    """Atomically write checkpoint `step` of a zero-wrapped model (all ranks call it; under tp, every dp x tp
+    rank); return its folder."""
     folder = Path(folder)
-    rank0 = model.rank == 0
+    layout = Layout(model)
     tmp = folder / f".tmp-step-{step:08d}"
     final = folder / f"step-{step:08d}.{time.time_ns()}"  # never overwrites a folder `latest` may point at
-    if rank0:
+    if layout.rank0:
         folder.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
-    _barrier(model)
+    _barrier(layout)
     with _quiet():
-        dcp.save(sharded_state(model), checkpoint_id=str(tmp), process_group=model.group if model.world_size > 1 else None,
-                 no_dist=model.world_size == 1)
-    if rank0:
-        save_checkpoint({"step": step, "world_size": model.world_size, "stage": model.cfg.stage,
+        dcp.save(sharded_state(model, layout=layout), checkpoint_id=str(tmp),
+                 process_group=layout.group if layout.world > 1 else None, no_dist=layout.world == 1)
+    if layout.rank0:
+        save_checkpoint({"step": step, "world_size": model.world_size, "tp": layout.n, "stage": model.cfg.stage,
                          "extra": extra or {}}, tmp / "extra.pt")
         os.replace(tmp, final)
         _write_latest(folder, final.name)
         for old in folder.iterdir():
             if old.name != final.name and (old.name.startswith("step-") or old.name.startswith(".tmp-step-")):
                 shutil.rmtree(old, ignore_errors=True)
-    _barrier(model)
+    _barrier(layout)
     return final
 
 
@@ -215,9 +198,9 @@ def latest(folder: str | os.PathLike) -> Path | None:
     return folder / name if (folder / name).is_dir() else None
 
 
-def _barrier(model) -> None:
-    if model.world_size > 1:
-        dist.barrier(group=model.group)  # sync: checkpoint time only
+def _barrier(layout: Layout) -> None:
+    if layout.world > 1:
+        dist.barrier(group=layout.group)  # sync: checkpoint time only
 
 
 @contextlib.contextmanager
@@ -233,19 +216,22 @@ def _metadata(path: Path):
 
 
 def load(model, folder: str | os.PathLike) -> dict[str, Any]:
-    """Load the latest checkpoint of DIR into a zero-wrapped model at any world size and stage; return extra.pt."""
+    """Load the latest checkpoint of DIR into a zero-wrapped model at any world size, stage and (for records saved
+    from a tp() model) tp degree; return extra.pt ({"step", "world_size" (dp), "tp", "stage", "extra"})."""
     path = latest(folder)
     if path is None:
         raise CheckpointError(f"no zero checkpoint in {folder} (no {LATEST} file); start without --resume")
+    meta = _metadata(path)
     keys: dict[str, list[str]] = {}
-    for k in _metadata(path):
+    for k in meta:
         if k.startswith("optim/"):
             name, key = k[len("optim/"):].rsplit("/", 1)
             keys.setdefault(name, []).append(key)
-    state = sharded_state(model, optim_keys=keys)
+    layout = Layout(model)
+    state = sharded_state(model, optim_keys=keys, forms=_forms(model, layout, meta, path), layout=layout)
     with _quiet():
-        dcp.load(state, checkpoint_id=str(path), process_group=model.group if model.world_size > 1 else None,
-                 no_dist=model.world_size == 1)
+        dcp.load(state, checkpoint_id=str(path), process_group=layout.group if layout.world > 1 else None,
+                 no_dist=layout.world == 1)
     for f in model.order:  # replicated scalars were loaded into fresh tensors
         st = model.optimizer.state.get(f.master, {})
         for key, v in list(st.items()):
@@ -260,9 +246,32 @@ def load(model, folder: str | os.PathLike) -> dict[str, Any]:
     return load_checkpoint(path / "extra.pt")
 
 
+def _forms(model, layout: Layout, meta, path: Path) -> dict[str, str]:
+    """{param name: "flat" | "global"}: the form each parameter was saved in (zero_pieces), checked to fit."""
+    forms, bad = {}, []
+    for f in model.flats:
+        for name, p in zip(f.names, f.params):
+            saved = getattr(meta.get(f"model/{name}"), "size", None)
+            if saved is None:
+                continue
+            flat = len(saved) == 1 and p.dim() > 1
+            if flat and layout.split(name).dim is not None and layout.n > 1:
+                raise CheckpointError(f"checkpoint {path} was saved without tensor parallelism (1-D records), which "
+                                      "tp cannot cut; load it with --tp 1, or save it from a tp() model")
+            split = layout.split(name)
+            want = [p.numel()] if flat else layout.global_shape(p, split)
+            if list(saved) != want:
+                bad.append(f"{name} {tuple(saved)} vs {tuple(want)}")
+            forms[name] = "flat" if flat else "global"
+    if bad:
+        raise CheckpointError(f"checkpoint {path} does not fit this model (size mismatch {'; '.join(bad[:3])}, "
+                              "checkpoint vs model); load it into the model it was saved from")
+    return forms
+
+
 def load_plain(folder_or_step: str | os.PathLike) -> dict[str, dict[str, torch.Tensor]]:
-    """One process, no group: {"model": {name: tensor in its shape}, "optim": {name: {key: tensor}}}.
-    Shapes are not in DCP's flat 1-D records; reshape with the model (`reshape_like`)."""
+    """One process, no group: {"model": {name: tensor}, "optim": {name: {key: tensor}}}, as saved: 1-D records
+    (no tp) or the plain model's shapes (saved from a tp() model); `reshape_like` gives a plain state_dict."""
     path = Path(folder_or_step)
     path = latest(path) or path
     meta = _metadata(path)
@@ -289,7 +298,8 @@ def reshape_like(module: nn.Module, flat_sd: dict[str, torch.Tensor]) -> dict[st
 
 
 def export(folder_or_step: str | os.PathLike, out_file: str | os.PathLike) -> Path:
-    """Stream a sharded checkpoint into one plain torch.save file of {param name: 1-D tensor}, tensor by tensor."""
+    """Stream a sharded checkpoint into one plain torch.save file of {param name: tensor as saved (`load_plain`)},
+    tensor by tensor."""
     path = Path(folder_or_step)
     path = latest(path) or path
     meta = _metadata(path)
@@ -304,6 +314,7 @@ def export(folder_or_step: str | os.PathLike, out_file: str | os.PathLike) -> Pa
             dtype = m.properties.dtype
             backing = scratch / f"{i}.bin"
             t = torch.from_file(str(backing), shared=True, size=numel, dtype=dtype)  # memory-mapped, not resident
+            t = t.view(m.size)  # the record's shape: 1-D, or the plain model's (saved from a tp() model)
             with _quiet():
                 dcp.load({k: t}, checkpoint_id=str(path), no_dist=True)  # DCP reads only this tensor's pieces
             tensors[k[len("model/"):]] = t
