@@ -23,7 +23,11 @@ With --tp N the W ranks form a (W/N, N) mesh (gobrrr.parallel.mesh): the model i
 over each group of N consecutive ranks (gobrrr.parallel.tp; --sequence-parallel adds SP) and ddp
 averages over the W/N data-parallel ranks, which alone read different rows; the gradient norm is
 taken over both dimensions, and every rank writes its shards through torch.distributed.checkpoint
-(gobrrr.parallel.tp_checkpoint.save_run), so a run resumes at another N.
+(gobrrr.parallel.tp_checkpoint.save_run), so a run resumes at another N. With --tp N --zero 1|2,
+ZeRO replaces ddp over the data-parallel ranks (zero(tp(model), ..., group=mesh["dp"])); its
+optimizer clips the norm over dp and tp, and its checkpoint in DIR/zero_checkpoints holds each
+parameter in the plain model's shape (gobrrr.parallel.zero_pieces), so the run resumes at another
+dp, another N or without --tp. --tp with --zero 3 is refused (stage 3 gathers whole parameters).
 
 Why a resumed run equals an uninterrupted one: `--steps` is the schedule's length (the LR at
 step s does not depend on where the run stopped), the data position is the step, and the
@@ -130,10 +134,9 @@ class TrainConfig:
             raise TrainError(f"--tp must be >= 1, got {self.tp}")
         if self.zero not in (0, 1, 2, 3):
             raise TrainError(f"--zero must be 1, 2 or 3 (or 0 for ddp), got {self.zero}")
-        if self.tp > 1 and self.zero:
-            raise TrainError("--tp with --zero is not built into gobrrr train yet (its ZeRO checkpoints know no tp "
-                             "dimension; the library composes stages 1-2: zero(tp(model, mesh), ..., "
-                             "group=mesh['dp'].get_group())); use --tp with ddp, or --zero without --tp")
+        if self.tp > 1 and self.zero == 3:
+            raise TrainError("--tp with --zero 3 is not built yet (stage 3 gathers whole parameters per block, which "
+                             "tp() keeps sharded); use --tp with --zero 1 or 2, or --zero 3 without --tp")
         if not 0 <= self.warmup <= self.steps:
             raise TrainError(f"--warmup {self.warmup} must be between 0 and --steps {self.steps}")
         if (problem := checks.numbers_problem(self)) is not None:
@@ -273,9 +276,8 @@ def _train(cfg: TrainConfig, rank) -> dict[str, Any]:
     auto_batch = cfg.batch_size is None
     B, compiled, setup_lines = setup_model(raw, cfg, device, T)  # batch size, loss path, torch.compile
     cfg = replace(cfg, batch_size=B)
-    if cfg.tp > 1:  # a (dp, tp) mesh: tp() on tp, ddp on dp
-        model, raw, dp_rank, DP = parallelize(raw, cfg, rank)
-        opt = make_optimizer(raw, cfg, device)
+    if cfg.tp > 1:  # a (dp, tp) mesh: tp() on tp, ddp (or ZeRO 1-2 with --zero) on dp
+        model, opt, raw, dp_rank, DP = parallelize(raw, cfg, rank)
     else:
         model, opt = wrap_model(raw, cfg, device)  # ddp, or ZeRO with --zero
         dp_rank, DP = rank.rank, W
@@ -287,12 +289,16 @@ def _train(cfg: TrainConfig, rank) -> dict[str, Any]:
         if not cfg.resume:
             raise TrainError(f"{out} already holds a run ({CHECKPOINT if tp_ckpt is None else tp_ckpt.name}); "
                              "pass --resume to continue it or choose a new --out")
-        if (tp_ckpt is not None) != (cfg.tp > 1):
-            raise TrainError(f"{out} holds a {'--tp > 1' if tp_ckpt is not None else '--tp 1'} run; resume it with "
-                             f"{'--tp 2 or more (any degree that divides the heads)' if tp_ckpt else '--tp 1'}")
-        if cfg.tp > 1:
+        if tp_ckpt is not None and (cfg.tp == 1 or cfg.zero):
+            raise TrainError(f"{out} holds a --tp > 1 run with ddp; resume it with --tp 2 or more (any degree that "
+                             "divides the heads) and without --zero")
+        if cfg.tp > 1 and not cfg.zero and tp_ckpt is None:
+            held = zero_checkpoint(out) is not None
+            raise TrainError(f"{out} holds a {'--zero' if held else '--tp 1'} run; resume it with "
+                             f"{'--zero 1, 2 or 3 (--tp only with 1 or 2)' if held else '--tp 1'}")
+        if cfg.tp > 1 and not cfg.zero:
             state = load_run(out, model, opt)  # every rank reads its shards, at any tp degree
-        else:
+        else:  # --zero at any --tp: the shards of every dp x tp rank (gobrrr.parallel.zero_ckpt)
             state = load_model_state(out, raw, model, opt, cfg)  # model + optimizer restored; the trainer's state
         old_global = state["config"]["batch_size"] * state["world_size"]
         if auto_batch and old_global % DP == 0 and old_global // DP != B:  # resume keeps the run's global batch
@@ -414,7 +420,7 @@ def _train(cfg: TrainConfig, rank) -> dict[str, Any]:
             if cfg.zero and (done % cfg.ckpt_every == 0 or last):  # every rank writes its shards
                 save_zero_checkpoint(model, out, {"format": FORMAT, "step": done, "rng": rng_state(device),
                                                   "data": data.state_dict(done * K), "config": asdict(cfg),
-                                                  "world_size": W}, cfg)
+                                                  "world_size": DP}, cfg)
             elif done % cfg.ckpt_every == 0 or last:
                 error = checks.nonfinite_weights(raw, done, cfg)  # never checkpoint NaN/inf (a TP/ZeRO shard counts too)
                 if cfg.tp > 1:  # every rank writes its shards (DCP), once all have finite weights
@@ -531,9 +537,10 @@ def _first_step_done(t0: float, device: torch.device, compiled: bool, verbose: b
 
 
 def parallelize(raw: GPT, cfg: TrainConfig, rank):
-    """--tp N: (model, raw, dp_rank, dp_size) with tp() over each group of N consecutive ranks of a
-    (W/N, N) mesh and ddp over the other dimension (raw is then the sharded GPT)."""
-    from gobrrr.parallel import ddp
+    """--tp N: (model, optimizer, raw, dp_rank, dp_size) with tp() over each group of N consecutive ranks of a
+    (W/N, N) mesh and ddp over the other dimension, or with --zero 1|2, ZeRO over it (its optimizer clips
+    the norm over dp and tp); raw is then the sharded GPT."""
+    from gobrrr.parallel import ddp, zero
     from gobrrr.parallel.mesh import MeshError, make_mesh
     from gobrrr.parallel.tp import TPError, tp
     from gobrrr.parallel.tp_report import comm_plan
@@ -549,7 +556,13 @@ def parallelize(raw: GPT, cfg: TrainConfig, rank):
         mb = sum(r.wire_bytes(cfg.tp) for r in rows) / 2**20
         print(f"tp {cfg.tp} x dp {mesh['dp'].size()}{' with sequence parallelism' if cfg.sequence_parallel else ''}: "
               f"{len(rows)} tp collectives per micro-step, {mb:.1f} MB sent per rank", file=sys.stderr, flush=True)
-    return ddp(raw, group=mesh["dp"].get_group()), raw, mesh.get_local_rank("dp"), mesh["dp"].size()
+    group, device = mesh["dp"].get_group(), rank.device
+    if cfg.zero:  # stages 1-2 over the dp ranks of the tp model (--zero 3 was refused in TrainConfig)
+        model, opt = zero(raw, lambda m: make_optimizer(m, cfg, device), stage=cfg.zero, group=group,
+                          param_dtype=torch.bfloat16 if device.type == "cuda" else None)
+    else:
+        model, opt = ddp(raw, group=group), make_optimizer(raw, cfg, device)
+    return model, opt, raw, mesh.get_local_rank("dp"), mesh["dp"].size()
 
 
 def tp_clip(model):
@@ -631,8 +644,11 @@ def parse_args(argv: list[str]) -> TrainConfig:
                         "eagerly with a one-line notice)")
     p.add_argument("--no-cuda-graph", dest="cuda_graph", action="store_false", help="issue every kernel from Python")
     p.add_argument("--crash-after-step", type=int, default=None, help=argparse.SUPPRESS)
-    p.add_argument("--zero", type=int, default=0, help="ZeRO stage 1, 2 or 3 instead of ddp (sharded checkpoints)")
-    p.add_argument("--tp", type=int, default=d.tp, help="tensor-parallel degree: world size = dp x tp (torchrun)")
+    p.add_argument("--zero", type=int, default=0,
+                   help="ZeRO stage 1, 2 or 3 instead of ddp (sharded checkpoints, resumable at another world size); "
+                        "with --tp, stages 1-2 over the dp ranks (stage 3 with --tp is refused)")
+    p.add_argument("--tp", type=int, default=d.tp,
+                   help="tensor-parallel degree: world size = dp x tp (torchrun); ddp, or --zero 1|2, over dp")
     p.add_argument("--sequence-parallel", action="store_true", help="with --tp: sequence parallelism as well")
     args = p.parse_args(argv)
     return TrainConfig(**{f.name: getattr(args, f.name, f.default) for f in fields(TrainConfig)})

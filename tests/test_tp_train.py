@@ -5,7 +5,7 @@
   * killed after step 5 (the checkpoint is at step 4, written by both ranks through DCP), then
     resumed with --resume: every step's loss and the final weights are bitwise those of the
     uninterrupted tp = 2 run;
-  * a --tp that does not divide the world, or --tp with --zero, is one line with exit 2 (heads:
+  * a --tp that does not divide the world, or --tp with --zero 3, is one line with exit 2 (heads:
     tests/test_tp.py).
 """
 from __future__ import annotations
@@ -70,6 +70,7 @@ def test_bad_tp_is_one_line(tmp_path, capsys):
     assert main(ARGS + ["--tp", "3", "--out", str(tmp_path / "bad")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["gobrrr train: error: tp=3 does not divide the world size 1; choose a tp that divides 1"]
-    assert main(ARGS + ["--tp", "2", "--zero", "1", "--out", str(tmp_path / "bad")]) == 2
+    assert main(ARGS + ["--tp", "2", "--zero", "3", "--out", str(tmp_path / "bad")]) == 2  # 1-2: test_zero_tp_train
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "--tp with --zero is not built into gobrrr train yet" in err[0], err
+    assert len(err) == 1 and err[0].startswith("gobrrr train: error: --tp with --zero 3 is not built yet"), err
+    assert "use --tp with --zero 1 or 2" in err[0]
