@@ -43,6 +43,7 @@ does not make. `graph_blocker` says which; `gobrrr train` then runs eagerly and 
 from __future__ import annotations
 
 import gc
+import traceback
 from typing import Any, Callable, Sequence
 
 import torch
@@ -85,6 +86,7 @@ class GraphedStep:
         self.captures = 0
         self.replays = 0
         self.failed: str | None = None  # why capture failed: the step then stays eager for good
+        self.failed_trace: str | None = None  # the whole traceback of that failure, for a bug report
         self.notice: str | None = None  # the same, once, for the caller to print (`pop_notice`)
         opt.register_state_dict_post_hook(self._plain_state_dict)
         opt.register_load_state_dict_post_hook(self._after_load)
@@ -165,6 +167,7 @@ class GraphedStep:
             rng.graphsafe_set_state(rng_before)
             first = e.__context__ or e  # capture_end's "previous error" hides the one that broke the capture
             self.failed = f"{type(first).__name__}: {(str(first).splitlines() or [''])[0][:160]}"
+            self.failed_trace = "".join(traceback.format_exception(e))
             self.notice = f"notice: the step runs without a CUDA graph: capture failed: {self.failed}"
             self._uncapture()
             return

@@ -400,8 +400,11 @@ def _train(cfg: TrainConfig, rank) -> dict[str, Any]:
             # x, y: (B, T) int64 each, already on the device
             if graphed is not None:
                 pending.append(graphed([next(batches) for _ in range(K)], lr))
-                if (notice := graphed.pop_notice()) and main and cfg.progress:  # capture failed: eager from now on
-                    print(notice, file=sys.stderr, flush=True)
+                if (notice := graphed.pop_notice()) and main:  # capture failed: eager from now on
+                    trace = out / "cuda_graph_failure.txt"   # the whole traceback, for a bug report
+                    trace.write_text(graphed.failed_trace or "")
+                    if cfg.progress:
+                        print(f"{notice} (traceback: {trace})", file=sys.stderr, flush=True)
             else:
                 for group in opt.param_groups:
                     group["lr"] = lr

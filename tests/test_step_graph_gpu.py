@@ -123,5 +123,6 @@ def test_two_runs_in_one_process_capture_with_the_prefetcher_running(tmp_path, c
         train(TrainConfig(model="tiny", device="cuda", steps=6, batch_size=b, seq_len=64, log_every=3,
                           ckpt_every=6, out=str(tmp_path / f"b{b}")))
         err = capsys.readouterr().err
-        assert "one CUDA graph" in err and "capture failed" not in err, err
+        trace = tmp_path / f"b{b}" / "cuda_graph_failure.txt"
+        assert "one CUDA graph" in err and "capture failed" not in err, err + (trace.read_text() if trace.exists() else "")
     torch.randint(0, 10, (4,), device=DEV)
