@@ -9,12 +9,16 @@
     exactly (torch.equal), and each of them, saved again, holds bitwise the saved weights and Adam
     moments; a one-step continuation at dp 1 x tp 4 matches dp 2 x tp 2's (rtol 1e-5, atol 1e-6: fp32,
     another summation order);
+  * a SIGKILL of rank 0 inside the second save (dp 2 x tp 2: DCP has written every rank's pieces, the
+    folder is not yet renamed) leaves `latest` at the first checkpoint, which holds the weights of then;
   * in one process, `load_plain` + `reshape_like` give the plain GPT's state_dict, equal to the
     weights at save time; `export` writes the same tensors into one file.
 """
 from __future__ import annotations
 
 import itertools
+import os
+import signal
 
 import pytest
 import torch
@@ -151,3 +155,36 @@ def test_dp2_tp2_checkpoint_loads_at_other_dp_tp_stage_and_in_one_process(tmp_pa
         for name, st in a["optim"].items():
             for key, v in st.items():
                 assert torch.equal(b["optim"][name][key].view(v.shape), v), (k, name, key)
+
+
+def _killed_inside_second_save(rank, folder: str):
+    from gobrrr.parallel import zero_ckpt as zc
+
+    torch.set_num_threads(1)
+    model, opt = _build(2, 2, 0)
+    _step(model, opt, 0, rank.rank // 2, 2)
+    zc.save(model, folder, 1)
+    saved = {k: v.clone() for k, v in _whole(model).items()}
+    if rank.rank == 0:
+        torch.save(saved, os.path.join(folder, "..", "after_step1.pt"))
+    _step(model, opt, 1, rank.rank // 2, 2)
+    if rank.rank == 0:  # dies after DCP wrote the new pieces, before the folder is renamed into place
+        zc.save_checkpoint = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
+    zc.save(model, folder, 2)
+    return "saved"
+
+
+@pytest.mark.timeout(120)
+def test_sigkill_during_a_dp2_tp2_save_leaves_the_previous_checkpoint(tmp_path):
+    from gobrrr.parallel import zero_ckpt as zc
+
+    folder = tmp_path / "ckpt"
+    with pytest.raises(SpawnError) as info:
+        spawn(_killed_inside_second_save, 4, str(folder), timeout_s=90, pg_timeout_s=20)
+    assert "exited with code -9" in info.value.failures[0], info.value.failures[0]
+    assert zc.latest(folder).name.startswith("step-00000001.")
+    assert (folder / ".tmp-step-00000002").is_dir()  # the half-finished save, never pointed at
+    want = torch.load(tmp_path / "after_step1.pt", weights_only=True)
+    sd = zc.reshape_like(GPT(CFG), zc.load_plain(folder)["model"])
+    for k, v in want.items():
+        assert torch.equal(sd[k], v), k
