@@ -14,9 +14,12 @@ Phase by phase:
   1. Warm-up (the first `warmup` calls): real training steps, run eagerly on a side stream, which
      waits for the caller's stream first and is waited for after (events, no host sync). They
      compile, create the optimizer state and cuBLAS workspaces, and fill the allocator.
-  2. Capture (the next call, once): static input buffers shaped as this step's micro-batches; each
-     param group's learning rate becomes a 0-d device tensor and the group `capturable` (the fused
-     AdamW then reads lr and its step count on the device); one call of the step is recorded on the
+  2. The last warm-up call already runs as the capture will: static input buffers shaped as this
+     step's micro-batches (the batches are copied in); each param group's learning rate becomes a
+     0-d device tensor and the group `capturable` (the fused AdamW then reads lr and its step count
+     on the device). So a recompile or a kernel's first-call autotuning that this configuration
+     causes (seen inside `gobrrr train`) happens in an eager step, not while recording.
+     Capture (the next call, once): one call of the step is recorded on the
      side stream into a private memory pool, in "relaxed" capture mode so that CUDA calls
      elsewhere (the Prefetcher's threads) go on meanwhile, with the garbage collector paused (a
      finalizer that synchronized an event in this thread would break the recording).
@@ -95,12 +98,23 @@ class GraphedStep:
     def __call__(self, micro_batches: Sequence[Batch] | Any, lr: float) -> torch.Tensor:
         batches = list(micro_batches)
         self.lr = float(lr)
-        if self.graph is None and self.failed is None and self.calls >= self.warmup:
-            self._capture(batches)
+        if self.graph is None and self.failed is None and self.calls >= self.warmup - 1:
+            if not self.static_in:
+                self._prepare(batches)   # the last warm-up runs as the capture will
+            elif self.calls >= self.warmup:
+                self._capture()
         self.calls += 1
-        if self.graph is None:
+        if self.graph is None and not self.static_in:
             return self._eager(batches)
+        self._feed(batches)
+        if self.graph is None:
+            return self._eager(self.static_in)
         self.replays += 1
+        self.graph.replay()
+        return self.static_out.clone()  # the next replay overwrites the graph's output buffer
+
+    def _feed(self, batches: list[Batch]) -> None:
+        """Copy this step's micro-batches into the static buffers and its lr into the lr tensors."""
         if len(batches) != len(self.static_in):
             raise ValueError(f"GraphedStep: {len(batches)} micro-batches, the graph was captured with "
                              f"{len(self.static_in)}; keep --grad-accum fixed within a run")
@@ -112,8 +126,6 @@ class GraphedStep:
             sy.copy_(y, non_blocking=True)
         for t in self.lr_tensors:
             t.fill_(self.lr)
-        self.graph.replay()
-        return self.static_out.clone()  # the next replay overwrites the graph's output buffer
 
     def pop_notice(self) -> str | None:
         """A line to print once (capture failed, the step goes on eagerly), or None."""
@@ -121,8 +133,9 @@ class GraphedStep:
         return notice
 
     def _eager(self, batches: list[Batch]) -> torch.Tensor:
-        for group in self.opt.param_groups:
-            group["lr"] = self.lr
+        if not self.lr_tensors:  # (else _feed has written the lr into the groups' tensors)
+            for group in self.opt.param_groups:
+                group["lr"] = self.lr
         caller = torch.cuda.current_stream(self.device)
         self.side.wait_stream(caller)  # the batches were made ready on the caller's stream
         with torch.cuda.stream(self.side):
@@ -134,14 +147,19 @@ class GraphedStep:
         out.record_stream(caller)
         return out
 
-    # -- phase 2: capture once
-    def _capture(self, batches: list[Batch]) -> None:
-        self.static_in = [(x.clone(), y.clone()) for x, y in batches]
+    # -- phase 2: the last warm-up step in the capture's configuration, then capture once
+    def _prepare(self, batches: list[Batch]) -> None:
+        """Static input buffers and device learning rates, before the last warm-up step: that step then
+        runs on exactly what the capture records (the same tensors, the optimizer capturable), so any
+        compile, recompile or first-call autotuning they cause happens there, not while recording."""
+        self.static_in = [(torch.empty_like(x), torch.empty_like(y)) for x, y in batches]
         self.lr_tensors = []
         for group in self.opt.param_groups:
             group["lr"] = torch.tensor(self.lr, dtype=torch.float32, device=self.device)
             group["capturable"] = True
             self.lr_tensors.append(group["lr"])
+
+    def _capture(self) -> None:
         self.opt.zero_grad(set_to_none=True)
         torch.cuda.synchronize(self.device)  # sync: once per capture, as torch.cuda.graph does: nothing in flight
         torch.cuda.empty_cache()  # the warm-up's cached blocks go back, so the graph's pool can grow
@@ -158,7 +176,7 @@ class GraphedStep:
                 # the NCCL watchdog's event queries) go on; a host sync inside the step still fails it
                 graph.capture_begin(capture_error_mode="relaxed")
                 try:
-                    out = self.step(self.static_in)
+                    out = self.step(self.static_in)   # recorded, not run: _feed fills static_in first
                 finally:
                     graph.capture_end()
         except Exception as e:  # e.g. a host sync inside the step: say so once, stay eager
@@ -194,6 +212,6 @@ class GraphedStep:
         return state
 
     def _after_load(self, opt) -> None:
-        if self.graph is not None:  # the optimizer's state tensors were replaced: record the step again
+        if self.static_in:  # the optimizer's state tensors were replaced: warm up once more, record again
             self._uncapture()
-            self.calls = self.warmup
+            self.calls = self.warmup - 1
