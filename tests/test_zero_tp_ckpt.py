@@ -8,7 +8,7 @@
     stage 2, a plain (no tp) ZeRO-2 and ZeRO-3 over 4 ranks: every whole weight equals the saved one
     exactly (torch.equal), and each of them, saved again, holds bitwise the saved weights and Adam
     moments; a one-step continuation at dp 1 x tp 4 matches dp 2 x tp 2's (rtol 1e-5, atol 1e-6: fp32,
-    another summation order);
+    another summation order); the plain model's 1-D records refuse a tp model in one CheckpointError;
   * a SIGKILL of rank 0 inside the second save (dp 2 x tp 2: DCP has written every rank's pieces, the
     folder is not yet renamed) leaves `latest` at the first checkpoint, which holds the weights of then;
   * in one process, `load_plain` + `reshape_like` give the plain GPT's state_dict, equal to the
@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 from torch.testing import assert_close
 
+from gobrrr.checkpoint import CheckpointError
 from gobrrr.dist.testing import SpawnError, spawn
 from gobrrr.models.gpt import GPT, GPTConfig
 from gobrrr.parallel.tp import Split
@@ -128,6 +129,9 @@ def _four_ranks(rank, folder: str):
         if tp_degree == 4:  # continue one step at another layout: the same loss as the saving layout's
             t = rank.rank // 4
             assert_close(_step(other, other_opt, 3, t, 1), next_loss, rtol=1e-5, atol=1e-6, msg=what)
+    other, _ = _build(2, 2, 1)  # b3: written by the plain ZeRO-2 model, 1-D records, which tp cannot cut
+    with pytest.raises(CheckpointError, match="saved without tensor parallelism"):
+        zc.load(other, f"{folder}/b3")
     return saved if rank.rank == 0 else None
 
 
