@@ -6,8 +6,8 @@
   * one 4-rank spawn (gloo, CPU): zero(tp(GPT), AdamW, stage 1) over dp 2 x tp 2 trains 3 steps and
     saves; the checkpoint loads into dp 2 x tp 2 at stage 2, dp 1 x tp 4 at stage 1, dp 4 x tp 1 at
     stage 2, a plain (no tp) ZeRO-2 and ZeRO-3 over 4 ranks: every whole weight equals the saved one
-    exactly (torch.equal), and each of them, saved again, holds bitwise the saved weights and Adam
-    moments; a one-step continuation at dp 1 x tp 4 matches dp 2 x tp 2's (rtol 1e-5, atol 1e-6: fp32,
+    exactly (torch.equal; stages 1-2, which hold whole weights), and each of them, saved again, holds
+    bitwise the saved weights and Adam moments (ZeRO-3 too); a one-step continuation at dp 1 x tp 4 matches dp 2 x tp 2's (rtol 1e-5, atol 1e-6: fp32,
     another summation order); the plain model's 1-D records refuse a tp model in one CheckpointError;
   * a SIGKILL of rank 0 inside the second save (dp 2 x tp 2: DCP has written every rank's pieces, the
     folder is not yet renamed) leaves `latest` at the first checkpoint, which holds the weights of then;
