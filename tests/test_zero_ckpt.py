@@ -138,19 +138,27 @@ def test_world_size_one_loads_into_a_wrapped_model(tmp_path):
         assert torch.equal(zc.full_state_dict(model2)[k], v), k
 
 
-def killed_inside_second_save(r, folder: str):
-    torch.set_num_threads(1)
-    model, opt = wrapped(r, 2)
-    steps(model, opt, 0, 1, r.rank, r.world_size)
+def die_inside_second_save(rank: int, model, folder: str, step, whole) -> str:
+    """step(0), save step 1 and keep its whole weights (`whole()`, by rank 0 into ../after_step1.pt),
+    step(1), then rank 0 is SIGKILLed inside the second save, after DCP wrote the new shards and
+    before the folder is renamed into place."""
+    step(0)
     zc.save(model, folder, 1)
-    sd = zc.full_state_dict(model)
-    if r.rank == 0:
+    sd = whole()
+    if rank == 0:
         torch.save(sd, os.path.join(folder, "..", "after_step1.pt"))
-    steps(model, opt, 1, 2, r.rank, r.world_size)
-    if r.rank == 0:  # dies after DCP wrote the new shards, before the folder is renamed into place
+    step(1)
+    if rank == 0:
         zc.save_checkpoint = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
     zc.save(model, folder, 2)
     return "saved"
+
+
+def killed_inside_second_save(r, folder: str):
+    torch.set_num_threads(1)
+    model, opt = wrapped(r, 2)
+    return die_inside_second_save(r.rank, model, folder, lambda i: steps(model, opt, i, i + 1, r.rank, r.world_size),
+                                  lambda: zc.full_state_dict(model))
 
 
 @pytest.mark.timeout(120)
@@ -158,11 +166,17 @@ def test_sigkill_during_save_leaves_the_previous_checkpoint(tmp_path):
     folder = tmp_path / "ckpt"
     with pytest.raises(SpawnError) as info:
         spawn(killed_inside_second_save, 2, str(folder), timeout_s=90, pg_timeout_s=20)
-    assert "exited with code -9" in info.value.failures[0], info.value.failures[0]
+    assert_first_checkpoint_survived(info.value, folder, tmp_path / "after_step1.pt", CFG)
+
+
+def assert_first_checkpoint_survived(error: SpawnError, folder, saved_weights, model_cfg: GPTConfig) -> None:
+    """A rank SIGKILLed inside the second save: `latest` still names step 1, whose whole weights equal
+    `saved_weights` (a torch.save of them taken right after that save) for a GPT of `model_cfg`."""
+    assert "exited with code -9" in error.failures[0], error.failures[0]
     assert zc.latest(folder).name.startswith("step-00000001.")
     assert (folder / ".tmp-step-00000002").is_dir()  # the half-finished save, never pointed at
-    want = torch.load(tmp_path / "after_step1.pt", weights_only=True)
-    sd = zc.reshape_like(GPT(CFG), zc.load_plain(folder)["model"])
+    want = torch.load(saved_weights, weights_only=True)
+    sd = zc.reshape_like(GPT(model_cfg), zc.load_plain(folder)["model"])
     for k, v in want.items():
         assert torch.equal(sd[k], v), k
 

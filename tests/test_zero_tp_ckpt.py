@@ -17,8 +17,6 @@
 from __future__ import annotations
 
 import itertools
-import os
-import signal
 
 import pytest
 import torch
@@ -162,33 +160,19 @@ def test_dp2_tp2_checkpoint_loads_at_other_dp_tp_stage_and_in_one_process(tmp_pa
 
 
 def _killed_inside_second_save(rank, folder: str):
-    from gobrrr.parallel import zero_ckpt as zc
+    from tests.test_zero_ckpt import die_inside_second_save
 
     torch.set_num_threads(1)
     model, opt = _build(2, 2, 0)
-    _step(model, opt, 0, rank.rank // 2, 2)
-    zc.save(model, folder, 1)
-    saved = {k: v.clone() for k, v in _whole(model).items()}
-    if rank.rank == 0:
-        torch.save(saved, os.path.join(folder, "..", "after_step1.pt"))
-    _step(model, opt, 1, rank.rank // 2, 2)
-    if rank.rank == 0:  # dies after DCP wrote the new pieces, before the folder is renamed into place
-        zc.save_checkpoint = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
-    zc.save(model, folder, 2)
-    return "saved"
+    return die_inside_second_save(rank.rank, model, folder, lambda i: _step(model, opt, i, rank.rank // 2, 2),
+                                  lambda: {k: v.clone() for k, v in _whole(model).items()})
 
 
 @pytest.mark.timeout(120)
 def test_sigkill_during_a_dp2_tp2_save_leaves_the_previous_checkpoint(tmp_path):
-    from gobrrr.parallel import zero_ckpt as zc
+    from tests.test_zero_ckpt import assert_first_checkpoint_survived
 
     folder = tmp_path / "ckpt"
     with pytest.raises(SpawnError) as info:
         spawn(_killed_inside_second_save, 4, str(folder), timeout_s=90, pg_timeout_s=20)
-    assert "exited with code -9" in info.value.failures[0], info.value.failures[0]
-    assert zc.latest(folder).name.startswith("step-00000001.")
-    assert (folder / ".tmp-step-00000002").is_dir()  # the half-finished save, never pointed at
-    want = torch.load(tmp_path / "after_step1.pt", weights_only=True)
-    sd = zc.reshape_like(GPT(CFG), zc.load_plain(folder)["model"])
-    for k, v in want.items():
-        assert torch.equal(sd[k], v), k
+    assert_first_checkpoint_survived(info.value, folder, tmp_path / "after_step1.pt", CFG)
