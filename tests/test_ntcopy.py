@@ -46,6 +46,14 @@ def test_no_compiler_falls_back_to_memmove(fresh_build, monkeypatch):
     _check_copies()
 
 
+def test_unwritable_cache_falls_back_to_memmove(fresh_build, monkeypatch):
+    blocker = fresh_build / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("GOBRRR_CACHE_DIR", str(blocker / "cache"))   # a folder under a file: cannot exist
+    assert not ntcopy.streaming()
+    _check_copies()
+
+
 def test_turned_off_by_env(fresh_build, monkeypatch):
     monkeypatch.setenv("GOBRRR_STREAM_COPY", "0")
     assert not ntcopy.streaming()

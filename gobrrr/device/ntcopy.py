@@ -92,13 +92,13 @@ def _stream_copy() -> CopyFn | None:
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return None
     key = hashlib.sha256((_SOURCE + platform.platform()).encode()).hexdigest()[:16]
-    so = cache_dir() / f"ntcopy-{key}.so"
     try:
+        so = cache_dir() / f"ntcopy-{key}.so"   # (Path.home() raises without a home directory)
         if not so.exists():
             _build(so)
         fn = ctypes.CDLL(str(so)).gobrrr_stream_copy
-    except (OSError, subprocess.SubprocessError, AttributeError):
-        return None        # memmove, as before this module
+    except Exception:      # no compiler, a read-only cache, no home, a broken build: memmove, as before
+        return None
     fn.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
     fn.restype = None
     return fn
