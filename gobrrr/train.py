@@ -402,9 +402,13 @@ def _train(cfg: TrainConfig, rank) -> dict[str, Any]:
                 pending.append(graphed([next(batches) for _ in range(K)], lr))
                 if (notice := graphed.pop_notice()) and main:  # capture failed: eager from now on
                     trace = out / "cuda_graph_failure.txt"   # the whole traceback, for a bug report
-                    trace.write_text(graphed.failed_trace or "")
+                    try:
+                        trace.write_text(graphed.failed_trace or "")
+                        notice += f" (traceback: {trace})"
+                    except OSError:  # a full disk must not stop the run over a report
+                        pass
                     if cfg.progress:
-                        print(f"{notice} (traceback: {trace})", file=sys.stderr, flush=True)
+                        print(notice, file=sys.stderr, flush=True)
             else:
                 for group in opt.param_groups:
                     group["lr"] = lr
