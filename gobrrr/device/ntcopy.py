@@ -28,6 +28,7 @@ import functools
 import hashlib
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -72,15 +73,15 @@ def cache_dir() -> Path:
 
 def _build(out: Path) -> None:
     """Compile _SOURCE into `out` atomically (a concurrent build by another process is harmless)."""
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if not cc:
+    cc = shlex.split(os.environ.get("CC", "")) or [shutil.which("cc") or shutil.which("gcc") or ""]
+    if not cc[0]:
         raise OSError("no C compiler (cc, gcc or $CC) on PATH")
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         src = Path(tmp) / "ntcopy.c"
         src.write_text(_SOURCE)
         so = Path(tmp) / out.name
-        subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", str(so), str(src)], check=True,
+        subprocess.run([*cc, "-O2", "-shared", "-fPIC", "-o", str(so), str(src)], check=True,
                        capture_output=True, timeout=60)
         os.replace(so, out)
 
