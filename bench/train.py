@@ -37,7 +37,9 @@ host_ms: the host's time to issue one step (when it nears ms_per_step, Python is
 ratio = tokens/s over plain's in the same round. --breakdown adds, at the largest batch size: the
 head + loss alone (plain lm_head + float32 F.cross_entropy eager and compiled, against the chunked
 loss eager and compiled: time and peak memory), and the gobrrr step's parts (forward+backward,
-clip + AdamW step).
+clip + AdamW step). --kernels profiles the gobrrr step (issued eagerly: the kernels a replayed graph
+runs) at the largest batch size and splits its device time by kind of kernel (bench/kernels.py):
+matmul and attention with the rate they ran at, the loss's softmax pass, the optimizer, the rest.
 """
 from __future__ import annotations
 
@@ -68,12 +70,13 @@ class BenchConfig:
     rounds: int = 5
     warmup: int = 3         # untimed steps per variant (the first compiles)
     breakdown: bool = False
+    kernels: bool = False   # profile the gobrrr step at the largest B: device time by kind of kernel
     compile: bool = True
 
     @staticmethod
     def quick() -> "BenchConfig":
         return BenchConfig(model="tiny", seq_len=32, batch_sizes=(4,), variants=("plain", "gobrrr"), steps=2,
-                           rounds=2, warmup=1, breakdown=True, compile=False)
+                           rounds=2, warmup=1, breakdown=True, kernels=True, compile=False)
 
 
 @dataclass
@@ -369,6 +372,22 @@ def breakdown(cfg: BenchConfig, base, B: int, device: torch.device) -> list[dict
     return rows
 
 
+def kernel_table(cfg: BenchConfig, base, B: int, device: torch.device, steps: int = 3) -> list[dict]:
+    """The gobrrr step at batch B under the profiler: device time per step by kind of kernel."""
+    from bench.kernels import profile_kernels, summarize
+    from gobrrr.data import SyntheticTokens
+
+    torch._dynamo.reset()
+    batch = tuple(t.to(device) for t in SyntheticTokens(base.config.vocab_size, cfg.seq_len, B, seed=0).batch(0))
+    v = _build("gobrrr-nograph", base, batch, device, cfg)
+    for _ in range(max(1, cfg.warmup)):
+        v.step()   # the first compiles
+    kernels = profile_kernels(v.step, steps, device)
+    tokens, c = B * cfg.seq_len, base.config
+    return summarize(kernels, steps, matmul_flops=6.0 * base.num_params(include_position=False) * tokens,
+                     attention_flops=12.0 * c.n_layer * c.n_embd * cfg.seq_len * tokens)
+
+
 def main(argv: list[str] | None = None) -> int:
     d = BenchConfig()
     p = argparse.ArgumentParser(prog="gobrrr bench train", description=__doc__.split("\n")[0])
@@ -381,13 +400,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=None, help=f"({d.rounds})")
     p.add_argument("--warmup", type=int, default=None, help=f"untimed steps, the first compiles ({d.warmup})")
     p.add_argument("--breakdown", action="store_true", default=None, help="head/loss and step parts at the largest B")
+    p.add_argument("--kernels", action="store_true", default=None,
+                   help="profile the gobrrr step at the largest B: device time by kind of kernel, matmul TFLOP/s")
     p.add_argument("--no-compile", dest="compile", action="store_false", default=None, help="every variant eager")
     p.add_argument("--attention", choices=["default", "cudnn"], default=None,
                    help="cudnn: every variant tries SDPA's cuDNN attention first (default: SDPA's own order)")
     p.add_argument("--device", default=None, help="cpu or cuda (default cuda when available; --quick: cpu)")
     a = p.parse_args(argv)
     cfg = BenchConfig.quick() if a.quick else BenchConfig()
-    for field in ("model", "seq_len", "steps", "rounds", "warmup", "breakdown", "compile", "attention"):
+    for field in ("model", "seq_len", "steps", "rounds", "warmup", "breakdown", "kernels", "compile", "attention"):
         if getattr(a, field) is not None:
             cfg = replace(cfg, **{field: getattr(a, field)})
     try:
@@ -418,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
         title = (f"bench train: GPT {cfg.model} on {device_name(rank.device)}, T={cfg.seq_len}, median of "
                  f"{cfg.rounds} interleaved rounds x {cfg.steps} steps; attention {cfg.attention}; MFU of {peak_src}")
         print(title, flush=True)
-        rows, parts = [], []
+        rows, parts, kernels = [], [], []
         cols = ["B", "variant", "ms_per_step", "tokens_per_s", "mfu", "ratio", "ratio_best", "peak_gib", "host_ms",
                 "compile_s", "error"]
         for B in cfg.batch_sizes:
@@ -435,6 +456,11 @@ def main(argv: list[str] | None = None) -> int:
         if cfg.breakdown:
             parts = breakdown(cfg, base, max(r["B"] for r in rows) if rows else cfg.batch_sizes[0], rank.device)
             print_table(parts, ["part", "N", "ms", "peak_gib", "error"], title="what the step spends (largest B):")
+        if cfg.kernels:
+            kb = max(r["B"] for r in rows) if rows else cfg.batch_sizes[0]
+            kernels = kernel_table(cfg, base, kb, rank.device)
+            print_table(kernels, ["category", "ms_per_step", "share", "tflops"],
+                        title=f"the gobrrr step's device time by kind of kernel (B={kb}, profiled):")
     finally:
         gd.shutdown()
     figures = {}
@@ -447,7 +473,8 @@ def main(argv: list[str] | None = None) -> int:
     for key, value in figures.items():
         print(f"  {key}: {value:.3f}")
     if not a.quick:
-        path = record("train", config=asdict(cfg), rows=rows, figures=figures, breakdown=parts, world_size=1)
+        path = record("train", config=asdict(cfg), rows=rows, figures=figures, breakdown=parts, kernels=kernels,
+                      world_size=1)
         print(f"  appended to {path}")
     return 0
 
