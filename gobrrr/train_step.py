@@ -94,9 +94,9 @@ class ComputeContext:
     on a Hopper GPU), SDPA's cuDNN attention tried before FlashAttention-2. SDPA's fixed priority
     puts flash first; on Hopper cuDNN's kernels are reported 1.7-2.3x faster for training shapes
     (huggingface/transformers PR 48163). It is a preference, not a restriction: a shape cuDNN
-    cannot serve falls back to flash. Off by default: `gobrrr bench train --attention cudnn` measured
-    no gain on an H200 (torch 2.11, T = 1024, head size 64: 45.1% against 45.3% MFU at B = 64;
-    BENCHMARKS.md, `train`). The backward runs the kernel chosen in forward; a compiled block bakes in the kernel
+    cannot serve falls back to flash. Off by default: `gobrrr bench train --attention cudnn` changed
+    nothing on an H200 (torch 2.11, T = 1024, head size 64: 45.1% against 45.3% MFU at B = 64, and
+    attention alone 19.9 ms both ways, so most likely the same kernel; BENCHMARKS.md, `train`). The backward runs the kernel chosen in forward; a compiled block bakes in the kernel
     chosen while it was traced, which happens inside this context. On a CPU: nothing (the tests'
     bitwise resume relies on float32 there).
     """
