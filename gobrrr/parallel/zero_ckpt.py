@@ -89,8 +89,7 @@ def load_full_state_dict(model, state: dict[str, torch.Tensor]) -> None:
             if name not in state:
                 raise KeyError(f"zero: the state_dict has no {name!r}; pass the full model's state_dict.")
             piece = state[name].reshape(-1)[a:b].to(f.master_dtype)
-            off = f.offsets[i] + a - f.lo
-            (f.master if f.master is not None else f.shard)[off:off + b - a].copy_(piece)
+            f.piece(f.master if f.master is not None else f.shard, i, a, b).copy_(piece)
         if f.mixed:
             f.shard.copy_(f.master)
     model.after_step()  # stages 1-2 re-gather the compute parameters

@@ -64,8 +64,7 @@ class ZeroOptimizer:
                 sq[0] += g.float().pow(2).sum()
                 continue
             for i, a, b in f.owned_ranges():  # this rank's elements of parameter i: [a, b) of it
-                lo = f.offsets[i] + a - f.lo
-                sq[0 if tp.is_sharded(f.names[i]) else 1] += g[lo:lo + b - a].float().pow(2).sum()
+                sq[0 if tp.is_sharded(f.names[i]) else 1] += f.piece(g, i, a, b).float().pow(2).sum()
         all_reduce_sum(sq, self.model.group, self.model.world_size)  # one or two scalars over dp; stream-ordered
         if tp is not None:
             comm.all_reduce(sq[:1], "sum", group=tp.tpg.group)  # the shards' squares over tp as well

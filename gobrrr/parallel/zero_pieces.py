@@ -176,7 +176,7 @@ def record(layout: Layout, f: Flat, i: int, src: torch.Tensor | None, form: str,
     mine = {j: (a, b) for j, a, b in f.owned_ranges()}
     if layout.world == 1:
         a, b = mine[i]
-        return src[f.offsets[i] + a - f.lo:f.offsets[i] + b - f.lo].view(size)
+        return f.piece(src, i, a, b).view(size)
     dev = "cpu" if src is None or src.device.type == "cpu" else f"cuda:{src.device.index}"
     # a replicated parameter: tp rank 0's pieces are saved; each tp rank loads its own copy
     columns = [layout.t if loading else 0] if whole else range(layout.n)
@@ -192,7 +192,7 @@ def record(layout: Layout, f: Flat, i: int, src: torch.Tensor | None, form: str,
                     m = ShardMetadata(list(pc.offsets), list(pc.sizes), f"rank:{g}/{dev}")
                     metas.append(m)
                     if g == me:
-                        piece = src[f.offsets[i] + a - f.lo:f.offsets[i] + b - f.lo]
+                        piece = f.piece(src, i, a, b)
                         local.append(Shard(pc.of(piece), m))
     dtype = src.dtype if src is not None else f.master_dtype
     props = TensorProperties(dtype=dtype, layout=torch.strided, requires_grad=False,

@@ -147,6 +147,11 @@ class Flat:
                 out.append((i, a - off, b - off))
         return out
 
+    def piece(self, shard: torch.Tensor, i: int, a: int, b: int) -> torch.Tensor:
+        """Elements [a, b) of parameter i inside this rank's (S,) `shard` (a range from owned_ranges())."""
+        off = self.offsets[i] - self.lo
+        return shard[off + a:off + b]
+
     def reset_ready(self) -> None:
         self.ready = [False] * len(self.params)
         self.n_ready = 0
