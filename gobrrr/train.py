@@ -394,6 +394,10 @@ def _train(cfg: TrainConfig, rank) -> dict[str, Any]:
         pending.clear()
         t_last, t_step = now, step
 
+    def trainer_state(done: int) -> dict[str, Any]:  # what every kind of checkpoint holds beside the weights
+        return {"format": FORMAT, "step": done, "rng": rng_state(device), "data": data.state_dict(done * K),
+                "config": asdict(cfg), "world_size": DP}
+
     try:
         for step in range(start, cfg.steps):
             lr = lr_at(step, cfg)
@@ -424,22 +428,17 @@ def _train(cfg: TrainConfig, rank) -> dict[str, Any]:
             if done % cfg.log_every == 0 or done % cfg.ckpt_every == 0 or last:
                 flush(done)
                 checks.stop_if_diverged(logged, done - start, cfg)
-            if cfg.zero and (done % cfg.ckpt_every == 0 or last):  # every rank writes its shards
-                save_zero_checkpoint(model, out, {"format": FORMAT, "step": done, "rng": rng_state(device),
-                                                  "data": data.state_dict(done * K), "config": asdict(cfg),
-                                                  "world_size": DP}, cfg)
-            elif done % cfg.ckpt_every == 0 or last:
+            checkpoint = done % cfg.ckpt_every == 0 or last
+            if cfg.zero and checkpoint:  # every rank writes its shards
+                save_zero_checkpoint(model, out, trainer_state(done), cfg)
+            elif checkpoint:
                 error = checks.nonfinite_weights(raw, done, cfg)  # never checkpoint NaN/inf (a TP/ZeRO shard counts too)
                 if cfg.tp > 1:  # every rank writes its shards (DCP), once all have finite weights
-                    error = _save_tp_run(save_run, out, model, opt, error, {
-                        "format": FORMAT, "step": done, "rng": rng_state(device), "data": data.state_dict(done * K),
-                        "config": asdict(cfg), "world_size": DP})
+                    error = _save_tp_run(save_run, out, model, opt, error, trainer_state(done))
                 elif main and error is None:
                     try:
-                        save_checkpoint({"format": FORMAT, "step": done, "model": raw.state_dict(),
-                                         "optimizer": opt.state_dict(), "rng": rng_state(device),
-                                         "data": data.state_dict(done * K), "config": asdict(cfg),
-                                         "world_size": DP}, ckpt_path)
+                        save_checkpoint({**trainer_state(done), "model": raw.state_dict(),
+                                         "optimizer": opt.state_dict()}, ckpt_path)
                     except CheckpointError as e:
                         error = e
                 failed = torch.tensor([0.0 if error is None else 1.0], device=device)
