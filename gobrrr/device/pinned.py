@@ -150,7 +150,7 @@ class PinnedRing:
         self.chunk_bytes = chunk_bytes
         self.should_stage = should_stage
         self.threads = threads or default_pin_threads()
-        self.streaming = ntcopy.streaming()   # built (once per machine) and loaded here, not in the first fill
+        ntcopy.streaming()   # build (once per machine) and load the copy loop here, not in the first fill
         self.allocations = 0            # pinned buffers allocated so far (flat in steady state)
         self.bytes_staged = 0
         self._slots = [_Slot(i) for i in range(slots)]
