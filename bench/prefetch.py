@@ -14,8 +14,9 @@ Floors (each measured here, in this run):
             batch_size=None) and copying each into a reused private buffer: what a worker must do
             at least to hand a batch over
   memcpy    the host's pageable -> pinned copy of one batch (libc memmove and the ring's streaming
-            copy, on 12 and 16 threads, the best kept) into 5 pinned buffers in turn while the copy engine reads another: the
-            ceiling for pageable in-process tensors, which must cross host memory once more
+            copy, on 12 and 16 threads, the best kept) into 5 pinned buffers in turn while the copy
+            engine reads another: the ceiling for pageable in-process tensors, which must cross host
+            memory once more
 Every row is reported as ms/step and as a ratio to the floor that binds it:
 max(copy, compute) for in-process sources, max(copy, compute, prod) for worker sources,
 max(copy, compute, prod pre-batched) for the batch_size=None and IterableDataset sources; the

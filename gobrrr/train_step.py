@@ -96,8 +96,9 @@ class ComputeContext:
     (huggingface/transformers PR 48163). It is a preference, not a restriction: a shape cuDNN
     cannot serve falls back to flash. Off by default: `gobrrr bench train --attention cudnn` changed
     nothing on an H200 (torch 2.11, T = 1024, head size 64: 45.1% against 45.3% MFU at B = 64, and
-    attention alone 19.9 ms both ways, so most likely the same kernel; BENCHMARKS.md, `train`). The backward runs the kernel chosen in forward; a compiled block bakes in the kernel
-    chosen while it was traced, which happens inside this context. On a CPU: nothing (the tests'
+    attention alone 19.9 ms both ways, so most likely the same kernel; BENCHMARKS.md, `train`).
+    The backward runs the kernel chosen in forward; a compiled block bakes in the kernel chosen
+    while it was traced, which happens inside this context. On a CPU: nothing (the tests'
     bitwise resume relies on float32 there).
     """
 
