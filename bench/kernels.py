@@ -6,10 +6,12 @@ share of the summed kernel time, and, for matmuls and attention, the rate it ran
 
     matmul     cuBLAS / CUTLASS / nvjet GEMMs (every nn.Linear and the output head, forward and
                backward); rate = 6 N tokens / time, the 6N of MFU (N without position embeddings)
-    attention  flash / cuDNN / efficient SDPA kernels; rate = 12 L T C tokens / time, MFU's count
-               (the full T x T scores; a causal kernel does about half of that work)
+    attention  flash / cuDNN / efficient SDPA kernels and their backward's helpers (the dO.O row sums,
+               dQ's conversion to 16 bits: "dot_do_o", "convert_dq"); rate = 12 L T C tokens / time,
+               MFU's count (the full T x T scores; a causal kernel does about half of that work).
+               cuDNN's kernels carry "flash" in their names too ("..._sdpa_sm90_flash_bprop_...")
     loss       the cross-entropy's softmax pass (kernels whose names carry logsumexp / log_softmax /
-               nll / cross_entropy)
+               nll / cross_entropy, and gobrrr.ops.ce_rows' Triton kernel)
     optimizer  AdamW and the gradient clip (multi_tensor_apply, fused Adam, foreach)
     copy       memcpy / memset
     other      everything else: LayerNorm, GELU, residual adds, casts (inductor's fused triton kernels
@@ -27,8 +29,8 @@ import torch
 
 # first match wins: attention before matmul (cuDNN's SDPA kernels carry sm90 and gemm-like names)
 CATEGORIES: list[tuple[str, tuple[str, ...]]] = [
-    ("attention", ("flash", "fmha", "sdpa", "attention", "attn")),
-    ("loss", ("logsumexp", "log_softmax", "nll_loss", "cross_entropy")),
+    ("attention", ("flash", "fmha", "sdpa", "attention", "attn", "dot_do_o", "convert_dq")),
+    ("loss", ("logsumexp", "log_softmax", "nll_loss", "cross_entropy", "ce_rows")),
     ("optimizer", ("adam", "multi_tensor_apply", "foreach")),
     ("matmul", ("gemm", "nvjet", "cutlass", "xmma", "cublas", "aten::mm", "aten::addmm", "aten::bmm",
                 "aten::_addmm", "matmul")),

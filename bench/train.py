@@ -72,6 +72,7 @@ class BenchConfig:
     breakdown: bool = False
     kernels: bool = False   # profile the gobrrr step at the largest B: device time by kind of kernel
     compile: bool = True
+    tune: bool = False      # inductor's coordinate-descent kernel tuning, for every compiled variant alike
 
     @staticmethod
     def quick() -> "BenchConfig":
@@ -101,8 +102,11 @@ def _autocast(device: torch.device, cudnn_attention: bool | None = None):
     return autocast_for(device, cudnn_attention)
 
 
-def _plain(base, batch, device, compile: bool, cudnn: bool, mode: str | None = None) -> Variant:
-    """The baseline loop, written here on purpose (not gobrrr's code); `cudnn`: SDPA's cuDNN kernels first."""
+def _plain(base, batch, device, compile: bool, cudnn: bool, mode: str | None = None, tune: bool = False) -> Variant:
+    """The baseline loop, written here on purpose (not gobrrr's code); `cudnn`: SDPA's cuDNN kernels first;
+    `tune`: the same inductor options gobrrr's blocks get (not with a mode: torch.compile takes one)."""
+    from gobrrr.train_step import compile_options
+
     if mode and not compile:
         raise ValueError(f"plain with mode {mode!r} needs torch.compile (drop --no-compile or this variant)")
     model = copy.deepcopy(base)
@@ -111,7 +115,7 @@ def _plain(base, batch, device, compile: bool, cudnn: bool, mode: str | None = N
     other = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": other, "weight_decay": 0.0}],
                             lr=1e-4, betas=(0.9, 0.95), fused=device.type == "cuda")
-    fwd = torch.compile(model, mode=mode) if compile else model
+    fwd = torch.compile(model, mode=mode, options=None if mode else compile_options(tune)) if compile else model
     x, y = batch
     autocast = _autocast(device, cudnn_attention=cudnn and device.type == "cuda")
 
@@ -128,7 +132,7 @@ def _plain(base, batch, device, compile: bool, cudnn: bool, mode: str | None = N
 
 
 def _gobrrr(name, base, batch, device, *, compile: bool, scope="blocks", chunked=True, mode=None,
-            cudnn: bool, graph: bool = False) -> Variant:
+            cudnn: bool, graph: bool = False, tune: bool = False) -> Variant:
     """gobrrr train's step: the same function and the same preparation train.py uses."""
     from gobrrr.parallel import ddp
     from gobrrr.step_graph import GraphedStep
@@ -136,7 +140,7 @@ def _gobrrr(name, base, batch, device, *, compile: bool, scope="blocks", chunked
     from gobrrr.train_step import prepare_model, train_step
 
     raw = copy.deepcopy(base)
-    prepare_model(raw, compile=compile, scope=scope, chunked_loss=chunked, mode=mode)
+    prepare_model(raw, compile=compile, scope=scope, chunked_loss=chunked, mode=mode, tune=tune and not mode)
     model = ddp(raw)
     cfg = TrainConfig(model="124m", steps=1000, lr=1e-4, warmup=10)
     opt = make_optimizer(raw, cfg, device)
@@ -170,15 +174,16 @@ def _numel(model) -> int:
 
 def _build(name: str, base, batch, device, cfg: BenchConfig) -> Variant:
     c, a = cfg.compile, cfg.attention == "cudnn" and device.type == "cuda"
+    t = cfg.tune and c
     g = device.type == "cuda"  # train.py's default: the step as one CUDA graph on a GPU at world size 1
     table = {
-        "plain": lambda: _plain(base, batch, device, c, a),
-        "plain-ro": lambda: _plain(base, batch, device, c, a, mode="reduce-overhead"),
+        "plain": lambda: _plain(base, batch, device, c, a, tune=t),
+        "plain-ro": lambda: _plain(base, batch, device, c, a, mode="reduce-overhead", tune=t),
         "plain-eager": lambda: _plain(base, batch, device, False, a),
-        "gobrrr": lambda: _gobrrr(name, base, batch, device, compile=c, cudnn=a, graph=g),
-        "gobrrr-nograph": lambda: _gobrrr(name, base, batch, device, compile=c, cudnn=a),
-        "gobrrr-model": lambda: _gobrrr(name, base, batch, device, compile=c, scope="model", cudnn=a),
-        "gobrrr-std": lambda: _gobrrr(name, base, batch, device, compile=c, chunked=False, cudnn=a),
+        "gobrrr": lambda: _gobrrr(name, base, batch, device, compile=c, cudnn=a, graph=g, tune=t),
+        "gobrrr-nograph": lambda: _gobrrr(name, base, batch, device, compile=c, cudnn=a, tune=t),
+        "gobrrr-model": lambda: _gobrrr(name, base, batch, device, compile=c, scope="model", cudnn=a, tune=t),
+        "gobrrr-std": lambda: _gobrrr(name, base, batch, device, compile=c, chunked=False, cudnn=a, tune=t),
         "gobrrr-eager": lambda: _gobrrr(name, base, batch, device, compile=False, cudnn=a),
         "gobrrr-mat": lambda: _gobrrr(name, base, batch, device, compile=c, mode="max-autotune-no-cudagraphs",
                                       cudnn=a),
@@ -405,10 +410,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-compile", dest="compile", action="store_false", default=None, help="every variant eager")
     p.add_argument("--attention", choices=["default", "cudnn"], default=None,
                    help="cudnn: every variant tries SDPA's cuDNN attention first (default: SDPA's own order)")
+    p.add_argument("--tune", action="store_true", default=None,
+                   help="inductor's coordinate-descent kernel tuning for every compiled variant (gobrrr train's default on a GPU)")
     p.add_argument("--device", default=None, help="cpu or cuda (default cuda when available; --quick: cpu)")
     a = p.parse_args(argv)
     cfg = BenchConfig.quick() if a.quick else BenchConfig()
-    for field in ("model", "seq_len", "steps", "rounds", "warmup", "breakdown", "kernels", "compile", "attention"):
+    for field in ("model", "seq_len", "steps", "rounds", "warmup", "breakdown", "kernels", "compile", "attention", "tune"):
         if getattr(a, field) is not None:
             cfg = replace(cfg, **{field: getattr(a, field)})
     try:
@@ -437,7 +444,8 @@ def main(argv: list[str] | None = None) -> int:
         flops_tok = base.flops_per_token(cfg.seq_len)
         peak, peak_src = peak_flops(rank.device)
         title = (f"bench train: GPT {cfg.model} on {device_name(rank.device)}, T={cfg.seq_len}, median of "
-                 f"{cfg.rounds} interleaved rounds x {cfg.steps} steps; attention {cfg.attention}; MFU of {peak_src}")
+                 f"{cfg.rounds} interleaved rounds x {cfg.steps} steps; attention {cfg.attention}; "
+                 f"{'tuned kernels; ' if cfg.tune else ''}MFU of {peak_src}")
         print(title, flush=True)
         rows, parts, kernels = [], [], []
         cols = ["B", "variant", "ms_per_step", "tokens_per_s", "mfu", "ratio", "ratio_best", "peak_gib", "host_ms",

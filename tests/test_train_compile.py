@@ -72,6 +72,18 @@ def test_gpt_with_the_chunked_loss_matches_the_plain_head():
     assert fused(idx)[0].shape == (3, 40, 256)  # without targets: logits as before
 
 
+def test_the_loss_kernel_choice_falls_back_to_torch_on_a_cpu_and_says_what_is_missing():
+    from gobrrr.ops.linear_ce import _chunk_loss_and_grad
+
+    x = torch.zeros(4, 8)
+    assert ChunkedCrossEntropy().kernel_for(x) is _chunk_loss_and_grad      # auto: no CUDA tensor here
+    assert ChunkedCrossEntropy(kernel="torch").kernel_for(x) is _chunk_loss_and_grad
+    with pytest.raises(RuntimeError, match="needs Triton and CUDA tensors"):
+        ChunkedCrossEntropy(kernel="triton").kernel_for(x)
+    with pytest.raises(ValueError, match="'auto', 'triton' or 'torch'"):
+        ChunkedCrossEntropy(kernel="fast")
+
+
 def test_compiled_blocks_keep_names_and_fire_ddp_hooks_like_eager():
     from gobrrr.parallel import ddp
 

@@ -31,6 +31,8 @@ from typing import Callable
 
 import torch
 
+from gobrrr.ops import ce_rows
+
 CHUNK_ELEMENTS = 2**29  # logits per chunk: 1 GiB in bf16 (10.7k rows of a 50k vocabulary: B=16, T=1024 in 2)
 
 
@@ -99,7 +101,9 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.T
 
     x: (N, C) float; weight: (V, C); targets: (N,) int64. Under autocast the matmuls run in the
     autocast dtype (x and weight are cast, differentiably, first); the softmax is float32.
-    `kernel`: the per-chunk pass, e.g. `torch.compile(_chunk_loss_and_grad)` (see ChunkedCrossEntropy).
+    `kernel(logits, targets, scale, ignore_index) -> (loss sum, dlogits)`: the per-chunk pass, e.g.
+    `torch.compile(_chunk_loss_and_grad)` or the Triton `gobrrr.ops.ce_rows.ce_rows` (which writes dlogits
+    over the logits; see ChunkedCrossEntropy).
     """
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1] or targets.shape != x.shape[:1]:
         raise ValueError(f"linear_cross_entropy: expected x (N, C), weight (V, C), targets (N,); got "
@@ -115,18 +119,33 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.T
 
 
 class ChunkedCrossEntropy:
-    """`loss_fn(x, weight, targets)`: linear_cross_entropy with its own (optionally compiled) kernel.
+    """`loss_fn(x, weight, targets)`: linear_cross_entropy with its per-chunk kernel chosen.
 
-    compile: False (eager), True (torch.compile with inductor) or a torch.compile backend name.
+    kernel: "auto" (the default: the Triton kernel `gobrrr.ops.ce_rows` on a CUDA tensor when Triton is
+    installed, else the torch pass), "triton" (the same, but an error where it cannot run) or "torch"
+    (`_chunk_loss_and_grad`, the plain version, always).
+    compile: for the torch pass, False (eager), True (torch.compile with inductor) or a backend name.
     Set on a GPT as `model.fused_loss = ChunkedCrossEntropy(compile=True)`.
     """
 
-    def __init__(self, compile: bool | str = False, chunk_rows: int | None = None):
+    def __init__(self, compile: bool | str = False, chunk_rows: int | None = None, kernel: str = "auto"):
+        if kernel not in ("auto", "triton", "torch"):
+            raise ValueError(f"ChunkedCrossEntropy: kernel {kernel!r} is not 'auto', 'triton' or 'torch'")
         self.chunk_rows = chunk_rows
+        self.kernel_choice = kernel
         self.kernel = _chunk_loss_and_grad
         if compile:
             backend = "inductor" if compile is True else compile
             self.kernel = torch.compile(_chunk_loss_and_grad, backend=backend)
 
+    def kernel_for(self, x: torch.Tensor) -> Callable:
+        """The per-chunk pass this loss runs for inputs like `x`."""
+        if self.kernel_choice != "torch" and ce_rows.available(x):
+            return ce_rows.ce_rows
+        if self.kernel_choice == "triton":
+            raise RuntimeError("ChunkedCrossEntropy(kernel='triton') needs Triton and CUDA tensors; "
+                               "use kernel='auto' to fall back to the torch pass")
+        return self.kernel
+
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return linear_cross_entropy(x, weight, targets, chunk_rows=self.chunk_rows, kernel=self.kernel)
+        return linear_cross_entropy(x, weight, targets, chunk_rows=self.chunk_rows, kernel=self.kernel_for(x))
