@@ -411,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--attention", choices=["default", "cudnn"], default=None,
                    help="cudnn: every variant tries SDPA's cuDNN attention first (default: SDPA's own order)")
     p.add_argument("--tune", action="store_true", default=None,
-                   help="inductor's coordinate-descent kernel tuning for every compiled variant (gobrrr train's default on a GPU)")
+                   help="inductor's coordinate-descent kernel tuning for every compiled variant (compiles take minutes)")
     p.add_argument("--device", default=None, help="cpu or cuda (default cuda when available; --quick: cpu)")
     a = p.parse_args(argv)
     cfg = BenchConfig.quick() if a.quick else BenchConfig()

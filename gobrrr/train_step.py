@@ -104,12 +104,13 @@ class ComputeContext:
     """The context forward and backward run in; reusable (entered once per micro-step).
 
     On a GPU: bf16 autocast, and, when asked (`cudnn_attention=True`, or GOBRRR_CUDNN_ATTENTION=1
-    on a Hopper GPU), SDPA's cuDNN attention tried before FlashAttention-2. SDPA's fixed priority
-    puts flash first; on Hopper cuDNN's kernels are reported 1.7-2.3x faster for training shapes
-    (huggingface/transformers PR 48163). It is a preference, not a restriction: a shape cuDNN
-    cannot serve falls back to flash. Off by default: `gobrrr bench train --attention cudnn` changed
-    nothing on an H200 (torch 2.11, T = 1024, head size 64: 45.1% against 45.3% MFU at B = 64, and
-    attention alone 19.9 ms both ways, so most likely the same kernel; BENCHMARKS.md, `train`).
+    on a Hopper GPU), SDPA's cuDNN attention put first in SDPA's priority order. It is a
+    preference, not a restriction: a shape cuDNN cannot serve falls back to flash. Off by default
+    because it changes nothing on torch 2.11: there SDPA already picks cuDNN for the compiled
+    blocks on an H200 (the kernel tables name `cudnn_generated_..._sdpa_sm90_flash_bprop_...`), and
+    cuDNN is the fastest backend it has at the 124m's shapes (B = 64, T = 1024, head size 64, fwd
+    + bwd per layer: cuDNN 1.53 ms, FlashAttention-2 2.05 ms, memory-efficient 3.95 ms;
+    BENCHMARKS.md, `train`). On older torch versions, whose order puts flash first, it can matter.
     The backward runs the kernel chosen in forward; a compiled block bakes in the kernel chosen
     while it was traced, which happens inside this context. On a CPU: nothing (the tests'
     bitwise resume relies on float32 there).

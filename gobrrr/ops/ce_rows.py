@@ -1,5 +1,5 @@
 """The chunked cross-entropy's per-chunk pass as one Triton kernel: a row's loss and its gradient,
-written over the logits in place, reading the logits from DRAM once.
+written over the logits in place.
 
     loss_sum, dlogits = ce_rows(logits, targets, scale, ignore_index)   # dlogits IS logits, overwritten
 
@@ -10,10 +10,9 @@ it as the reference and the fallback) computes:
     loss_r = lse_r - logits[r, t_r]                     0 where t_r == ignore_index
     grad_r = (exp(logits[r] - lse_r) - onehot(t_r)) * scale     (0 where ignored), in logits' dtype
 
-Why a kernel of our own: torch.compile turns that pass into a reduction kernel (read the logits
-for the row's max and sum) and a pointwise kernel (read them again, write the gradient): two reads
-of the (n, V) logits from DRAM and one write, with an n x V float32 gradient buffer allocated on
-the side. Here one program owns one row, phase by phase:
+Why a kernel of our own: torch.compile makes that pass one looped reduction kernel that reads the
+(n, V) logits twice from DRAM and writes the gradient into a second (n, V) buffer. Here one program
+owns one row, phase by phase:
 
   1. stream the row in BLOCK-wide slices, keeping a running max and a running sum of exponentials
      per lane (the online softmax of Milakov & Gimelshein 2018, "Online normalizer calculation for
@@ -21,9 +20,14 @@ the side. Here one program owns one row, phase by phase:
   2. read the target's logit, store the row's loss (float32, one per row, summed afterwards in a
      fixed order: no atomics, so the sum is the same every run);
   3. stream the row again and write the gradient over the logits. The row (V * 2 bytes, 100 KB for
-     a 50k vocabulary in bf16) was read a moment before, so this second read mostly hits L2: the
-     DRAM traffic is one read and one write of the logits, the floor for a pass that must write
-     its gradient.
+     a 50k vocabulary in bf16) was read a moment before, so part of this second read hits L2.
+
+Measured on an H200 (torch 2.11; 9362 rows x 50304 bf16 logits, the 124m's chunk at B = 64):
+0.83 ms against 1.04 ms for the compiled torch pass; a plain copy of the same bytes (one read, one
+write) takes 0.45 ms. Tried and dropped: a persistent grid of 1-4 rows per multiprocessor at a time
+(meant to keep phase 3's reads in L2: 0.86-1.73 ms, slower), and the whole row in registers (one
+read: 7-8.5 ms, the 50k-wide row spills). BLOCK and NUM_WARPS are the best of 4096/8192/2048 slices
+at 4-16 warps there. In a B = 64 step the loss pass fell from 7.4 to 5.4 ms.
 
 No host-device sync: `scale` (1 / number of valid targets) is read from device memory. The kernel
 is capturable in a CUDA graph. Needs Triton and a CUDA tensor; `available()` says whether it can run.
@@ -40,8 +44,6 @@ except ImportError:  # pragma: no cover - depends on the install
 
 BLOCK = 4096      # logits per slice of a row (8 KB of bf16)
 NUM_WARPS = 8
-PROGRAMS_PER_SM = 2   # rows in flight per multiprocessor (see phase 3)
-ONE_PASS = False
 
 
 def available(t: torch.Tensor) -> bool:
@@ -51,61 +53,36 @@ def available(t: torch.Tensor) -> bool:
 
 if triton is not None:
     @triton.jit
-    def _ce_rows_kernel(logits_ptr, targets_ptr, losses_ptr, scale_ptr, n_rows, stride_row, V, ignore_index,
+    def _ce_rows_kernel(logits_ptr, targets_ptr, losses_ptr, scale_ptr, stride_row, V, ignore_index,
                         BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        ptr = logits_ptr + row * stride_row
         cols = tl.arange(0, BLOCK)
-        scale = tl.load(scale_ptr)
-        # a persistent grid: program p takes rows p, p + P, p + 2P, ... so that only P rows are in
-        # flight at once and phase 3's second read of a row finds it in L2
-        for r in range(tl.program_id(0), n_rows, tl.num_programs(0)):
-            ptr = logits_ptr + r.to(tl.int64) * stride_row
-            # phase 1: running max m and sum of exp(x - m) per lane; a finite start keeps masked
-            # lanes (x = -inf) at exp(-inf) = 0 instead of exp(-inf - -inf) = nan
-            m = tl.full([BLOCK], -3.0e38, tl.float32)
-            s = tl.zeros([BLOCK], tl.float32)
-            for off in range(0, V, BLOCK):
-                x = tl.load(ptr + off + cols, mask=off + cols < V, other=-float("inf")).to(tl.float32)
-                m_new = tl.maximum(m, x)
-                s = s * tl.exp(m - m_new) + tl.exp(x - m_new)
-                m = m_new
-            row_max = tl.max(m, 0)
-            lse = row_max + tl.log(tl.sum(s * tl.exp(m - row_max), 0))
-            # phase 2: the row's loss
-            t = tl.load(targets_ptr + r)
-            valid = t != ignore_index
-            safe = tl.where(valid, t, 0)
-            picked = tl.load(ptr + safe).to(tl.float32)
-            tl.store(losses_ptr + r, tl.where(valid, lse - picked, 0.0))
-            w = tl.where(valid, scale, 0.0)
-            # phase 3: the gradient over the logits, slice by slice (each slice read before it is written)
-            for off in range(0, V, BLOCK):
-                idx = off + cols
-                mask = idx < V
-                x = tl.load(ptr + idx, mask=mask, other=0.0).to(tl.float32)
-                g = (tl.exp(x - lse) - tl.where(idx == safe, 1.0, 0.0)) * w
-                tl.store(ptr + idx, g.to(logits_ptr.dtype.element_ty), mask=mask)
-
-    @triton.jit
-    def _ce_rows_one_pass_kernel(logits_ptr, targets_ptr, losses_ptr, scale_ptr, n_rows, stride_row, V,
-                                 ignore_index, BLOCK: tl.constexpr):
-        """The whole row in registers (BLOCK >= V): one read, one write, no second pass."""
-        cols = tl.arange(0, BLOCK)
-        mask = cols < V
-        scale = tl.load(scale_ptr)
-        for r in range(tl.program_id(0), n_rows, tl.num_programs(0)):
-            ptr = logits_ptr + r.to(tl.int64) * stride_row
-            x = tl.load(ptr + cols, mask=mask, other=-float("inf")).to(tl.float32)
-            row_max = tl.max(x, 0)
-            e = tl.exp(x - row_max)
-            total = tl.sum(e, 0)
-            t = tl.load(targets_ptr + r)
-            valid = t != ignore_index
-            safe = tl.where(valid, t, 0)
-            picked = tl.sum(tl.where(cols == safe, x, 0.0), 0)
-            tl.store(losses_ptr + r, tl.where(valid, row_max + tl.log(total) - picked, 0.0))
-            w = tl.where(valid, scale, 0.0)
-            g = (e / total - tl.where(cols == safe, 1.0, 0.0)) * w
-            tl.store(ptr + cols, g.to(logits_ptr.dtype.element_ty), mask=mask)
+        # phase 1: running max m and sum of exp(x - m) per lane; a finite start keeps masked lanes
+        # (x = -inf) at exp(-inf) = 0 instead of exp(-inf - -inf) = nan
+        m = tl.full([BLOCK], -3.0e38, tl.float32)
+        s = tl.zeros([BLOCK], tl.float32)
+        for off in range(0, V, BLOCK):
+            x = tl.load(ptr + off + cols, mask=off + cols < V, other=-float("inf")).to(tl.float32)
+            m_new = tl.maximum(m, x)
+            s = s * tl.exp(m - m_new) + tl.exp(x - m_new)
+            m = m_new
+        row_max = tl.max(m, 0)
+        lse = row_max + tl.log(tl.sum(s * tl.exp(m - row_max), 0))
+        # phase 2: the row's loss
+        t = tl.load(targets_ptr + row)
+        valid = t != ignore_index
+        safe = tl.where(valid, t, 0)
+        picked = tl.load(ptr + safe).to(tl.float32)
+        tl.store(losses_ptr + row, tl.where(valid, lse - picked, 0.0))
+        w = tl.where(valid, tl.load(scale_ptr), 0.0)
+        # phase 3: the gradient over the logits, slice by slice (each slice read before it is written)
+        for off in range(0, V, BLOCK):
+            idx = off + cols
+            mask = idx < V
+            x = tl.load(ptr + idx, mask=mask, other=0.0).to(tl.float32)
+            g = (tl.exp(x - lse) - tl.where(idx == safe, 1.0, 0.0)) * w
+            tl.store(ptr + idx, g.to(logits_ptr.dtype.element_ty), mask=mask)
 
 
 def ce_rows(logits: torch.Tensor, targets: torch.Tensor, scale: torch.Tensor,
@@ -118,11 +95,6 @@ def ce_rows(logits: torch.Tensor, targets: torch.Tensor, scale: torch.Tensor,
     if logits.stride(1) != 1:
         logits = logits.contiguous()
     losses = torch.empty(n, dtype=torch.float32, device=logits.device)  # (n,)
-    sms = torch.cuda.get_device_properties(logits.device).multi_processor_count
-    grid = (max(1, min(n, sms * PROGRAMS_PER_SM)),)
-    args = (logits, targets.contiguous(), losses, scale.float().reshape(1), n, logits.stride(0), V, ignore_index)
-    if ONE_PASS:
-        _ce_rows_one_pass_kernel[grid](*args, BLOCK=triton.next_power_of_2(V), num_warps=NUM_WARPS)
-    else:
-        _ce_rows_kernel[grid](*args, BLOCK=BLOCK, num_warps=NUM_WARPS)
+    _ce_rows_kernel[(n,)](logits, targets.contiguous(), losses, scale.float().reshape(1), logits.stride(0), V,
+                          ignore_index, BLOCK=BLOCK, num_warps=NUM_WARPS)
     return losses.sum(), logits

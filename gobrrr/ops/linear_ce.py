@@ -12,8 +12,10 @@ computed during the forward pass, one chunk of rows at a time:
 
   forward, for each chunk c of rows (sizes equal to within one row, at most CHUNK_ELEMENTS logits):
     1. logits_c = x_c @ W.T                              (n, V) in the compute dtype (bf16 under autocast)
-    2. one fused pass (torch.compile'd when asked): float32 logsumexp, the loss of the chunk,
-       and d loss / d logits_c = (softmax - onehot) / n_valid, written back in the compute dtype
+    2. one pass over the chunk: float32 logsumexp, the loss of the chunk, and
+       d loss / d logits_c = (softmax - onehot) / n_valid in the compute dtype. On a GPU the Triton
+       kernel `gobrrr.ops.ce_rows` writes it over logits_c in place; elsewhere (and as the reference)
+       the torch pass `_chunk_loss_and_grad`, torch.compile'd when asked
     3. grad_x_c = dlogits_c @ W                          (n, C)
        grad_W  += dlogits_c.T @ x_c                      (V, C), one addmm: float32 inside the matmul,
                                                          rounded to the compute dtype once per chunk
