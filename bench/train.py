@@ -36,8 +36,10 @@ recorded, and its pool keeps about that much afterwards),
 host_ms: the host's time to issue one step (when it nears ms_per_step, Python is the limit), and
 ratio = tokens/s over plain's in the same round. --breakdown adds, at the largest batch size: the
 head + loss alone (plain lm_head + float32 F.cross_entropy eager and compiled, against the chunked
-loss eager and compiled: time and peak memory), and the gobrrr step's parts (forward+backward,
-clip + AdamW step). --kernels profiles the gobrrr step (issued eagerly: the kernels a replayed graph
+loss with its torch pass eager and compiled and with the Triton pass: time and peak memory), the
+attention of all layers with each SDPA backend forced in turn (cuDNN, FlashAttention-2,
+memory-efficient; q, k, v split from one (B, T, 3C) tensor as the model splits them), and the
+gobrrr step's parts (forward+backward, clip + AdamW step). --kernels profiles the gobrrr step (issued eagerly: the kernels a replayed graph
 runs) at the largest batch size and splits its device time by kind of kernel (bench/kernels.py):
 matmul and attention with the rate they ran at, the loss's softmax pass, the optimizer, the rest.
 """
@@ -326,9 +328,10 @@ def breakdown(cfg: BenchConfig, base, B: int, device: torch.device) -> list[dict
     compiled_head = torch.compile(plain_head) if cfg.compile else plain_head
     heads = {"head: lm_head + F.cross_entropy, eager": plain_head,
              "head: lm_head + F.cross_entropy, compiled": compiled_head,
-             "head: chunked, eager kernel": ChunkedCrossEntropy(compile=False),
-             "head: chunked, compiled kernel": ChunkedCrossEntropy(compile=cfg.compile),
-             "head: chunked x4 rows, compiled kernel": ChunkedCrossEntropy(
+             "head: chunked, torch pass eager": ChunkedCrossEntropy(compile=False, kernel="torch"),
+             "head: chunked, torch pass compiled": ChunkedCrossEntropy(compile=cfg.compile, kernel="torch"),
+             "head: chunked, Triton pass (ce_rows; torch's on a CPU)": ChunkedCrossEntropy(compile=cfg.compile),
+             "head: chunked x4 rows, Triton pass": ChunkedCrossEntropy(
                  compile=cfg.compile, chunk_rows=4 * max(1, CHUNK_ELEMENTS // V))}
     rows = []
     for name, fn in heads.items():
@@ -339,19 +342,22 @@ def breakdown(cfg: BenchConfig, base, B: int, device: torch.device) -> list[dict
             x.grad = w.grad = None
         rows.append(_part(name, N, run, device))
 
-    if device.type == "cuda":  # attention alone, all layers: SDPA's default (flash first) vs cuDNN first
-        Bq, H, D = B, base.config.n_head, C // base.config.n_head
-        q, k, v = (torch.randn(Bq, H, cfg.seq_len, D, device=device, dtype=torch.bfloat16, generator=None)
-                   .requires_grad_() for _ in range(3))  # (B, H, T, D) each
-        for label, cudnn in (("SDPA default (flash first)", False), ("SDPA cuDNN first", True)):
-            ctx = _autocast(device, cudnn_attention=cudnn)
+    if device.type == "cuda":  # attention alone, all layers, each SDPA backend forced in turn
+        from torch.nn.attention import SDPBackend, sdpa_kernel
 
-            def attn(ctx=ctx):
-                with ctx:
+        H, D = base.config.n_head, C // base.config.n_head
+        qkv = torch.randn(B, cfg.seq_len, 3 * C, device=device, dtype=torch.bfloat16,
+                          requires_grad=True)  # (B, T, 3C), split as the model splits it
+        for label, backend in (("cuDNN", SDPBackend.CUDNN_ATTENTION), ("FlashAttention-2", SDPBackend.FLASH_ATTENTION),
+                               ("memory-efficient", SDPBackend.EFFICIENT_ATTENTION)):
+            def attn(backend=backend):
+                with sdpa_kernel([backend]):
                     for _ in range(base.config.n_layer):
-                        F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
-            rows.append(_part(f"attention x{base.config.n_layer} layers fwd+bwd, {label}", N, attn, device))
-        del q, k, v
+                        q, k, v = (z.view(B, cfg.seq_len, H, D).transpose(1, 2) for z in qkv.chunk(3, dim=2))
+                        F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()  # (B, H, T, D)
+                qkv.grad = None
+            rows.append(_part(f"attention x{base.config.n_layer} layers fwd+bwd, {label} only", N, attn, device))
+        del qkv
 
     raw = copy.deepcopy(base)
     prepare_model(raw, compile=cfg.compile)

@@ -20,7 +20,7 @@ def test_bench_train_quick_runs_both_variants_and_the_breakdown(capsys):
         torch.set_num_threads(n)
     out = capsys.readouterr().out
     assert "plain-eager" in out and "gobrrr " in out and "ratio_B4:" in out
-    assert "head: chunked, compiled kernel" in out and "gobrrr step: clip + fused AdamW" in out
+    assert "head: chunked, torch pass compiled" in out and "head: chunked, Triton pass" in out and "gobrrr step: clip + fused AdamW" in out
     assert "device time by kind of kernel" in out and "sum of kernels" in out   # --kernels, on the CPU's ops
     assert not (Path(os.environ["GOBRRR_BENCH_RESULTS"]) / "train.jsonl").exists()
 

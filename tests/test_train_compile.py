@@ -130,6 +130,19 @@ def test_compile_flags_and_defaults():
     assert parse_args(base + ["--compile"]).compile is True
 
 
+def test_compile_tuning_passes_inductor_options_and_refuses_a_mode():
+    from gobrrr.train_step import compile_options
+
+    assert compile_options(False) is None
+    assert compile_options(True) == {"coordinate_descent_tuning": True}
+    raw = GPT(GPTConfig.from_name("tiny"))
+    assert "tuned kernels" in prepare_model(raw, compile=True, tune=True)  # compiles lazily: nothing runs here
+    assert "tuned kernels" not in prepare_model(GPT(GPTConfig.from_name("tiny")), compile=True, backend="aot_eager",
+                                                tune=True)  # inductor's options mean nothing to another backend
+    with pytest.raises(ValueError, match="cannot be combined"):
+        prepare_model(raw, compile=True, tune=True, mode="max-autotune")
+
+
 @pytest.mark.timeout(240)
 def test_compiled_two_gloo_ranks_under_ddp_match_one_eager_rank(tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
