@@ -271,8 +271,9 @@ def head_bytes(model: ModelShape, layout: Layout, b: int, s: int, opt: Options) 
         logits (c·sbV/tp, still referenced) and two fp32 gradients (8·sbV/tp) are live too.
     chunked (gobrrr.ops.linear_cross_entropy, gradients computed in forward one chunk of at most
         2^29 logits at a time): saved ln_f's input (r·sbh), grad_x (c·sbh) and grad_W (c·Vh/tp);
-        live during a chunk: its logits and their gradient (c each) and one fp32 working copy (4),
-        plus the bf16 copies of x and W.
+        live during a chunk: its logits (c per logit; on a GPU the Triton pass gobrrr.ops.ce_rows
+        writes their gradient over them), plus the bf16 copies of x and W. Until that kernel, the
+        gradient took a second buffer and this term read 2c + 4 per logit.
     """
     _, _, _, r, c = PRECISIONS[opt.precision]
     h, Vt = model.n_embd, math.ceil(model.vocab_size / layout.tp)
@@ -283,7 +284,7 @@ def head_bytes(model: ModelShape, layout: Layout, b: int, s: int, opt: Options) 
     rows = s * b
     per_chunk = max(1, CHUNK_LOGITS // Vt)
     chunk = math.ceil(rows / math.ceil(rows / per_chunk)) * Vt
-    return r * sbh / shard + c * sbh + c * Vt * h, chunk * (2 * c + 4) + c * Vt * h + c * sbh
+    return r * sbh / shard + c * sbh + c * Vt * h, chunk * c + c * Vt * h + c * sbh
 
 
 def saved_bytes(model: ModelShape, layout: Layout, b: int, s: int, opt: Options) -> float:
