@@ -88,10 +88,14 @@ if triton is not None:
 def ce_rows(logits: torch.Tensor, targets: torch.Tensor, scale: torch.Tensor,
             ignore_index: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(sum of the rows' losses in float32, d loss / d logits): the gradient is written over `logits`
-    (n, V), which is returned. targets: (n,) int64; scale: a float32 device scalar."""
+    (n, V), which is returned. targets: (n,) int64, each in [0, V) or `ignore_index`; as with
+    F.cross_entropy on a GPU, a target outside that range is not checked here (checking would sync);
+    scale: a float32 device scalar."""
     if not available(logits):
         raise RuntimeError("ce_rows needs Triton and a CUDA tensor; use linear_ce._chunk_loss_and_grad")
     n, V = logits.shape
+    if n == 0:  # nothing to launch: an empty grid is an error to Triton
+        return logits.new_zeros((), dtype=torch.float32), logits
     if logits.stride(1) != 1:
         logits = logits.contiguous()
     losses = torch.empty(n, dtype=torch.float32, device=logits.device)  # (n,)
