@@ -39,9 +39,10 @@ head + loss alone (plain lm_head + float32 F.cross_entropy eager and compiled, a
 loss with its torch pass eager and compiled and with the Triton pass: time and peak memory), the
 attention of all layers with each SDPA backend forced in turn (cuDNN, FlashAttention-2,
 memory-efficient; q, k, v split from one (B, T, 3C) tensor as the model splits them), and the
-gobrrr step's parts (forward+backward, clip + AdamW step). --kernels profiles the gobrrr step (issued eagerly: the kernels a replayed graph
-runs) at the largest batch size and splits its device time by kind of kernel (bench/kernels.py):
-matmul and attention with the rate they ran at, the loss's softmax pass, the optimizer, the rest.
+gobrrr step's parts (forward+backward, clip + AdamW step). --kernels profiles the gobrrr step
+(issued eagerly: the kernels a replayed graph runs) at the largest batch size and splits its device
+time by kind of kernel (bench/kernels.py): matmul and attention with the rate they ran at, the
+loss's softmax pass, the optimizer, the rest.
 """
 from __future__ import annotations
 
@@ -417,11 +418,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--attention", choices=["default", "cudnn"], default=None,
                    help="cudnn: every variant tries SDPA's cuDNN attention first (default: SDPA's own order)")
     p.add_argument("--tune", action="store_true", default=None,
-                   help="inductor's coordinate-descent kernel tuning for every compiled variant (compiles take minutes)")
+                   help="inductor's coordinate-descent kernel tuning for every compiled variant (minutes to compile)")
     p.add_argument("--device", default=None, help="cpu or cuda (default cuda when available; --quick: cpu)")
     a = p.parse_args(argv)
     cfg = BenchConfig.quick() if a.quick else BenchConfig()
-    for field in ("model", "seq_len", "steps", "rounds", "warmup", "breakdown", "kernels", "compile", "attention", "tune"):
+    for field in ("model", "seq_len", "steps", "rounds", "warmup", "breakdown", "kernels", "compile", "attention",
+                  "tune"):
         if getattr(a, field) is not None:
             cfg = replace(cfg, **{field: getattr(a, field)})
     try:
