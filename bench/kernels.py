@@ -18,7 +18,8 @@ share of the summed kernel time, and, for matmuls and attention, the rate it ran
                and ATen's elementwise ones)
 
 The categories are read off kernel names, so a new library version can move a kernel to "other";
-the table prints the largest kernels of "other" so that such a move shows.
+the table prints the largest kernels of "other" (eight in `bench train --kernels`) so that such a
+move shows, and so that the memory-bound work is itemized.
 """
 from __future__ import annotations
 

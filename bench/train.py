@@ -397,7 +397,7 @@ def kernel_table(cfg: BenchConfig, base, B: int, device: torch.device, steps: in
     kernels = profile_kernels(v.step, steps, device)
     tokens, c = B * cfg.seq_len, base.config
     return summarize(kernels, steps, matmul_flops=6.0 * base.num_params(include_position=False) * tokens,
-                     attention_flops=12.0 * c.n_layer * c.n_embd * cfg.seq_len * tokens)
+                     attention_flops=12.0 * c.n_layer * c.n_embd * cfg.seq_len * tokens, top_other=8)
 
 
 def main(argv: list[str] | None = None) -> int:
