@@ -469,13 +469,14 @@ def _train(cfg: TrainConfig, rank) -> dict[str, Any]:
 ZERO_CHECKPOINTS = "zero_checkpoints"  # DIR/zero_checkpoints/{latest, step-<s>.<ns>/}: sharded (DCP)
 
 
-def wrap_model(raw: GPT, cfg: TrainConfig, device: torch.device):
-    """(model, optimizer): `ddp` with AdamW, or with --zero S, `zero(..., stage=S)` (bf16 parameters on a GPU)."""
+def wrap_model(raw: GPT, cfg: TrainConfig, device: torch.device, group=None):
+    """(model, optimizer): `ddp` with AdamW, or with --zero S, `zero(..., stage=S)` (bf16 parameters on a GPU),
+    over `group` (default: every rank; --tp passes its data-parallel group)."""
     from gobrrr.parallel import ddp, zero
 
     if not cfg.zero:
-        return ddp(raw), make_optimizer(raw, cfg, device)
-    return zero(raw, lambda m: make_optimizer(m, cfg, device), stage=cfg.zero,
+        return ddp(raw, group=group), make_optimizer(raw, cfg, device)
+    return zero(raw, lambda m: make_optimizer(m, cfg, device), stage=cfg.zero, group=group,
                 param_dtype=torch.bfloat16 if device.type == "cuda" else None)
 
 
@@ -546,7 +547,6 @@ def parallelize(raw: GPT, cfg: TrainConfig, rank):
     """--tp N: (model, optimizer, raw, dp_rank, dp_size) with tp() over each group of N consecutive ranks of a
     (W/N, N) mesh and ddp over the other dimension, or with --zero 1|2, ZeRO over it (its optimizer clips
     the norm over dp and tp); raw is then the sharded GPT."""
-    from gobrrr.parallel import ddp, zero
     from gobrrr.parallel.mesh import MeshError, make_mesh
     from gobrrr.parallel.tp import TPError, tp
     from gobrrr.parallel.tp_report import comm_plan
@@ -562,12 +562,8 @@ def parallelize(raw: GPT, cfg: TrainConfig, rank):
         mb = sum(r.wire_bytes(cfg.tp) for r in rows) / 2**20
         print(f"tp {cfg.tp} x dp {mesh['dp'].size()}{' with sequence parallelism' if cfg.sequence_parallel else ''}: "
               f"{len(rows)} tp collectives per micro-step, {mb:.1f} MB sent per rank", file=sys.stderr, flush=True)
-    group, device = mesh["dp"].get_group(), rank.device
-    if cfg.zero:  # stages 1-2 over the dp ranks of the tp model (--zero 3 was refused in TrainConfig)
-        model, opt = zero(raw, lambda m: make_optimizer(m, cfg, device), stage=cfg.zero, group=group,
-                          param_dtype=torch.bfloat16 if device.type == "cuda" else None)
-    else:
-        model, opt = ddp(raw, group=group), make_optimizer(raw, cfg, device)
+    # ddp, or ZeRO stages 1-2 (--zero 3 was refused in TrainConfig), over the dp ranks of the tp model
+    model, opt = wrap_model(raw, cfg, rank.device, group=mesh["dp"].get_group())
     return model, opt, raw, mesh.get_local_rank("dp"), mesh["dp"].size()
 
 
