@@ -55,7 +55,10 @@ print("interpreted ce_rows matches")
 """
 
 
-@pytest.mark.skipif(_interpreter_missing() is not None, reason=str(_interpreter_missing()))
+MISSING = _interpreter_missing()
+
+
+@pytest.mark.skipif(MISSING is not None, reason=str(MISSING))
 def test_ce_rows_arithmetic_under_the_triton_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-c", CHECK], env=env, capture_output=True, text=True, timeout=180)
