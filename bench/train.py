@@ -453,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
         peak, peak_src = peak_flops(rank.device)
         title = (f"bench train: GPT {cfg.model} on {device_name(rank.device)}, T={cfg.seq_len}, median of "
                  f"{cfg.rounds} interleaved rounds x {cfg.steps} steps; attention {cfg.attention}; "
-                 f"{'tuned kernels; ' if cfg.tune else ''}MFU of {peak_src}")
+                 f"{'tuned kernels; ' if cfg.tune and cfg.compile else ''}MFU of {peak_src}")
         print(title, flush=True)
         rows, parts, kernels = [], [], []
         cols = ["B", "variant", "ms_per_step", "tokens_per_s", "mfu", "ratio", "ratio_best", "peak_gib", "host_ms",
