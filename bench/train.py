@@ -15,11 +15,17 @@ Variants (each its own copy of the same initial weights, fed the same batch):
                wrapped in gobrrr ddp (world size 1: collectives are no-ops), train's make_optimizer,
                and the learning rate set per step as train.py does; on a GPU the whole step is
                replayed as one CUDA graph (`gobrrr.step_graph.GraphedStep`), as train.py does there
+  gobrrr-unfused  the same step with GPT's MLP as written (fc with its bias, then F.gelu) instead of
+               gobrrr.ops.bias_gelu's kernels
   gobrrr-nograph  the same step issued kernel by kernel from Python (`--no-cuda-graph`)
   gobrrr-model the same step, one whole-model graph (the chunked head outside it, its kernel compiled)
   gobrrr-std   the same step, per-block compile, lm_head + F.cross_entropy (eager head)
   gobrrr-eager / plain-eager   the two without torch.compile
   gobrrr-mat   per-block compile with mode "max-autotune-no-cudagraphs" (long compile)
+
+--bf16-residual runs every variant, the plain ones included, with the residual stream between blocks
+in bf16 (`gobrrr.train_step.bf16_residual`): a precision choice the user makes, so the baseline makes
+it too and the ratio still compares like with like.
 
 --attention cudnn runs every variant with SDPA's cuDNN attention tried first (GOBRRR_CUDNN_ATTENTION=1
 in a run). It is a whole-run switch because a compiled graph bakes in the attention kernel chosen
@@ -58,7 +64,7 @@ import torch.nn.functional as F
 from bench.common import device_name, median, print_table, record
 
 GiB = 2**30
-ALL = ("plain", "plain-ro", "gobrrr", "gobrrr-nograph", "gobrrr-model", "gobrrr-std", "gobrrr-eager", "plain-eager",
+ALL = ("plain", "plain-ro", "gobrrr", "gobrrr-unfused", "gobrrr-nograph", "gobrrr-model", "gobrrr-std", "gobrrr-eager", "plain-eager",
        "gobrrr-mat")
 
 
@@ -76,6 +82,7 @@ class BenchConfig:
     kernels: bool = False   # profile the gobrrr step at the largest B: device time by kind of kernel
     compile: bool = True
     tune: bool = False      # inductor's coordinate-descent kernel tuning, for every compiled variant alike
+    bf16_residual: bool = False  # every variant carries its residual stream in bf16 (train --bf16-residual)
 
     @staticmethod
     def quick() -> "BenchConfig":
@@ -105,15 +112,18 @@ def _autocast(device: torch.device, cudnn_attention: bool | None = None):
     return autocast_for(device, cudnn_attention)
 
 
-def _plain(base, batch, device, compile: bool, cudnn: bool, mode: str | None = None, tune: bool = False) -> Variant:
+def _plain(base, batch, device, compile: bool, cudnn: bool, mode: str | None = None, tune: bool = False,
+           res16: bool = False) -> Variant:
     """The baseline loop, written here on purpose (not gobrrr's code); `cudnn`: SDPA's cuDNN kernels first;
-    `tune`: the same inductor options gobrrr's blocks get (not with a mode: torch.compile takes one)."""
-    from gobrrr.train_step import compile_options
+    `tune`: the same inductor options gobrrr's blocks get (not with a mode: torch.compile takes one);
+    `res16`: the same bf16 residual stream gobrrr's variants get (a precision choice, not an optimization)."""
+    from gobrrr.train_step import bf16_residual, compile_options
 
     if mode and not compile:
         raise ValueError(f"plain with mode {mode!r} needs torch.compile (drop --no-compile or this variant)")
     model = copy.deepcopy(base)
     model.fused_loss = None
+    bf16_residual(model, res16)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     other = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": other, "weight_decay": 0.0}],
@@ -135,7 +145,8 @@ def _plain(base, batch, device, compile: bool, cudnn: bool, mode: str | None = N
 
 
 def _gobrrr(name, base, batch, device, *, compile: bool, scope="blocks", chunked=True, mode=None,
-            cudnn: bool, graph: bool = False, tune: bool = False) -> Variant:
+            cudnn: bool, graph: bool = False, tune: bool = False, res16: bool = False,
+            fused_mlp: bool | None = None) -> Variant:
     """gobrrr train's step: the same function and the same preparation train.py uses."""
     from gobrrr.parallel import ddp
     from gobrrr.step_graph import GraphedStep
@@ -143,7 +154,8 @@ def _gobrrr(name, base, batch, device, *, compile: bool, scope="blocks", chunked
     from gobrrr.train_step import prepare_model, train_step
 
     raw = copy.deepcopy(base)
-    prepare_model(raw, compile=compile, scope=scope, chunked_loss=chunked, mode=mode, tune=tune and not mode)
+    prepare_model(raw, compile=compile, scope=scope, chunked_loss=chunked, mode=mode, tune=tune and not mode,
+                  fused_mlp=fused_mlp, residual_bf16=res16)
     model = ddp(raw)
     cfg = TrainConfig(model="124m", steps=1000, lr=1e-4, warmup=10)
     opt = make_optimizer(raw, cfg, device)
@@ -179,17 +191,22 @@ def _build(name: str, base, batch, device, cfg: BenchConfig) -> Variant:
     c, a = cfg.compile, cfg.attention == "cudnn" and device.type == "cuda"
     t = cfg.tune and c
     g = device.type == "cuda"  # train.py's default: the step as one CUDA graph on a GPU at world size 1
+    r = cfg.bf16_residual
     table = {
-        "plain": lambda: _plain(base, batch, device, c, a, tune=t),
-        "plain-ro": lambda: _plain(base, batch, device, c, a, mode="reduce-overhead", tune=t),
-        "plain-eager": lambda: _plain(base, batch, device, False, a),
-        "gobrrr": lambda: _gobrrr(name, base, batch, device, compile=c, cudnn=a, graph=g, tune=t),
-        "gobrrr-nograph": lambda: _gobrrr(name, base, batch, device, compile=c, cudnn=a, tune=t),
-        "gobrrr-model": lambda: _gobrrr(name, base, batch, device, compile=c, scope="model", cudnn=a, tune=t),
-        "gobrrr-std": lambda: _gobrrr(name, base, batch, device, compile=c, chunked=False, cudnn=a, tune=t),
-        "gobrrr-eager": lambda: _gobrrr(name, base, batch, device, compile=False, cudnn=a),
+        "plain": lambda: _plain(base, batch, device, c, a, tune=t, res16=r),
+        "plain-ro": lambda: _plain(base, batch, device, c, a, mode="reduce-overhead", tune=t, res16=r),
+        "plain-eager": lambda: _plain(base, batch, device, False, a, res16=r),
+        "gobrrr": lambda: _gobrrr(name, base, batch, device, compile=c, cudnn=a, graph=g, tune=t, res16=r),
+        "gobrrr-unfused": lambda: _gobrrr(name, base, batch, device, compile=c, cudnn=a, graph=g, tune=t, res16=r,
+                                          fused_mlp=False),
+        "gobrrr-nograph": lambda: _gobrrr(name, base, batch, device, compile=c, cudnn=a, tune=t, res16=r),
+        "gobrrr-model": lambda: _gobrrr(name, base, batch, device, compile=c, scope="model", cudnn=a, tune=t,
+                                        res16=r),
+        "gobrrr-std": lambda: _gobrrr(name, base, batch, device, compile=c, chunked=False, cudnn=a, tune=t,
+                                      res16=r),
+        "gobrrr-eager": lambda: _gobrrr(name, base, batch, device, compile=False, cudnn=a, res16=r),
         "gobrrr-mat": lambda: _gobrrr(name, base, batch, device, compile=c, mode="max-autotune-no-cudagraphs",
-                                      cudnn=a),
+                                      cudnn=a, res16=r),
     }
     if name not in table:
         raise SystemExit(f"gobrrr bench train: error: unknown variant {name!r}; choose from {', '.join(ALL)}")
@@ -419,11 +436,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="cudnn: every variant tries SDPA's cuDNN attention first (default: SDPA's own order)")
     p.add_argument("--tune", action="store_true", default=None,
                    help="inductor's coordinate-descent kernel tuning for every compiled variant (minutes to compile)")
+    p.add_argument("--bf16-residual", dest="bf16_residual", action="store_true", default=None,
+                   help="every variant (plain ones too) carries its residual stream in bf16, as train --bf16-residual")
     p.add_argument("--device", default=None, help="cpu or cuda (default cuda when available; --quick: cpu)")
     a = p.parse_args(argv)
     cfg = BenchConfig.quick() if a.quick else BenchConfig()
     for field in ("model", "seq_len", "steps", "rounds", "warmup", "breakdown", "kernels", "compile", "attention",
-                  "tune"):
+                  "tune", "bf16_residual"):
         if getattr(a, field) is not None:
             cfg = replace(cfg, **{field: getattr(a, field)})
     try:
@@ -453,7 +472,8 @@ def main(argv: list[str] | None = None) -> int:
         peak, peak_src = peak_flops(rank.device)
         title = (f"bench train: GPT {cfg.model} on {device_name(rank.device)}, T={cfg.seq_len}, median of "
                  f"{cfg.rounds} interleaved rounds x {cfg.steps} steps; attention {cfg.attention}; "
-                 f"{'tuned kernels; ' if cfg.tune and cfg.compile else ''}MFU of {peak_src}")
+                 f"{'tuned kernels; ' if cfg.tune and cfg.compile else ''}"
+                 f"{'bf16 residual stream; ' if cfg.bf16_residual else ''}MFU of {peak_src}")
         print(title, flush=True)
         rows, parts, kernels = [], [], []
         cols = ["B", "variant", "ms_per_step", "tokens_per_s", "mfu", "ratio", "ratio_best", "peak_gib", "host_ms",

@@ -121,6 +121,7 @@ class TrainConfig:
     tp: int = 1                      # tensor-parallel degree (gobrrr.parallel.tp); world = dp x tp
     sequence_parallel: bool = False  # with --tp: shard LayerNorm/dropout activations along the sequence
     cuda_graph: bool | None = None   # replay the step as one CUDA graph; default on where graph_blocker allows
+    bf16_residual: bool = False      # the residual stream between blocks in bf16 under autocast (train_step.bf16_residual)
 
     def __post_init__(self):
         if self.warmup is None:  # marked: a resumed run with a longer --steps keeps the run's own warmup
@@ -645,6 +646,10 @@ def parse_args(argv: list[str]) -> TrainConfig:
                         "size 1; not yet with several ranks, --zero, --tp > 1 or under gobrrr doctor: those run "
                         "eagerly with a one-line notice)")
     p.add_argument("--no-cuda-graph", dest="cuda_graph", action="store_false", help="issue every kernel from Python")
+    p.add_argument("--bf16-residual", action="store_true",
+                   help="carry the residual stream between blocks in bf16 instead of float32 (a GPU's autocast "
+                        "only): fewer bytes for every LayerNorm and residual add, as Megatron-LM and FSDP2's bf16 "
+                        "mixed precision run; parameters, gradients and AdamW stay float32")
     p.add_argument("--crash-after-step", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--zero", type=int, default=0,
                    help="ZeRO stage 1, 2 or 3 instead of ddp (sharded checkpoints, resumable at another world size); "

@@ -101,6 +101,21 @@ def test_compiled_by_default_reports_compile_apart_and_matches_eager(tmp_path, c
                                rtol=0, atol=3e-2)
 
 
+@pytest.mark.timeout(300)
+def test_bf16_residual_and_the_fused_mlp_train_as_the_default_path(tmp_path, capsys):
+    fused, res16, unfused = tmp_path / "fused", tmp_path / "res16", tmp_path / "unfused"
+    train(TrainConfig(**TINY, out=str(fused)))
+    assert "bias-GELU kernels" in capsys.readouterr().err  # on by default when compiled on a GPU
+    train(TrainConfig(**TINY, out=str(res16), bf16_residual=True))
+    assert "bias-GELU kernels, bf16 residual stream" in capsys.readouterr().err
+    train(TrainConfig(**TINY, out=str(unfused), compile=False))
+    l_fused, l_res16, l_unfused = (torch.tensor(list(losses(d).values())) for d in (fused, res16, unfused))
+    assert l_res16[-1] < l_res16[0] - 0.3
+    # the same model and data: a bf16 residual stream and the fused MLP round differently, no more
+    torch.testing.assert_close(l_res16, l_fused, rtol=0, atol=5e-2)
+    torch.testing.assert_close(l_fused, l_unfused, rtol=0, atol=3e-2)
+
+
 def test_the_compiled_step_syncs_nothing_and_the_detective_still_sees_user_syncs():
     import gobrrr
     from gobrrr.models.gpt import GPT, GPTConfig
