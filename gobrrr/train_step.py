@@ -34,7 +34,9 @@ How the model is compiled (`prepare_model`), and why this way:
     (`fuse_bias_gelu`; when compiling on a GPU). At B = 64 on an H200 it took the GELU work of a
     step from 10.7 to 9.4 ms (BENCHMARKS.md, `train`).
   * `--bf16-residual` (`bf16_residual`): the stream between blocks in bf16 instead of float32.
-  * Not compiled: the embedding lookups and the final LayerNorm (a few memory-bound kernels).
+  * The final LayerNorm is compiled on its own too (eagerly: separate forward, input-gradient,
+    weight-gradient and cast kernels).
+    Not compiled: the embedding lookups.
 """
 from __future__ import annotations
 
@@ -164,6 +166,7 @@ def prepare_model(raw: nn.Module, *, compile: bool, backend: str = "inductor", m
     if scope == "blocks":
         for block in raw.blocks:
             block.compile(backend=backend, mode=mode, options=options)
+        raw.ln_f.compile(backend=backend, mode=mode, options=options)  # its casts fused with it
     else:
         raw.compile(backend=backend, mode=mode, options=options)
     how = f"torch.compile per {'block' if scope == 'blocks' else 'model'}, backend {backend}"
