@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import time
 from dataclasses import asdict, dataclass, replace
 from typing import Callable
@@ -99,6 +100,13 @@ class Variant:
     times: list[float] | None = None
     host: list[float] | None = None
     peak: int = 0
+
+
+def _release(device: torch.device) -> None:
+    """Free what earlier variants held (their CUDA graphs' pools sit in reference cycles until a collection)."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def _sync(device: torch.device) -> None:
@@ -333,6 +341,8 @@ def breakdown(cfg: BenchConfig, base, B: int, device: torch.device) -> list[dict
     from gobrrr.train import TrainConfig, make_optimizer
     from gobrrr.train_step import prepare_model
 
+    _release(device)  # the timed variants' graphs and pools
+
     N, C, V = B * cfg.seq_len, base.config.n_embd, base.config.vocab_size
     gen = torch.Generator(device="cpu").manual_seed(0)
     x = torch.randn(N, C, generator=gen).to(device).requires_grad_()            # (N, C)
@@ -407,6 +417,7 @@ def kernel_table(cfg: BenchConfig, base, B: int, device: torch.device, steps: in
     from gobrrr.data import SyntheticTokens
 
     torch._dynamo.reset()
+    _release(device)  # the timed variants' graphs and pools, before another copy of the model is built
     batch = tuple(t.to(device) for t in SyntheticTokens(base.config.vocab_size, cfg.seq_len, B, seed=0).batch(0))
     v = _build("gobrrr-nograph", base, batch, device, cfg)
     for _ in range(max(1, cfg.warmup)):
@@ -485,18 +496,21 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  B={B}: out of memory ({str(e).splitlines()[0][:80]}); larger batch sizes skipped")
                 break
             finally:
-                if device.type == "cuda":
-                    torch.cuda.empty_cache()
+                _release(device)
             rows += got
             print_table(got, cols)
-        if cfg.breakdown:
-            parts = breakdown(cfg, base, max(r["B"] for r in rows) if rows else cfg.batch_sizes[0], rank.device)
-            print_table(parts, ["part", "N", "ms", "peak_gib", "error"], title="what the step spends (largest B):")
-        if cfg.kernels:
-            kb = max(r["B"] for r in rows) if rows else cfg.batch_sizes[0]
-            kernels = kernel_table(cfg, base, kb, rank.device)
-            print_table(kernels, ["category", "ms_per_step", "share", "tflops"],
-                        title=f"the gobrrr step's device time by kind of kernel (B={kb}, profiled):")
+        try:
+            if cfg.breakdown:
+                parts = breakdown(cfg, base, max(r["B"] for r in rows) if rows else cfg.batch_sizes[0], rank.device)
+                print_table(parts, ["part", "N", "ms", "peak_gib", "error"], title="what the step spends (largest B):")
+            if cfg.kernels:
+                kb = max(r["B"] for r in rows) if rows else cfg.batch_sizes[0]
+                kernels = kernel_table(cfg, base, kb, rank.device)
+                print_table(kernels, ["category", "ms_per_step", "share", "tflops"],
+                            title=f"the gobrrr step's device time by kind of kernel (B={kb}, profiled):")
+        except torch.cuda.OutOfMemoryError as e:  # the timed rows above are still recorded
+            print(f"  --breakdown/--kernels: out of memory ({str(e).splitlines()[0][:80]}); "
+                  "rerun them with a smaller --batch-sizes")
     finally:
         gd.shutdown()
     figures = {}
