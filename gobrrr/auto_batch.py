@@ -9,8 +9,10 @@ A short probe, eager, before anything else is on the GPU:
   2. per-row memory = peak(2) - peak(1); fixed memory = peak(1) - per-row, plus AdamW's two
      float32 moments (8 bytes per parameter) that do not exist yet;
   3. B = the largest power of two with fixed + B x per-row <= FILL x free memory, capped at
-     TARGET_TOKENS / seq_len rows (past that, a bigger micro-batch barely raises tokens/s on an
-     H200 for the 124m; see BENCHMARKS.md, `train`), and at least 1.
+     TARGET_TOKENS / seq_len rows, and at least 1. Past 64k tokens a bigger micro-batch raises
+     tokens/s a little (the 124m on an H200 at T = 1024 with --bf16-residual: 3.5% from B = 64 to
+     B = 256, BENCHMARKS.md, `train`) while it changes the training itself (a quarter as many
+     optimizer steps for the same tokens), so the default stops there; `--batch-size` goes further.
 Eager activations are larger than compiled ones, so the estimate errs on the safe side. Under
 several ranks every rank probes and all take the smallest answer (one all-reduce).
 

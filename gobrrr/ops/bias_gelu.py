@@ -26,8 +26,10 @@ Measured on an H200 (torch 2.11; 65536 x 3072 bf16, the 124m's MLP at B = 64): f
 sum 0.42 ms. The tiles are the best of a sweep there (forward 8-32 rows x 128-512 columns, backward
 32-128 x 32-128 at 4 or 8 warps and 264-4096 programs); folding db over the rows at every tile,
 instead of once per program at the end, was 1.05-1.25x slower at the same tiles. In a B = 64 step
-the GELU work fell from 10.7 ms (inductor's forward, its backward with GELU recomputed, and its bias
-sum) to 9.4 ms, and the step from 119.8 to 118.0 ms (BENCHMARKS.md, `train`).
+(bf16 residual stream) the GELU work fell from 10.7 ms (inductor's forward, its backward with GELU
+recomputed, and its bias sum) to 9.4 ms; in the step the kernels run slower than alone (0.34 and
+0.47 ms), and the step gained 0.7% (120.5 against 121.4 ms, six interleaved rounds; BENCHMARKS.md,
+`train`).
 
 The torch version (`_reference`, float32 math through aten's gelu and gelu_backward) runs where the
 kernels cannot (no Triton, not a CUDA tensor) and is what the tests compare the kernels against.
@@ -56,7 +58,7 @@ def available(t: torch.Tensor) -> bool:
 
 if triton is not None:
     @triton.jit
-    def _fwd_kernel(x_ptr, b_ptr, h_ptr, M, N, BM: tl.constexpr, BN: tl.constexpr):
+    def _bias_gelu_fwd_kernel(x_ptr, b_ptr, h_ptr, M, N, BM: tl.constexpr, BN: tl.constexpr):
         rows = tl.program_id(0) * BM + tl.arange(0, BM)                  # (BM,)
         cols = tl.program_id(1) * BN + tl.arange(0, BN)                  # (BN,)
         mask = (rows < M)[:, None] & (cols < N)[None, :]
@@ -67,7 +69,7 @@ if triton is not None:
         tl.store(h_ptr + offs, h.to(h_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def _bwd_kernel(g_ptr, x_ptr, b_ptr, dx_ptr, part_ptr, M, N, rows_per_program,
+    def _bias_gelu_bwd_kernel(g_ptr, x_ptr, b_ptr, dx_ptr, part_ptr, M, N, rows_per_program,
                     BM: tl.constexpr, BN: tl.constexpr):
         cols = tl.program_id(0) * BN + tl.arange(0, BN)                 # (BN,)
         cmask = cols < N
@@ -113,7 +115,7 @@ def _bias_gelu(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     M = x.numel() // N if N else 0
     if M:
         grid = (triton.cdiv(M, FWD_BM), triton.cdiv(N, FWD_BN))
-        _fwd_kernel[grid](x, bias.contiguous(), h, M, N, BM=FWD_BM, BN=FWD_BN, num_warps=NUM_WARPS)
+        _bias_gelu_fwd_kernel[grid](x, bias.contiguous(), h, M, N, BM=FWD_BM, BN=FWD_BN, num_warps=NUM_WARPS)
     return h
 
 
@@ -137,7 +139,7 @@ def _bias_gelu_backward(grad: torch.Tensor, x: torch.Tensor, bias: torch.Tensor)
     rows_per_program = triton.cdiv(triton.cdiv(M, groups), BWD_BM) * BWD_BM
     groups = triton.cdiv(M, rows_per_program)
     part = torch.empty(groups, N, dtype=torch.float32, device=x.device)  # (P, N) partial sums of db
-    _bwd_kernel[(col_blocks, groups)](grad, x, bias.contiguous(), dx, part, M, N, rows_per_program,
+    _bias_gelu_bwd_kernel[(col_blocks, groups)](grad, x, bias.contiguous(), dx, part, M, N, rows_per_program,
                                       BM=BWD_BM, BN=BWD_BN, num_warps=NUM_WARPS)
     return dx, part.sum(0).to(bias.dtype)
 
