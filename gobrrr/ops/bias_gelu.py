@@ -58,6 +58,20 @@ def available(t: torch.Tensor) -> bool:
 
 if triton is not None:
     @triton.jit
+    def _normal_cdf_and_exp(z):
+        """(Phi(z), exp(-z^2 / 2)): the standard normal CDF through erf(|z| / sqrt 2) by Abramowitz &
+        Stegun 7.1.26 (|error| <= 1.5e-7, 1e5 times finer than bf16's spacing near 1), whose
+        exponential is the density's: one exp2, one approximate reciprocal and five FMAs, where
+        libdevice's erf costs about twenty instructions and branches. The tail is computed directly
+        (Phi(-|z|) = erfc(|z| / sqrt 2) / 2), so Phi of a very negative z keeps its relative accuracy."""
+        x = tl.abs(z) * 0.7071067811865476
+        t = tl.fdiv(1.0, 1.0 + 0.3275911 * x)
+        poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+        e = tl.exp2(z * z * -0.7213475204444817)                        # exp(-z^2 / 2) = exp(-x^2)
+        tail = 0.5 * poly * e                                            # Phi(-|z|)
+        return tl.where(z >= 0, 1.0 - tail, tail), e
+
+    @triton.jit
     def _bias_gelu_fwd_kernel(x_ptr, b_ptr, h_ptr, M, N, BM: tl.constexpr, BN: tl.constexpr):
         rows = tl.program_id(0) * BM + tl.arange(0, BM)                  # (BM,)
         cols = tl.program_id(1) * BN + tl.arange(0, BN)                  # (BN,)
@@ -65,8 +79,8 @@ if triton is not None:
         offs = rows.to(tl.int64)[:, None] * N + cols[None, :]             # (BM, BN)
         b = tl.load(b_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
         z = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32) + b[None, :]
-        h = 0.5 * z * (1.0 + tl.math.erf(z * 0.7071067811865476))
-        tl.store(h_ptr + offs, h.to(h_ptr.dtype.element_ty), mask=mask)
+        cdf, _ = _normal_cdf_and_exp(z)
+        tl.store(h_ptr + offs, (z * cdf).to(h_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
     def _bias_gelu_bwd_kernel(g_ptr, x_ptr, b_ptr, dx_ptr, part_ptr, M, N, rows_per_program,
@@ -83,9 +97,8 @@ if triton is not None:
             offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
             g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
             z = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32) + b[None, :]
-            cdf = 0.5 * (1.0 + tl.math.erf(z * 0.7071067811865476))
-            pdf = 0.3989422804014327 * tl.exp(-0.5 * z * z)
-            d = g * (cdf + z * pdf)                                      # masked lanes: g = 0, so d = 0
+            cdf, e = _normal_cdf_and_exp(z)
+            d = g * (cdf + z * (0.3989422804014327 * e))                 # masked lanes: g = 0, so d = 0
             tl.store(dx_ptr + offs, d.to(dx_ptr.dtype.element_ty), mask=mask)
             acc += d
         tl.store(part_ptr + tl.program_id(1).to(tl.int64) * N + cols, tl.sum(acc, axis=0), mask=cmask)
