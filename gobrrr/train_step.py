@@ -31,8 +31,8 @@ How the model is compiled (`prepare_model`), and why this way:
     its per-chunk softmax/gradient pass is compiled on its own.
   * Each MLP's fc bias add and GELU run as `gobrrr.ops.bias_gelu` (custom ops with Triton kernels,
     kept whole inside the compiled block), whose backward sums fc's bias gradient in the same pass
-    (`fuse_bias_gelu`; when compiling on a GPU). At B = 64 on an H200 it took the GELU work of a
-    step from 10.7 to 9.4 ms and the step from 121.4 to 120.5 ms (BENCHMARKS.md, `train`).
+    (`fuse_bias_gelu`; when compiling on a GPU). At B = 64 on an H200 the step took 120.4 ms with
+    it against 123.4 ms without (BENCHMARKS.md, `train`).
   * `--bf16-residual` (`bf16_residual`): the stream between blocks in bf16 instead of float32.
   * The final LayerNorm is compiled on its own too (eagerly: separate forward, input-gradient,
     weight-gradient and cast kernels).

@@ -1,7 +1,7 @@
 """The MLP's bias add and GELU as one op whose backward also sums the bias gradient: Megatron-LM's
 bias-GELU fusion (Shoeybi et al. 2019, "Megatron-LM"), as Triton kernels.
 
-    h = bias_gelu(x @ W.T, b)        # == F.gelu(F.linear(x, W, b)), the exact (erf) GELU
+    h = bias_gelu(x @ W.T, b)        # == F.gelu(F.linear(x, W, b)), the erf GELU (to 1.5e-7)
 
 Why: in the 124m's compiled block the fc matmul writes its output with the bias added, inductor
 saves that output and, in backward, one kernel recomputes GELU(pre) (proj's weight gradient needs
@@ -21,15 +21,15 @@ CDF and density). No host-device sync; capturable in a CUDA graph. Registered as
 (`gobrrr::bias_gelu`, `gobrrr::bias_gelu_backward`), so torch.compile keeps them whole, never
 recomputes them, and fuses nothing into them.
 
-Measured on an H200 (torch 2.11; 65536 x 3072 bf16, the 124m's MLP at B = 64): forward 0.29 ms
+Measured on an H200 (torch 2.11; 65536 x 3072 bf16, the 124m's MLP at B = 64): forward 0.22 ms
 (aten's F.gelu, without a bias, 0.26 ms; a copy of the same bytes 0.19 ms), backward with the bias
-sum 0.42 ms. The tiles are the best of a sweep there (forward 8-32 rows x 128-512 columns, backward
-32-128 x 32-128 at 4 or 8 warps and 264-4096 programs); folding db over the rows at every tile,
-instead of once per program at the end, was 1.05-1.25x slower at the same tiles. In a B = 64 step
-(bf16 residual stream) the GELU work fell from 10.7 ms (inductor's forward, its backward with GELU
-recomputed, and its bias sum) to 9.4 ms; in the step the kernels run slower than alone (0.34 and
-0.47 ms), and the step gained 0.7% (120.5 against 121.4 ms, six interleaved rounds; BENCHMARKS.md,
-`train`).
+sum 0.32 ms. Two choices made that: the normal CDF by Abramowitz & Stegun's erf (`_normal_cdf_and_exp`;
+with libdevice's erf the two took 0.29 and 0.42 ms: GELU at these sizes is as much arithmetic as
+memory), and tiles that are the best of a sweep there (forward 8-32 rows x 128-512 columns, backward
+32-128 x 32-128 at 4 or 8 warps and 264-4096 programs; folding db over the rows at every tile,
+instead of once per program at the end, was 1.05-1.25x slower). In a B = 64 step with the bf16
+residual stream the step took 120.4 ms against 123.4 ms with the MLP as written (four interleaved
+rounds; BENCHMARKS.md, `train`).
 
 The torch version (`_reference`, float32 math through aten's gelu and gelu_backward) runs where the
 kernels cannot (no Triton, not a CUDA tensor) and is what the tests compare the kernels against.
@@ -60,7 +60,8 @@ if triton is not None:
     @triton.jit
     def _normal_cdf_and_exp(z):
         """(Phi(z), exp(-z^2 / 2)): the standard normal CDF through erf(|z| / sqrt 2) by Abramowitz &
-        Stegun 7.1.26 (|error| <= 1.5e-7, 1e5 times finer than bf16's spacing near 1), whose
+        Stegun 7.1.26 (Handbook of Mathematical Functions, 1964; |error| <= 1.5e-7, 1e5 times finer than
+        bf16's spacing near 1), whose
         exponential is the density's: one exp2, one approximate reciprocal and five FMAs, where
         libdevice's erf costs about twenty instructions and branches. The tail is computed directly
         (Phi(-|z|) = erfc(|z| / sqrt 2) / 2), so Phi of a very negative z keeps its relative accuracy."""
@@ -177,7 +178,7 @@ _bias_gelu.register_autograd(_backward, setup_context=_setup_context)
 
 
 def bias_gelu(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """GELU(x + bias), the exact (erf) form, in x's dtype with float32 math inside.
+    """GELU(x + bias), the erf form (erf to within 1.5e-7 on a GPU), in x's dtype with float32 math inside.
 
     x: (..., N), e.g. a linear layer's output computed without its bias; bias: (N,). Differentiable
     in both; the bias gradient is summed inside GELU's backward pass (see the module docstring)."""
