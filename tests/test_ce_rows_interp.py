@@ -58,9 +58,14 @@ print("interpreted ce_rows matches")
 MISSING = _interpreter_missing()
 
 
+def run_interpreted(code: str, done: str, timeout: float = 300) -> None:
+    """Run `code` in a fresh Python under Triton's interpreter; it must exit 0 and print `done`."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert done in proc.stdout
+
+
 @pytest.mark.skipif(MISSING is not None, reason=str(MISSING))
 def test_ce_rows_arithmetic_under_the_triton_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-c", CHECK], env=env, capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "interpreted ce_rows matches" in proc.stdout
+    run_interpreted(CHECK, "interpreted ce_rows matches", timeout=180)
