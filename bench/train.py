@@ -65,8 +65,8 @@ import torch.nn.functional as F
 from bench.common import device_name, median, print_table, record
 
 GiB = 2**30
-ALL = ("plain", "plain-ro", "gobrrr", "gobrrr-unfused", "gobrrr-nograph", "gobrrr-model", "gobrrr-std", "gobrrr-eager", "plain-eager",
-       "gobrrr-mat")
+ALL = ("plain", "plain-ro", "gobrrr", "gobrrr-unfused", "gobrrr-nograph", "gobrrr-model", "gobrrr-std", "gobrrr-eager",
+       "plain-eager", "gobrrr-mat")
 
 
 @dataclass

@@ -121,7 +121,7 @@ class TrainConfig:
     tp: int = 1                      # tensor-parallel degree (gobrrr.parallel.tp); world = dp x tp
     sequence_parallel: bool = False  # with --tp: shard LayerNorm/dropout activations along the sequence
     cuda_graph: bool | None = None   # replay the step as one CUDA graph; default on where graph_blocker allows
-    bf16_residual: bool = False      # the residual stream between blocks in bf16 under autocast (train_step.bf16_residual)
+    bf16_residual: bool = False      # the stream between blocks in bf16 under autocast (train_step.bf16_residual)
 
     def __post_init__(self):
         if self.warmup is None:  # marked: a resumed run with a longer --steps keeps the run's own warmup

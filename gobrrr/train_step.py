@@ -93,8 +93,9 @@ def _bias_gelu_mlp_forward(mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 def fuse_bias_gelu(raw: nn.Module, on: bool = True) -> int:
     """Route (on) or stop routing (off) every GPT MLP's fc bias + GELU through `gobrrr.ops.bias_gelu`,
-    by setting the MLP instances' forward; names, parameters and state_dict do not change. Returns
-    how many MLPs now use it."""
+    by setting the MLP instances' forward; names, parameters and state_dict do not change, and fc's
+    own forward (with any hook on it) is no longer called while it is on. Returns how many MLPs now
+    use it."""
     from gobrrr.models.gpt import MLP
 
     n = 0
