@@ -276,6 +276,9 @@ def setup_model(raw: nn.Module, cfg: Any, device: torch.device, seq_len: int) ->
     if why:
         lines.append(f"notice: running without torch.compile: {why}")
     on = want and why is None
+    res16 = getattr(cfg, "bf16_residual", False)
+    if res16 and device.type != "cuda":
+        lines.append("notice: --bf16-residual changes nothing here: a CPU run has no bf16 autocast")
     lines.append("model: " + prepare_model(raw, compile=on, backend=getattr(cfg, "compile_backend", "inductor"),
-                                           residual_bf16=getattr(cfg, "bf16_residual", False)))
+                                           residual_bf16=res16 and device.type == "cuda"))
     return batch, on, lines

@@ -79,6 +79,16 @@ def test_bf16_residual_casts_the_stream_under_autocast_only():
     torch.testing.assert_close(loss16, loss32, rtol=2e-2, atol=2e-2)  # the same model, a rounded stream
 
 
+def test_bf16_residual_on_a_cpu_run_says_it_changes_nothing():
+    from gobrrr.train import TrainConfig
+    from gobrrr.train_step import setup_model
+
+    raw = GPT(GPTConfig.from_name("tiny"))
+    _, _, lines = setup_model(raw, TrainConfig(model="tiny", bf16_residual=True, compile=False), torch.device("cpu"), 32)
+    assert any("--bf16-residual changes nothing here" in line for line in lines)
+    assert not raw.blocks[0]._forward_pre_hooks and "bf16 residual" not in lines[-1]
+
+
 CHECK = r"""
 import torch
 from gobrrr.ops import bias_gelu as bg
