@@ -14,12 +14,13 @@ and its source; Ψ = parameters this GPU's tensor-parallel shard holds, N = dp):
                    fp32       4  4  8   no autocast (the CPU tests)
                    amp        4  4  8   fp32 weights under bf16 autocast (`gobrrr train`); autocast
                                         keeps a bf16 copy of every matmul weight until backward
+                   amp-res16  4  4  8   the same with a bf16 residual stream (train --bf16-residual)
                    bf16       2  2  12  bf16 weights, fp32 master + moments (the ZeRO paper's K = 12)
   activations    per block, Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large
                  Transformer Models") re-counted for this GPT: with flash attention (no s x s
                  scores kept) and no dropout, a block saves (2r + 14c)·sbh + 4·abs bytes, where r and
                  c are the bytes of the residual stream and of the compute dtype (amp: 36·sbh;
-                 bf16: 32·sbh). TP shards 12c of the 2r + 14c; SP also 2r; full recompute
+                 amp-res16 and bf16: 32·sbh). TP shards 12c of the 2r + 14c; SP also 2r; full recompute
                  keeps only each block's input (r·sbh) plus one block live during its backward.
                  The loss adds (c + 12)·sbV bytes at its backward (logits, fp32 log-softmax, grads),
                  or one chunk of logits with gobrrr.ops' chunked loss (`head_bytes`).
@@ -128,6 +129,7 @@ PRESETS: dict[str, ModelShape] = {
 PRECISIONS: dict[str, tuple[int, int, int, int, int]] = {
     "fp32": (4, 4, 8, 4, 4),
     "amp": (4, 4, 8, 4, 2),
+    "amp-res16": (4, 4, 8, 2, 2),
     "bf16": (2, 2, 12, 2, 2),
 }
 
@@ -314,7 +316,7 @@ def temp_bytes(model: ModelShape, layout: Layout, opt: Options) -> dict[str, flo
     """Buffers beyond model states and activations, by kind."""
     p, g, _, _, _ = PRECISIONS[opt.precision]
     out: dict[str, float] = {}
-    if opt.precision == "amp":  # held from forward to backward by the matmuls that saved them; under
+    if opt.precision.startswith("amp"):  # held from forward to backward by the matmuls that saved them; under
         # recompute only the head's (outside the checkpoints) and one recomputed block's
         cast = model.cast_params_per_tp_rank(layout.tp)
         if layout.recompute:

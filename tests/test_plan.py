@@ -54,11 +54,15 @@ def autograd_saved_bytes(model, run) -> int:
     return sum(seen.values())
 
 
-def _saved_by_autograd(shape: ModelShape, b: int, s: int, fused_loss=None, amp: bool = False) -> int:
+def _saved_by_autograd(shape: ModelShape, b: int, s: int, fused_loss=None, amp: bool = False,
+                       res16: bool = False) -> int:
     """Bytes autograd saves during one forward on CPU (fp32, or fp32 weights under bf16 autocast: then
-    autocast's weight copies are among them)."""
+    autocast's weight copies are among them; res16: with train's bf16 residual stream)."""
+    from gobrrr.train_step import bf16_residual
+
     torch.manual_seed(0)
     model = GPT(shape.gpt_config())
+    bf16_residual(model, res16)
     if fused_loss is not None:
         model.fused_loss = fused_loss
     x = torch.randint(0, shape.vocab_size, (b, s))
@@ -80,6 +84,12 @@ def test_saved_activations_equal_what_autograd_saves(shape, b):
     amp = Options(precision="amp")
     measured = _saved_by_autograd(shape, b, shape.seq_len, amp=True)
     predicted = saved_bytes(shape, Layout(1, 1), b, shape.seq_len, amp) + temp_bytes(shape, Layout(1, 1), amp)[
+        "autocast_bf16_weights"]
+    assert measured == pytest.approx(predicted, rel=0.01)
+    # amp-res16: the same with the stream between blocks in bf16 (train --bf16-residual)
+    res16 = Options(precision="amp-res16")
+    measured = _saved_by_autograd(shape, b, shape.seq_len, amp=True, res16=True)
+    predicted = saved_bytes(shape, Layout(1, 1), b, shape.seq_len, res16) + temp_bytes(shape, Layout(1, 1), res16)[
         "autocast_bf16_weights"]
     assert measured == pytest.approx(predicted, rel=0.01)
 
