@@ -60,11 +60,10 @@ if triton is not None:
     @triton.jit
     def _normal_cdf_and_exp(z):
         """(Phi(z), exp(-z^2 / 2)): the standard normal CDF through erf(|z| / sqrt 2) by Abramowitz &
-        Stegun 7.1.26 (Handbook of Mathematical Functions, 1964; |error| <= 1.5e-7, 1e5 times finer than
-        bf16's spacing near 1), whose
-        exponential is the density's: one exp2, one approximate reciprocal and five FMAs, where
-        libdevice's erf costs about twenty instructions and branches. The tail is computed directly
-        (Phi(-|z|) = erfc(|z| / sqrt 2) / 2), so Phi of a very negative z keeps its relative accuracy."""
+        Stegun 7.1.26 (Handbook of Mathematical Functions, 1964; |error| <= 1.5e-7, 1e5 times finer
+        than bf16's spacing near 1), whose exponential is the density's: one exp2, one approximate
+        reciprocal and five FMAs, where libdevice's erf costs about twenty instructions and branches.
+        The tail is computed directly (Phi(-|z|) = erfc(|z| / sqrt 2) / 2), not as 1 - Phi(|z|)."""
         x = tl.abs(z) * 0.7071067811865476
         t = tl.fdiv(1.0, 1.0 + 0.3275911 * x)
         poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
@@ -85,7 +84,7 @@ if triton is not None:
 
     @triton.jit
     def _bias_gelu_bwd_kernel(g_ptr, x_ptr, b_ptr, dx_ptr, part_ptr, M, N, rows_per_program,
-                    BM: tl.constexpr, BN: tl.constexpr):
+                              BM: tl.constexpr, BN: tl.constexpr):
         cols = tl.program_id(0) * BN + tl.arange(0, BN)                 # (BN,)
         cmask = cols < N
         b = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
@@ -154,7 +153,7 @@ def _bias_gelu_backward(grad: torch.Tensor, x: torch.Tensor, bias: torch.Tensor)
     groups = triton.cdiv(M, rows_per_program)
     part = torch.empty(groups, N, dtype=torch.float32, device=x.device)  # (P, N) partial sums of db
     _bias_gelu_bwd_kernel[(col_blocks, groups)](grad, x, bias.contiguous(), dx, part, M, N, rows_per_program,
-                                      BM=BWD_BM, BN=BWD_BN, num_warps=NUM_WARPS)
+                                                BM=BWD_BM, BN=BWD_BN, num_warps=NUM_WARPS)
     return dx, part.sum(0).to(bias.dtype)
 
 
