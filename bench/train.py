@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import gc
 import time
 from dataclasses import asdict, dataclass, replace
@@ -199,22 +200,20 @@ def _build(name: str, base, batch, device, cfg: BenchConfig) -> Variant:
     c, a = cfg.compile, cfg.attention == "cudnn" and device.type == "cuda"
     t = cfg.tune and c
     g = device.type == "cuda"  # train.py's default: the step as one CUDA graph on a GPU at world size 1
-    r = cfg.bf16_residual
+    # what every variant shares: the batch, SDPA's backend order, the residual stream's dtype
+    plain = functools.partial(_plain, base, batch, device, cudnn=a, res16=cfg.bf16_residual)
+    gob = functools.partial(_gobrrr, name, base, batch, device, cudnn=a, res16=cfg.bf16_residual)
     table = {
-        "plain": lambda: _plain(base, batch, device, c, a, tune=t, res16=r),
-        "plain-ro": lambda: _plain(base, batch, device, c, a, mode="reduce-overhead", tune=t, res16=r),
-        "plain-eager": lambda: _plain(base, batch, device, False, a, res16=r),
-        "gobrrr": lambda: _gobrrr(name, base, batch, device, compile=c, cudnn=a, graph=g, tune=t, res16=r),
-        "gobrrr-unfused": lambda: _gobrrr(name, base, batch, device, compile=c, cudnn=a, graph=g, tune=t, res16=r,
-                                          fused_mlp=False),
-        "gobrrr-nograph": lambda: _gobrrr(name, base, batch, device, compile=c, cudnn=a, tune=t, res16=r),
-        "gobrrr-model": lambda: _gobrrr(name, base, batch, device, compile=c, scope="model", cudnn=a, tune=t,
-                                        res16=r),
-        "gobrrr-std": lambda: _gobrrr(name, base, batch, device, compile=c, chunked=False, cudnn=a, tune=t,
-                                      res16=r),
-        "gobrrr-eager": lambda: _gobrrr(name, base, batch, device, compile=False, cudnn=a, res16=r),
-        "gobrrr-mat": lambda: _gobrrr(name, base, batch, device, compile=c, mode="max-autotune-no-cudagraphs",
-                                      cudnn=a, res16=r),
+        "plain": lambda: plain(c, tune=t),
+        "plain-ro": lambda: plain(c, mode="reduce-overhead", tune=t),
+        "plain-eager": lambda: plain(False),
+        "gobrrr": lambda: gob(compile=c, graph=g, tune=t),
+        "gobrrr-unfused": lambda: gob(compile=c, graph=g, tune=t, fused_mlp=False),
+        "gobrrr-nograph": lambda: gob(compile=c, tune=t),
+        "gobrrr-model": lambda: gob(compile=c, scope="model", tune=t),
+        "gobrrr-std": lambda: gob(compile=c, chunked=False, tune=t),
+        "gobrrr-eager": lambda: gob(compile=False),
+        "gobrrr-mat": lambda: gob(compile=c, mode="max-autotune-no-cudagraphs"),
     }
     if name not in table:
         raise SystemExit(f"gobrrr bench train: error: unknown variant {name!r}; choose from {', '.join(ALL)}")
@@ -340,8 +339,6 @@ def breakdown(cfg: BenchConfig, base, B: int, device: torch.device) -> list[dict
     from gobrrr.parallel import ddp
     from gobrrr.train import TrainConfig, make_optimizer
     from gobrrr.train_step import prepare_model
-
-    _release(device)  # the timed variants' graphs and pools
 
     N, C, V = B * cfg.seq_len, base.config.n_embd, base.config.vocab_size
     gen = torch.Generator(device="cpu").manual_seed(0)

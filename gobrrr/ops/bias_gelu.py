@@ -169,8 +169,7 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, grad):
     x, bias = ctx.saved_tensors
-    dx, db = _bias_gelu_backward(grad, x, bias)
-    return dx, db
+    return _bias_gelu_backward(grad, x, bias)  # (dx, db)
 
 
 _bias_gelu.register_autograd(_backward, setup_context=_setup_context)
