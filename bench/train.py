@@ -11,17 +11,18 @@ Variants (each its own copy of the same initial weights, fed the same batch):
   plain-ro     the same with torch.compile(mode="reduce-overhead"): torch's own CUDA graphs (cudagraph
                trees) over the compiled forward and backward; the optimizer step stays eager
   gobrrr       what `gobrrr train` runs: `gobrrr.train_step.train_step` (the function train.py calls)
-               on the model as `setup_model` prepares it (per-block compile, chunked cross-entropy),
+               on the model as `setup_model` prepares it for one rank (one whole-model graph, chunked
+               cross-entropy, the bias-GELU kernels),
                wrapped in gobrrr ddp (world size 1: collectives are no-ops), train's make_optimizer,
                and the learning rate set per step as train.py does; on a GPU the whole step is
                replayed as one CUDA graph (`gobrrr.step_graph.GraphedStep`), as train.py does there
   gobrrr-unfused  the same step with GPT's MLP as written (fc with its bias, then F.gelu) instead of
                gobrrr.ops.bias_gelu's kernels
   gobrrr-nograph  the same step issued kernel by kernel from Python (`--no-cuda-graph`)
-  gobrrr-model the same step, one whole-model graph (the chunked head outside it, its kernel compiled)
-  gobrrr-std   the same step, per-block compile, lm_head + F.cross_entropy (eager head)
+  gobrrr-blocks  the same step compiled per block, as train compiles it past one rank
+  gobrrr-std   the same step with lm_head + F.cross_entropy (eager head)
   gobrrr-eager / plain-eager   the two without torch.compile
-  gobrrr-mat   per-block compile with mode "max-autotune-no-cudagraphs" (long compile)
+  gobrrr-mat   compiled with mode "max-autotune-no-cudagraphs" (long compile)
 
 --bf16-residual runs every variant, the plain ones included, with the residual stream between blocks
 in bf16 (`gobrrr.train_step.bf16_residual`): a precision choice the user makes, so the baseline makes
@@ -66,7 +67,7 @@ import torch.nn.functional as F
 from bench.common import device_name, median, print_table, record
 
 GiB = 2**30
-ALL = ("plain", "plain-ro", "gobrrr", "gobrrr-unfused", "gobrrr-nograph", "gobrrr-model", "gobrrr-std", "gobrrr-eager",
+ALL = ("plain", "plain-ro", "gobrrr", "gobrrr-unfused", "gobrrr-nograph", "gobrrr-blocks", "gobrrr-std", "gobrrr-eager",
        "plain-eager", "gobrrr-mat")
 
 
@@ -153,18 +154,19 @@ def _plain(base, batch, device, compile: bool, cudnn: bool, mode: str | None = N
     return Variant(name, step, 16 * _numel(model))
 
 
-def _gobrrr(name, base, batch, device, *, compile: bool, scope="blocks", chunked=True, mode=None,
+def _gobrrr(name, base, batch, device, *, compile: bool, scope=None, chunked=True, mode=None,
             cudnn: bool, graph: bool = False, tune: bool = False, res16: bool = False,
             fused_mlp: bool | None = None) -> Variant:
-    """gobrrr train's step: the same function and the same preparation train.py uses."""
+    """gobrrr train's step: the same function and the same preparation train.py uses (by default the
+    compile scope train picks for one rank)."""
     from gobrrr.parallel import ddp
     from gobrrr.step_graph import GraphedStep
     from gobrrr.train import TrainConfig, lr_at, make_optimizer
-    from gobrrr.train_step import prepare_model, train_step
+    from gobrrr.train_step import compile_scope, prepare_model, train_step
 
     raw = copy.deepcopy(base)
-    prepare_model(raw, compile=compile, scope=scope, chunked_loss=chunked, mode=mode, tune=tune and not mode,
-                  fused_mlp=fused_mlp, residual_bf16=res16)
+    prepare_model(raw, compile=compile, scope=scope or compile_scope(1), chunked_loss=chunked, mode=mode,
+                  tune=tune and not mode, fused_mlp=fused_mlp, residual_bf16=res16)
     model = ddp(raw)
     cfg = TrainConfig(model="124m", steps=1000, lr=1e-4, warmup=10)
     opt = make_optimizer(raw, cfg, device)
@@ -210,7 +212,7 @@ def _build(name: str, base, batch, device, cfg: BenchConfig) -> Variant:
         "gobrrr": lambda: gob(compile=c, graph=g, tune=t),
         "gobrrr-unfused": lambda: gob(compile=c, graph=g, tune=t, fused_mlp=False),
         "gobrrr-nograph": lambda: gob(compile=c, tune=t),
-        "gobrrr-model": lambda: gob(compile=c, scope="model", tune=t),
+        "gobrrr-blocks": lambda: gob(compile=c, graph=g, scope="blocks", tune=t),
         "gobrrr-std": lambda: gob(compile=c, chunked=False, tune=t),
         "gobrrr-eager": lambda: gob(compile=False),
         "gobrrr-mat": lambda: gob(compile=c, mode="max-autotune-no-cudagraphs"),
@@ -385,7 +387,7 @@ def breakdown(cfg: BenchConfig, base, B: int, device: torch.device) -> list[dict
         del qkv
 
     raw = copy.deepcopy(base)
-    prepare_model(raw, compile=cfg.compile)
+    prepare_model(raw, compile=cfg.compile, scope="model")  # as train prepares it for one rank
     model = ddp(raw)
     opt = make_optimizer(raw, TrainConfig(model="124m", lr=1e-4), device)
     src = tuple(tt.to(device) for tt in SyntheticTokens(V, cfg.seq_len, B, seed=0).batch(0))  # (B, T) each

@@ -275,7 +275,7 @@ def _train(cfg: TrainConfig, rank) -> dict[str, Any]:
     raw = GPT(model_cfg).to(device)
     flops_per_token = raw.flops_per_token(T)  # the whole model's, before --tp shards it
     auto_batch = cfg.batch_size is None
-    B, compiled, setup_lines = setup_model(raw, cfg, device, T)  # batch size, loss path, torch.compile
+    B, compiled, setup_lines = setup_model(raw, cfg, device, T, W)  # batch size, loss path, torch.compile
     cfg = replace(cfg, batch_size=B)
     if cfg.tp > 1:  # a (dp, tp) mesh: tp() on tp, ddp (or ZeRO 1-2 with --zero) on dp
         model, opt, raw, dp_rank, DP = parallelize(raw, cfg, rank)

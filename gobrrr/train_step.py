@@ -16,10 +16,19 @@ The step, phase by phase (K = number of micro-batches):
   3. clip the global gradient norm (one fused norm, no host read), fused AdamW step, grads to None;
   4. return [mean loss, grad norm] stacked on the device: no `# sync:` anywhere in the step.
 
-How the model is compiled (`prepare_model`), and why this way:
-  * Regional compilation: each transformer block is compiled in place (`nn.Module.compile`), as
-    torchtitan does. The blocks share one code object, so dynamo traces and inductor compiles one
-    block graph that all twelve reuse (seconds, not the minute of a whole-model graph); module
+How the model is compiled (`prepare_model`; `setup_model` picks the scope by world size), and why:
+  * At world size 1: one whole-model graph (scope "model"): the embeddings, all blocks and the final
+    LayerNorm in one inductor graph (the chunked head and loss stay outside it, eager around their
+    own kernel). Inductor then fuses across block boundaries what per-block graphs cannot: each
+    block's closing residual add with the next block's first LayerNorm, forward and backward, and
+    the embedding's backward (a scatter-add) with the first block's. On an H200 (124m, B = 64, bf16
+    residual, one run) the step took 116.5 ms against 118.5 ms per block; at B = 256 (with ce_rows'
+    exp2 pass) 452 ms against 461 ms, MFU 50.1% (BENCHMARKS.md, `train`). Nothing is lost: with
+    one rank there is no gradient communication for the backward to overlap. It compiles in about
+    20 s instead of 10 (cold cache), reported on its own line.
+  * Past one rank: regional compilation: each transformer block is compiled in place
+    (`nn.Module.compile`), as torchtitan does. The blocks share one code object, so dynamo traces
+    and inductor compiles one block graph that all twelve reuse (seconds, not 20 s); module
     names, parameters and state_dict keys are unchanged (no `_orig_mod.` prefix), so ddp, the
     checkpoint and resume see the same model compiled or not.
   * Gradient hooks keep their overlap: each compiled block's backward is one autograd node, so
@@ -28,15 +37,14 @@ How the model is compiled (`prepare_model`), and why this way:
     deliver every gradient at the very end and leave nothing to overlap. ddp's end-of-backward
     engine callback is queued from such a hook, outside any compiled code.
   * The head and loss run through `gobrrr.ops.ChunkedCrossEntropy` (no (B, T, V) logits held);
-    its per-chunk softmax/gradient pass is compiled on its own.
+    its per-chunk softmax/gradient pass is one Triton kernel on a GPU (`gobrrr.ops.ce_rows`).
   * Each MLP's fc bias add and GELU run as `gobrrr.ops.bias_gelu` (custom ops with Triton kernels,
     kept whole inside the compiled block), whose backward sums fc's bias gradient in the same pass
     (`fuse_bias_gelu`; when compiling on a GPU). At B = 64 on an H200 the step took 120.4 ms with
     it against 123.4 ms without (BENCHMARKS.md, `train`).
   * `--bf16-residual` (`bf16_residual`): the stream between blocks in bf16 instead of float32.
-  * The final LayerNorm is compiled on its own too (eagerly: separate forward, input-gradient,
-    weight-gradient and cast kernels).
-    Not compiled: the embedding lookups.
+  * Per block, the final LayerNorm is compiled on its own too (eagerly it is separate forward,
+    input-gradient, weight-gradient and cast kernels); the embedding lookups are not compiled.
 """
 from __future__ import annotations
 
@@ -140,8 +148,9 @@ def prepare_model(raw: nn.Module, *, compile: bool, backend: str = "inductor", m
     """Set the loss path, the MLP's bias-GELU and the residual stream's dtype, and compile `raw` (a
     GPT) in place; return a one-line description.
 
-    scope: "blocks" (each transformer block, the default; see the module docstring) or "model"
-    (one whole-model graph; the chunked loss then runs eagerly outside it, its kernel compiled).
+    scope: "blocks" (each transformer block, the default: right for any wrapper) or "model" (one
+    whole-model graph; the chunked loss then runs eagerly outside it, its kernel compiled); the
+    module docstring says when each pays.
     tune: inductor's coordinate-descent kernel tuning (`compile_options`); not with `mode`.
     fused_mlp: route each MLP's fc bias + GELU through `gobrrr.ops.bias_gelu` (`fuse_bias_gelu`);
     None (the default) does so when compiling and its Triton kernels can run on the model's device.
@@ -170,7 +179,7 @@ def prepare_model(raw: nn.Module, *, compile: bool, backend: str = "inductor", m
         raw.ln_f.compile(backend=backend, mode=mode, options=options)  # its casts fused with it
     else:
         raw.compile(backend=backend, mode=mode, options=options)
-    how = f"torch.compile per {'block' if scope == 'blocks' else 'model'}, backend {backend}"
+    how = f"torch.compile {'per block' if scope == 'blocks' else 'as one whole-model graph'}, backend {backend}"
     how += (f", mode {mode}" if mode else "") + (", tuned kernels" if options else "")
     return how + ", " + ", ".join(what)
 
@@ -254,9 +263,17 @@ def train_step(model: nn.Module, opt: torch.optim.Optimizer, micro_batches: Iter
     return torch.stack([loss_sum / accum, norm.float()])
 
 
-def setup_model(raw: nn.Module, cfg: Any, device: torch.device, seq_len: int) -> tuple[int, bool, list[str]]:
+def compile_scope(world_size: int) -> str:
+    """"model" (one whole-model graph) for a single rank, "blocks" (per-block graphs, whose gradients
+    arrive block by block for ddp/ZeRO to overlap their communication with) past one; module docstring."""
+    return "model" if world_size == 1 else "blocks"
+
+
+def setup_model(raw: nn.Module, cfg: Any, device: torch.device, seq_len: int,
+                world_size: int = 1) -> tuple[int, bool, list[str]]:
     """Before wrapping `raw`: pick the batch size (cfg.batch_size, or probed on a GPU, 8 on a CPU),
-    decide on torch.compile (cfg.compile, default: on for a GPU) and prepare the model.
+    decide on torch.compile (cfg.compile, default: on for a GPU) and prepare the model, compiled as
+    `compile_scope(world_size)` says.
 
     Returns (batch size, compiled?, lines to print on rank 0). Where the run asked for compile (or
     defaulted to it) but `compile_blocker` names a reason, the model runs eagerly and one line says why.
@@ -280,5 +297,6 @@ def setup_model(raw: nn.Module, cfg: Any, device: torch.device, seq_len: int) ->
     if res16 and device.type != "cuda":
         lines.append("notice: --bf16-residual changes nothing here: a CPU run has no bf16 autocast")
     lines.append("model: " + prepare_model(raw, compile=on, backend=getattr(cfg, "compile_backend", "inductor"),
+                                           scope=compile_scope(world_size),
                                            residual_bf16=res16 and device.type == "cuda"))
     return batch, on, lines

@@ -84,15 +84,17 @@ def test_the_loss_kernel_choice_falls_back_to_torch_on_a_cpu_and_says_what_is_mi
         ChunkedCrossEntropy(kernel="fast")
 
 
-def test_compiled_blocks_keep_names_and_fire_ddp_hooks_like_eager():
+@pytest.mark.parametrize("scope", ["blocks", "model"])
+def test_compiled_model_keeps_names_and_fires_ddp_hooks_like_eager(scope):
     from gobrrr.parallel import ddp
 
     torch.manual_seed(0)
     eager, comp = GPT(GPTConfig.from_name("tiny")), GPT(GPTConfig.from_name("tiny"))
     comp.load_state_dict(eager.state_dict())
     prepare_model(eager, compile=False)
-    line = prepare_model(comp, compile=True, backend="aot_eager")
-    assert "per block" in line and list(comp.state_dict()) == list(eager.state_dict())
+    line = prepare_model(comp, compile=True, backend="aot_eager", scope=scope)
+    assert ("per block" if scope == "blocks" else "one whole-model graph") in line
+    assert list(comp.state_dict()) == list(eager.state_dict())
     idx, tgt = torch.randint(256, (4, 32)), torch.randint(256, (4, 32))
     results = []
     for raw in (eager, comp):
@@ -121,6 +123,15 @@ def test_combinations_that_cannot_compile_fall_back_with_a_notice():
     batch, on, lines = setup_model(raw, cfg, torch.device("cpu"), 32)
     assert (batch, on) == (8, False)  # the CPU default batch size is unchanged
     assert any(line.startswith("notice: running without torch.compile: --tp") for line in lines)
+
+
+def test_one_rank_compiles_one_whole_model_graph_and_more_ranks_compile_per_block():
+    # one rank has no gradient communication to overlap, so inductor gets the whole model to fuse;
+    # past one, per-block graphs hand ddp/ZeRO their gradients block by block
+    cfg = TrainConfig(model="tiny", device="cpu", compile=True, compile_backend="aot_eager")
+    for world, said in ((1, "torch.compile as one whole-model graph"), (2, "torch.compile per block")):
+        _, on, lines = setup_model(GPT(GPTConfig.from_name("tiny")), cfg, torch.device("cpu"), 32, world)
+        assert on and any(line.startswith("model: " + said) for line in lines), lines
 
 
 def test_compile_flags_and_defaults():

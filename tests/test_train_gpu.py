@@ -89,7 +89,7 @@ def test_compiled_by_default_reports_compile_apart_and_matches_eager(tmp_path, c
     on, off = tmp_path / "on", tmp_path / "off"
     result = train(TrainConfig(**TINY, out=str(on)))  # compile: default (on for a GPU)
     err = capsys.readouterr().err
-    assert "model: torch.compile per block, backend inductor, chunked cross-entropy" in err
+    assert "model: torch.compile as one whole-model graph, backend inductor, chunked cross-entropy" in err  # 1 rank
     assert "torch.compile + first step:" in err and "(not counted in tokens/s)" in err
     assert result["tokens_per_s"] > 0
     train(TrainConfig(**TINY, out=str(off), compile=False))
