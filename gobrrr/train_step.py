@@ -21,14 +21,14 @@ How the model is compiled (`prepare_model`; `setup_model` picks the scope by wor
     LayerNorm in one inductor graph (the chunked head and loss stay outside it, eager around their
     own kernel). Inductor then fuses across block boundaries what per-block graphs cannot: each
     block's closing residual add with the next block's first LayerNorm, forward and backward, and
-    the embedding's backward (a scatter-add) with the first block's. On an H200 (124m, B = 64, bf16
-    residual, one run) the step took 116.5 ms against 118.5 ms per block; at B = 256 (with ce_rows'
-    exp2 pass) 452 ms against 461 ms, MFU 50.1% (BENCHMARKS.md, `train`). Nothing is lost: with
-    one rank there is no gradient communication for the backward to overlap. It compiles in about
-    20 s instead of 10 (cold cache), reported on its own line.
+    the embedding's backward (a scatter-add) with the first block's. On an H200 (124m, bf16
+    residual) the step took 116.5 ms against 118.3 ms per block at B = 64, and 452.5 ms (MFU
+    50.1%) against 457.3 ms at B = 256 (BENCHMARKS.md, `train`). Nothing is lost: with one rank
+    there is no gradient communication for the backward to overlap. It compiles in 12-16 s
+    instead of 2-6 s, reported on its own line.
   * Past one rank: regional compilation: each transformer block is compiled in place
     (`nn.Module.compile`), as torchtitan does. The blocks share one code object, so dynamo traces
-    and inductor compiles one block graph that all twelve reuse (seconds, not 20 s); module
+    and inductor compiles one block graph that all twelve reuse; module
     names, parameters and state_dict keys are unchanged (no `_orig_mod.` prefix), so ddp, the
     checkpoint and resume see the same model compiled or not.
   * Gradient hooks keep their overlap: each compiled block's backward is one autograd node, so
