@@ -149,8 +149,8 @@ def prepare_model(raw: nn.Module, *, compile: bool, backend: str = "inductor", m
     GPT) in place; return a one-line description.
 
     scope: "blocks" (each transformer block, the default: right for any wrapper) or "model" (one
-    whole-model graph; the chunked loss then runs eagerly outside it, its kernel compiled); the
-    module docstring says when each pays.
+    whole-model graph; the chunked head and loss run eagerly outside it, around their own kernel);
+    `compile_scope` picks one by world size, and the module docstring says why.
     tune: inductor's coordinate-descent kernel tuning (`compile_options`); not with `mode`.
     fused_mlp: route each MLP's fc bias + GELU through `gobrrr.ops.bias_gelu` (`fuse_bias_gelu`);
     None (the default) does so when compiling and its Triton kernels can run on the model's device.
@@ -264,8 +264,9 @@ def train_step(model: nn.Module, opt: torch.optim.Optimizer, micro_batches: Iter
 
 
 def compile_scope(world_size: int) -> str:
-    """"model" (one whole-model graph) for a single rank, "blocks" (per-block graphs, whose gradients
-    arrive block by block for ddp/ZeRO to overlap their communication with) past one; module docstring."""
+    """The compile scope for `world_size` ranks: one whole-model graph ("model") for a single rank;
+    past one, per-block graphs ("blocks"), whose gradients arrive block by block so that ddp and ZeRO
+    overlap their communication with the rest of backward. The module docstring gives the figures."""
     return "model" if world_size == 1 else "blocks"
 
 
