@@ -24,8 +24,8 @@ How the model is compiled (`prepare_model`; `setup_model` picks the scope by wor
     the embedding's backward (a scatter-add) with the first block's. On an H200 (124m, bf16
     residual) the step took 116.5 ms against 118.3 ms per block at B = 64, and 452.5 ms (MFU
     50.1%) against 457.3 ms at B = 256 (BENCHMARKS.md, `train`). Nothing is lost: with one rank
-    there is no gradient communication for the backward to overlap. It compiles in 12-16 s
-    instead of 2-6 s, reported on its own line.
+    there is no gradient communication for the backward to overlap. It compiles in 12-30 s
+    instead of 2-11 s (H200, cold caches), reported on its own line.
   * Past one rank: regional compilation: each transformer block is compiled in place
     (`nn.Module.compile`), as torchtitan does. The blocks share one code object, so dynamo traces
     and inductor compiles one block graph that all twelve reuse; module
