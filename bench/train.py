@@ -340,7 +340,7 @@ def breakdown(cfg: BenchConfig, base, B: int, device: torch.device) -> list[dict
     from gobrrr.ops.linear_ce import CHUNK_ELEMENTS
     from gobrrr.parallel import ddp
     from gobrrr.train import TrainConfig, make_optimizer
-    from gobrrr.train_step import prepare_model
+    from gobrrr.train_step import compile_scope, prepare_model
 
     N, C, V = B * cfg.seq_len, base.config.n_embd, base.config.vocab_size
     gen = torch.Generator(device="cpu").manual_seed(0)
@@ -387,7 +387,8 @@ def breakdown(cfg: BenchConfig, base, B: int, device: torch.device) -> list[dict
         del qkv
 
     raw = copy.deepcopy(base)
-    prepare_model(raw, compile=cfg.compile, scope="model")  # as train prepares it for one rank
+    prepare_model(raw, compile=cfg.compile, scope=compile_scope(1),  # as train prepares it for one rank
+                  residual_bf16=cfg.bf16_residual)
     model = ddp(raw)
     opt = make_optimizer(raw, TrainConfig(model="124m", lr=1e-4), device)
     src = tuple(tt.to(device) for tt in SyntheticTokens(V, cfg.seq_len, B, seed=0).batch(0))  # (B, T) each
