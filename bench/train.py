@@ -499,15 +499,15 @@ def main(argv: list[str] | None = None) -> int:
                 _release(device)
             rows += got
             print_table(got, cols)
+        largest = max(r["B"] for r in rows) if rows else cfg.batch_sizes[0]
         try:
             if cfg.breakdown:
-                parts = breakdown(cfg, base, max(r["B"] for r in rows) if rows else cfg.batch_sizes[0], rank.device)
+                parts = breakdown(cfg, base, largest, rank.device)
                 print_table(parts, ["part", "N", "ms", "peak_gib", "error"], title="what the step spends (largest B):")
             if cfg.kernels:
-                kb = max(r["B"] for r in rows) if rows else cfg.batch_sizes[0]
-                kernels = kernel_table(cfg, base, kb, rank.device)
+                kernels = kernel_table(cfg, base, largest, rank.device)
                 print_table(kernels, ["category", "ms_per_step", "share", "tflops"],
-                            title=f"the gobrrr step's device time by kind of kernel (B={kb}, profiled):")
+                            title=f"the gobrrr step's device time by kind of kernel (B={largest}, profiled):")
         except torch.cuda.OutOfMemoryError as e:  # the timed rows above are still recorded
             print(f"  --breakdown/--kernels: out of memory ({str(e).splitlines()[0][:80]}); "
                   "rerun them with a smaller --batch-sizes")
