@@ -25,7 +25,11 @@ demo: setup
 test: setup
 	$(VPY) -m pytest
 
+# the code's own hygiene: ruff (style, errors, imports sorted), import-linter (the layers of DESIGN.md),
+# and gobrrr's own lint on gobrrr (no accidental host-device sync in library code)
 lint: setup
+	$(VENV)/bin/ruff check gobrrr tests examples scripts
+	$(VENV)/bin/lint-imports
 	$(VENV)/bin/gobrrr lint gobrrr
 
 clean:

@@ -83,7 +83,7 @@ def naive_loop(cfg: SeedConfig, device: torch.device) -> tuple[float, float]:
     return (time.perf_counter() - t0) * 1e3 / cfg.steps, total / cfg.steps
 
 
-def gobrrr_loop(cfg: SeedConfig, device: torch.device) -> tuple[float, float, gobrrr.device.prefetch.PrefetchStats]:
+def gobrrr_loop(cfg: SeedConfig, device: torch.device) -> tuple[float, float, gobrrr.loader.prefetch.PrefetchStats]:
     """The same loop with three lines changed. Returns (ms per step, mean loss, Prefetcher stats)."""
     model, opt = make_model(cfg, device)
     loader = gobrrr.Prefetcher(Batches(cfg, cfg.warmup + cfg.steps), device=device)   # 1.

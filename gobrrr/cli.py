@@ -13,27 +13,27 @@ import sys
 # subcommand -> (module, one-line help)
 COMMANDS = {
     "demo": ("gobrrr.demo", "run the demo: prefetch, sync detective, lint and doctor on the seed loop"),
-    "lint": ("gobrrr.device.lint", "static check for host-device anti-patterns (GB001-GB009)"),
-    "doctor": ("gobrrr.doctor", "run a script under the profiler and show where the GPU waits"),
-    "train": ("gobrrr.train", "train the reference GPT (works under torchrun)"),
-    "plan": ("gobrrr.plan_cli", "memory, communication and step time of every parallel layout, before renting GPUs"),
+    "lint": ("gobrrr.lint.check", "static check for host-device anti-patterns (GB001-GB009)"),
+    "doctor": ("gobrrr.doctor.cli", "run a script under the profiler and show where the GPU waits"),
+    "train": ("gobrrr.train.cli", "train the reference GPT (works under torchrun)"),
+    "plan": ("gobrrr.plan.cli", "memory, communication and step time of every parallel layout, before renting GPUs"),
     "bench": (None, "benchmarks: " + ", ".join(["copy", "prefetch", "syncwatch", "comm", "p2p", "ddp", "train",
                                                  "zero", "tp", "plan"])),
 }
 
-# `gobrrr bench NAME` -> module under bench/ (each also runs as `python -m bench.MODULE`)
+# `gobrrr bench NAME` -> module under gobrrr/bench/ (each also runs as `python -m gobrrr.bench.MODULE`)
 BENCHES = {
-    "copy": "bench.copy_bw",
-    "prefetch": "bench.prefetch",
-    "prefetch_busy": "bench.prefetch_busy",
-    "syncwatch": "bench.syncwatch",
-    "comm": "bench.comm",
-    "p2p": "bench.p2p",
-    "ddp": "bench.ddp",
-    "train": "bench.train",
-    "zero": "bench.zero",
-    "tp": "bench.tp",
-    "plan": "bench.plan_check",
+    "copy": "gobrrr.bench.copy_bw",
+    "prefetch": "gobrrr.bench.prefetch",
+    "prefetch_busy": "gobrrr.bench.prefetch_busy",
+    "syncwatch": "gobrrr.bench.syncwatch",
+    "comm": "gobrrr.bench.comm",
+    "p2p": "gobrrr.bench.p2p",
+    "ddp": "gobrrr.bench.ddp",
+    "train": "gobrrr.bench.train",
+    "zero": "gobrrr.bench.zero",
+    "tp": "gobrrr.bench.tp",
+    "plan": "gobrrr.bench.plan_check",
 }
 
 
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
 @contextlib.contextmanager
 def _quick_records_elsewhere(args: list[str]):
     """A `--quick` smoke run of any benchmark records into a cache folder, never into the committed
-    bench/results/, unless --results or GOBRRR_BENCH_RESULTS says where (bench/common.py's rule,
+    bench/results/, unless --results or GOBRRR_BENCH_RESULTS says where (gobrrr/bench/common.py's rule,
     applied here too so that a benchmark which does not pass `quick=` to `record` is covered)."""
     if "--quick" not in args or "--results" in args or os.environ.get("GOBRRR_BENCH_RESULTS"):
         yield

@@ -38,7 +38,7 @@ def demo_prefetch(cuda: bool) -> None:
 
 def demo_syncs(cuda: bool) -> None:
     _section("2. Sync detective: every host-device sync, by source line")
-    from gobrrr.device.lint import lint_paths
+    from gobrrr.lint.check import lint_paths
 
     findings = lint_paths([str(SEED_LOOP)])
     print(f"gobrrr lint {SEED_LOOP.relative_to(ROOT)}: {len(findings)} finding(s)")
@@ -71,7 +71,7 @@ def demo_doctor(cuda: bool, out: Path) -> None:
 
 def demo_ranks() -> None:
     _section("4. Ranks: two processes, gloo on CPU (NCCL on GPUs)")
-    from gobrrr.dist.testing import spawn
+    from gobrrr.comm.testing import spawn
 
     results = spawn(_ranks_body, 2, timeout_s=120.0)
     for line in results:
@@ -79,8 +79,8 @@ def demo_ranks() -> None:
 
 
 def _ranks_body(rank):
-    from gobrrr.dist import comm
-    from gobrrr.dist.ring import ring_all_reduce
+    from gobrrr.comm import collectives as comm
+    from gobrrr.comm.ring import ring_all_reduce
 
     x = torch.arange(4, dtype=torch.float32) + 10 * rank.rank
     ours = x.clone()

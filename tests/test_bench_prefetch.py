@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from bench import prefetch
+from gobrrr.bench import prefetch
 
 
 @pytest.mark.timeout(120)
@@ -27,7 +27,8 @@ def test_quick_run_records_every_row(tmp_path, monkeypatch, capsys):
             r = by[(regime, name)]
             assert r["ms_per_step"] > 0, (regime, name)
         # worker rows are judged against the larger floor, in-process rows against the smaller
-        naive, dl = by[(regime, "naive: pageable .to() + .item()")], by[(regime, "DataLoader(workers, pin_memory) + non_blocking")]
+        naive = by[(regime, "naive: pageable .to() + .item()")]
+        dl = by[(regime, "DataLoader(workers, pin_memory) + non_blocking")]
         assert naive["x_floor"] > 0 and dl["x_floor"] > 0
         prod = by[(regime, "floor: workers' production (reused private buffer)")]["ms_per_step"]
         compute = by[(regime, "floor: compute only")]["ms_per_step"]
@@ -78,7 +79,7 @@ def test_busy_pass_rows_and_ring_setup_are_recorded(tmp_path, monkeypatch, capsy
 
 
 def test_busy_experiment_without_cuda_says_so_in_one_line(capsys):
-    from bench import prefetch_busy
+    from gobrrr.bench import prefetch_busy
     if prefetch_busy.torch.cuda.is_available():
         pytest.skip("a GPU is here: the experiment would run")
     assert prefetch_busy.main([]) == 2

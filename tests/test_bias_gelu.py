@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from gobrrr.models.gpt import GPT, GPTConfig
 from gobrrr.ops import bias_gelu as bg
-from gobrrr.train_step import bf16_residual, compile_blocker, fuse_bias_gelu
+from gobrrr.train.step import bf16_residual, compile_blocker, fuse_bias_gelu
 from tests.test_ce_rows_interp import MISSING, run_interpreted
 
 
@@ -80,8 +80,8 @@ def test_bf16_residual_casts_the_stream_under_autocast_only():
 
 
 def test_bf16_residual_on_a_cpu_run_says_it_changes_nothing():
-    from gobrrr.train import TrainConfig
-    from gobrrr.train_step import setup_model
+    from gobrrr.train.cli import TrainConfig
+    from gobrrr.train.step import setup_model
 
     raw = GPT(GPTConfig.from_name("tiny"))
     _, _, lines = setup_model(raw, TrainConfig(model="tiny", bf16_residual=True, compile=False), torch.device("cpu"), 32)

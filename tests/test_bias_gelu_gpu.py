@@ -50,7 +50,7 @@ def test_the_fused_mlp_matches_linear_then_gelu_under_autocast():
 
 def test_a_compiled_block_with_the_fused_mlp_replays_from_a_cuda_graph():
     from gobrrr.models.gpt import Block, GPTConfig
-    from gobrrr.train_step import fuse_bias_gelu
+    from gobrrr.train.step import fuse_bias_gelu
 
     torch.manual_seed(0)
     ref = Block(GPTConfig(n_embd=128, n_head=2, block_size=64)).cuda()

@@ -208,13 +208,13 @@ def run_all_checks(r) -> dict:
     out["unused-naive"] = check_unused_parameter(r, wrappers()["naive"])
     out["mismatch"] = check_mismatch(r)
     if r.world_size == 2:
-        from bench.ddp import BenchConfig, run_bench
+        from gobrrr.bench.ddp import BenchConfig, run_bench
         out["bench"] = run_bench(r, BenchConfig.quick())
     return out
 
 
 def _spawn(world_size: int):
-    from gobrrr.dist.testing import spawn
+    from gobrrr.comm.testing import spawn
 
     return spawn(run_all_checks, world_size, timeout_s=90.0, backend=BACKEND)
 
@@ -328,7 +328,7 @@ def test_no_sync_on_an_unwrapped_model_raises():
 
 def test_bench_quick_runs_on_cpu(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("GOBRRR_BENCH_RESULTS", str(tmp_path))
-    from bench.ddp import _baseline_tokens_per_gpu, main
+    from gobrrr.bench.ddp import _baseline_tokens_per_gpu, main
 
     assert main(["--quick", "--variants", "plain,ddp"]) == 0  # the 2-rank spawn above runs every variant
     out = capsys.readouterr().out

@@ -25,7 +25,7 @@ def _tiny_gpt(device):
 
 
 def _batches(device, n: int = 3):
-    from gobrrr.data import SyntheticTokens
+    from gobrrr.train.data import SyntheticTokens
 
     src = SyntheticTokens(256, 64, 8, seed=0)
     return [tuple(t.to(device) for t in src.batch(i)) for i in range(n)]  # (B, T) each
@@ -40,7 +40,7 @@ def _backward(model, x, y):
 
 def _sync_counter():
     try:
-        from gobrrr.device.syncs import watch_syncs
+        from gobrrr.syncs.watch import watch_syncs
     except ImportError:  # the sync detective is optional here
         return None
     return watch_syncs
@@ -101,7 +101,7 @@ def nccl_one_gpu(rank) -> dict:
 
 
 def test_nccl_path_on_one_gpu_matches_and_never_syncs():
-    from gobrrr.dist.testing import spawn
+    from gobrrr.comm.testing import spawn
 
     (res,) = spawn(nccl_one_gpu, 1, backend="nccl", timeout_s=120.0)
     for label, counts in res.items():  # (ddp backward, plain backward, ddp's sites) per step
@@ -110,8 +110,9 @@ def test_nccl_path_on_one_gpu_matches_and_never_syncs():
 
 @pytest.mark.multigpu
 def test_gloo_suite_unchanged_over_nccl():
-    from gobrrr.dist.testing import spawn
     from test_ddp import run_all_checks
+
+    from gobrrr.comm.testing import spawn
 
     n = min(4, torch.cuda.device_count())
     results = spawn(run_all_checks, n, backend="nccl", timeout_s=180.0)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.comm import bus_factor, parse_bytes, sizes
+from gobrrr.bench.comm import bus_factor, parse_bytes, sizes
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -52,7 +52,7 @@ def test_bench_comm_under_torchrun(tmp_path):
 
 
 def test_bench_p2p_quick(tmp_path, monkeypatch, capsys):
-    from bench import p2p
+    from gobrrr.bench import p2p
 
     monkeypatch.setenv("GOBRRR_BENCH_RESULTS", str(tmp_path))
     assert p2p.main(["--quick", "--bytes", "64K"]) == 0

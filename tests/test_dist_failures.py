@@ -8,8 +8,8 @@ import time
 import pytest
 import torch
 
-from gobrrr.dist import CollectiveError, CollectiveMismatchError, CollectiveTimeoutError, comm
-from gobrrr.dist.testing import SpawnError, spawn
+from gobrrr.comm import CollectiveError, CollectiveMismatchError, CollectiveTimeoutError, comm
+from gobrrr.comm.testing import SpawnError, spawn
 
 
 def _catch(fn) -> str:
@@ -160,7 +160,7 @@ MONITOR_ENV = {"GOBRRR_DIST_MONITOR": "1", "GOBRRR_DIST_MONITOR_STALL_S": "1", "
 
 
 def stuck_behind_departed_peer(rank):
-    from gobrrr.dist import debug
+    from gobrrr.comm import debug
 
     if rank.rank == 1:
         debug.note_exit(ValueError("boom in step 7"))  # what session() posts on its way out
@@ -172,7 +172,7 @@ def stuck_behind_departed_peer(rank):
 
 
 def busy_after_peer_departed(rank):
-    from gobrrr.dist import debug
+    from gobrrr.comm import debug
 
     comm.all_reduce(torch.ones(4))  # completes: both ranks take part
     if rank.rank == 1:

@@ -1,4 +1,4 @@
-"""gobrrr.dist on GPUs with NCCL: the same checks as the CPU/gloo tests, one process per GPU.
+"""gobrrr.comm on GPUs with NCCL: the same checks as the CPU/gloo tests, one process per GPU.
 
 World size 1 runs on any CUDA machine; the multi-rank cases run when several GPUs exist (marked
 multigpu). The bodies are the CPU tests' own functions: only `backend="nccl"` changes.
@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from gobrrr.dist.testing import SpawnError, spawn
 from test_dist_failures import dtype_mismatch_caught, op_mismatch_caught, raiser
 from test_dist_ops import ALL_OPS, all_op_checks, overlap_compute
+
+from gobrrr.comm.testing import SpawnError, spawn
 
 ROOT = Path(__file__).resolve().parent.parent
 N_GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -44,13 +44,13 @@ def test_nccl_world_size_one_every_op():
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("launcher", ["plain", "torchrun"])
 def test_bench_comm_on_one_gpu(tmp_path, launcher):
-    """`python -m bench.comm` alone (world size 1, in-process store) and under torchrun (env://), NCCL."""
+    """`python -m gobrrr.bench.comm` alone (world size 1, in-process store) and under torchrun (env://), NCCL."""
     env = {**os.environ, "GOBRRR_BENCH_RESULTS": str(tmp_path),
            "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(var, None)
-    run = ([sys.executable, "-m", "bench.comm"] if launcher == "plain" else
-           [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", "-m", "bench.comm"])
+    run = ([sys.executable, "-m", "gobrrr.bench.comm"] if launcher == "plain" else
+           [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", "-m", "gobrrr.bench.comm"])
     proc = subprocess.run(run + ["--quick", "--ops", "all_reduce,all_gather"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -1,4 +1,4 @@
-"""Every op of gobrrr.dist.comm, blocking and non-blocking, at world sizes 1, 2 and 4 (gloo, CPU),
+"""Every op of gobrrr.comm.collectives, blocking and non-blocking, at world sizes 1, 2 and 4 (gloo, CPU),
 checked against the result computed locally from what every rank put in.
 
 One spawned group per (world size, blocking mode) runs all checks, so the whole file costs a few
@@ -11,9 +11,9 @@ import torch
 import torch.distributed as dist
 from torch.testing import assert_close
 
-from gobrrr.dist import comm
-from gobrrr.dist.ring import ring_all_reduce
-from gobrrr.dist.testing import spawn
+from gobrrr.comm import collectives as comm
+from gobrrr.comm.ring import ring_all_reduce
+from gobrrr.comm.testing import spawn
 
 
 def data(r: int, shape=(3, 4), dtype=torch.float32, device="cpu") -> torch.Tensor:
@@ -204,7 +204,7 @@ def test_async_all_reduce_overlaps_compute():
 
 def with_emulations(rank) -> list[str]:
     """Force the fallbacks used where a backend lacks an op (older gloo), then run every check."""
-    from gobrrr.dist import debug
+    from gobrrr.comm import debug
 
     debug.watch_for(None).emulated.update({"all_gather", "reduce_scatter", "all_to_all"})
     return all_op_checks(rank, True)

@@ -10,8 +10,8 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 import gobrrr
-from gobrrr.dist import Rank, RankSampler, comm, print0, session, shard_indices
-from gobrrr.dist.testing import spawn
+from gobrrr.comm import Rank, RankSampler, comm, print0, session, shard_indices
+from gobrrr.comm.testing import spawn
 
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                  "GOBRRR_DIST_BACKEND", "GOBRRR_DIST_DEBUG")
@@ -26,7 +26,7 @@ def no_torchrun(monkeypatch):
 
 
 def test_init_without_torchrun_is_world_size_one(no_torchrun):
-    rank = gobrrr.dist.init(device="cpu", seed=123)
+    rank = gobrrr.comm.init(device="cpu", seed=123)
     try:
         assert rank == Rank(0, 0, 1, torch.device("cpu"), True, "gloo", 123)
         assert dist.is_initialized() and dist.get_world_size() == 1
@@ -36,7 +36,7 @@ def test_init_without_torchrun_is_world_size_one(no_torchrun):
         comm.all_reduce(t, "avg").wait()  # collectives work (and are trivial) at world size 1
         assert torch.equal(t, torch.arange(4.0))
     finally:
-        gobrrr.dist.shutdown()
+        gobrrr.comm.shutdown()
     assert not dist.is_initialized()
 
 
@@ -52,7 +52,7 @@ def test_init_rejects_a_rank_outside_the_world(no_torchrun, monkeypatch):
     monkeypatch.setenv("RANK", "3")
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ValueError, match="RANK=3 is outside"):
-        gobrrr.dist.init(device="cpu")
+        gobrrr.comm.init(device="cpu")
 
 
 def seeds_and_print(rank):
@@ -122,7 +122,7 @@ def test_rank_sampler_with_a_dataloader():
 
 def init_twice(rank):
     """init() inside an initialised rank adopts the group instead of failing or creating another."""
-    again = gobrrr.dist.init(device="cpu")
+    again = gobrrr.comm.init(device="cpu")
     t = torch.ones(2)
     comm.all_reduce(t)
     return again == rank, t.tolist()

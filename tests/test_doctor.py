@@ -76,7 +76,7 @@ def test_cli_end_to_end_passes_the_exit_code(tmp_path):
 WATCHED = """
 import json, sys
 import torch
-from gobrrr.device.syncs import watching
+from gobrrr.syncs.watch import watching
 
 model = torch.nn.Linear(8, 2)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -102,7 +102,7 @@ def test_sync_detective_watches_the_recorded_steps_only(tmp_path):
     # step 0 is the start-up window (watched, then dropped), steps 1 warmup, 2-4 recorded, then done
     assert json.loads(flags.read_text()) == [True, False, True, True, True, False, False, False, False, False]
     assert report["host"]["sync_detective"] == []
-    from gobrrr.device.syncs import watching
+    from gobrrr.syncs.watch import watching
     assert not watching()
 
 
@@ -215,9 +215,9 @@ def test_cli_errors():
 
 
 def test_summary_and_side_by_side_text():
-    from gobrrr.device.advice import recommend
-    from gobrrr.device.timeline import analyze
-    from gobrrr.device.timeline_report import side_by_side, summary
+    from gobrrr.doctor.advice import recommend
+    from gobrrr.doctor.report import side_by_side, summary
+    from gobrrr.doctor.timeline import analyze
 
     data = ROOT / "tests" / "data" / "traces"
     reports = {}
@@ -227,7 +227,7 @@ def test_summary_and_side_by_side_text():
         reports[name] = {
             "script": f"{name}.py", "argv": [], "exit_code": 0, "notes": [],
             "steps": {"source": "optimizer", "recorded": 3, "warmup": 2, "median_ms": 1.0},
-            "gpu": doctor._gpu_part(d), "host": {"syncs": d["syncs"]},
+            "gpu": doctor.session._gpu_part(d), "host": {"syncs": d["syncs"]},
             "advice": [r.to_dict() for r in recommend(f)], "files": {"report": f"/tmp/{name}/report.json"}}
     text = summary(reports["naive"])
     assert "waiting for data" in text and "record_traces.py:47" in text and "pageable" in text
@@ -263,7 +263,7 @@ def test_steps_after_a_closed_time_window_are_still_recorded(tmp_path):
 def test_report_from_a_recorded_gpu_trace(tmp_path, capsys):
     # the GPU half of the doctor's outputs, run here on a trace recorded on an H200
     from gobrrr.doctor import Session
-    from gobrrr.device.timeline_report import summary
+    from gobrrr.doctor.report import summary
 
     data = ROOT / "tests" / "data"
     s = Session(DoctorConfig(out_dir=str(tmp_path), print_summary=False), script=str(data / "record_traces.py"))

@@ -25,11 +25,11 @@ from pathlib import Path
 
 import pytest
 
-from gobrrr.device import timeline as tl
-from gobrrr.device.advice import LAUNCH_OVERHEAD_FIX, recommend
-from gobrrr.device.timeline_host import HOST_OVERHEAD, HostAttribution, loader_ranges
-from gobrrr.device.timeline_report import summary
-from gobrrr.device.timeline_sources import SourceResolver
+from gobrrr.doctor import timeline as tl
+from gobrrr.doctor.advice import LAUNCH_OVERHEAD_FIX, recommend
+from gobrrr.doctor.host import HOST_OVERHEAD, HostAttribution, loader_ranges
+from gobrrr.doctor.report import summary
+from gobrrr.doctor.sources import SourceResolver
 
 DATA = Path(__file__).parent / "data" / "traces"
 SRC = DATA / "imagenet_train.py"
@@ -192,7 +192,7 @@ def test_operators_between_calls_are_host_launch_overhead_of_their_function():
 def test_installed_packages_are_library_code():
     """The profiler names files relative to their sys.path entry: `torchvision/models/resnet.py` is a
     library's (a site-packages folder holds it), `imagenet_train.py` is the user's."""
-    from gobrrr.device.timeline_sources import is_library_file
+    from gobrrr.doctor.sources import is_library_file
 
     assert is_library_file("matplotlib/pyplot.py") and is_library_file("torch/nn/modules/module.py")
     assert not is_library_file("imagenet_train.py") and not is_library_file("examples/imagenet.py")
@@ -224,7 +224,7 @@ def test_data_parallel_walk_is_named(tmp_path):
     walk, model = host.locate([(1, 150, 400), (1, 600, 800)])
     assert (walk.line, walk.callee, walk.detail) == (3, "module call", "DataParallel")
     assert (model.line, model.callee, model.detail) == (3, "module call", "")
-    from gobrrr.device.advice import host_change
+    from gobrrr.doctor.advice import host_change
 
     assert "DistributedDataParallel" in host_change({"site": "dp_train.py:3", "callee": "module call",
                                                      "detail": "DataParallel"})
@@ -237,7 +237,7 @@ def test_waiting_in_a_prefetcher_is_waiting_for_data(tmp_path):
     src.write_text("def train(model, loader):\n    for x in loader:\n        model(x)\n")
     f = str(src)
     ev = [{"ph": "X", "cat": "python_function", "name": n, "pid": 1, "tid": 1, "ts": ts, "dur": dur}
-          for n, ts, dur in ((f"{f}(1): train", 0, 1000), ("gobrrr/device/prefetch.py(234): __next__", 100, 500),
+          for n, ts, dur in ((f"{f}(1): train", 0, 1000), ("gobrrr/loader/prefetch.py(234): __next__", 100, 500),
                              ("nn.Module: Net_0", 620, 300))]
     for i, (ts, dur) in enumerate(((50, 40), (610, 5), (700, 20))):  # kernels before and after the wait
         ev += [{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": ts - 5,

@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from gobrrr import rundir
-from gobrrr.checkpoint import load_checkpoint, stale_temporaries
-from gobrrr.train import lr_at, main, read_metrics, train, TrainConfig
+from gobrrr.train import rundir
+from gobrrr.train.checkpoint_io import load_checkpoint, stale_temporaries
+from gobrrr.train.cli import TrainConfig, lr_at, main, read_metrics, train
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
@@ -187,7 +187,8 @@ def test_bench_arguments_fail_in_one_line(capsys, args, words):
 
 
 def test_bench_help_lists_the_benchmarks(capsys):
-    from gobrrr.cli import BENCHES, main as cli
+    from gobrrr.cli import BENCHES
+    from gobrrr.cli import main as cli
 
     assert cli(["bench", "--help"]) == 0
     text = capsys.readouterr().out
@@ -199,8 +200,8 @@ def test_bench_help_lists_the_benchmarks(capsys):
 def test_quick_bench_runs_never_write_the_committed_results(tmp_path, monkeypatch, capsys):
     import types
 
-    from bench import common, copy_bw
     from gobrrr import cli
+    from gobrrr.bench import common, copy_bw
 
     monkeypatch.delenv("GOBRRR_BENCH_RESULTS", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
@@ -209,7 +210,7 @@ def test_quick_bench_runs_never_write_the_committed_results(tmp_path, monkeypatc
     assert common.results_dir(quick=True) == cache
     assert common.results_dir(quick=True, results=tmp_path / "mine") == tmp_path / "mine"
     assert common.results_dir() == common.RESULTS_DIR  # a real run: the committed records
-    assert copy_bw.main(["--quick", "--sizes", "0.01"]) == 0  # python -m bench.copy_bw --quick
+    assert copy_bw.main(["--quick", "--sizes", "0.01"]) == 0  # python -m gobrrr.bench.copy_bw --quick
     assert len(whole_lines(cache / "copy.jsonl")) == 1
     assert copy_bw.main(["--quick", "--sizes", "0.01", "--results", str(tmp_path / "asked")]) == 0
     assert len(whole_lines(tmp_path / "asked" / "copy.jsonl")) == 1
@@ -321,7 +322,7 @@ def test_metrics_log_on_a_full_disk_keeps_whole_records(tmp_path):
 import resource, signal, sys
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))
-from gobrrr.rundir import MetricsLog, RunDirError
+from gobrrr.train.rundir import MetricsLog, RunDirError
 log = MetricsLog({str(path)!r})
 try:
     for i in range(100):
@@ -398,7 +399,7 @@ def test_lock_is_dropped_by_a_dead_holder_and_names_a_live_one(tmp_path):
     folder = tmp_path / "run"
     holder = subprocess.Popen([sys.executable, "-c", f"""
 import sys, time
-from gobrrr.rundir import take_run_folder
+from gobrrr.train.rundir import take_run_folder
 lock = take_run_folder({str(folder)!r})
 print("held", flush=True)
 time.sleep(60)
@@ -509,7 +510,7 @@ def test_a_rank_killed_mid_run_is_named_by_the_survivor(tmp_path):
 
 
 def ddp_with_a_dying_peer(rank):
-    from gobrrr.dist import CollectiveError
+    from gobrrr.comm import CollectiveError
     from gobrrr.parallel import ddp
 
     torch.manual_seed(0)
@@ -532,12 +533,12 @@ def ddp_survivor_message(rank):
 
 
 def test_ddp_backward_names_a_dead_rank():
-    from gobrrr.dist.testing import SpawnError, spawn
+    from gobrrr.comm.testing import SpawnError, spawn
 
     with pytest.raises(SpawnError) as info:
         spawn(ddp_survivor_message, 2, timeout_s=60, pg_timeout_s=20)
     text = info.value.failures[0]
-    assert "SURVIVOR SAID: gobrrr.dist: ddp all_reduce of gradient bucket" in text, text
+    assert "SURVIVOR SAID: gobrrr.comm: ddp all_reduce of gradient bucket" in text, text
     assert "rank 1 died (process" in text.lower(), text
 
 
@@ -546,7 +547,7 @@ def test_ddp_backward_names_a_dead_rank():
 def test_second_init_does_not_reseed_and_inner_session_keeps_the_outer_group(monkeypatch):
     import torch.distributed as dist
 
-    from gobrrr.dist import init, session
+    from gobrrr.comm import init, session
 
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID"):
         monkeypatch.delenv(var, raising=False)
@@ -566,7 +567,7 @@ def test_second_init_does_not_reseed_and_inner_session_keeps_the_outer_group(mon
 
 
 def dtype_mismatch(rank):
-    from gobrrr.dist import CollectiveMismatchError, comm
+    from gobrrr.comm import CollectiveMismatchError, comm
 
     t = torch.ones(4, dtype=torch.int32 if rank.rank == 1 else torch.float32)
     try:
@@ -577,7 +578,7 @@ def dtype_mismatch(rank):
 
 
 def test_gloo_dtype_mismatch_is_caught_without_debug_mode():
-    from gobrrr.dist.testing import spawn
+    from gobrrr.comm.testing import spawn
 
     for msg in spawn(dtype_mismatch, 2, timeout_s=60, pg_timeout_s=20):
         assert "Mismatching ranks" in msg and "int32[4]" in msg and "float32[4]" in msg, msg

@@ -7,9 +7,8 @@ import math
 import pytest
 import torch
 
-from gobrrr.data import DEFAULT_CORPUS, CharCorpus, SyntheticTokens
 from gobrrr.models.gpt import GPT, GPTConfig
-
+from gobrrr.train.data import DEFAULT_CORPUS, CharCorpus, SyntheticTokens
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: one OpenMP thread
 

@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from gobrrr.device.lint import RULES, Finding, lint_paths, lint_source, main
+from gobrrr.lint.check import RULES, Finding, lint_paths, lint_source, main
 
 # DEVICE names a device: a file that never does is taken as CPU-only and not checked
 HEADER = ("import torch\nimport numpy as np\nimport torch.nn.functional as F\nfrom torch.utils.data import DataLoader\n"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gobrrr.device.lint import lint_file, lint_paths, main
+from gobrrr.lint.check import lint_file, lint_paths, main
 
 CORPUS = Path(__file__).parent / "data" / "lint"
 FILES = sorted(CORPUS.glob("*.py"))

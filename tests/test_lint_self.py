@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import gobrrr
-from gobrrr.device.lint import lint_paths
+from gobrrr.lint.check import lint_paths
 
 
 def test_gobrrr_package_is_lint_clean():

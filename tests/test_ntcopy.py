@@ -1,4 +1,4 @@
-"""The streaming staging copy (gobrrr.device.ntcopy): exact bytes at every alignment, and memmove
+"""The streaming staging copy (gobrrr.loader.ntcopy): exact bytes at every alignment, and memmove
 whenever the loop cannot be built or is turned off."""
 import platform
 import shutil
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from gobrrr.device import ntcopy
-from gobrrr.device.pinned import PinnedRing
+from gobrrr.loader import ntcopy
+from gobrrr.loader.pinned import PinnedRing
 
 
 @pytest.fixture

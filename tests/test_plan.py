@@ -9,10 +9,22 @@ import pytest
 import torch
 
 from gobrrr.models.gpt import GPT
-from gobrrr.plan import (PRESETS, Batch, Layout, ModelShape, Options, activation_bytes, comm, evaluate,
-                         model_state_bytes, plan, saved_bytes, temp_bytes)
-from gobrrr.plan_cli import main
-from gobrrr.plan_links import machine
+from gobrrr.plan.cli import main
+from gobrrr.plan.formulas import (
+    PRESETS,
+    Batch,
+    Layout,
+    ModelShape,
+    Options,
+    activation_bytes,
+    comm,
+    evaluate,
+    model_state_bytes,
+    plan,
+    saved_bytes,
+    temp_bytes,
+)
+from gobrrr.plan.machine import machine
 
 REQUIRED = ("dp", "tp", "zero", "recompute", "sequence_parallel", "params", "param_bytes", "grad_bytes",
             "optimizer_bytes", "activation_bytes", "total_bytes", "fits", "comm_bytes_per_step", "step_s",
@@ -23,7 +35,7 @@ REQUIRED = ("dp", "tp", "zero", "recompute", "sequence_parallel", "params", "par
 def no_records(tmp_path, monkeypatch):
     """An empty results folder, so defaults are used whatever bench/results holds."""
     monkeypatch.setenv("GOBRRR_BENCH_RESULTS", str(tmp_path))
-    monkeypatch.setattr("gobrrr.plan_links.REPO_RESULTS", tmp_path / "repo")
+    monkeypatch.setattr("gobrrr.plan.machine.REPO_RESULTS", tmp_path / "repo")
     return tmp_path
 
 
@@ -58,7 +70,7 @@ def _saved_by_autograd(shape: ModelShape, b: int, s: int, fused_loss=None, amp: 
                        res16: bool = False) -> int:
     """Bytes autograd saves during one forward on CPU (fp32, or fp32 weights under bf16 autocast: then
     autocast's weight copies are among them; res16: with train's bf16 residual stream)."""
-    from gobrrr.train_step import bf16_residual
+    from gobrrr.train.step import bf16_residual
 
     torch.manual_seed(0)
     model = GPT(shape.gpt_config())
@@ -257,7 +269,7 @@ def test_nothing_fits_says_what_to_do(no_records, capsys):
 def test_plan_check_needs_a_gpu(capsys):
     if torch.cuda.is_available():
         pytest.skip("this checks the CPU message")
-    from bench.plan_check import main as check_main
+    from gobrrr.bench.plan_check import main as check_main
 
     assert check_main(["--quick"]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
@@ -267,7 +279,7 @@ def test_plan_check_needs_a_gpu(capsys):
 def test_plan_check_quick_on_a_gpu():
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    from bench.plan_check import check
+    from gobrrr.bench.plan_check import check
 
     rows = check([4], steps=3, warmup=1, train_steps=0)
     assert [(r["B"], r["recompute"]) for r in rows] == [(4, False), (4, True)]
@@ -277,7 +289,7 @@ def test_plan_check_quick_on_a_gpu():
 
 def test_train_row_is_the_plan_row_of_a_run(no_records):
     from gobrrr.models.gpt import GPTConfig
-    from gobrrr.plan import summary, train_row
+    from gobrrr.plan.formulas import summary, train_row
 
     row = train_row(GPTConfig.from_name("124m"), world_size=4, micro_batch=8, seq_len=1024, grad_accum=2,
                     gpu="NVIDIA H200", name="124m", zero=2)

@@ -17,7 +17,7 @@ import importlib.util
 import pytest
 import torch
 
-from gobrrr.plan import Layout, ModelShape, model_state_bytes
+from gobrrr.plan.formulas import Layout, ModelShape, model_state_bytes
 
 WORLDS = (1, 2, 4)
 MODELS = {  # name -> GPTConfig.from_name overrides
@@ -49,7 +49,7 @@ def _batch(vocab: int, rank: int):
 def _zero_held(rank) -> dict:
     """On each rank: {(model, stage): held bytes} after one ZeRO step (memory_report before zero_grad)."""
     from gobrrr.models.gpt import GPT, GPTConfig
-    from gobrrr.parallel.zero import memory_report, zero
+    from gobrrr.parallel.zero.stages import memory_report, zero
 
     out = {}
     for name, over in MODELS.items():
@@ -69,7 +69,7 @@ def _zero_held(rank) -> dict:
 def _tp_held(rank) -> dict:
     """On each rank: {model: held bytes} of a tp = world-size model after one step."""
     from gobrrr.models.gpt import GPT, GPTConfig
-    from gobrrr.parallel.tp import tp
+    from gobrrr.parallel.tp.parallelize import tp
 
     out = {}
     for name, over in MODELS.items():
@@ -92,7 +92,7 @@ def _tp_held(rank) -> dict:
 def _tp_saved(rank) -> dict:
     """On each rank: {sequence_parallel: bytes autograd saves in one forward} of the tiny model at tp = world."""
     from gobrrr.models.gpt import GPT, GPTConfig
-    from gobrrr.parallel.tp import tp
+    from gobrrr.parallel.tp.parallelize import tp
     from tests.test_plan import autograd_saved_bytes
 
     out = {}
@@ -114,7 +114,7 @@ def _held(rank, with_zero: bool, with_tp: bool) -> dict:
 
 @functools.cache
 def _run(world: int) -> list[dict]:
-    from gobrrr.dist.testing import spawn
+    from gobrrr.comm.testing import spawn
 
     return spawn(_held, world, not NO_ZERO, not NO_TP, timeout_s=240.0)
 
@@ -125,7 +125,7 @@ def _close(held: dict, plan: tuple[float, float, float], what: str) -> None:
     assert sum(held.values()) == pytest.approx(sum(plan), rel=0.02)
 
 
-NO_ZERO, NO_TP = _missing("gobrrr.parallel.zero"), _missing("gobrrr.parallel.tp")
+NO_ZERO, NO_TP = _missing("gobrrr.parallel.zero.stages"), _missing("gobrrr.parallel.tp.parallelize")
 
 
 @pytest.mark.skipif(NO_ZERO, reason="gobrrr.parallel.zero is not in this checkout yet (the ZeRO branch has not "
@@ -149,7 +149,7 @@ def test_tensor_parallel_holds_what_the_plan_says(world):
 @pytest.mark.skipif(NO_TP, reason="gobrrr.parallel.tp is not in this checkout yet (the TP branch has not landed)")
 @pytest.mark.parametrize("world", WORLDS)
 def test_tensor_parallel_saves_the_activations_the_plan_says(world):
-    from gobrrr.plan import Options, saved_bytes
+    from gobrrr.plan.formulas import Options, saved_bytes
 
     x, _ = _batch(256, 0)
     b, s = x.shape

@@ -14,9 +14,9 @@ from torch.testing import assert_close
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 import gobrrr
-from gobrrr.device.pinned import PinnedRing
-from gobrrr.device.streams import GpuTimer, resolve_device
-from gobrrr.device.tree import map_tensors, tensors
+from gobrrr.loader.pinned import PinnedRing
+from gobrrr.loader.streams import GpuTimer, resolve_device
+from gobrrr.loader.tree import map_tensors, tensors
 
 
 class Pair(NamedTuple):
@@ -374,7 +374,8 @@ def test_ring_refuses_to_overrun_held_slots_and_passes_nothing_to_stage():
 
 def test_ring_deals_one_task_per_thread_covering_every_byte_once():
     import numpy as np
-    from gobrrr.device.pinned import _deal
+
+    from gobrrr.loader.pinned import _deal
     rng = np.random.default_rng(0)
     pieces, off = [], 0
     for n in rng.integers(1, 50_000, size=40):              # 40 tensors, 1 B to 50 kB
@@ -409,7 +410,7 @@ def test_ring_many_tensors_stage_exactly_with_few_threads():
 
 
 def test_default_pin_threads_shares_cores_among_local_ranks(monkeypatch):
-    from gobrrr.device import pinned
+    from gobrrr.loader import pinned
     monkeypatch.setattr(pinned.os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     assert pinned.default_pin_threads() == 12
@@ -493,7 +494,7 @@ def test_seed_loop_smoke_on_cpu(capsys):
 def test_bench_copy_quick_on_cpu(tmp_path, monkeypatch, capsys):
     import json
 
-    from bench import copy_bw
+    from gobrrr.bench import copy_bw
     monkeypatch.setenv("GOBRRR_BENCH_RESULTS", str(tmp_path))
     device = "cpu"
     assert copy_bw.main(["--quick", "--sizes", "0.25", "1", "--device", device]) == 0
@@ -545,7 +546,7 @@ class FakeStream:
 def fake_cuda(monkeypatch):
     import contextlib
 
-    from gobrrr.device import prefetch as prefetch_mod
+    from gobrrr.loader import prefetch as prefetch_mod
     log: list = []
     consumer = FakeStream("consumer", log)
     current = {"stream": None}

@@ -17,7 +17,7 @@ from torch.testing import assert_close
 from torch.utils.data import DataLoader, Dataset
 
 import gobrrr
-from gobrrr.device.streams import GpuTimer
+from gobrrr.loader.streams import GpuTimer
 
 pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parent.parent
@@ -314,7 +314,7 @@ def test_seed_loop_smoke_on_gpu(capsys):
 
 
 def test_bench_copy_quick_on_gpu(tmp_path, monkeypatch, capsys):
-    from bench import copy_bw
+    from gobrrr.bench import copy_bw
     monkeypatch.setenv("GOBRRR_BENCH_RESULTS", str(tmp_path))
     assert copy_bw.main(["--quick", "--sizes", "4"]) == 0
     out = capsys.readouterr().out

@@ -1,11 +1,11 @@
-"""gobrrr.step_graph without a GPU: who may capture, and what `gobrrr train --cuda-graph` says on a CPU."""
+"""gobrrr.train.graph without a GPU: who may capture, and what `gobrrr train --cuda-graph` says on a CPU."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from gobrrr.step_graph import GraphedStep, graph_blocker
-from gobrrr.train import TrainConfig, parse_args, train
+from gobrrr.train.cli import TrainConfig, parse_args, train
+from gobrrr.train.graph import GraphedStep, graph_blocker
 
 
 def test_cpu_cannot_capture():
@@ -19,15 +19,23 @@ def test_what_blocks_a_graph_on_a_gpu(kw, says):
     assert says in graph_blocker(torch.device("cuda"), **kw)
 
 
-def test_under_the_doctor_no_graph():
-    from gobrrr import doctor
-
-    token = doctor._ACTIVE.set(object())  # what Session.start() sets while it records this context
-    try:
-        assert "doctor" in graph_blocker(torch.device("cuda"))
-    finally:
-        doctor._ACTIVE.reset(token)
+def test_under_a_profiler_no_graph():
+    """gobrrr doctor records with torch's profiler from the script's start: a graph would hide its steps."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+        assert "gobrrr doctor" in graph_blocker(torch.device("cuda"))
     assert graph_blocker(torch.device("cuda")) is None
+
+
+def test_under_the_doctor_no_graph(tmp_path, capfd):
+    """The real thing: a script run by the doctor asks graph_blocker at its start, as `gobrrr train` does."""
+    from gobrrr.doctor import DoctorConfig, run_script
+
+    script = tmp_path / "ask.py"
+    script.write_text("import torch\nfrom gobrrr.train.graph import graph_blocker\n"
+                      "print('BLOCKER:', graph_blocker(torch.device('cuda')))\n")
+    code, _ = run_script(str(script), [], DoctorConfig(out_dir=str(tmp_path / "d"), print_summary=False, window_s=5))
+    assert code == 0
+    assert "BLOCKER: not under a profiler such as gobrrr doctor" in capfd.readouterr().out
 
 
 def test_graphed_step_needs_cuda():

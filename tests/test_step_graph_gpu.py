@@ -1,4 +1,4 @@
-"""gobrrr.step_graph on a GPU: the replayed step trains exactly as the eager one, falls back when the
+"""gobrrr.train.graph on a GPU: the replayed step trains exactly as the eager one, falls back when the
 step cannot be captured, keeps checkpoints plain, and recaptures after an optimizer load."""
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import torch
 
 from gobrrr.models.gpt import GPT, GPTConfig
 from gobrrr.parallel import ddp
-from gobrrr.step_graph import GraphedStep
-from gobrrr.train import TrainConfig, make_optimizer, read_metrics, train
-from gobrrr.train_step import autocast_for, prepare_model, train_step
+from gobrrr.train.cli import TrainConfig, make_optimizer, read_metrics, train
+from gobrrr.train.graph import GraphedStep
+from gobrrr.train.step import autocast_for, prepare_model, train_step
 
 pytestmark = pytest.mark.gpu
 DEV = torch.device("cuda")

@@ -19,8 +19,9 @@ import pytest
 import torch
 
 import gobrrr
-from gobrrr.device import sync_rules, syncs
-from gobrrr.device.syncs import SYNC_WARNING, SyncError, SyncWarning, sync_budget, watch_syncs
+from gobrrr.syncs import rules as sync_rules
+from gobrrr.syncs import watch as syncs
+from gobrrr.syncs.watch import SYNC_WARNING, SyncError, SyncWarning, sync_budget, watch_syncs
 
 pytest_plugins = ["pytester"]
 
@@ -62,7 +63,7 @@ def test_nothing_patched_unless_watching():
     assert snapshot() == before
     with pytest.raises(ZeroDivisionError):
         with watch_syncs():
-            1 / 0
+            raise ZeroDivisionError
     assert snapshot() == before and not syncs.watching()
 
 
@@ -310,7 +311,7 @@ def test_plugin_without_cuda(pytester):
         def test_fixture(sync_watch):
             assert sync_watch.count == 0
         """)
-    result = pytester.runpytest("-p", "no:gobrrr", "-p", "gobrrr.pytest_plugin", "--strict-markers", "-rs")
+    result = pytester.runpytest("-p", "no:gobrrr", "-p", "gobrrr.syncs.pytest_plugin", "--strict-markers", "-rs")
     if torch.cuda.is_available():
         result.assert_outcomes(passed=2)
     else:
@@ -319,8 +320,8 @@ def test_plugin_without_cuda(pytester):
 
 
 def test_plugin_imports_cheaply():
-    code = ("import sys; import gobrrr.pytest_plugin; "
-            "print('torch' in sys.modules, 'gobrrr.device.syncs' in sys.modules)")
+    code = ("import sys; import gobrrr.syncs.pytest_plugin; "
+            "print('torch' in sys.modules, 'gobrrr.syncs.watch' in sys.modules)")
     import subprocess
 
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -336,5 +337,5 @@ def test_plugin_rejects_a_bad_budget(pytester):
         def test_bad():
             pass
         """)
-    result = pytester.runpytest("-p", "no:gobrrr", "-p", "gobrrr.pytest_plugin")
+    result = pytester.runpytest("-p", "no:gobrrr", "-p", "gobrrr.syncs.pytest_plugin")
     result.stdout.fnmatch_lines(["*sync_budget(n) with a non-negative int n*"])

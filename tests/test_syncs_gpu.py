@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import gobrrr
-from gobrrr.device.syncs import SyncError, sync_budget, watch_syncs
+from gobrrr.syncs.watch import SyncError, sync_budget, watch_syncs
 
 pytestmark = pytest.mark.gpu
 pytest_plugins = ["pytester"]
@@ -236,6 +236,6 @@ def test_plugin_marker_and_fixture(pytester):
             x.sum().item()
             assert sync_watch.count == 2
         """)
-    result = pytester.runpytest("-p", "no:gobrrr", "-p", "gobrrr.pytest_plugin")
+    result = pytester.runpytest("-p", "no:gobrrr", "-p", "gobrrr.syncs.pytest_plugin")
     result.assert_outcomes(passed=2, failed=1)
     result.stdout.fnmatch_lines(["*sync budget of 0 exceeded: 1 host-device syncs*"])

@@ -15,8 +15,8 @@ import warnings
 import pytest
 import torch
 
-from gobrrr.device import syncs
-from gobrrr.device.syncs import PROTOTYPE_WARNING, SYNC_WARNING, SyncError, sync_budget, watch_syncs
+from gobrrr.syncs import watch as syncs
+from gobrrr.syncs.watch import PROTOTYPE_WARNING, SYNC_WARNING, SyncError, sync_budget, watch_syncs
 
 HERE = os.path.abspath(__file__)
 

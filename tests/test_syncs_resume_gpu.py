@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from gobrrr.device.syncs import SyncError, sync_budget, watch_syncs
+from gobrrr.syncs.watch import SyncError, sync_budget, watch_syncs
 
 pytestmark = pytest.mark.gpu
 HERE = os.path.abspath(__file__)

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from gobrrr.device import timeline as tl
-from gobrrr.device.advice import recommend
-from gobrrr.device.syncs import HINTS
-from gobrrr.device.timeline_sources import SourceResolver, attribute, callee_name, is_library_file, stacks_at, Frame
+from gobrrr.doctor import timeline as tl
+from gobrrr.doctor.advice import recommend
+from gobrrr.doctor.sources import Frame, SourceResolver, attribute, callee_name, is_library_file, stacks_at
+from gobrrr.syncs.watch import HINTS
 
 DATA = Path(__file__).parent / "data" / "traces"
 HANDMADE = DATA / "handmade.json"
@@ -169,8 +169,8 @@ def test_advice_merges_lint_findings():
 
 
 def test_advice_merges_the_sync_detective():
-    from gobrrr.device.advice import detective_rows
-    from gobrrr.device.syncs import SyncReport
+    from gobrrr.doctor.advice import detective_rows
+    from gobrrr.syncs.watch import SyncReport
 
     rep = SyncReport()
     for _ in range(2):
@@ -212,14 +212,14 @@ def test_stacks_at_and_attribution():
 def test_attribution_sees_through_the_sync_detective():
     """While the doctor runs the sync detective, its wrapper sits between the user's line and the
     call: the site is still the user's line and the callee the wrapped call."""
-    import gobrrr.device.syncs as syncs_mod
+    import gobrrr.syncs.watch as syncs_mod
     wrapper_file = syncs_mod.__file__  # absolute, as an editable install shows it
     stack = [Frame("handmade_train.py", 15, "step", 0, 100, "handmade_train.py(15): step"),
              Frame(wrapper_file, 454, "wrapper", 10, 50, f"{wrapper_file}(454): wrapper"),
              Frame("<built-in>", 0, "item", 20, 30, "<built-in method item of Tensor object at 0x1>")]
     site = attribute(stack, SourceResolver([DATA]))
     assert (site.file, site.line, site.callee) == ("handmade_train.py", 16, "item")
-    assert is_library_file(wrapper_file) and is_library_file("gobrrr/device/syncs.py")
+    assert is_library_file(wrapper_file) and is_library_file("gobrrr/syncs/watch.py")
 
 
 def test_source_resolver_finds_the_call_line():
@@ -330,7 +330,7 @@ def test_agrees_with_hta(name, tmp_path, monkeypatch):
 # -- the picture ---------------------------------------------------------------------------
 
 def test_timeline_png(tmp_path):
-    from gobrrr.device.timeline_plot import plot_timeline
+    from gobrrr.doctor.plot import plot_timeline
 
     for name in ("handmade.json", "naive.json.gz", "cpu_naive.json.gz"):
         tr = tl.parse(DATA / name)

@@ -27,10 +27,10 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch.testing import assert_close
-from torch.utils._pytree import tree_leaves
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
-from gobrrr.dist.testing import SpawnError, spawn
+from gobrrr.comm.testing import SpawnError, spawn
 from gobrrr.models.gpt import GPT, GPTConfig
 
 B, T = 2, 16
@@ -99,9 +99,9 @@ def _gather_vocab(logits: torch.Tensor, tpg) -> torch.Tensor:
 def _parity(group_or_mesh, sp: bool, n_layer: int, counts: dict, peaks: dict, key) -> None:
     from torch.distributed.tensor.debug import CommDebugMode
 
-    from gobrrr.parallel.tp import tp, tp_state
-    from gobrrr.parallel.tp_tensors import full_state
-    from gobrrr.parallel.tp_report import comm_plan, totals
+    from gobrrr.parallel.tp.parallelize import tp, tp_state
+    from gobrrr.parallel.tp.report import comm_plan, totals
+    from gobrrr.parallel.tp.tensors import full_state
 
     cfg = GPTConfig.from_name("tiny", n_layer=n_layer, n_head=4, n_embd=32)
     torch.manual_seed(0)
@@ -135,7 +135,7 @@ def _parity(group_or_mesh, sp: bool, n_layer: int, counts: dict, peaks: dict, ke
 
 def _dropout_streams(mesh, sp: bool) -> None:
     """Draws made inside attention (sharded) and the residual dropout, compared across the tp ranks."""
-    from gobrrr.parallel.tp import tp, tp_state
+    from gobrrr.parallel.tp.parallelize import tp, tp_state
 
     torch.manual_seed(0)
     model = tp(GPT(GPTConfig.from_name("tiny", n_head=4, n_embd=32, dropout=0.1)), mesh, sequence_parallel=sp)
@@ -157,7 +157,7 @@ def _dropout_streams(mesh, sp: bool) -> None:
 def _errors(rank) -> dict[str, str]:
     """Each bad input raises on every rank; returns the messages."""
     from gobrrr.parallel.mesh import MeshError, make_mesh
-    from gobrrr.parallel.tp import GPT_PLAN, TPError, tp
+    from gobrrr.parallel.tp.parallelize import GPT_PLAN, TPError, tp
 
     said = {}
 
@@ -279,7 +279,7 @@ def test_two_ranks_world_group_and_tp1_same_path():
 
 
 def test_bench_tp_runs_in_one_process():
-    from bench.tp import BenchConfig, run_bench
+    from gobrrr.bench.tp import BenchConfig, run_bench
 
     cfg = BenchConfig(model="tiny", batch_size=2, seq_len=16, steps=1, rounds=1, warmup=1)
     result = run_bench(cfg, torch.device("cpu"), world=1)

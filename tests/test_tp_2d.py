@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch.testing import assert_close
 
-from gobrrr.dist.testing import SpawnError, spawn
+from gobrrr.comm.testing import SpawnError, spawn
 from gobrrr.models.gpt import GPT, GPTConfig
 
 B, T, STEPS, CLIP = 2, 16, 20, 0.05
@@ -36,7 +36,7 @@ def train_beside_one_process(model, opt, clip, ref, dp_group, dp_rank: int, what
     """`steps` AdamW steps of `model` on this dp rank's rows, clipped by `clip()` (-> the norm), beside
     `ref` (one process, the whole batch, torch's clip): dp-mean losses, gradient norms and the final
     whole weights (`tp_tensors.full_state(model)`) must agree. Also used by test_zero_tp.py."""
-    from gobrrr.parallel.tp_tensors import full_state
+    from gobrrr.parallel.tp.tensors import full_state
 
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=3e-3)
     got, want = [], []
@@ -68,8 +68,8 @@ def train_beside_one_process(model, opt, clip, ref, dp_group, dp_rank: int, what
 
 def _train(mesh, sp: bool) -> None:
     from gobrrr.parallel import ddp
-    from gobrrr.parallel.tp import tp
-    from gobrrr.parallel.tp_tensors import clip_grad_norm_
+    from gobrrr.parallel.tp.parallelize import tp
+    from gobrrr.parallel.tp.tensors import clip_grad_norm_
 
     dp_group, dp_rank = mesh["dp"].get_group(), mesh.get_local_rank("dp")
     torch.manual_seed(0)
@@ -81,9 +81,9 @@ def _train(mesh, sp: bool) -> None:
 
 def _checkpoint(rank, path: str) -> None:
     from gobrrr.parallel.mesh import make_mesh
-    from gobrrr.parallel.tp import tp
-    from gobrrr.parallel.tp_tensors import full_state
-    from gobrrr.parallel.tp_checkpoint import load_tp, save_tp
+    from gobrrr.parallel.tp.checkpoint import load_tp, save_tp
+    from gobrrr.parallel.tp.parallelize import tp
+    from gobrrr.parallel.tp.tensors import full_state
 
     def build(n: int, seed: int):
         torch.manual_seed(seed)
@@ -108,8 +108,8 @@ def _checkpoint(rank, path: str) -> None:
 
 
 def _full_moment(model, opt, name):
-    from gobrrr.parallel.tp import tp_state
-    from gobrrr.parallel.tp_tensors import unshard
+    from gobrrr.parallel.tp.parallelize import tp_state
+    from gobrrr.parallel.tp.tensors import unshard
 
     state = tp_state(model)
     p = dict(model.named_parameters())[name]

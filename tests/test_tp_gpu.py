@@ -20,8 +20,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 @pytest.mark.parametrize("sp", [False, True])
 def test_tp1_step_has_no_sync_and_matches_plain(sp):
-    from gobrrr.parallel.tp import tp
-    from gobrrr.parallel.tp_tensors import clip_grad_norm_
+    from gobrrr.parallel.tp.parallelize import tp
+    from gobrrr.parallel.tp.tensors import clip_grad_norm_
 
     torch.manual_seed(0)
     plain = GPT(GPTConfig.from_name("small")).cuda()
@@ -53,8 +53,8 @@ def test_tp1_step_has_no_sync_and_matches_plain(sp):
 def _nccl_parity(rank, sp: bool):
     import torch.distributed as dist
 
-    from gobrrr.parallel.tp import tp
-    from gobrrr.parallel.tp_tensors import full_state
+    from gobrrr.parallel.tp.parallelize import tp
+    from gobrrr.parallel.tp.tensors import full_state
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -79,6 +79,6 @@ def _nccl_parity(rank, sp: bool):
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
 @pytest.mark.parametrize("sp", [False, True])
 def test_tp2_over_nccl_matches_one_gpu_without_syncs(sp):
-    from gobrrr.dist.testing import spawn
+    from gobrrr.comm.testing import spawn
 
     assert spawn(_nccl_parity, 2, sp, backend="nccl", timeout_s=180) == [2, 2]

@@ -2,7 +2,7 @@
 RowwiseParallel, SequenceParallel, PrepareModuleInput/Output, loss_parallel) on DTensor gives the same
 loss, logits and gradients as `gobrrr.parallel.tp` (2 ranks, gloo, CPU; with and without SP).
 
-Two differences in how the model must be fed to torch's TP, both forced by DTensor, not by us (bench/tp.py's
+Two differences in how the model must be fed to torch's TP, both forced by DTensor, not by us (gobrrr/bench/tp.py's
 torch_tp does both, and the benchmark times that same model):
   * torch shards the fused QKV weight as one contiguous block of rows (rank 0 would get all of q and
     half of k), so its rows are permuted first into [q_0 k_0 v_0 | q_1 k_1 v_1]: then each rank holds
@@ -18,8 +18,8 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from bench.tp import qkv_rows, torch_tp
-from gobrrr.dist.testing import SpawnError, spawn
+from gobrrr.bench.tp import qkv_rows, torch_tp
+from gobrrr.comm.testing import SpawnError, spawn
 from gobrrr.models.gpt import GPT, GPTConfig
 
 B, T = 2, 16
@@ -30,8 +30,8 @@ def _compare(rank, sp: bool) -> None:
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.parallel import loss_parallel
 
-    from gobrrr.parallel.tp import tp
-    from gobrrr.parallel.tp_tensors import full_state
+    from gobrrr.parallel.tp.parallelize import tp
+    from gobrrr.parallel.tp.tensors import full_state
 
     n = dist.get_world_size()
     cfg = GPTConfig.from_name("tiny", n_head=4, n_embd=32)

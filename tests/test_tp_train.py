@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from gobrrr.train import TrainConfig, read_metrics, train
+from gobrrr.train.cli import TrainConfig, read_metrics, train
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
@@ -64,7 +64,7 @@ def test_tp2_matches_one_process_and_resumes_bitwise(tmp_path):
 
 
 def test_bad_tp_is_one_line(tmp_path, capsys):
-    from gobrrr.train import main
+    from gobrrr.train.cli import main
 
     torch.set_num_threads(1)
     assert main(ARGS + ["--tp", "3", "--out", str(tmp_path / "bad")]) == 2

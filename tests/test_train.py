@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from gobrrr.checkpoint import CheckpointError, load_checkpoint, save_checkpoint, stale_temporaries
-from gobrrr.train import TrainConfig, TrainError, lr_at, main, read_metrics, train
+from gobrrr.train.checkpoint_io import CheckpointError, load_checkpoint, save_checkpoint, stale_temporaries
+from gobrrr.train.cli import TrainConfig, TrainError, lr_at, main, read_metrics, train
 
 ROOT = Path(__file__).resolve().parent.parent
 # one OpenMP thread per process: 2 shared cores, and two threads spinning against each other
@@ -113,7 +113,7 @@ def test_kill_during_checkpoint_write_leaves_the_previous_one(tmp_path):
     # a child process starts saving a new checkpoint and is SIGKILLed halfway through the bytes
     script = textwrap.dedent(f"""
         import io, os, signal, torch
-        from gobrrr.checkpoint import save_checkpoint
+        from gobrrr.train.checkpoint_io import save_checkpoint
         real_save = torch.save
         def dying_save(obj, f, *a, **k):
             buf = io.BytesIO(); real_save(obj, buf)
@@ -176,7 +176,7 @@ def test_two_gloo_ranks_under_torchrun_match_one_rank(tmp_path):
 
 
 def test_a_failed_checkpoint_write_stops_the_run_with_a_clear_error(tmp_path, monkeypatch, capsys):
-    import gobrrr.train as train_mod
+    import gobrrr.train.cli as train_mod
 
     def no_space(state, path):
         raise CheckpointError(f"could not write checkpoint {path}: No space left on device; the previous "

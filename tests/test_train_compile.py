@@ -20,8 +20,8 @@ import torch.nn.functional as F
 from gobrrr.models.gpt import GPT, GPTConfig
 from gobrrr.ops import ChunkedCrossEntropy, linear_cross_entropy
 from gobrrr.ops.linear_ce import chunk_bounds
-from gobrrr.train import TrainConfig, parse_args, read_metrics, train
-from gobrrr.train_step import compile_blocker, prepare_model, setup_model, train_step
+from gobrrr.train.cli import TrainConfig, parse_args, read_metrics, train
+from gobrrr.train.step import compile_blocker, prepare_model, setup_model, train_step
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
@@ -142,7 +142,7 @@ def test_compile_flags_and_defaults():
 
 
 def test_compile_tuning_passes_inductor_options_and_refuses_a_mode():
-    from gobrrr.train_step import compile_options
+    from gobrrr.train.step import compile_options
 
     assert compile_options(False) is None
     assert compile_options(True) == {"coordinate_descent_tuning": True}
@@ -176,7 +176,7 @@ def test_compiled_two_gloo_ranks_under_ddp_match_one_eager_rank(tmp_path):
 
 
 def test_underuse_hint_only_when_a_much_larger_batch_fits():
-    from gobrrr.auto_batch import GiB, underuse_hint
+    from gobrrr.train.auto_batch import GiB, underuse_hint
 
     n = 124_000_000  # 124m: 2 GB of weights, gradients and moments
     hint = underuse_hint(8, 1024, int(2 * GiB + 8 * 0.6 * GiB), 141 * GiB, n)

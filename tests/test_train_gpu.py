@@ -17,8 +17,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gobrrr.checkpoint import load_checkpoint
-from gobrrr.train import TrainConfig, main, peak_flops, read_metrics, train
+from gobrrr.plan.machine import peak_flops
+from gobrrr.train.checkpoint_io import load_checkpoint
+from gobrrr.train.cli import TrainConfig, main, read_metrics, train
 
 pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parent.parent
@@ -120,8 +121,8 @@ def test_the_compiled_step_syncs_nothing_and_the_detective_still_sees_user_syncs
     import gobrrr
     from gobrrr.models.gpt import GPT, GPTConfig
     from gobrrr.parallel import ddp
-    from gobrrr.train import make_optimizer
-    from gobrrr.train_step import autocast_for, prepare_model, train_step
+    from gobrrr.train.cli import make_optimizer
+    from gobrrr.train.step import autocast_for, prepare_model, train_step
 
     device = torch.device("cuda")
     torch.manual_seed(0)
@@ -145,9 +146,9 @@ def test_the_compiled_step_syncs_nothing_and_the_detective_still_sees_user_syncs
 
 
 def test_the_probe_picks_a_power_of_two_that_fits():
-    from gobrrr.auto_batch import TARGET_TOKENS, auto_batch_size
     from gobrrr.models.gpt import GPT, GPTConfig
-    from gobrrr.train_step import prepare_model
+    from gobrrr.train.auto_batch import TARGET_TOKENS, auto_batch_size
+    from gobrrr.train.step import prepare_model
 
     device = torch.device("cuda")
     raw = GPT(GPTConfig.from_name("small")).to(device)
@@ -190,8 +191,8 @@ def test_the_doctor_sees_the_compiled_step(tmp_path):
     from gobrrr import doctor
     from gobrrr.models.gpt import GPT, GPTConfig
     from gobrrr.parallel import ddp
-    from gobrrr.train import make_optimizer
-    from gobrrr.train_step import autocast_for, prepare_model, train_step
+    from gobrrr.train.cli import make_optimizer
+    from gobrrr.train.step import autocast_for, prepare_model, train_step
 
     device = torch.device("cuda")
     torch.manual_seed(0)
@@ -214,7 +215,7 @@ def test_the_doctor_sees_the_compiled_step(tmp_path):
 
 def test_cudnn_attention_first_matches_sdpa_default_in_a_compiled_step():
     from gobrrr.models.gpt import GPT, GPTConfig
-    from gobrrr.train_step import ComputeContext, prepare_model
+    from gobrrr.train.step import ComputeContext, prepare_model
 
     device = torch.device("cuda")
     if torch.cuda.get_device_capability(device)[0] != 9:

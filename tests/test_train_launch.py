@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from gobrrr.checkpoint import load_checkpoint
-from gobrrr.train import read_metrics
+from gobrrr.train.checkpoint_io import load_checkpoint
+from gobrrr.train.cli import read_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}

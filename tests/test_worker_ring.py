@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from gobrrr.device.worker_ring import Leased, PinnedWorkerLoader
+from gobrrr.loader.worker_ring import Leased, PinnedWorkerLoader
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -407,7 +407,7 @@ def test_each_worker_writes_only_its_own_slots():
 def _faults_writing(ring_views, use_prefault, q):
     import resource
 
-    from gobrrr.device.slots import prefault
+    from gobrrr.loader.slots import prefault
     torch.set_num_threads(1)  # as the loader's workers do: the parent's thread pool did not survive the fork
     s = 1 if use_prefault else 0
     view = ring_views[s]                      # nothing of it is mapped in this child yet
@@ -421,7 +421,7 @@ def _faults_writing(ring_views, use_prefault, q):
 
 
 def test_prefault_maps_a_slot_so_the_workers_writes_take_no_page_faults():
-    from gobrrr.device.slots import PAGE, SlotRing
+    from gobrrr.loader.slots import PAGE, SlotRing
     ring = SlotRing(2, 4096 * PAGE, pin=False, device=None)   # 2 slots of 4096 pages
     ring.flat.copy_(torch.arange(ring.nbytes, dtype=torch.int64).to(torch.uint8))
     ctx = multiprocessing.get_context("fork")
@@ -442,7 +442,7 @@ def test_prefault_maps_a_slot_so_the_workers_writes_take_no_page_faults():
 
 
 def test_default_slots_per_worker_shrink_for_big_batches_but_never_below_two():
-    from gobrrr.device.worker_ring import default_slots
+    from gobrrr.loader.worker_ring import default_slots
     gib = 2**30
     assert default_slots(6, 80 * 2**20, ram_bytes=128 * gib) == 24          # 1.9 GiB of slots: 4 each
     assert default_slots(8, 160 * 2**20, ram_bytes=128 * gib) == 8 * 4       # 5 GiB, under the 8 GiB cap

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from gobrrr.device.worker_ring import PinnedWorkerLoader
+from gobrrr.loader.worker_ring import PinnedWorkerLoader
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(120)]
 
@@ -93,7 +93,7 @@ def test_no_slot_reused_before_its_copy_done_event():
 
 @pytest.mark.parametrize("how", ["dataloader", "ring3"])
 def test_prefetcher_through_the_ring_matches_dataloader_with_slow_consumer(how):
-    from gobrrr.device.prefetch import Prefetcher
+    from gobrrr.loader.prefetch import Prefetcher
 
     ds, epochs = Pattern(150), 4
     if how == "dataloader":   # the Prefetcher swaps the DataLoader for a PinnedWorkerLoader itself
@@ -148,7 +148,7 @@ class PatternStream(torch.utils.data.IterableDataset):
 @pytest.mark.parametrize("kind", ["batch_size=None", "IterableDataset"])
 def test_prefetcher_over_unbatched_sources_uses_pinned_slots_and_exact_batches_with_slow_copies(kind):
     """Each worker its own page-locked slots; slow copies and a slow consumer; batches as the DataLoader's."""
-    from gobrrr.device.prefetch import Prefetcher
+    from gobrrr.loader.prefetch import Prefetcher
 
     ds = PatternShards() if kind == "batch_size=None" else PatternStream()
     make = lambda: DataLoader(ds, batch_size=None, num_workers=3, generator=torch.Generator().manual_seed(5))  # noqa: E731

@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
-from gobrrr.device.worker_ring import PinnedWorkerLoader
+from gobrrr.loader.worker_ring import PinnedWorkerLoader
 
 pytestmark = pytest.mark.timeout(60)
 

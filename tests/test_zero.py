@@ -24,11 +24,11 @@ import torch.distributed as dist
 from torch.testing import assert_close
 
 import gobrrr.parallel as gp
-from gobrrr.dist import comm
-from gobrrr.dist.testing import SpawnError, spawn
+from gobrrr.comm import collectives as comm
+from gobrrr.comm.testing import SpawnError, spawn
 from gobrrr.models.gpt import GPT, GPTConfig
-from gobrrr.parallel.zero_ckpt import full_state_dict
-from gobrrr.parallel.zero_shard import formula_bytes
+from gobrrr.parallel.zero.checkpoint import full_state_dict
+from gobrrr.parallel.zero.shard import formula_bytes
 
 BACKEND = os.environ.get("GOBRRR_TEST_BACKEND", "gloo")
 CFG = GPTConfig(vocab_size=61, block_size=8, n_layer=2, n_head=2, n_embd=12, bias=False)  # odd sizes: padded
@@ -92,7 +92,7 @@ def gpt(r, seed: int = 0):
 
 @contextlib.contextmanager
 def count_collectives():
-    """Elements per collective kind, counted where gobrrr.dist.comm reaches torch.distributed."""
+    """Elements per collective kind, counted where gobrrr.comm.collectives reaches torch.distributed."""
     counts = {"reduce_scatter": [], "all_gather": [], "all_reduce": []}
     dtypes: set[str] = set()
     rs, ag, ar = comm._reduce_scatter_tensor, comm._all_gather_tensor, dist.all_reduce
@@ -298,7 +298,8 @@ def test_collectives_per_step_are_the_formula(results, world):
     assert results[world]["traffic"], "no case was counted"
     for name, (got, want, largest_all_reduce, dtypes) in results[world]["traffic"].items():
         assert got == want, (name, got, want)
-        assert dtypes == ({"torch.bfloat16"} if name == "stage2-bf16-reduce" else ({"torch.float32"} if got["reduce_scatter"] else set())), (name, dtypes)
+        want = {"torch.bfloat16"} if name == "stage2-bf16-reduce" else ({"torch.float32"} if got["reduce_scatter"] else set())
+        assert dtypes == want, (name, dtypes)
         if not name.startswith("naive"):
             assert largest_all_reduce == 1, f"{name}: an all-reduce of {largest_all_reduce} elements (gradients?)"
 

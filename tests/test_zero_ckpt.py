@@ -16,9 +16,9 @@ import torch
 from torch.testing import assert_close
 
 import gobrrr.parallel as gp
-import gobrrr.parallel.zero_ckpt as zc
-from gobrrr.dist.testing import SpawnError, spawn
+from gobrrr.comm.testing import SpawnError, spawn
 from gobrrr.models.gpt import GPT, GPTConfig
+from gobrrr.parallel.zero import checkpoint as zc
 
 CFG = GPTConfig(vocab_size=61, block_size=8, n_layer=2, n_head=2, n_embd=12, bias=False)
 GLOBAL_ROWS = 4  # the same global batch at every world size

@@ -35,7 +35,7 @@ def _opt(m):
 @pytest.mark.parametrize("stage", [1, 2, 3])
 def test_zero_step_equals_plain_step(stage):
     from gobrrr.parallel import zero
-    from gobrrr.parallel.zero_ckpt import full_state_dict
+    from gobrrr.parallel.zero.checkpoint import full_state_dict
 
     base = _gpt()
     plain = copy.deepcopy(base)

@@ -14,7 +14,7 @@ import copy
 import pytest
 import torch
 
-from gobrrr.dist.testing import SpawnError, spawn
+from gobrrr.comm.testing import SpawnError, spawn
 from gobrrr.models.gpt import GPT, GPTConfig
 from tests.test_tp_2d import CFG, CLIP, train_beside_one_process
 
@@ -23,7 +23,7 @@ STEPS = 12
 
 def _train(mesh, stage: int, sp: bool) -> None:
     from gobrrr.parallel import zero
-    from gobrrr.parallel.tp import tp
+    from gobrrr.parallel.tp.parallelize import tp
 
     dp_group, dp_rank = mesh["dp"].get_group(), mesh.get_local_rank("dp")
     torch.manual_seed(0)

@@ -7,8 +7,8 @@
     saves; the checkpoint loads into dp 2 x tp 2 at stage 2, dp 1 x tp 4 at stage 1, dp 4 x tp 1 at
     stage 2, a plain (no tp) ZeRO-2 and ZeRO-3 over 4 ranks: every whole weight equals the saved one
     exactly (torch.equal; stages 1-2, which hold whole weights), and each of them, saved again, holds
-    bitwise the saved weights and Adam moments (ZeRO-3 too); a one-step continuation at dp 1 x tp 4 matches dp 2 x tp 2's (rtol 1e-5, atol 1e-6: fp32,
-    another summation order); the plain model's 1-D records refuse a tp model in one CheckpointError;
+    bitwise the saved weights and Adam moments (ZeRO-3 too); a one-step continuation at dp 1 x tp 4 matches dp 2 x tp 2's
+    (rtol 1e-5, atol 1e-6: fp32, another summation order); the plain model's 1-D records refuse a tp model in one CheckpointError;
   * a SIGKILL of rank 0 inside the second save (dp 2 x tp 2: DCP has written every rank's pieces, the
     folder is not yet renamed) leaves `latest` at the first checkpoint, which holds the weights of then;
   * in one process, `load_plain` + `reshape_like` give the plain GPT's state_dict, equal to the
@@ -23,11 +23,11 @@ import torch
 import torch.distributed as dist
 from torch.testing import assert_close
 
-from gobrrr.checkpoint import CheckpointError
-from gobrrr.dist.testing import SpawnError, spawn
+from gobrrr.comm.testing import SpawnError, spawn
 from gobrrr.models.gpt import GPT, GPTConfig
-from gobrrr.parallel.tp import Split
-from gobrrr.parallel.zero_pieces import place
+from gobrrr.parallel.tp.parallelize import Split
+from gobrrr.parallel.zero.pieces import place
+from gobrrr.train.checkpoint_io import CheckpointError
 
 CFG = GPTConfig.from_name("tiny", n_head=4, n_embd=32)
 B, T = 2, 16
@@ -68,7 +68,7 @@ def _build(tp_degree: int | None, stage: int, seed: int):
     """zero(tp(GPT), AdamW, stage) over the dp ranks of a (4 / tp, tp) mesh; tp None: no tp() at all."""
     from gobrrr.parallel import zero
     from gobrrr.parallel.mesh import make_mesh
-    from gobrrr.parallel.tp import tp
+    from gobrrr.parallel.tp.parallelize import tp
 
     torch.manual_seed(seed)
     model = GPT(CFG)
@@ -81,9 +81,9 @@ def _build(tp_degree: int | None, stage: int, seed: int):
 
 def _whole(model) -> dict[str, torch.Tensor]:
     """The whole weights, on every rank: unsharded over tp (stages 1-2 hold whole compute parameters over dp)."""
-    from gobrrr.parallel.tp import tp_state
-    from gobrrr.parallel.tp_tensors import full_state
-    from gobrrr.parallel.zero_ckpt import full_state_dict
+    from gobrrr.parallel.tp.parallelize import tp_state
+    from gobrrr.parallel.tp.tensors import full_state
+    from gobrrr.parallel.zero.checkpoint import full_state_dict
 
     if tp_state(model.module) is None:
         return {k: v for k, v in full_state_dict(model).items() if k in dict(model.module.named_parameters())}

@@ -21,7 +21,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from gobrrr.train import TrainConfig, train
+from gobrrr.train.cli import TrainConfig, train
 from tests.test_tp_train import ENV, ROOT, finish, losses
 
 ARGS = ["--model", "tiny", "--device", "cpu", "--seq-len", "16", "--lr", "3e-3", "--data", "synthetic",

@@ -2,13 +2,12 @@
 ZeRO-3 run at 4 ranks resumed at 2 ranks (ZeRO-1, same global batch) continues the same losses."""
 from __future__ import annotations
 
-import signal
 import sys
 
 import pytest
 import torch
 
-from gobrrr.train import TrainConfig, train
+from gobrrr.train.cli import TrainConfig, train
 from tests.test_train import cli, losses
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone"]

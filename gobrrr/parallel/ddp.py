@@ -284,15 +284,15 @@ class _DataParallel(nn.Module):
 
 
 def _explain(exc: BaseException, group, what: str) -> BaseException:
-    """The backend's bare error ("Connection closed by peer") as gobrrr.dist's, naming the ranks that left.
+    """The backend's bare error ("Connection closed by peer") as gobrrr.comm's, naming the ranks that left.
 
-    Our all-reduces are not counted as gobrrr.dist collectives, so the message uses the group's
+    Our all-reduces are not counted as gobrrr.comm collectives, so the message uses the group's
     current count; what matters is the part about who died or raised."""
-    from gobrrr.dist import debug as _debug
+    from gobrrr.comm import debug as _debug
 
     try:
         watch = _debug.watch_for(group)
-    except RuntimeError:  # no gobrrr.dist group: nothing to ask
+    except RuntimeError:  # no gobrrr.comm group: nothing to ask
         return exc
     return _debug.explain_failure(watch, watch.seq, what, exc)
 
@@ -463,7 +463,7 @@ class DDP(_DataParallel):
                 if b.work is not None:  # CPU: gloo worked in the background during backward
                     try:
                         b.work.wait()  # sync: host waits for gloo's thread (CPU tensors, no device involved)
-                    except RuntimeError as exc:  # a peer died or left: name it, as gobrrr.dist.comm does
+                    except RuntimeError as exc:  # a peer died or left: name it, as gobrrr.comm.collectives does
                         raise _explain(exc, self.group, f"ddp all_reduce of gradient bucket {b.index}") from exc
                     b.work = None
                     self._finish(b)

@@ -45,7 +45,7 @@ def make_mesh(tp: int, device_type: str | None = None):
     from torch.distributed.device_mesh import init_device_mesh
 
     if not (dist.is_available() and dist.is_initialized()):
-        raise MeshError("make_mesh needs a process group; call gobrrr.dist.init() (or run under torchrun) first")
+        raise MeshError("make_mesh needs a process group; call gobrrr.comm.init() (or run under torchrun) first")
     world = dist.get_world_size()
     if tp < 1:
         raise MeshError(f"tp must be >= 1, got {tp}")

@@ -1,0 +1,472 @@
+"""`gobrrr doctor script.py`: run a script unmodified under the profiler and say where the GPU waits.
+
+    gobrrr doctor [--steps N] [--warmup W] [--out DIR] script.py [script args...]
+
+The script runs as `__main__` (runpy), with its own argv. The doctor records a bounded window:
+
+1. From the start it records, in case the script never steps (a time window of `--window-s`
+   seconds, stopped by a SIGALRM handler on the main thread, or the whole run if shorter).
+2. Steps are found where the script steps an optimizer (a global optimizer step post-hook;
+   only the first optimizer that steps counts) or where it calls `gobrrr.doctor.step()`
+   (manual marks win over optimizer steps). At the first step the start-up recording is
+   dropped; after W warmup steps (1 runs as 2: see Session) N steps are recorded, each marked
+   `ProfilerStep#k`, then the profiler stops: the trace covers N steps, not the run. Steps
+   that first come after the time window closed are recorded the same way.
+3. When the recording window closes (the N-th recorded step ends, or the time window runs
+   out) the trace goes through gobrrr.doctor.timeline (figures), timeline_plot (timeline.png)
+   and advice (what to fix, merged with gobrrr lint); report.json, timeline.png and trace.json
+   land in DIR and the summary is printed right then, while the script carries on (a real run
+   lasts hours). When the script ends, report.json gets its exit code and one line says so.
+
+The script's exit code is passed through; an exception in the script still writes the report
+of what was recorded up to that point, prints the script's traceback and exits 1. A script that
+ends (or raises) inside a recorded step leaves that step out of the figures: a partial step is
+not a step (its time is whatever the script did last, often teardown); it stays in trace.json,
+and the report counts only the complete steps it measured ("2 recorded", "ended after 2").
+
+Python API: `gobrrr.doctor.profile(fn, steps=5)` profiles a function called once per step and
+returns the report; `with gobrrr.doctor.profile() as doc: ... gobrrr.doctor.step()` profiles a
+loop. Method after Holistic Trace Analysis (Meta, 2023): idle time and its causes from the trace.
+"""
+from __future__ import annotations
+
+import contextvars
+import json
+import signal
+import statistics
+import sys
+import threading
+import time
+import traceback
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gobrrr.doctor.report import summary
+
+NO_GPU_NOTE = ("GPU figures need a CUDA GPU: torch.cuda.is_available() is False here, so this report "
+               "has the host timeline, lint and the time per step only.")
+
+_ACTIVE: contextvars.ContextVar["Session | None"] = contextvars.ContextVar("gobrrr_doctor", default=None)
+
+
+@dataclass
+class DoctorConfig:
+    steps: int = 5              # steps recorded
+    warmup: int = 2             # steps run before recording starts
+    out_dir: str = "gobrrr-doctor"
+    window_s: float = 10.0      # time window when the script never steps
+    draw_steps: int = 3         # steps drawn in timeline.png
+    print_summary: bool = True
+    source_roots: list[str] = field(default_factory=list)
+
+    def __post_init__(self):
+        if self.steps < 1:
+            raise ValueError(f"--steps must be at least 1, got {self.steps}; pass a positive number of steps")
+        if self.warmup < 0:
+            raise ValueError(f"--warmup must be 0 or more, got {self.warmup}; pass 0 to record from the start")
+
+
+def active_session() -> "Session | None":
+    """The doctor session recording this context, or None when no doctor is running."""
+    return _ACTIVE.get()
+
+
+def step() -> None:
+    """Mark a step boundary for the doctor (a no-op when no doctor is running)."""
+    session = _ACTIVE.get()
+    if session is not None:
+        session.step(manual=True)
+
+
+class Session:
+    """One doctor run: the profiler state machine, the step hooks and the outputs."""
+
+    def __init__(self, cfg: DoctorConfig, *, script: str | None = None, argv: list[str] | None = None,
+                 auto_steps: bool = True):
+        import torch
+
+        self.torch = torch
+        self.cfg = cfg
+        # torch's profiler crashes (torch 2.13, ~1 run in 3) when one step() both stops the
+        # start-up trace and starts the recording, so recording starts at boundary 2 at the
+        # earliest; warmup 0 records from the start instead (no restart at all).
+        self.warmup = 2 if cfg.warmup == 1 else cfg.warmup
+        self.script, self.argv = script, list(argv or [])
+        self.cuda = torch.cuda.is_available()
+        self.out = Path(cfg.out_dir)
+        # window: recording from the start, no boundary yet; warmup: start-up dropped, waiting for
+        # step W; steps: recording steps; done: trace saved; window-closed: time window saved.
+        self.mode = "idle"
+        self.boundaries = 0         # step boundaries seen
+        self.step_source = "time-window"
+        self.manual = not auto_steps
+        self.auto_steps = auto_steps
+        self.report: dict | None = None
+        self._prof = None
+        self._first_opt = None
+        self._hook = None
+        self._token = None
+        self._trace_path: Path | None = None
+        self._alarm = False
+        self._busy = False
+        self._step0 = 0             # the boundary at which the current profiler's step 0 began
+        self._t_start = 0.0
+        # the sync detective (gobrrr.syncs) watches exactly what the trace records
+        self._detective = None
+        self.sync_report = None
+        self._reported = False      # the summary of the last recording window was printed
+        self._sync_at_step = None   # the detective's counts at the last step boundary
+
+    # -- profiler control -------------------------------------------------------------------
+    # A torch.profiler.profile is driven by its schedule (the supported way to start and stop
+    # tracing from inside a training loop, here from an optimizer hook): step k is the span
+    # after boundary k, step 0 runs from the start to the first boundary. Starting a fresh
+    # profiler happens only at the start or after the time window closed (never in the same
+    # step() that stops another trace: torch 2.13 then crashes now and then, see __init__).
+
+    def _new_profiler(self, schedule):
+        torch = self.torch
+        acts = [torch.profiler.ProfilerActivity.CPU]
+        if self.cuda:
+            acts.append(torch.profiler.ProfilerActivity.CUDA)
+        with warnings.catch_warnings():  # "events are cleared at the end of each cycle": we want that
+            warnings.simplefilter("ignore", UserWarning)
+            prof = torch.profiler.profile(activities=acts, with_stack=True, record_shapes=False,
+                                          schedule=schedule, on_trace_ready=self._on_trace_ready)
+            prof.start()
+        return prof
+
+    def _schedule(self, k: int):
+        """The first profiler: start-up window, then W warmup steps, then N recorded steps."""
+        A = self.torch.profiler.ProfilerAction
+        W, N = self.warmup, self.cfg.steps
+        if W == 0:
+            return A.RECORD if k < N - 1 else A.RECORD_AND_SAVE if k == N - 1 else A.NONE
+        if k == 0:
+            return A.RECORD_AND_SAVE  # the start-up window: kept only if the script never steps
+        if k < W:
+            return A.WARMUP
+        return A.RECORD if k < W + N - 1 else A.RECORD_AND_SAVE if k == W + N - 1 else A.NONE
+
+    def _schedule_late(self, k: int):
+        """A profiler started at a step boundary after the time window closed: N recorded steps."""
+        A = self.torch.profiler.ProfilerAction
+        N = self.cfg.steps
+        return A.RECORD if k < N - 1 else A.RECORD_AND_SAVE if k == N - 1 else A.NONE
+
+    def _on_trace_ready(self, prof) -> None:
+        W = self.warmup
+        if self._step0 == 0 and W >= 1 and 1 <= self.boundaries <= W and self.mode in ("window", "warmup"):
+            return  # the start-up window (or a cut-short warmup): superseded by the steps to come
+        self.out.mkdir(parents=True, exist_ok=True)
+        self._trace_path = self.out / "trace.json"
+        prof.export_chrome_trace(str(self._trace_path))
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def start(self) -> "Session":
+        for name in ("report.json", "timeline.png", "trace.json"):  # no stale files from an earlier run
+            (self.out / name).unlink(missing_ok=True)
+        self._token = _ACTIVE.set(self)
+        self._t_start = time.perf_counter()
+        if self.auto_steps:
+            from torch.optim.optimizer import register_optimizer_step_post_hook
+
+            self._hook = register_optimizer_step_post_hook(self._on_optimizer_step)
+        self.mode = "window"
+        self._prof = self._new_profiler(self._schedule)
+        self._watch()
+        if self.cfg.window_s > 0 and threading.current_thread() is threading.main_thread() \
+                and signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, None):
+            signal.signal(signal.SIGALRM, self._on_alarm)
+            signal.setitimer(signal.ITIMER_REAL, self.cfg.window_s)
+            self._alarm = True
+        return self
+
+    def _cancel_alarm(self) -> None:
+        if self._alarm:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, signal.SIG_DFL)
+            self._alarm = False
+
+    def _on_alarm(self, signum, frame) -> None:
+        """The time window ran out before any step: save what was recorded, wait for steps."""
+        if self._busy:  # inside our own step handling: try again shortly
+            signal.setitimer(signal.ITIMER_REAL, 0.02)
+            return
+        f = frame
+        while f is not None:  # stop only from the user's own code, not from inside torch
+            name = f.f_code.co_filename.replace("\\", "/")
+            if name.endswith("/runpy.py"):
+                break  # below this are the doctor's frames that run the script
+            if "/torch/" in name:
+                signal.setitimer(signal.ITIMER_REAL, 0.02)
+                return
+            f = f.f_back
+        self._cancel_alarm()
+        if self.mode == "window" and self._prof is not None:
+            self._unwatch()  # first: stopping the profiler syncs
+            self._prof.stop()  # saves the window through _on_trace_ready
+            self._prof = None
+            self.mode = "window-closed"
+            self._close_window(f"no step in the first {self.cfg.window_s:g} s: recorded that time window")
+
+    def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
+        if self.manual:
+            return
+        if self._first_opt is None:
+            self._first_opt = id(optimizer)
+        if id(optimizer) == self._first_opt:
+            self._boundary("optimizer")
+
+    def step(self, manual: bool = True) -> None:
+        if manual and not self.manual:
+            self.manual = True  # manual marks win over optimizer steps from now on
+        self._boundary("manual" if manual else "optimizer")
+
+    def _boundary(self, source: str) -> None:
+        self.boundaries += 1
+        k, W, N = self.boundaries, self.warmup, self.cfg.steps
+        self._busy = True
+        try:
+            if self.mode == "window-closed" and k >= max(W, 1):
+                # steps came after the time window closed: record N of them with a fresh profiler
+                self.step_source, self._step0, self.mode = source, k, "steps"
+                self._reported = False  # a new window: its summary comes when it closes
+                self._prof = self._new_profiler(self._schedule_late)
+                self._watch()
+                return
+            if self.mode not in ("window", "warmup", "steps") or self._prof is None:
+                return  # counted, not recorded
+            self._cancel_alarm()
+            self.step_source = source
+            last = k - self._step0 >= (N if self._step0 else W + N)
+            if last:
+                self._unwatch()  # before the profiler stops: saving the trace syncs, and that sync is ours
+            with warnings.catch_warnings():  # "events are cleared at the end of each cycle": we want that
+                warnings.simplefilter("ignore", UserWarning)
+                self._prof.step()
+            self._sync_at_step = _snapshot(self.sync_report)  # what the detective saw in the complete steps
+            if last:
+                self.mode = "done"
+                self._prof = None
+                self._close_window(f"recorded {N} steps")
+            else:
+                self.mode = "warmup" if self._step0 == 0 and k < W else "steps"
+                if self._step0 == 0 and W >= 1 and k == 1:
+                    self._unwatch(keep=False)  # the start-up window is dropped: so are its syncs
+                if self._step0 == 0 and W >= 1 and k == W:
+                    self._watch()  # recording starts with the step after boundary W
+        finally:
+            self._busy = False
+
+    def _close_window(self, what: str) -> None:
+        """The recording window closed: analyse it, write the files and print the summary now."""
+        self._analyze()
+        if self.cfg.print_summary:
+            print(summary(self.report), flush=True)
+        print(f"gobrrr doctor: {what}; report in {self.out}/ (the script carries on; report.json gets its exit "
+              "code when it ends)", file=sys.stderr, flush=True)
+        self._reported = True
+
+    def finish(self, exit_code: int = 0, error: BaseException | None = None) -> dict:
+        """Stop recording (if still on), analyze what was recorded (unless its window already closed and
+        was reported), then write the exit code and wall time into the report."""
+        self._cancel_alarm()
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+        self._unwatch()  # first: stopping the profiler syncs
+        recording = self._prof is not None
+        if recording:
+            self._prof.stop()  # saves what was recorded through _on_trace_ready
+            self._prof = None
+        if self._token is not None:
+            _ACTIVE.reset(self._token)
+            self._token = None
+        fresh = recording or self.report is None or not self._reported
+        if fresh:
+            self._analyze()
+        assert self.report is not None
+        self.report["exit_code"] = exit_code
+        self.report["steps"]["seen"] = self.boundaries
+        self.report["wall_s"] = round(time.perf_counter() - self._t_start, 3)
+        if error is not None:
+            self.report["error"] = {"type": type(error).__name__, "message": str(error),
+                                    "traceback": "".join(traceback.format_exception(error))[-4000:]}
+            self.report["notes"].append(f"the script raised {type(error).__name__}: the report covers what "
+                                        "was recorded until then")
+        self._write_report()
+        if fresh and self.cfg.print_summary:
+            print(summary(self.report))
+        elif not fresh:
+            print(f"gobrrr doctor: the script ended with exit code {exit_code}; {self.out / 'report.json'} "
+                  "has it", file=sys.stderr)
+        return self.report
+
+    def _complete_steps(self) -> int:
+        """Recorded steps that ran to their end (a script can end or raise inside one)."""
+        start = self._step0 if self._step0 else (self.warmup if self.warmup >= 1 else 0)
+        return max(0, min(self.cfg.steps, self.boundaries - start))
+
+    def _watch(self) -> None:
+        """Start the sync detective for a new recording (it replaces an earlier one's report)."""
+        from gobrrr.syncs.watch import watch_syncs
+
+        self._unwatch(keep=False)
+        self._detective = watch_syncs("count")
+        self.sync_report = self._detective.__enter__()
+
+    def _unwatch(self, keep: bool = True) -> None:
+        if self._detective is not None:
+            self._detective.__exit__(None, None, None)
+            self._detective = None
+        if not keep:
+            self.sync_report = None
+
+    def __enter__(self) -> "Session":
+        return self.start()
+
+    def __exit__(self, et, ev, tb) -> bool:
+        self.finish(exit_code=0 if ev is None else 1, error=ev)
+        return False
+
+    # -- outputs ----------------------------------------------------------------------------
+
+    def _analyze(self) -> None:
+        from gobrrr.doctor import advice, timeline
+        from gobrrr.doctor import plot as timeline_plot
+
+        torch = self.torch
+        self.out.mkdir(parents=True, exist_ok=True)
+        notes: list[str] = [] if self.cuda else [NO_GPU_NOTE]
+        roots = list(self.cfg.source_roots)
+        if self.script:
+            roots.insert(0, str(Path(self.script).resolve().parent))
+        fig = None
+        sync_report = self.sync_report
+        if self._trace_path is not None and self._trace_path.exists():
+            mb = self._trace_path.stat().st_size / 1e6
+            if mb > 50:
+                notes.append(f"trace.json is {mb:.0f} MB: pass fewer --steps for a lighter trace")
+            try:
+                tr = timeline.parse(self._trace_path)
+                complete = self._complete_steps()
+                if 1 <= complete < len(tr.steps) and self.boundaries:
+                    tr.steps = tr.steps[:complete]  # the partial step the script ended in is not a step
+                    sync_report = self._sync_at_step if self._sync_at_step is not None else sync_report
+                    notes.append(f"the script ended inside step {complete + 1} of the recording: that partial "
+                                 "step is left out of the figures (it is in trace.json)")
+                fig = timeline.analyze(tr, source_roots=roots)
+            except Exception as e:  # keep the run's report (steps, exit code, lint) even then
+                notes.append(f"the trace could not be analysed ({type(e).__name__}: {e}); trace.json is kept "
+                             "for Perfetto; please report this")
+        if fig is not None:
+            sites = {k: v.key for k, v in getattr(fig, "call_sites", {}).items()}
+            title = f"gobrrr doctor: {Path(self.script).name if self.script else 'profile'}  -  "
+            try:
+                timeline_plot.plot_timeline(tr, fig, self.out / "timeline.png", max_steps=self.cfg.draw_steps,
+                                            title=title + timeline_plot._default_title(fig), sync_sites=sites)
+            except Exception as e:  # a drawing failure must not lose the figures
+                notes.append(f"timeline.png not drawn: {type(e).__name__}: {e}")
+            if self.cuda and not fig.has_gpu:
+                notes.append("no GPU work was recorded in the window: is the script using the GPU?")
+        elif self._trace_path is None:
+            notes.append("nothing was recorded (the script ended before the profiler started)")
+        if self.warmup != self.cfg.warmup:
+            notes.append(f"--warmup {self.cfg.warmup} ran as {self.warmup}: the profiler cannot "
+                         "stop its start-up trace and start recording in the same step")
+        findings, lint_note = advice.lint_script([self.script]) if self.script else ([], "")
+        if lint_note:
+            notes.append(lint_note)
+        detective = advice.detective_rows(sync_report, roots)
+        recs = advice.recommend(fig, findings, detective)
+        steps_ms = fig.steps_ms if fig else []
+        source = self.step_source
+        if self.boundaries == 0:
+            source, steps_ms = "time-window", []
+            notes.append("no step boundary was seen (no optimizer.step() and no gobrrr.doctor.step()): "
+                         "the report covers a time window of the run")
+        elif self.boundaries < self.warmup:
+            steps_ms = []
+            notes.append(f"the script ended after {self.boundaries} step(s), before the {self.warmup} warmup "
+                         "steps were over: nothing was recorded; rerun with a smaller --warmup")
+        elif self._step0 and self._trace_path is not None:
+            notes.append(f"no step came within the {self.cfg.window_s:g} s time window; steps "
+                         f"{self._step0}..{self._step0 + self.cfg.steps - 1} were recorded when they came")
+        elif self.boundaries < self.warmup + self.cfg.steps:
+            notes.append(f"the script ended after {self.boundaries - self.warmup} recorded step(s) of "
+                         f"{self.cfg.steps}")
+        fig_dict = fig.to_dict() if fig else {}
+        self.report = {
+            "script": self.script, "argv": self.argv, "exit_code": None, "error": None,
+            "cuda": self.cuda, "device": torch.cuda.get_device_name() if self.cuda else "cpu",
+            "torch": torch.__version__,
+            "steps": {"source": source, "requested": self.cfg.steps, "warmup": self.warmup,
+                      "seen": self.boundaries, "recorded": len(steps_ms), "ms": steps_ms,
+                      "median_ms": round(statistics.median(steps_ms), 4) if steps_ms else None},
+            "gpu": _gpu_part(fig_dict) if fig is not None and fig.has_gpu else None,
+            # syncs: blocking CUDA calls seen in the trace; sync_detective: the runtime detective's
+            # sites over the same window (the Python call that synced, its kind and host stall)
+            "host": {"threads": fig_dict.get("host_threads", {}), "syncs": fig_dict.get("syncs", []),
+                     "sync_detective": detective},
+            "advice": [r.to_dict() for r in recs],
+            "lint": [f.to_dict() if hasattr(f, "to_dict") else dict(f) for f in findings],
+            "notes": notes,
+            "files": {"report": str(self.out / "report.json"),
+                      "timeline": str(self.out / "timeline.png") if (self.out / "timeline.png").exists() else None,
+                      "trace": str(self._trace_path) if self._trace_path else None},
+        }
+        self._write_report()
+
+    def _write_report(self) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        with open(self.out / "report.json", "w") as f:
+            json.dump(self.report, f, indent=1, default=str)
+
+
+def _snapshot(report):
+    """A copy of a SyncReport's counts as they stand (the detective keeps adding to the original)."""
+    if report is None:
+        return None
+    from dataclasses import replace
+
+    from gobrrr.syncs.watch import SyncReport
+
+    copy = SyncReport(report.mode)
+    copy._sites = {(s.kind, s.file, s.line): replace(s) for s in report.sites}
+    return copy
+
+
+def _gpu_part(d: dict) -> dict:
+    keys = ("span_ms", "idle_pct", "compute_idle_pct", "idle_breakdown_ms", "idle_breakdown_pct", "top_cause",
+            "copy_overlap_pct", "overlap_pct", "copy_hidden_pct", "h2d_overlap_pct", "copies", "pageable", "h2d_sites",
+            "host_bound_sites", "loader_sites",
+            "queue_lead_ms", "top_kernels", "launch", "streams")
+    return {k: d.get(k) for k in keys}
+
+
+def profile(fn=None, *, steps: int = 5, warmup: int = 2, out_dir: str = "gobrrr-doctor",
+            window_s: float = 10.0, print_summary: bool = True):
+    """Profile a function called once per step, or (without `fn`) a block whose steps you mark.
+
+        report = gobrrr.doctor.profile(train_step, steps=5)    # calls train_step() warmup + steps times
+        with gobrrr.doctor.profile(steps=5) as doc:            # or mark steps yourself
+            for batch in loader: train_step(batch); gobrrr.doctor.step()
+        doc.report["gpu"]["compute_idle_pct"]
+    """
+    cfg = DoctorConfig(steps=steps, warmup=warmup, out_dir=out_dir, window_s=window_s,
+                       print_summary=print_summary)
+    if fn is None:
+        return Session(cfg, auto_steps=True)
+    session = Session(cfg, auto_steps=False)
+    session.start()
+    try:
+        for _ in range(session.warmup + steps):
+            fn()
+            session.step(manual=True)
+    except BaseException as e:
+        session.finish(exit_code=1, error=e)
+        raise
+    return session.finish(exit_code=0)

@@ -1,0 +1,386 @@
+"""What a name holds, as far as `gobrrr lint` can tell: the evidence a rule needs before it fires.
+
+Per scope, each name gets one of:
+
+    num      a Python number or bool (literals, len(), isinstance(), str.endswith(), .item(), .shape[0])
+    str      a string
+    host     a tensor in pageable host memory (torch factories without device=, .cpu(), .to(dtype) of pinned)
+    pinned   a tensor in page-locked memory (.pin_memory(), pin_memory=True)
+    tensor   a tensor that may live on the GPU (device=..., .to(device), a model's output, a loss, .grad)
+    mask     a boolean device tensor (comparisons and logical ops of tensors)
+    numpy    a numpy array
+    obj      a module or other object: `nn.Linear(...)`, `Net().to(dev)`, `model.cuda()`; never a tensor
+    loader_pageable / loader_pinned / loader_device / loader    data loaders (the last: pinning unknown)
+    batch_host / batch_pinned / batch    a batch from one of them, still on the host
+
+Evidence is positive: a torch factory or op, a model's call, a loss, a loader's batch; a name that
+is only "near a .to()" stays unknown, and a sync rule on an unknown fires only where the method
+itself is tensor evidence (`.item()`). Modules, strings and Python predicates never count.
+"""
+from __future__ import annotations
+
+import ast
+import re
+
+from gobrrr.lint.hot import is_model_name, name_of
+
+FACTORIES = {"randn", "rand", "randint", "randperm", "zeros", "ones", "empty", "full", "arange", "linspace",
+             "logspace", "eye", "tensor", "as_tensor", "normal", "bernoulli", "tril_indices", "triu_indices",
+             "Tensor", "FloatTensor", "LongTensor", "IntTensor", "BoolTensor", "HalfTensor", "DoubleTensor",
+             "ByteTensor"}
+DATA_FACTORIES = {"tensor", "as_tensor", "Tensor", "FloatTensor", "LongTensor", "IntTensor", "BoolTensor",
+                  "HalfTensor", "DoubleTensor", "ByteTensor", "from_numpy"}
+NUMBER_ATTRS = {"shape", "ndim", "dtype", "device", "is_cuda", "requires_grad", "is_leaf", "itemsize", "nbytes",
+                "training", "layout", "is_sparse", "is_quantized", "is_meta", "names"}
+NUMBER_METHODS = {"item", "size", "dim", "numel", "nelement", "ndimension", "element_size", "get_device",
+                  "data_ptr", "is_pinned", "is_contiguous", "is_floating_point", "stride", "storage_offset",
+                  "is_complex", "is_set_to", "is_shared", "is_signed", "is_inference",
+                  "endswith", "startswith", "isdigit", "isalpha", "isalnum", "isspace", "islower", "isupper",
+                  "isidentifier", "isnumeric", "isdecimal", "count", "find", "index", "rfind", "__len__"}
+STR_METHODS = {"lower", "upper", "strip", "lstrip", "rstrip", "replace", "join", "format", "capitalize", "title",
+               "removeprefix", "removesuffix", "zfill", "ljust", "rjust", "center", "casefold", "encode", "decode"}
+NOT_TENSOR_METHODS = {"parameters", "named_parameters", "buffers", "named_buffers", "modules", "named_modules",
+                      "children", "named_children", "state_dict", "keys", "items", "values", "get", "train", "eval",
+                      "zero_grad", "register_hook", "register_forward_hook", "apply", "append", "extend", "update",
+                      "type", "tolist", "split_with_sizes", "untyped_storage", "storage", "__class__"}
+MASK_FUNCS = {"isnan", "isinf", "isfinite", "logical_and", "logical_or", "logical_not", "logical_xor",
+              "eq", "ne", "gt", "ge", "lt", "le", "isin", "isclose", "signbit", "isneginf", "isposinf"}
+NUM_BUILTINS = {"len", "int", "float", "bool", "round", "ord", "hash", "isinstance", "issubclass", "hasattr", "type",
+                "callable", "id", "any", "all"}
+NOT_TENSOR_TORCH = {"is_tensor", "is_floating_point", "is_complex", "is_nonzero", "is_storage", "is_grad_enabled",
+                    "is_inference_mode_enabled", "is_autocast_enabled", "numel", "device", "dtype", "no_grad",
+                    "inference_mode", "manual_seed", "seed", "save", "load", "compile", "set_grad_enabled",
+                    "enable_grad", "get_default_dtype", "set_default_dtype", "Generator", "Size", "finfo", "iinfo",
+                    "set_float32_matmul_precision", "use_deterministic_algorithms", "equal", "set_printoptions",
+                    "autocast", "get_rng_state", "set_rng_state", "typename", "result_type", "promote_types",
+                    "can_cast", "get_num_threads", "set_num_threads"}
+VIEW_METHODS = {"view", "reshape", "narrow", "squeeze", "unsqueeze", "flatten", "permute", "transpose", "t",
+                "expand", "select", "split", "chunk", "unbind", "detach", "view_as", "contiguous"}
+DTYPE_METHODS = {"float", "half", "bfloat16", "double", "long", "int", "short", "bool", "byte", "char", "type_as"}
+DATA_DEPENDENT = {"nonzero", "unique", "unique_consecutive", "masked_select", "argwhere"}
+DEVICE_WRAPPERS = {"prepare", "prepare_data_loader", "setup_dataloaders"}   # accelerate / Lightning Fabric
+LOADERS_PINNED = {"Prefetcher", "PinnedWorkerLoader", "from_dataloader"}
+TENSORISH = {"tensor", "mask", "generated"}   # generated: model.generate()'s tokens, made to be read on the host
+BATCHES = {"batch_host", "batch_pinned", "batch", "batch_tok"}   # batch_tok: a tokenizer's return_tensors="pt" output
+HOSTISH = {"num", "host", "pinned", "numpy", "str", "obj", "loader_pinned", "loader_pageable", "loader_device",
+           "loader", *BATCHES}
+# what iterating (or unpacking) a value of one kind gives
+ITEM_KIND = {"loader_pageable": "batch_host", "loader_pinned": "batch_pinned", "loader_device": "tensor",
+             "loader": "batch", "host": "host", "pinned": "pinned", "tensor": "tensor", "mask": "tensor",
+             "batch_host": "batch_host", "batch_pinned": "batch_pinned", "batch": "batch", "numpy": "numpy"}
+_DATA_WORDS = {"data", "dataset", "ds", "batches", "train", "val", "valid", "test", "eval", "dl"}
+_TOKENIZER = re.compile(r"tokeni[sz]er|processor|feature_extractor|^tok$", re.I)
+_LOADER_NAME = re.compile(r"loader|dataloader|_dl$|^dl$|batches$", re.I)
+
+
+class Kinds:
+    """Scopes of name -> kind, import aliases, and the kind of any expression."""
+
+    def __init__(self):
+        self.scopes: list[dict[str, str | None]] = [{}]
+        self.aliases: dict[str, str] = {}       # local name -> module or object path ("F" -> torch.nn.functional)
+        self.models: set[str] = set()           # names assigned a module in this file (from lint_hot)
+        self.self_attrs: dict[str, str | None] = {}   # `self.loss = ...` anywhere in the file: attr -> kind
+
+    def lookup(self, name: str) -> str | None:
+        for scope in reversed(self.scopes):
+            if name in scope:
+                return scope[name]
+        return None
+
+    def bind(self, target: ast.AST, kind: str | None) -> None:
+        if isinstance(target, ast.Name):
+            self.scopes[-1][target.id] = kind
+        elif isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self":
+            # one kind per attribute name in the file; two different kinds leave it unknown
+            old = self.self_attrs.get(target.attr, kind)
+            self.self_attrs[target.attr] = kind if old == kind or (old == "num" and kind in ("obj",)) else None
+        elif isinstance(target, (ast.Tuple, ast.List)):
+            for t in target.elts:
+                self.bind(t.value if isinstance(t, ast.Starred) else t, ITEM_KIND.get(kind))
+
+    def dotted(self, node: ast.AST) -> str | None:
+        """'torch.cuda.synchronize' for torch.cuda.synchronize, with import aliases resolved."""
+        parts = []
+        while isinstance(node, ast.Attribute):
+            parts.append(node.attr)
+            node = node.value
+        if not isinstance(node, ast.Name):
+            return None
+        parts.append(self.aliases.get(node.id, node.id))
+        return ".".join(reversed(parts))
+
+    def is_model(self, node: ast.AST) -> bool:
+        """A module by its name (`model`, `self.net`) or by what was assigned to it (`m = resnet50()`)."""
+        if isinstance(node, (ast.Name, ast.Attribute)):
+            n = name_of(node)
+            return is_model_name(n) or n in self.models or (isinstance(node, ast.Name) and self.lookup(n) == "obj") \
+                or (isinstance(node, ast.Attribute) and self.kind(node) == "obj")
+        return False
+
+    # -- what an expression holds
+    def kind(self, node: ast.AST) -> str | None:
+        if isinstance(node, ast.Constant):
+            if isinstance(node.value, (bool, int, float, complex)) or node.value is None:
+                return "num"
+            return "str" if isinstance(node.value, (str, bytes)) else None
+        if isinstance(node, ast.Name):
+            k = self.lookup(node.id)
+            return "obj" if k is None and node.id in self.models else k
+        if isinstance(node, (ast.JoinedStr, ast.FormattedValue)):
+            return "str"
+        if isinstance(node, ast.UnaryOp):
+            k = self.kind(node.operand)
+            if isinstance(node.op, ast.Not):
+                return "mask" if k in TENSORISH else "num"
+            return "mask" if isinstance(node.op, ast.Invert) and k in TENSORISH else k
+        if isinstance(node, ast.BinOp):
+            kinds = {self.kind(node.left), self.kind(node.right)}
+            if kinds & TENSORISH:
+                return "mask" if isinstance(node.op, (ast.BitAnd, ast.BitOr, ast.BitXor)) else "tensor"
+            if kinds <= {"num"}:
+                return "num"
+            if "str" in kinds and isinstance(node.op, (ast.Mod, ast.Add, ast.Mult)):
+                return "str"
+            return "host" if kinds & ({"host"} | BATCHES) else None
+        if isinstance(node, ast.Compare):
+            if any(isinstance(op, (ast.Is, ast.IsNot, ast.In, ast.NotIn)) for op in node.ops) \
+                    or any(isinstance(x, ast.Constant) and x.value is None for x in node.comparators):
+                return "num"   # `probs != None` is a Python bool, never an elementwise compare
+            kinds = {self.kind(x) for x in [node.left, *node.comparators]}
+            if kinds & {"str", "obj"}:
+                return "num"
+            return "mask" if kinds & TENSORISH else ("num" if kinds <= {"num", "str"} else None)
+        if isinstance(node, ast.BoolOp):
+            kinds = {self.kind(v) for v in node.values}
+            return "mask" if kinds & TENSORISH else ("num" if kinds <= {"num", "str"} else None)
+        if isinstance(node, ast.IfExp):
+            a, b = self.kind(node.body), self.kind(node.orelse)
+            return a if a == b else None
+        if isinstance(node, ast.Attribute):
+            if node.attr in NUMBER_ATTRS:
+                return "num"
+            if isinstance(node.value, ast.Name) and node.value.id == "self" and node.attr in self.self_attrs:
+                return self.self_attrs[node.attr]
+            if node.attr == "grad":
+                return "tensor"  # a parameter's gradient
+            k = self.kind(node.value)
+            if k in TENSORISH:
+                return "generated" if k == "generated" else "tensor"  # .data, .T, a model output's .loss / .logits
+            if k in ("host", "pinned", "numpy") or k in BATCHES:
+                return k  # a field of a host batch is on the host too
+            return None
+        if isinstance(node, ast.Subscript):
+            k = self.kind(node.value)
+            if k == "mask":
+                return "tensor"
+            return k if k in TENSORISH | {"host", "pinned", "numpy"} | BATCHES else None
+        if isinstance(node, ast.Call):
+            return self.call_kind(node)
+        return None
+
+    def call_kind(self, node: ast.Call) -> str | None:
+        func = node.func
+        name = self.dotted(func)
+        if any(k.arg == "return_tensors" for k in node.keywords) and (
+                _TOKENIZER.search(name_of(func)) or (isinstance(func, ast.Attribute) and _TOKENIZER.search(
+                    name_of(func.value)))):
+            return "batch_tok"   # tokenizer(texts, return_tensors="pt"): a fresh host batch, pageable
+        if isinstance(func, ast.Name):
+            if func.id in NUM_BUILTINS:
+                return "num"
+            if func.id in ("abs", "sum", "min", "max"):
+                return "tensor" if {self.kind(a) for a in node.args} & TENSORISH else "num"
+            if func.id in ("str", "repr", "format"):
+                return "str"
+            if func.id in ("tqdm", "iter", "progress_bar", "trange", "cycle", "islice") and node.args:
+                k = self.iter_kind(node.args[0])
+                return k if k and k.startswith(("loader", "enum_")) else None   # a wrapped loader is a loader
+            if func.id == "enumerate" and node.args:
+                k = self.iter_kind(node.args[0])
+                return "enum_" + k if k and k.startswith("loader") else None   # pbar = enumerate(loader)
+            if func.id == "next" and node.args:
+                k = self.iter_kind(node.args[0])
+                return ITEM_KIND.get(k) if k and k.startswith("loader") else None
+        if name:
+            root, _, last = name.rpartition(".")
+            if last == "DataLoader":
+                return self.loader_kind(node)
+            if last == "Variable" and node.args:
+                return self.kind(node.args[0])   # torch.autograd.Variable(t) (old PyTorch) is t
+            if last in LOADERS_PINNED:
+                if last == "Prefetcher" and self.device_of(_arg(node, 1, "device")) != "cpu":
+                    return "loader_device"
+                return "loader_pinned"
+            if root in ("time", "math", "random", "os", "sys", "statistics", "os.path"):
+                return "num" if root not in ("os", "os.path") else None
+            if root in ("numpy", "np"):
+                return "numpy"
+            if last in ("clip_grad_norm_", "clip_grad_norm", "get_total_norm"):
+                return "tensor"  # the total norm, on the device
+            if root == "torch" and last == "from_numpy":
+                return "host"
+            if root == "torch" and last in FACTORIES:
+                return self.factory_kind(node)
+            if root == "torch" and last in MASK_FUNCS:
+                return "mask"
+            if root == "torch" and (last.startswith("is_") or last in NOT_TENSOR_TORCH):
+                return "num" if last.startswith("is_") or last == "equal" else None
+            if root == "torch" and not last[:1].isupper():
+                kinds = {self.kind(a) for a in node.args}
+                return "host" if not kinds & TENSORISH and kinds & ({"host"} | BATCHES) else "tensor"
+            if root.startswith("torch.") and root.split(".")[1] in ("nn", "linalg", "fft", "special") \
+                    and not last[:1].isupper() and root != "torch.nn" and "init" not in root and "utils" not in root:
+                return "tensor"
+            if root.startswith("torch."):
+                return None
+            if last[:1].isupper():
+                return "obj"  # a class: a module, a meter, a config; not a tensor
+        if isinstance(func, ast.Attribute) and func.attr in DEVICE_WRAPPERS and len(node.args) == 1:
+            k = self.iter_kind(node.args[0])
+            if k and k.startswith("loader"):
+                return "loader_device"   # accelerator.prepare(loader): its batches arrive on the device
+        if isinstance(func, ast.Attribute):
+            return self.method_kind(node, func)
+        if self.is_model(func) or re.search(r"loss|criterion", name_of(func), re.I):
+            return "tensor"  # a model's forward or a loss
+        if {self.kind(a) for a in node.args} & TENSORISH:
+            return "tensor"  # an unknown callable fed a device tensor (a layer, a loss)
+        return None
+
+    def method_kind(self, node: ast.Call, func: ast.Attribute) -> str | None:
+        recv = self.kind(func.value)
+        method = func.attr
+        if method in NUMBER_METHODS:
+            return "num"
+        if method in STR_METHODS or recv == "str":
+            return "str" if method in STR_METHODS else None
+        if recv in ("numpy", "num"):
+            return recv
+        if method in ("cuda", "to"):
+            if recv == "obj" or (recv is None and self.is_model(func.value)):
+                return "obj"  # model.to(device) is still a module
+            target = self.copy_target(node)
+            if target == "cuda":
+                return "tensor"
+            if target == "cpu":
+                return "host"
+            if recv in ("pinned", "batch_pinned"):
+                return "host" if recv == "pinned" else "batch_host"  # .to(dtype) makes a pageable copy
+            return recv
+        if recv == "obj" or method in NOT_TENSOR_METHODS:
+            if method in ("forward", "generate") or (recv == "obj" and is_model_name(method)):
+                return "generated" if method == "generate" else "tensor"
+            return None
+        if method == "numpy":
+            return "numpy"
+        if method == "pin_memory":
+            return "batch_pinned" if recv in BATCHES else "pinned"
+        if method == "cpu":
+            return "host"
+        if recv == "pinned":
+            return "pinned" if method in VIEW_METHODS else "host"  # a view keeps the pinned storage
+        if recv == "batch_pinned":
+            return "batch_pinned" if method in VIEW_METHODS else "batch_host"
+        if recv in BATCHES or recv == "host":
+            return recv
+        if method == "bool" or method in MASK_FUNCS:
+            return "mask" if recv in TENSORISH else recv
+        if recv in TENSORISH:
+            return "mask" if recv == "mask" and method in ("any", "all") else "tensor"
+        if is_model_name(method) and isinstance(func.value, ast.Name) and func.value.id == "self":
+            return "tensor"  # self.model(x)
+        if method in ("forward", "generate") and self.is_model(func.value):
+            return "generated" if method == "generate" else "tensor"
+        if method in ("any", "all", "sum", "mean", "max", "min", "norm", "argmax", "argmin", "std", "var",
+                      "detach", "abs", "sqrt", "exp", "log", "softmax", "log_softmax", "float", "half",
+                      "bfloat16", "clone", "squeeze", "unsqueeze", "view", "reshape", "argsort", "topk"):
+            return "tensor" if recv is None and not isinstance(func.value, ast.Constant) else None
+        if recv is None and {self.kind(a) for a in node.args} & TENSORISH:
+            return "tensor"  # utils.reduce(loss), self.fc(x): fed a device tensor, gives one
+        return None
+
+    def factory_kind(self, node: ast.Call) -> str:
+        kw = {k.arg: k.value for k in node.keywords if k.arg}
+        if "device" in kw and self.device_of(kw["device"]) != "cpu":
+            return "tensor"
+        pin = kw.get("pin_memory")
+        if pin is not None and not (isinstance(pin, ast.Constant) and not pin.value):
+            return "pinned"
+        return "host"
+
+    def loader_kind(self, node: ast.Call) -> str:
+        pin = next((k.value for k in node.keywords if k.arg == "pin_memory"), None)
+        if pin is None and any(k.arg is None for k in node.keywords):
+            return "loader"  # DataLoader(ds, **kwargs): pinning decided elsewhere
+        if pin is None or (isinstance(pin, ast.Constant) and not pin.value):
+            return "loader_pageable"
+        return "loader_pinned"
+
+    def iter_kind(self, it: ast.AST, unpacked: bool = False) -> str | None:
+        """The kind of the iterable of a `for`: a known loader, or one by its name (`train_loader`)."""
+        k = self.kind(it)
+        if k in (None, "obj") and isinstance(it, (ast.Name, ast.Attribute)) and _LOADER_NAME.search(name_of(it)):
+            return "loader"
+        if k in (None, "obj") and unpacked and isinstance(it, (ast.Name, ast.Attribute)) \
+                and set(re.split(r"_", name_of(it).lower())) & _DATA_WORDS:
+            return "loader"   # for source, targets in self.train_data: a dataset's (x, y) pairs
+        if k in (None, "obj") and isinstance(it, ast.Call) and it.args and not isinstance(it.args[0], ast.Starred):
+            inner = self.iter_kind(it.args[0])   # tqdm(loader), logger.log_every(loader, 10), islice(loader, n)
+            return inner if inner and inner.startswith("loader") else k
+        return k
+
+    def device_of(self, node: ast.AST | None) -> str | None:
+        """'cuda', 'cpu' or None (not a device, e.g. a dtype) for the target of .to()/device=."""
+        if node is None:
+            return None
+        if isinstance(node, ast.Constant):
+            if isinstance(node.value, str):
+                return "cpu" if node.value.split(":")[0] in ("cpu", "meta", "mps") else "cuda"
+            if isinstance(node.value, int) and not isinstance(node.value, bool):
+                return "cuda"  # .to(0)
+            return None
+        if isinstance(node, ast.Call):
+            if self.dotted(node.func) == "torch.device":
+                return self.device_of(node.args[0]) if node.args else None
+            return None
+        name = self.dotted(node) or ""
+        if name.startswith("torch.") and name.count(".") == 1:
+            return None  # torch.float16 and friends: a dtype
+        if isinstance(node, (ast.Name, ast.Attribute)):
+            tail = name.rsplit(".", 1)[-1].lower()
+            if "dtype" in tail or "type" == tail:
+                return None
+            if tail == "cpu":
+                return "cpu"
+            if any(w in tail for w in ("device", "dev", "cuda", "gpu", "rank")) or self.kind(node) in TENSORISH:
+                return "cuda"  # .to(device), .to(x.device), .to(other_tensor)
+            return "cuda" if self.kind(node) not in ("num", "str") else None
+        return None
+
+    def copy_target(self, node: ast.Call) -> str | None:
+        method = node.func.attr if isinstance(node.func, ast.Attribute) else ""
+        kw = {k.arg: k.value for k in node.keywords if k.arg}
+        if method == "cuda":
+            return "cuda"
+        target = kw.get("device", node.args[0] if node.args else None)
+        return self.device_of(target)
+
+    def annotation_kind(self, ann: ast.AST | None) -> str | None:
+        if ann is None:
+            return None
+        text = ast.unparse(ann)
+        if re.fullmatch(r"(torch\.)?Tensor", text):
+            return "tensor"
+        if text in ("int", "float", "bool", "complex"):
+            return "num"
+        if re.search(r"Module|Optimizer", text):
+            return "obj"
+        return "str" if text == "str" else None
+
+
+def _arg(node: ast.Call, pos: int, name: str) -> ast.AST | None:
+    for k in node.keywords:
+        if k.arg == name:
+            return k.value
+    return node.args[pos] if len(node.args) > pos else None
