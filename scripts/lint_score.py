@@ -72,6 +72,7 @@ def load_judgement(path: Path) -> dict:
             raise ValueError(f"{path}: lines[{i}] has verdict {e.get('verdict')!r}, expected one of {VERDICTS}")
         if int(e.get("end_line", e["line"])) < int(e["line"]):
             raise ValueError(f"{path}: lines[{i}] ends before it starts")
+    doc.setdefault("url", f"https://github.com/{doc['repo']}")
     return doc
 
 
