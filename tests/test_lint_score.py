@@ -1,0 +1,117 @@
+"""scripts/lint_score.py: matching findings to judged lines, and the precision/recall arithmetic.
+
+Built on a small made-up judgement (CI has no network, so the real repositories are never fetched here);
+the real judgements are only checked for being well-formed.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("lint_score", ROOT / "scripts" / "lint_score.py")
+lint_score = importlib.util.module_from_spec(_spec)
+sys.modules["lint_score"] = lint_score
+_spec.loader.exec_module(lint_score)
+
+
+def line(path, n, verdict="step", end=None, also=(), avoidable=True, visibility="user"):
+    return {"path": path, "line": n, "end_line": end or n, "verdict": verdict, "also": list(also),
+            "avoidable": avoidable, "visibility": visibility, "category": "item"}
+
+
+JUDGED = {
+    "name": "toy", "repo": "someone/toy", "commit": "0" * 40, "set": "dev", "lint_paths": ["."],
+    "lines": [
+        line("train.py", 10),                                   # found directly
+        line("train.py", 20, end=22),                           # found on the statement's last line
+        line("util.py", 5, also=["train.py:30"]),               # found through its call site
+        line("util.py", 9, avoidable=False),                    # missed, not avoidable
+        line("train.py", 40),                                   # missed
+        line("lib.py", 3, visibility="library"),                # library sync, found: not in the main recall
+        line("train.py", 50, verdict="rare"),                   # rare: correct finding, not in recall
+        line("train.py", 60, verdict="false"),                  # judged false positive
+    ],
+}
+
+
+def f(path, n, rule="GB002"):
+    return {"path": path, "line": n, "rule": rule}
+
+
+def test_score_repo_counts_each_case_once():
+    findings = [f("train.py", 10), f("./train.py", 10, "GB007"),   # two rules, one line
+                f("train.py", 22), f("train.py", 30), f("lib.py", 3), f("train.py", 50),
+                f("train.py", 60), f("train.py", 70)]                # 70: nobody judged it
+    s = lint_score.score_repo(JUDGED, findings)
+    assert (s.findings, s.lines) == (8, 7)
+    assert (s.step, s.rare, s.false) == (4, 1, 1)
+    assert s.unjudged == ["train.py:70 GB002"] and s.false_lines == ["train.py:60 GB002"]
+    assert (s.step_found, s.step_total) == (3, 5)
+    assert (s.avoidable_found, s.avoidable_total) == (3, 4)
+    assert (s.library_found, s.library_total) == (1, 1)
+    assert sorted(s.missed) == ["train.py:40 item", "util.py:9 item"]
+    d = s.as_dict()
+    assert d["precision"] == pytest.approx(5 / 6)          # unjudged findings are left out until judged
+    assert d["recall"] == pytest.approx(3 / 5)
+    assert d["recall_avoidable"] == pytest.approx(3 / 4)
+
+
+def test_no_findings_gives_no_precision_and_zero_recall():
+    s = lint_score.score_repo(JUDGED, [])
+    assert s.as_dict()["precision"] is None
+    assert s.as_dict()["recall"] == 0.0 and len(s.missed) == 5
+
+
+def test_aggregate_is_micro_averaged_over_repos():
+    a = lint_score.score_repo(JUDGED, [f("train.py", 10), f("train.py", 60)])     # 1 step, 1 false
+    b = lint_score.score_repo(dict(JUDGED, name="toy2"), [f("train.py", 10), f("train.py", 22),
+                                                          f("util.py", 5)])       # 3 step
+    a.seconds, b.seconds = 1.5, 0.5
+    t = lint_score.aggregate([a, b])
+    assert (t["step"], t["false"], t["lines"]) == (4, 1, 5)
+    assert t["precision"] == pytest.approx(4 / 5)
+    assert (t["step_found"], t["step_total"]) == (4, 10)
+    assert t["recall"] == pytest.approx(0.4) and t["seconds"] == pytest.approx(2.0)
+
+
+def test_parse_text_reads_one_finding_per_line():
+    out = ("a/train.py:12:5: GB002 `.item()` inside a loop\n"
+           "train.py:40: GB009 blocking copy (in a function called from ...)\n"
+           "how to fix:\n  GB002: keep the value on the device\n"
+           "gobrrr lint: 2 findings in 3 files\n")
+    assert lint_score.parse_text(out) == [{"path": "a/train.py", "line": 12, "rule": "GB002"},
+                                          {"path": "train.py", "line": 40, "rule": "GB009"}]
+
+
+def test_load_judgement_rejects_an_unknown_verdict(tmp_path):
+    bad = dict(JUDGED, lines=[dict(line("a.py", 1), verdict="maybe")])
+    p = tmp_path / "bad.json"
+    p.write_text(json.dumps(bad))
+    with pytest.raises(ValueError, match="verdict 'maybe'"):
+        lint_score.load_judgement(p)
+
+
+def test_real_judgements_are_well_formed():
+    files = sorted((ROOT / "tests" / "data" / "lint_judged").glob("*.json"))
+    docs = [lint_score.load_judgement(p) for p in files]
+    assert len(docs) == 8
+    assert sorted(d["set"] for d in docs) == ["dev"] * 4 + ["heldout"] * 4
+    assert len({d["domain"] for d in docs}) == 4
+    for d in docs:
+        assert len(d["commit"]) == 40 and d["url"].startswith("https://github.com/")
+        assert sum(e["verdict"] == "step" for e in d["lines"]) >= 5, d["name"]
+        assert len({(e["path"], e["line"]) for e in d["lines"]}) == len(d["lines"]), d["name"]
+
+
+def test_missing_checkout_is_one_clear_error(tmp_path, capsys):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "toy.json").write_text(json.dumps(JUDGED))
+    rc = lint_score.main(["--repos", str(tmp_path / "none"), "--data", str(data)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "toy:" in err and "check out" in err and "Traceback" not in err
