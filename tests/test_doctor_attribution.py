@@ -1,10 +1,11 @@
 """Where the GPU waits, by the user's line: the doctor's host-gap attribution on real Python frames.
 
 tests/data/traces/imagenet_cpu_{fast,slow}.json.gz were recorded by `gobrrr doctor` on this CPU box
-from tests/data/traces/imagenet_train.py (a frozen copy of examples/imagenet.py):
+from examples/imagenet.py (its lines are the ones the traces name: test_the_example_is_the_recorded_one
+says when the example changed and the traces must be recorded again):
 
-    cd tests/data/traces && PYTHONPATH=../../.. python -m gobrrr doctor --quiet --steps 3 --warmup 2 \\
-        --out OUT imagenet_train.py --workers 2 --slow-ms 0 --steps 7 --print-freq 100 -b 4 --side 16
+    cd examples && PYTHONPATH=.. python -m gobrrr doctor --quiet --steps 3 --warmup 2 \\
+        --out OUT imagenet.py --workers 2 --slow-ms 0 --steps 7 --print-freq 100 -b 4 --side 16
     (slow: --workers 1 --slow-ms 100)
 
 They hold what a GPU trace holds on the host side: the Python frames of the main thread (the
@@ -32,13 +33,23 @@ from gobrrr.doctor.report import summary
 from gobrrr.doctor.sources import SourceResolver
 
 DATA = Path(__file__).parent / "data" / "traces"
-SRC = DATA / "imagenet_train.py"
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+SRC = EXAMPLES / "imagenet.py"
+RECORDED_SHA256 = "7b1a8340403eb8ad15c61d231bd593ec4c3202765c658edc5d2821e9a17c1269"  # examples/imagenet.py when the traces were recorded
 
 
 def line(text: str) -> str:
-    """`imagenet_train.py:N` of the first line holding `text`."""
+    """`imagenet.py:N` of the first line holding `text`."""
     n = next(i for i, t in enumerate(SRC.read_text().splitlines(), 1) if text in t)
-    return f"imagenet_train.py:{n}"
+    return f"imagenet.py:{n}"
+
+
+def test_the_example_is_the_recorded_one():
+    import hashlib
+
+    assert hashlib.sha256(SRC.read_bytes()).hexdigest() == RECORDED_SHA256, (
+        "examples/imagenet.py changed since tests/data/traces/imagenet_cpu_*.json.gz were recorded from it: record them "
+        "again (module docstring) and update RECORDED_SHA256")
 
 
 def gpu_like(path: Path, launch_us: float = 4.0, strip_frames: bool = False) -> dict:
@@ -80,12 +91,12 @@ def gpu_like(path: Path, launch_us: float = 4.0, strip_frames: bool = False) -> 
 
 @pytest.fixture(scope="module")
 def fast():
-    return tl.analyze(gpu_like(DATA / "imagenet_cpu_fast.json.gz"), source_roots=[DATA])
+    return tl.analyze(gpu_like(DATA / "imagenet_cpu_fast.json.gz"), source_roots=[EXAMPLES])
 
 
 @pytest.fixture(scope="module")
 def slow():
-    return tl.analyze(gpu_like(DATA / "imagenet_cpu_slow.json.gz"), source_roots=[DATA])
+    return tl.analyze(gpu_like(DATA / "imagenet_cpu_slow.json.gz"), source_roots=[EXAMPLES])
 
 
 def _no_bare_names(rows):
@@ -98,7 +109,7 @@ def test_every_host_gap_names_a_line_of_the_script(fast):
     rows = fast.host_bound_sites
     assert rows and fast.idle_breakdown_ms["host_bound"] > 0
     _no_bare_names(rows)
-    assert all(r["site"].startswith("imagenet_train.py:") for r in rows), rows
+    assert all(r["site"].startswith("imagenet.py:") for r in rows), rows
     assert sum(r["idle_ms"] for r in rows) == pytest.approx(fast.idle_breakdown_ms["host_bound"], rel=0.01)
     by_site = {r["site"]: r for r in rows}
     # what the main thread runs between launches, each by its own line
@@ -119,7 +130,7 @@ def test_module_calls_in_a_run_get_their_own_lines():
     """`output = model(images)` then `loss = criterion(output, target)`: two module calls back to back,
     told apart by their order; `images.to()` then `target.to()` likewise."""
     tr = tl.parse(DATA / "imagenet_cpu_fast.json.gz")
-    host = HostAttribution(tr, SourceResolver([DATA]))
+    host = HostAttribution(tr, SourceResolver([EXAMPLES]))
     frames = tr.frames[host.main]
     train = next(f for f in frames if f.func == "train")
     kids = host.kids(host.main, train)
@@ -143,7 +154,7 @@ def test_slow_loader_is_the_top_cause_on_the_for_line(slow):
     assert top.site == row["site"]
     for word in ("`loader`", "num_workers", "pin_memory", "gobrrr.Prefetcher"):
         assert word in top.change, top.change
-    text = summary({"script": "imagenet_train.py", "steps": {"source": "optimizer", "recorded": 3, "warmup": 2,
+    text = summary({"script": "imagenet.py", "steps": {"source": "optimizer", "recorded": 3, "warmup": 2,
                                                            "median_ms": 1.0},
                     "gpu": {k: getattr(slow, k) for k in (
                         "span_ms", "compute_idle_pct", "idle_breakdown_pct", "idle_pct", "copy_overlap_pct",
@@ -155,14 +166,14 @@ def test_slow_loader_is_the_top_cause_on_the_for_line(slow):
 
 def test_loader_ranges_come_from_the_record_function_names():
     tr = tl.parse(DATA / "imagenet_cpu_slow.json.gz")
-    main = HostAttribution(tr, SourceResolver([DATA])).main
+    main = HostAttribution(tr, SourceResolver([EXAMPLES])).main
     ranges = loader_ranges(tr, main)
     assert len(ranges) == 3 and all("_MultiProcessingDataLoaderIter" in r.name for r in ranges)
     assert all(r.end - r.ts > 50_000 for r in ranges)  # 4 samples x 100 ms on one worker
 
 
 def test_without_python_frames_the_cause_is_named_launch_overhead():
-    f = tl.analyze(gpu_like(DATA / "imagenet_cpu_fast.json.gz", strip_frames=True), source_roots=[DATA])
+    f = tl.analyze(gpu_like(DATA / "imagenet_cpu_fast.json.gz", strip_frames=True), source_roots=[EXAMPLES])
     assert f.host_bound_sites and all(r["site"] == "" and r["cause"] == HOST_OVERHEAD for r in f.host_bound_sites)
     # the DataLoader's record_function ranges still tell its waits apart (no line to name without frames)
     assert f.idle_breakdown_ms["data_loader"] > 0 and f.loader_sites[0]["site"] == "DataLoader"
@@ -191,11 +202,11 @@ def test_operators_between_calls_are_host_launch_overhead_of_their_function():
 
 def test_installed_packages_are_library_code():
     """The profiler names files relative to their sys.path entry: `torchvision/models/resnet.py` is a
-    library's (a site-packages folder holds it), `imagenet_train.py` is the user's."""
+    library's (a site-packages folder holds it), `imagenet.py` is the user's."""
     from gobrrr.doctor.sources import is_library_file
 
     assert is_library_file("matplotlib/pyplot.py") and is_library_file("torch/nn/modules/module.py")
-    assert not is_library_file("imagenet_train.py") and not is_library_file("examples/imagenet.py")
+    assert not is_library_file("imagenet.py") and not is_library_file("examples/imagenet.py")
     assert is_library_file("<nn.Module: ResNet_0>")  # a marker frame, not source
 
 
