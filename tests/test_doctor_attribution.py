@@ -35,7 +35,8 @@ from gobrrr.doctor.sources import SourceResolver
 DATA = Path(__file__).parent / "data" / "traces"
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 SRC = EXAMPLES / "imagenet.py"
-RECORDED_SHA256 = "7b1a8340403eb8ad15c61d231bd593ec4c3202765c658edc5d2821e9a17c1269"  # examples/imagenet.py when the traces were recorded
+# examples/imagenet.py when the traces were recorded
+RECORDED_SHA256 = "7b1a8340403eb8ad15c61d231bd593ec4c3202765c658edc5d2821e9a17c1269"
 
 
 def line(text: str) -> str:
