@@ -72,6 +72,13 @@ from torch.utils.data._utils.collate import default_collate_fn_map, default_conv
 from torch.utils.data.dataloader import _DatasetKind, _InfiniteConstantSampler, default_collate
 
 from gobrrr.loader import ntcopy
+from gobrrr.loader.forking import (
+    StderrTap,
+    death_message,
+    fork_context,
+    no_collection_in_children,
+    redirect_stderr,
+)
 from gobrrr.loader.slots import (
     ALIGN,
     NoRoom,
@@ -184,11 +191,13 @@ def _into_slot(source: _Source, writer: SlotWriter) -> Callable[[Any], Any]:
 
 
 def _worker_loop(worker_id: int, source: _Source, ring_views, index_q, result_q, base_seed: int,
-                 parent_pid: int) -> None:
-    """Runs in a forked child. Never touches CUDA: slots are plain CPU memory here.
+                 parent_pid: int, stderr_fd: int) -> None:
+    """Runs in a forked child. Never touches CUDA: slots are plain CPU memory here, and the parent's
+    objects are never collected here (forking.no_collection_in_children).
 
     Answers each task (idx, index, slot) with (idx, slot, skeleton | _Pickled | _Ended, failure).
     """
+    redirect_stderr(stderr_fd)   # through the parent's tap: a death is reported with its last lines
     try:
         fetcher = source.start_worker(worker_id, base_seed)
     except Exception as e:   # worker_init_fn, or iter() of an IterableDataset
@@ -219,9 +228,10 @@ def _worker_loop(worker_id: int, source: _Source, ring_views, index_q, result_q,
         result_q.put(result)
 
 
-def _probe_loop(worker_id: int, source: _Source, base_seed: int, index: Any, result_q) -> None:
+def _probe_loop(worker_id: int, source: _Source, base_seed: int, index: Any, result_q, stderr_fd: int) -> None:
     """Forked before the slots exist: build worker `worker_id`'s first batch exactly as that worker
     will, and report only its size (bytes in a slot, samples in it); the batch itself is dropped."""
+    redirect_stderr(stderr_fd)
     try:
         fetcher = source.start_worker(worker_id, base_seed)
         counted: list[int] = []
@@ -468,6 +478,7 @@ class _RingIter:
         self.workers: list = []
         self.index_qs: list = []
         self.result_q = None
+        self.tap: StderrTap | None = None
         self._finalizer = None
         self.ring = loader._ring
         if loader._ring is None and not self._first_epoch():
@@ -520,16 +531,23 @@ class _RingIter:
         return True
 
     def _start_workers(self) -> None:
-        ctx = _fork_context()
+        ctx = fork_context()
         self.result_q = ctx.Queue()
+        self.tap = StderrTap()
         # min(num_workers, slots) for a map-style dataset: a worker without a slot has no work
-        for wid in range(self.ring.owners):
-            iq = ctx.Queue()
-            w = ctx.Process(target=_worker_loop, daemon=True,
-                            args=(wid, self.source, self.ring.views, iq, self.result_q, self.base_seed, os.getpid()))
-            w.start()
-            self.workers.append(w)
-            self.index_qs.append(iq)
+        with no_collection_in_children():
+            for wid in range(self.ring.owners):
+                iq = ctx.Queue()
+                r, wfd = self.tap.pipe()
+                w = ctx.Process(target=_worker_loop, daemon=True,
+                                args=(wid, self.source, self.ring.views, iq, self.result_q, self.base_seed,
+                                      os.getpid(), wfd))
+                try:
+                    w.start()
+                finally:
+                    self.tap.watch(wid, r, wfd)
+                self.workers.append(w)
+                self.index_qs.append(iq)
         self.active = [True] * len(self.workers)
         self.next_worker %= len(self.workers)
         self._finalizer = weakref.finalize(self, _shutdown_epoch, self.workers, self.index_qs, self.result_q,
@@ -589,10 +607,9 @@ class _RingIter:
                     except queue.Empty:
                         pass
                     i, w = dead[0]
+                    last = self.tap.tail(i)
                     self.shutdown()
-                    raise RuntimeError(f"PinnedWorkerLoader worker {i} (pid {w.pid}) exited unexpectedly with "
-                                       f"exit code {w.exitcode}; a crash in the dataset or out of memory? "
-                                       "Try num_workers=0 through a plain DataLoader to see the error.")
+                    raise RuntimeError(death_message(f"PinnedWorkerLoader worker {i}", w.pid, w.exitcode, last))
                 if time.monotonic() > deadline:
                     self.shutdown()
                     raise TimeoutError(f"no batch from the PinnedWorkerLoader workers in {self.timeout_s:.0f} s; "
@@ -679,22 +696,19 @@ class _RingIter:
         self.shutdown()
 
 
-def _fork_context():
-    import torch.multiprocessing as tmp
-    try:
-        return tmp.get_context("fork")
-    except ValueError:
-        raise RuntimeError("PinnedWorkerLoader needs the 'fork' start method (Linux or macOS) so the "
-                           "workers inherit the shared slots; use a DataLoader on this platform.") from None
-
-
 def _probe(worker_id: int, source: _Source, base_seed: int, index: Any) -> tuple[int | None, int, Any]:
     """(bytes, samples, failure) of worker `worker_id`'s first batch, built in a forked probe (see
     `_probe_loop`); bytes is None when that worker has no data."""
-    ctx = _fork_context()
+    ctx = fork_context()
     q = ctx.Queue()
-    p = ctx.Process(target=_probe_loop, args=(worker_id, source, base_seed, index, q), daemon=True)
-    p.start()
+    tap = StderrTap()
+    r, wfd = tap.pipe()
+    p = ctx.Process(target=_probe_loop, args=(worker_id, source, base_seed, index, q, wfd), daemon=True)
+    with no_collection_in_children():
+        try:
+            p.start()
+        finally:
+            tap.watch("probe", r, wfd)
     try:
         while True:
             try:
@@ -704,9 +718,9 @@ def _probe(worker_id: int, source: _Source, base_seed: int, index: Any) -> tuple
                     try:
                         return q.get(timeout=0.5)
                     except queue.Empty:
-                        raise RuntimeError(f"the PinnedWorkerLoader probe of worker {worker_id} (it sizes the "
-                                           f"slots) exited with code {p.exitcode} before reporting; a crash "
-                                           "in the dataset? Pass slot_bytes= to skip the probe.") from None
+                        what = f"the PinnedWorkerLoader probe of worker {worker_id} (it sizes the slots)"
+                        raise RuntimeError(death_message(what, p.pid, p.exitcode, tap.tail("probe")) +
+                                           " Pass slot_bytes= to skip the probe.") from None
     finally:
         p.join(timeout=5.0)
         if p.is_alive():
