@@ -546,7 +546,7 @@ class FakeStream:
 def fake_cuda(monkeypatch):
     import contextlib
 
-    from gobrrr.loader import prefetch as prefetch_mod
+    from gobrrr.loader import prefetch_pass
     log: list = []
     consumer = FakeStream("consumer", log)
     current = {"stream": None}
@@ -559,20 +559,17 @@ def fake_cuda(monkeypatch):
         finally:
             current["stream"] = prev
 
-    class CudaTimer(GpuTimer):
-        def __init__(self, *a, **k):
-            super().__init__(*a, **k)
-            self._cuda = True
-
     recorded: list = []
     monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
     monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: FakeStream("copy", log))
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: current["stream"] or consumer)
     monkeypatch.setattr(torch.cuda, "stream", stream_ctx)
+    monkeypatch.setattr(torch.cuda, "set_stream", lambda s: current.__setitem__("stream", s))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: None)
     monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
     monkeypatch.setattr(torch.Tensor, "record_stream", lambda t, s: recorded.append((t, s.name)))
-    monkeypatch.setattr(prefetch_mod, "PinnedRing", lambda slots, **kw: PinnedRing(slots, **{**kw, "pin": False}))
-    monkeypatch.setattr(prefetch_mod, "GpuTimer", CudaTimer)
+    monkeypatch.setattr(prefetch_pass, "PinnedRing", lambda slots, **kw: PinnedRing(slots, **{**kw, "pin": False}))
 
     def make(iterable, **kw):
         pf = gobrrr.Prefetcher(iterable, device="cpu", **kw)
@@ -589,7 +586,7 @@ def test_gpu_path_orders_every_batch_by_events(fake_cuda):
     log = fake_cuda.log
     it = iter(pf)
     assert ("wait_stream", "copy", "consumer") in log   # the copy stream starts after prior work
-    copies_started = lambda: sum(1 for e in log if e[0] == "record" and e[1] == "copy") // 2  # noqa: E731
+    copies_started = lambda: sum(1 for e in log if e[0] == "record" and e[1] == "copy")  # noqa: E731
     got = []
     for k, b in enumerate(it):
         assert copies_started() == min(7, k + 2)        # depth batches launched when batch k is handed
@@ -602,7 +599,7 @@ def test_gpu_path_orders_every_batch_by_events(fake_cuda):
     # instead every copy waited (on the "GPU") for the consumer's work enqueued before its allocation
     assert fake_cuda.recorded == []
     copy_waits = [e[2] for e in log if e[0] == "wait" and e[1] == "copy"]
-    starts = [e[2] for e in log if e[0] == "record" and e[1] == "copy"][0::2]
+    starts = [e[2] for e in log if e[0] == "record" and e[1] == "copy"]   # each copy's `copied` event
     assert len(copy_waits) == 7 and all(ev.stream.name == "consumer" for ev in copy_waits)
     assert all(w.seq < s.seq for w, s in zip(copy_waits, starts))
     # every staging slot was released with a copy-done event recorded on the copy stream
@@ -620,7 +617,7 @@ def test_gpu_path_transform_is_waited_on(fake_cuda):
     assert all(bool((x == 3).all()) for x in out)
     log = fake_cuda.log
     waits = [e[2] for e in log if e[0] == "wait" and e[1] == "consumer"]
-    copy_done = {id(end) for _, end in pf._copy_timer._pending}
+    copy_done = {id(copied) for _, copied, _, _ in pf._lane.times.pending}
     assert len(waits) == 3 and len(copy_done) == 3
     for ev in waits:    # the consumer waits on the event recorded after the transform, on the copy stream
         assert ev.stream.name == "copy" and id(ev) not in copy_done
@@ -747,3 +744,83 @@ def test_generator_prefetcher_closed_with_batches_pulled_ahead_says_how_many_wer
     pf.close()
     with pytest.raises(RuntimeError, match=r"3 batch\(es\) already taken"):   # 1 copied + 2 pulled ahead
         iter(pf)
+
+
+# -- issue 28: per-step host work, timing from the ordering events, no reference cycle -------------------------
+def test_gpu_path_makes_three_events_and_two_stream_switches_per_step(fake_cuda, monkeypatch):
+    made, switches = [], []
+    monkeypatch.setattr(torch.cuda, "Event", lambda enable_timing=False: made.append(enable_timing) or FakeEvent())
+    set_stream = torch.cuda.set_stream
+    monkeypatch.setattr(torch.cuda, "set_stream", lambda s: switches.append(s.name) or set_stream(s))
+    pf = fake_cuda([torch.full((4,), float(i)) for i in range(12)], depth=2)
+    it = iter(pf)
+    for _ in range(3):
+        next(it)                  # warm: the first calls launch `depth` batches
+    made.clear()
+    switches.clear()
+    for _ in range(5):
+        next(it)
+    # allocated, copied, waited_at: each both orders and times (a hand-rolled side stream makes one)
+    assert len(made) == 5 * 3 and all(made)
+    assert switches == ["copy", "consumer"] * 5
+    pf._lane.timed = False        # the bench's switch: untimed events, and no waited_at
+    made.clear()
+    for _ in range(3):
+        next(it)
+    assert len(made) == 3 * 2 and not any(made)
+
+
+class TimedEvent:
+    """A completed event at a known time (ms)."""
+
+    def __init__(self, t):
+        self.t = t
+
+    def elapsed_time(self, other):
+        return other.t - self.t
+
+    def query(self):
+        return True
+
+    def synchronize(self):
+        pass
+
+
+def test_step_times_come_from_the_ordering_events():
+    from gobrrr.loader.prefetch_pass import FOLD_EVERY, StepTimes
+    times = StepTimes()
+    # step i: allocated at 10i; the copy stream is free again at ready(i-1); copy 3 ms; consumer waits at 10i + 4
+    expect_copy, expect_wait, prev_ready = 0.0, [], None
+    for i in range(3 * FOLD_EVERY + 5):
+        allocated = TimedEvent(10.0 * i)
+        start = max(allocated.t, prev_ready) if prev_ready is not None else allocated.t
+        copied = TimedEvent(start + 3.0)
+        ready = TimedEvent(copied.t + (1.0 if i % 2 else 0.0))     # odd steps: a 1 ms transform
+        waited_at = TimedEvent(allocated.t + (2.0 if i % 3 else 6.0))
+        times.add(allocated, copied, ready, waited_at)
+        expect_copy += copied.t - start
+        expect_wait.append(max(0.0, ready.t - waited_at.t))
+        prev_ready = ready.t
+    assert len(times.pending) < 3 * FOLD_EVERY       # folded as it went, FOLD_EVERY at a time
+    times.resolve()
+    assert times.copy_ms == pytest.approx(expect_copy)
+    assert list(times.device_wait) == pytest.approx(expect_wait)
+
+
+def test_a_generator_prefetcher_frees_its_pinned_ring_without_the_cyclic_collector(fake_cuda):
+    import weakref
+    gc.collect()
+    gc.disable()
+    try:
+        pf = fake_cuda((torch.randn(1000) for _ in range(10)), depth=2, pin_threads=1)
+        it = iter(pf)
+        next(it)
+        ring = weakref.ref(pf._ring)
+        assert ring() is not None
+        del pf, it               # reference counts alone: the pass holds the lane, not the Prefetcher
+        deadline = time.time() + 5
+        while ring() is not None and time.time() < deadline:
+            time.sleep(0.01)     # fills already queued on the ring's thread still hold it until they ran
+        assert ring() is None
+    finally:
+        gc.enable()

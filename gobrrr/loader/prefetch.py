@@ -23,11 +23,11 @@ The rules it follows (the reasons are in the docs of each piece):
   marks the end of its last copy.
 - The consumer's stream waits on the batch's event (`wait_event`). The device tensors are
   allocated in the consumer stream's order and the copy stream first waits (on the GPU) for
-  the consumer's work enqueued before that allocation, so the caching allocator's ordinary
-  stream-ordered reuse is safe and device memory stays at depth + 1 batches however far the
-  host runs ahead. Only a transform's outputs, allocated on the copy stream, are handed over
-  with `record_stream` (the proof is in `_Epoch._launch`).
-- `stats()` is measured with CUDA events and resolved only when asked for: no sync per step.
+  the consumer's work enqueued before that allocation, so device memory stays at depth + 1
+  batches however far the host runs ahead (prefetch_pass.py says why and how).
+- Few host operations per step: in a step bound by the host they are step time
+  (prefetch_pass.py). `stats()` reads the same events, resolved only when asked for: no sync
+  per step.
 
 A `DataLoader` with worker processes is swapped for a `PinnedWorkerLoader`
 (gobrrr/loader/worker_ring.py: workers collate straight into page-locked shared memory) when
@@ -37,21 +37,18 @@ On the CPU (or `device=None` without CUDA) the same API passes batches through u
 from __future__ import annotations
 
 import collections.abc
+import functools
 import statistics
-import time
 import warnings
 import weakref
-from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable
 
 import torch
 
-from gobrrr.loader.pinned import PinnedRing, StagedBatch
-from gobrrr.loader.streams import GpuTimer, new_copy_stream, resolve_device
-from gobrrr.loader.tree import map_tensors, tensors
-
-KEEP_STEPS = 100_000   # per-step figures kept for stats(): bounded memory however long the run
+from gobrrr.loader.pinned import PinnedRing
+from gobrrr.loader.prefetch_pass import KEEP_STEPS, Lane, Pass  # noqa: F401  (KEEP_STEPS: named in PrefetchStats)
+from gobrrr.loader.streams import new_copy_stream, resolve_device
 
 
 @dataclass
@@ -128,11 +125,6 @@ class Prefetcher:
       saying how many were dropped.
     """
 
-    # experiment switches, read by gobrrr/bench/prefetch_busy.py (not API): where device batches are
-    # allocated, and whether every step records timing events for stats()
-    _alloc_on_copy_stream = False
-    _timed = True
-
     def __init__(self, iterable: Iterable, device: Any = None, depth: int = 2,
                  transform: Callable[[Any], Any] | None = None, *, pin_threads: int | None = None,
                  worker_ring: bool = True):
@@ -150,14 +142,12 @@ class Prefetcher:
         self.iterable = iterable
         self.source = _choose_source(iterable, self.device, worker_ring)
         self._cuda = self.device.type == "cuda"
-        self._stream = None          # the copy stream, made on first use, kept for life
-        self._ring: PinnedRing | None = None
+        self._lane = Lane(self.device, depth, transform, self._cuda, pin_threads)
         self._one_shot = isinstance(iterable, collections.abc.Iterator)   # a generator, map(), iter(x)...
         self._epoch: Any = None       # the current pass: itself (one-shot source) or a weakref to it
-        self.reset_stats()
 
     # -- iteration -------------------------------------------------------------------------------
-    def __iter__(self) -> "_Epoch":
+    def __iter__(self) -> Pass:
         """A pass over the source (see "Iterating twice" in the class doc)."""
         old = self._current_epoch()
         if self._one_shot and old is not None:
@@ -170,54 +160,55 @@ class Prefetcher:
                     "fresh iterator in a new Prefetcher, or pass a re-iterable source (a list, a DataLoader).")
         elif old is not None:
             old.close(superseded=True)  # one pass at a time: the ring and the copy stream are shared
-        if self._cuda and self._stream is None:
-            self._stream = new_copy_stream(self.device)
-            self._wait_timer = GpuTimer(self.device)
-            self._copy_timer = GpuTimer(self.device, stream=self._stream)
-        epoch = _Epoch(self)
+        lane = self._lane
+        lane.cuda = self._cuda
+        if lane.cuda and lane.stream is None:
+            lane.stream = new_copy_stream(self.device)
+        epoch = Pass(lane, self.source, bool(getattr(self.source, "yields_leases", False)),
+                     functools.partial(_len_of, self.iterable))
         # a one-shot source's pass is held here, so that `break` loses none of the batches pulled
-        # ahead; a re-iterable source's pass is held by the loop alone (dropping it ends it)
+        # ahead; a re-iterable source's pass is held by the loop alone (dropping it ends it). The pass
+        # holds the lane, not this Prefetcher: no reference cycle either way.
         self._epoch = epoch if self._one_shot else weakref.ref(epoch)
         return epoch
 
-    def _current_epoch(self) -> "_Epoch | None":
+    def _current_epoch(self) -> Pass | None:
         e = self._epoch
         return e() if isinstance(e, weakref.ref) else e
 
     def __len__(self) -> int:
-        try:
-            return len(self.iterable)  # type: ignore[arg-type]
-        except TypeError:
-            raise TypeError(f"len() of a Prefetcher forwards to the wrapped iterable, and a "
-                            f"{type(self.iterable).__name__} has no len()") from None
+        return _len_of(self.iterable)
 
-    def _pinned_ring(self) -> PinnedRing:
-        if self._ring is None:
-            # slots: depth-1 launched + depth being pinned ahead + 2 so a slot's reuse rarely waits
-            self._ring = PinnedRing(2 * self.depth + 1, threads=self.pin_threads, pin=True, device=self.device)
-        return self._ring
+    # what the tests and benches look at
+    @property
+    def _stream(self) -> Any:
+        return self._lane.stream
+
+    @property
+    def _ring(self) -> PinnedRing | None:
+        return self._lane.ring
 
     # -- stats -----------------------------------------------------------------------------------
     def reset_stats(self) -> None:
-        self._host_wait: deque[float] = deque(maxlen=KEEP_STEPS)   # the last steps' host waits, ms
-        self._steps = 0
-        self._bytes = 0
-        if self._cuda and self._stream is not None:
-            self._wait_timer.reset()
-            self._copy_timer.reset()
+        lane = self._lane
+        lane.host_wait.clear()
+        lane.steps = 0
+        lane.bytes = 0
+        lane.times.reset()
 
     def stats(self) -> PrefetchStats:
         """Figures since construction or `reset_stats()`; waits once for pending events (not per step)."""
+        lane = self._lane
         device_wait: list[float] = []
         copy_ms = 0.0
-        if self._cuda and self._stream is not None:
-            device_wait = self._wait_timer.times_ms()
-            copy_ms = self._copy_timer.total_ms
-        ring = self._ring
+        if lane.cuda and lane.stream is not None and lane.timed:
+            lane.times.resolve()
+            device_wait, copy_ms = list(lane.times.device_wait), lane.times.copy_ms
+        ring = lane.ring
         return PrefetchStats(
-            device=str(self.device), steps=self._steps, bytes=self._bytes, copy_ms=copy_ms,
-            gbps=(self._bytes / (copy_ms * 1e6)) if copy_ms > 0 else 0.0,
-            host_wait_ms=list(self._host_wait), device_wait_ms=device_wait,
+            device=str(self.device), steps=lane.steps, bytes=lane.bytes, copy_ms=copy_ms,
+            gbps=(lane.bytes / (copy_ms * 1e6)) if copy_ms > 0 else 0.0,
+            host_wait_ms=list(lane.host_wait), device_wait_ms=device_wait,
             pinned_allocations=ring.allocations if ring else 0,
             pinned_bytes=ring.capacity_bytes if ring else 0)
 
@@ -227,9 +218,9 @@ class Prefetcher:
         old = self._current_epoch()
         if old is not None:
             old.close()
-        if self._ring is not None:
-            self._ring.close()
-            self._ring = None
+        if self._lane.ring is not None:
+            self._lane.ring.close()
+            self._lane.ring = None
 
     def __del__(self) -> None:
         try:
@@ -239,266 +230,26 @@ class Prefetcher:
 
     def describe(self) -> str:
         """One line: depth, and the ring the batches come through (what a benchmark prints)."""
-        src = self.source
+        src, ring = self.source, self._lane.ring
         if getattr(src, "yields_leases", False) and hasattr(src, "describe"):
-            ring = src.describe()
-        elif self._ring is not None:
-            ring = f"PinnedRing: {self._ring.slots} pinned slots, {self._ring.threads} pinning threads"
+            desc = src.describe()
+        elif ring is not None:
+            desc = f"PinnedRing: {ring.slots} pinned slots, {ring.threads} pinning threads"
         else:
-            ring = f"PinnedRing: {2 * self.depth + 1} slots when a pageable batch comes"
-        return f"depth {self.depth}; {ring}"
+            desc = f"PinnedRing: {2 * self.depth + 1} slots when a pageable batch comes"
+        return f"depth {self.depth}; {desc}"
 
     def __repr__(self) -> str:
         return (f"Prefetcher({type(self.iterable).__name__}, device={str(self.device)!r}, depth={self.depth}"
                 f"{', transform=' + getattr(self.transform, '__name__', 'fn') if self.transform else ''})")
 
 
-@dataclass
-class _Pending:
-    """A batch pulled from the source, not yet copied: staged in a pinned slot, or ready as is."""
-    staged: StagedBatch
-    release: Callable[[Any], None] | None = None   # a PinnedWorkerLoader lease's release(event)
-
-
-class _Epoch:
-    """One pass over the source. Holds no thread; dropping it (break, GC) releases everything."""
-
-    def __init__(self, owner: Prefetcher):
-        self.pf = owner
-        self.device = owner.device
-        self.leases = bool(getattr(owner.source, "yields_leases", False))
-        self.it: Any = iter(owner.source)
-        self.pending: deque[_Pending] = deque()
-        self.launched: deque[tuple] = deque()   # (device batch, ready event, consumer stream, transformed)
-        self.exhausted = False
-        self.error: BaseException | None = None
-        self.closed = False
-        self.superseded = False   # ended by a newer pass over the same Prefetcher
-        self.dropped = 0          # batches pulled from the source but never handed over, at close
-        self.waited = 0.0   # host seconds spent waiting for data since the last handed batch
-        if owner._cuda:
-            # the copy stream starts after everything already enqueued on the current stream
-            # (e.g. a transform's mean/std tensors created just before the loop); once per epoch
-            owner._stream.wait_stream(torch.cuda.current_stream(self.device))
-
-    def __iter__(self) -> "_Epoch":
-        return self
-
-    def __next__(self) -> Any:
-        if self.closed:
-            if self.superseded:
-                raise RuntimeError("this pass over the Prefetcher was ended by a newer iter() of the same "
-                                   "Prefetcher (one pass at a time: they share its pinned slots and copy "
-                                   "stream); finish or break out of one loop before starting the next, or "
-                                   "wrap the source in two Prefetchers.")
-            raise StopIteration
-        if not self.pf._cuda:
-            return self._next_cpu()
-        try:
-            self._fill_launched()
-        except BaseException:   # a pinning error, a tensor on the wrong GPU, Ctrl-C: the epoch is over
-            self.close()
-            raise
-        if not self.launched:
-            error, self.error = self.error, None
-            self.close()
-            if error is not None:
-                raise error
-            raise StopIteration
-        batch, ready, allocated_on, transformed = self.launched.popleft()
-        consumer = torch.cuda.current_stream(self.device)
-        pf = self.pf
-        if pf._timed:
-            pf._wait_timer.start(consumer)
-        consumer.wait_event(ready)   # the consumer's stream, not the host, waits for the copy
-        if pf._timed:
-            pf._wait_timer.stop(consumer)
-        if transformed or consumer != allocated_on:
-            for t in tensors(batch):
-                if t.device == self.device:
-                    # memory allocated on another stream is now used on this one: tell the allocator,
-                    # so that it does not hand the block out again before this step's kernels ran
-                    t.record_stream(consumer)
-        pf._host_wait.append(self.waited * 1e3)
-        pf._steps += 1
-        self.waited = 0.0
-        self._pull()  # start pinning the next batches while this step computes
-        return batch
-
-    # -- CPU: pass through -------------------------------------------------------------------------
-    def _next_cpu(self) -> Any:
-        t0 = time.perf_counter()
-        try:
-            item = next(self.it)
-        except BaseException:   # the end, or the source's own error: either way this epoch is over
-            self.close()
-            raise
-        waited = time.perf_counter() - t0
-        if self.leases:
-            # the lease's memory is reused once released: hand the consumer its own copy
-            batch = map_tensors(lambda t: t.clone(), item.batch)
-            item.release(None)
-        else:
-            batch = item
-        for t in tensors(batch):
-            if t.device.type != "cpu":
-                raise ValueError(f"a batch tensor is on {t.device} but this Prefetcher's device is cpu; "
-                                 "create it with device=None or the tensor's device")
-        if self.pf.transform is not None:
-            batch = self.pf.transform(batch)
-        self.pf._host_wait.append(waited * 1e3)
-        self.pf._steps += 1
-        return batch
-
-    # -- CUDA: pull, pin, copy -------------------------------------------------------------------------
-    def _pull(self) -> None:
-        """Take batches from the source until `depth` are pulled ahead; pinning starts at once."""
-        while not self.exhausted and len(self.pending) < self.pf.depth:
-            t0 = time.perf_counter()
-            try:
-                item = next(self.it)
-            except StopIteration:
-                self.exhausted = True
-                break
-            except Exception as e:  # deliver the batches before it first, then raise it
-                self.exhausted = True
-                self.error = e
-                break
-            finally:
-                self.waited += time.perf_counter() - t0
-            if self.leases:
-                self.pending.append(_Pending(StagedBatch(None, item.batch, None), item.release))
-            else:
-                self.pending.append(_Pending(self.pf._pinned_ring().stage(item)))
-
-    def _fill_launched(self) -> None:
-        while len(self.launched) < self.pf.depth:
-            self._pull()
-            if not self.pending:
-                return
-            self._launch(self.pending.popleft())
-
-    def _launch(self, p: _Pending) -> None:
-        """Enqueue batch p's host-to-device copy on the copy stream; never waits on the GPU."""
-        pf, staged = self.pf, p.staged
-        t0 = time.perf_counter()
-        try:
-            host_batch = staged.result()   # waits only if the pinning threads are behind
-            consumer = torch.cuda.current_stream(self.device)
-            # Destinations are allocated HERE, on the host, in the consumer stream's order (the
-            # current stream): when the consumer drops a batch its memory returns to the consumer
-            # stream's pool, where stream order alone makes reuse safe. The copy stream writes into
-            # fresh memory only after the consumer's work enqueued so far (which may still read
-            # that memory under an earlier owner) has run: `allocated` below. Device memory is
-            # then at most depth + 1 batches however far the host runs ahead, which record_stream
-            # (reuse delayed until an event, so fresh cudaMallocs meanwhile) does not give.
-            copies: list[tuple[torch.Tensor, torch.Tensor]] = []   # (device dst, pinned src)
-
-            def destination(t: torch.Tensor) -> torch.Tensor:
-                if t.device == self.device:
-                    return t  # already there: nothing to copy
-                if t.device.type != "cpu":
-                    raise ValueError(f"a batch tensor is already on {t.device} but this Prefetcher moves batches "
-                                     f"to {self.device}; keep the dataset's tensors on the CPU, or create the "
-                                     f"Prefetcher with device='{t.device}'")
-                dst = torch.empty_like(t, device=self.device)
-                copies.append((dst, t))
-                return dst
-
-            alloc_on = pf._stream if pf._alloc_on_copy_stream else consumer
-            with torch.cuda.stream(alloc_on):
-                if staged.slot is not None and staged.nbytes:
-                    # one DMA for every staged tensor of the batch: the slot's used bytes, then views
-                    flat = torch.empty(staged.nbytes, dtype=torch.uint8, device=self.device)   # (nbytes,) uint8
-                    copies.append((flat, staged.slot.buf[:staged.nbytes]))
-                    batch = staged.rebuild(flat, destination)
-                else:
-                    batch = map_tensors(destination, host_batch)
-        except BaseException:
-            self._release(p, None)   # nothing was enqueued from it
-            raise
-        finally:
-            self.waited += time.perf_counter() - t0
-        stream = pf._stream
-        if alloc_on is consumer:
-            allocated = torch.cuda.Event()
-            allocated.record(consumer)
-        with torch.cuda.stream(stream):
-            # overlap: this copy (copy stream, DMA engine) with the step the consumer runs now
-            if alloc_on is consumer:
-                stream.wait_event(allocated)
-            if pf._timed:
-                pf._copy_timer.start(stream)
-            try:
-                for dst, src in copies:
-                    dst.copy_(src, non_blocking=True)   # pinned source: an asynchronous DMA
-                    pf._bytes += src.numel() * src.element_size()
-            finally:
-                if pf._timed:
-                    copied = pf._copy_timer.stop(stream)
-                else:
-                    copied = torch.cuda.Event()
-                    copied.record(stream)
-                self._release(p, copied)  # the slot is rewritten only after `copied` completed
-            if pf.transform is not None:
-                inputs = [t for t in tensors(batch) if t.device == self.device]
-                batch = pf.transform(batch)
-                for t in inputs:
-                    t.record_stream(stream)   # read on the copy stream, allocated in consumer order
-                ready = torch.cuda.Event()
-                ready.record(stream)
-            else:
-                ready = copied
-        # a transform allocates its outputs on the copy stream: those need record_stream at hand-over
-        self.launched.append((batch, ready, alloc_on, pf.transform is not None))
-
-    def _release(self, p: _Pending, event: Any) -> None:
-        if p.release is not None:
-            p.release(event)                    # a PinnedWorkerLoader slot
-        elif self.pf._ring is not None:
-            self.pf._ring.release(p.staged, event)
-
-    # -- lifetime ------------------------------------------------------------------------------------------
-    def close(self, superseded: bool = False) -> None:
-        """Stop the pass: free the slots and leases it holds and let go of the source iterator."""
-        if self.closed:
-            return
-        self.closed = True
-        self.superseded = superseded
-        self.dropped = len(self.pending) + len(self.launched)
-        ring = self.pf._ring if self.pf is not None else None
-        while self.pending:
-            p = self.pending.popleft()
-            if p.release is not None:
-                p.release(None)     # nothing was copied from it
-            elif ring is not None:
-                # the single coordinator thread finishes this fill before it starts any later one
-                # for the same slot, so the slot can be handed out again without an event
-                ring.release(p.staged, None)
-        while self.launched:
-            _, ready, allocated_on, _ = self.launched.popleft()
-            # a batch never handed over goes back to the consumer stream's pool while its copy may
-            # still be running: order that stream after the copy (on the GPU) before letting it go
-            allocated_on.wait_event(ready)
-        it, self.it = self.it, None
-        # a generator runs its finally blocks now; a DataLoader's worker processes stop now (left to
-        # GC, an iterator whose worker raised takes 5 s to shut down, and a traceback may keep it alive)
-        for name in ("close", "_shutdown_workers"):
-            stop = getattr(it, name, None)
-            if callable(stop):
-                try:
-                    stop()
-                except Exception:
-                    pass
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
-
-    def __len__(self) -> int:
-        return len(self.pf)
+def _len_of(iterable: Any) -> int:
+    try:
+        return len(iterable)
+    except TypeError:
+        raise TypeError(f"len() of a Prefetcher forwards to the wrapped iterable, and a "
+                        f"{type(iterable).__name__} has no len()") from None
 
 
 def _is_iterable(x: Any) -> bool:
