@@ -27,8 +27,7 @@ def test_quick_run_records_every_row(tmp_path, monkeypatch, capsys):
             r = by[(regime, name)]
             assert r["ms_per_step"] > 0, (regime, name)
         # worker rows are judged against the larger floor, in-process rows against the smaller
-        naive = by[(regime, "naive: pageable .to() + .item()")]
-        dl = by[(regime, "DataLoader(workers, pin_memory) + non_blocking")]
+        naive, dl = by[(regime, "naive: pageable .to() + .item()")], by[(regime, "DataLoader(workers, pin_memory) + non_blocking")]
         assert naive["x_floor"] > 0 and dl["x_floor"] > 0
         prod = by[(regime, "floor: workers' production (reused private buffer)")]["ms_per_step"]
         compute = by[(regime, "floor: compute only")]["ms_per_step"]
@@ -78,10 +77,41 @@ def test_busy_pass_rows_and_ring_setup_are_recorded(tmp_path, monkeypatch, capsy
         assert by[name]["x_floor"] == pytest.approx(by[name]["ms_per_step"] / max(prod, compute))
 
 
-def test_busy_experiment_without_cuda_says_so_in_one_line(capsys):
+def test_busy_bench_without_cuda_says_so_in_one_line(capsys):
     from gobrrr.bench import prefetch_busy
     if prefetch_busy.torch.cuda.is_available():
-        pytest.skip("a GPU is here: the experiment would run")
-    assert prefetch_busy.main([]) == 2
+        pytest.skip("a GPU is here: the bench would run")
+    with pytest.raises(SystemExit) as info:
+        prefetch_busy.main([])
+    assert info.value.code == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("gobrrr bench prefetch_busy: error:") and len(err.splitlines()) == 1
+    assert err.startswith("gobrrr bench prefetch_busy: error: no CUDA device") and len(err.splitlines()) == 1
+
+
+@pytest.mark.timeout(180)
+def test_busy_bench_quick_records_both_windows_and_says_when_timm_is_missing(tmp_path, monkeypatch, capsys):
+    from gobrrr.bench import prefetch_busy, prefetch_state
+    monkeypatch.setenv("GOBRRR_BENCH_RESULTS", str(tmp_path))
+    monkeypatch.setattr(prefetch_state, "timm_prefetch_loader", lambda: (None, "timm is not installed: (test)"))
+    assert prefetch_busy.main(["--quick"]) == 0
+    out = capsys.readouterr().out
+    notes = [line for line in out.splitlines() if "timm is not installed" in line]
+    assert len(notes) == 2 and all(len(n) < 120 for n in notes)   # said once when built, once at the end
+    entry = json.loads((tmp_path / "prefetch_busy.jsonl").read_text().splitlines()[-1])
+    rows = entry["rows"]
+    assert {r["state"] for r in rows} == {"fresh", "busy"}
+    names = {r["row"] for r in rows}
+    assert {"floor: compute", "Prefetcher(pinned)", "Prefetcher(pageable)", "Prefetcher(workers)"} <= names
+    for r in rows:                                        # the short window and the whole one, every row
+        assert r["ms"] > 0 and r["ms_3"] > 0 and r["x_floor"] > 0 and len(r["first10"]) == 7
+    assert [s["row"] for s in entry["startup"]] == ["floor: compute", "Prefetcher(pinned)"]
+    assert entry["note"] == "timm is not installed: (test)"
+
+
+def test_busy_bench_refuses_bad_shapes_in_one_line(capsys):
+    from gobrrr.bench import prefetch_busy
+    with pytest.raises(SystemExit) as info:
+        prefetch_busy.main(["--quick", "--shapes", "256by160"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert "--shapes takes BxS pairs" in err and len(err.splitlines()) == 1

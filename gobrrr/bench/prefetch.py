@@ -23,8 +23,8 @@ max(copy, compute, prod pre-batched) for the batch_size=None and IterableDataset
 pageable row also as a share of max(memcpy, copy, compute). Prefetcher rows print the depth and
 the ring they ran through (slots per worker, pinned slots).
 
-Then a pass in a busy process (`make_busy`): a DataLoader(pin_memory=True) with 6 persistent
-workers and a timm-style PrefetchLoader over another are iterated and left alive mid-epoch, and
+Then a pass in a busy process (gobrrr/bench/prefetch_state.py): a DataLoader(pin_memory=True) with 6 persistent
+workers and timm's PrefetchLoader over another are iterated and left alive mid-epoch, and
 the in-process rows run again 1.5 s later (steady state; gobrrr/bench/prefetch_busy.py looks at the
 first half second, while their pin-memory threads are still filling their queues).
 
@@ -49,14 +49,15 @@ import statistics
 import time
 import traceback
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
-from torch import nn
-from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
+from torch.utils.data import DataLoader
 
+from gobrrr.bench.prefetch_state import make_busy, timm_prefetch_loader
 from gobrrr.bench.common import add_results_option, print_table, record
-from gobrrr.loader.pinned import default_pin_threads
+from gobrrr.bench.prefetch_data import (BatchStream, CollateReused, CopyReused, Frames, PreBatched, calibrate,
+                                 collate_fresh, first, memcpy_floor, mlp, settle, timed_loop)
 from gobrrr.loader.worker_ring import PinnedWorkerLoader
 
 
@@ -79,164 +80,6 @@ class Config:
 
 
 QUICK = dict(batch=8, side=16, width=64, workers=2, warmup=2, steps=5, depths=(1, 2), device="cpu")
-
-
-# ---------------------------------------------------------------- data and model
-
-class Frames(Dataset):
-    """`length` samples (image, label) drawn from a few distinct pageable images, as a decoded dataset."""
-
-    def __init__(self, images: torch.Tensor, length: int):
-        self.images, self.length = images, length   # images: (n, 3, side, side) float32
-
-    def __len__(self):
-        return self.length
-
-    def __getitem__(self, i):
-        return self.images[i % len(self.images)], i
-
-
-class PreBatched(Dataset):
-    """`length` items, each a whole batch (x, y): a view of one of a few stored batches, as pre-batched
-    shards read from memory; for DataLoader(batch_size=None)."""
-
-    def __init__(self, batches: list[torch.Tensor], length: int):
-        self.batches, self.length = batches, length   # batches: k x (B, 3, side, side) float32
-
-    def __len__(self):
-        return self.length
-
-    def __getitem__(self, i):
-        x = self.batches[i % len(self.batches)]
-        return x, torch.arange(x.shape[0]) + i
-
-
-class BatchStream(IterableDataset):
-    """The same batches as PreBatched, streamed: worker w of n yields items w, w + n, ... (its shard)."""
-
-    def __init__(self, batches: list[torch.Tensor], length: int):
-        self.batches, self.length = batches, length
-
-    def __len__(self):
-        return self.length
-
-    def __iter__(self):
-        info = get_worker_info()
-        w, n = (info.id, info.num_workers) if info is not None else (0, 1)
-        for i in range(w, self.length, n):
-            x = self.batches[i % len(self.batches)]
-            yield x, torch.arange(x.shape[0]) + i
-
-
-class CopyReused:
-    """Production floor of pre-batched sources: copy the dataset's batch into one private buffer per
-    worker (allocated once), send nothing: what a worker must do at least to hand a batch over."""
-
-    def __init__(self):
-        self.buf = None
-
-    def __call__(self, item):
-        x = item[0]
-        if self.buf is None or self.buf.shape != x.shape:
-            self.buf = torch.empty_like(x)
-        self.buf.copy_(x)
-        return x.shape[0]
-
-
-class TimmStylePrefetchLoader:
-    """What timm's PrefetchLoader does (written here; timm is not a dependency): on a side stream made
-    per iteration, `.cuda(non_blocking=True)` of the DataLoader's pinned batch k+1, then normalize it
-    there, while the caller computes on batch k; the caller's stream waits on the side stream."""
-
-    def __init__(self, loader, device: torch.device, mean: float = 0.5, std: float = 0.25):
-        self.loader, self.device = loader, device
-        self.mean = torch.tensor(mean, device=device)
-        self.std = torch.tensor(std, device=device)
-
-    def __iter__(self):
-        stream = torch.cuda.Stream(self.device)
-        first = True
-        x = y = None
-        for nx, ny in self.loader:
-            with torch.cuda.stream(stream):
-                nx = nx.to(self.device, non_blocking=True)
-                ny = ny.to(self.device, non_blocking=True)
-                nx = nx.float().sub_(self.mean).div_(self.std)
-            if not first:
-                yield x, y
-            first = False
-            torch.cuda.current_stream(self.device).wait_stream(stream)
-            x, y = nx, ny
-        if x is not None:
-            yield x, y
-
-    def __len__(self):
-        return len(self.loader)
-
-
-def collate_fresh(samples):
-    """Production floor, info row: stack into fresh private memory (what default_collate does), send nothing."""
-    torch.stack([s[0] for s in samples])
-    return len(samples)
-
-
-class CollateReused:
-    """Production floor: stack into one private buffer per worker (allocated once), send nothing."""
-
-    def __init__(self):
-        self.buf = None
-
-    def __call__(self, samples):
-        x = samples[0][0]
-        if self.buf is None or self.buf.shape[0] != len(samples):
-            self.buf = torch.empty((len(samples), *x.shape), dtype=x.dtype)
-        torch.stack([s[0] for s in samples], out=self.buf)
-        return len(samples)
-
-
-def mlp(cfg: Config, depth: int, device: torch.device) -> nn.Module:
-    """Rows of 3*side pixels through `depth` hidden layers; one scalar out."""
-    feat = 3 * cfg.side
-    layers: list[nn.Module] = [nn.Linear(feat, cfg.width), nn.GELU()]
-    for _ in range(depth):
-        layers += [nn.Linear(cfg.width, cfg.width), nn.GELU()]
-    layers += [nn.Linear(cfg.width, 1)]
-    net = nn.Sequential(*layers).to(device)
-
-    def step(x: torch.Tensor) -> torch.Tensor:   # x: (B, 3, side, side)
-        return net(x.reshape(-1, feat)).mean()   # (B*side, 3*side) -> ()
-
-    return step
-
-
-# ---------------------------------------------------------------- timing helpers
-
-def sync(dev: torch.device) -> None:
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)  # sync: benchmark boundary, outside the timed loop body
-
-
-def timed_loop(batches, step: Callable[[Any], None], cfg: Config, dev: torch.device) -> float:
-    """ms/step over cfg.steps steps after cfg.warmup steps, the clock stopped after the GPU drains."""
-    t0 = None
-    n = 0
-    for i, b in enumerate(batches):
-        if i == cfg.warmup:
-            sync(dev)
-            t0 = time.perf_counter()
-        step(b)
-        n = i + 1
-        if n == cfg.warmup + cfg.steps:
-            break
-    sync(dev)
-    if t0 is None or n < cfg.warmup + cfg.steps:
-        raise RuntimeError(f"source gave {n} batches, fewer than warmup + steps = {cfg.warmup + cfg.steps}")
-    return (time.perf_counter() - t0) * 1e3 / cfg.steps
-
-
-def first(b):
-    """The image tensor of a batch: (x, y) pairs from loaders, plain tensors from lists."""
-    return b[0] if isinstance(b, (list, tuple)) else b
 
 
 # ---------------------------------------------------------------- the rows
@@ -285,47 +128,8 @@ class Rows:
         return timed_loop(dl, lambda _: None, self.cfg, self.dev)
 
     def memcpy(self, model):
-        """Host memcpy ceiling: the batch's bytes from pageable memory into pinned buffers, one slice
-        per thread (GIL released), while the copy engine reads another pinned buffer (as it does
-        during the Prefetcher's pageable rows); the best of libc memmove (the fastest of numpy / torch /
-        memmove in gobrrr/bench/prefetch_busy.py) and the streaming copy the ring uses (gobrrr.loader.ntcopy),
-        on the pin-thread count and on all cores."""
-        import ctypes
-        import os
-        from concurrent.futures import ThreadPoolExecutor
-
-        import numpy as np
-
-        from gobrrr.loader import ntcopy
-        # as many pinned destinations as the Prefetcher's ring has slots (2 * depth + 1), written in
-        # turn: with one destination the copy would run partly in the L3 cache (300 MB on the H200
-        # VM), which the ring's 5 slots do not fit
-        dsts = [torch.empty(self.nbytes, dtype=torch.uint8, pin_memory=self.cuda).numpy() for _ in range(5)]
-        srcs = [t.reshape(-1).view(torch.uint8).numpy() for t in self.pageable]
-        dma_src = torch.empty(self.nbytes, dtype=torch.uint8, pin_memory=self.cuda)
-        dma_dst = torch.empty(self.nbytes, dtype=torch.uint8, device=self.dev) if self.cuda else None
-        copies = {"memmove": ctypes.memmove}
-        if ntcopy.streaming():
-            copies["streaming"] = ntcopy.copy
-        best, how, tried = float("inf"), "", []
-        for name, fn in copies.items():
-            for threads in sorted({default_pin_threads(), len(os.sched_getaffinity(0))}):
-                cuts = np.linspace(0, self.nbytes, threads + 1).astype(np.int64) // 4096 * 4096
-                cuts[-1] = self.nbytes
-                with ThreadPoolExecutor(threads) as pool:
-                    def one(i):
-                        s, d = srcs[i % len(srcs)], dsts[i % len(dsts)]
-                        list(pool.map(lambda k: fn(d[cuts[k]:].ctypes.data, s[cuts[k]:].ctypes.data,
-                                                   int(cuts[k + 1] - cuts[k])), range(threads)))
-                        if self.cuda and i % 2 == 0:   # keep the copy engine reading pinned memory meanwhile
-                            with torch.cuda.stream(side):
-                                dma_dst.copy_(dma_src, non_blocking=True)
-                    side = torch.cuda.Stream(self.dev) if self.cuda else None
-                    ms = timed_loop(range(self.n), one, self.cfg, self.dev)
-                    tried.append(f"{name} x{threads} {ms:.2f} ms")
-                    if ms < best:
-                        best, how = ms, f"{name}, {threads} threads"
-        self.setup["memcpy"] = f"best: {how} (of {', '.join(tried)})"
+        """Host memcpy ceiling (bench/prefetch_data.memcpy_floor); what was tried goes to `setup`."""
+        best, self.setup["memcpy"] = memcpy_floor(self.pageable, self.nbytes, self.cfg, self.dev)
         return best
 
     def prebatched_loader(self, stream: bool = False, **kw) -> DataLoader:
@@ -387,9 +191,10 @@ class Rows:
                           self.cfg, self.dev)
 
     def timm_prefetch(self, model):
+        prefetch_loader, _ = timm_prefetch_loader()   # the real timm (the row needs it)
         dl = self.loader(pin_memory=True)
-        return timed_loop(TimmStylePrefetchLoader(dl, self.dev), lambda b: self.acc.add_(model(b[0])),
-                          self.cfg, self.dev)
+        pl = prefetch_loader(dl, mean=(0.0,) * 3, std=(1.0,) * 3, channels=3, device=self.dev)
+        return timed_loop(pl, lambda b: self.acc.add_(model(b[0])), self.cfg, self.dev)
 
     def prefetcher_workers(self, model):
         return self._prefetcher(self.loader(), model, "prefetcher_workers")
@@ -472,7 +277,7 @@ ROWS = [
     ("Prefetcher(pinned tensors)", "prefetcher_pinned", "in-process", ("prefetcher",)),
     ("Prefetcher(pageable tensors)", "prefetcher_pageable", "in-process", ("prefetcher",)),
     ("DataLoader(workers, pin_memory) + non_blocking", "dataloader_pinned", "workers", ()),
-    ("timm-style PrefetchLoader(that DataLoader)", "timm_prefetch", "workers", ("cuda",)),
+    ("timm PrefetchLoader(that DataLoader)", "timm_prefetch", "workers", ("cuda", "timm")),
     ("Prefetcher(DataLoader with workers)", "prefetcher_workers", "workers", ("prefetcher",)),
     ("PinnedWorkerLoader + hand-rolled side stream", "ring_side_stream", "workers", ()),
     ("DataLoader(batch_size=None, workers, pin_memory) + non_blocking", "dataloader_prebatched", "prebatched", ()),
@@ -496,68 +301,15 @@ def _available(needs, cuda: bool) -> str | None:
     if "cuda" in needs and not cuda:
         return "needs CUDA"
     if "timm" in needs:
-        try:
-            import timm.data.loader  # noqa: F401
-        except ImportError:
-            return "timm not installed"
-        except Exception as e:  # e.g. a torchvision built for another torch
-            return f"timm does not import here ({type(e).__name__})"
+        loader, why = timm_prefetch_loader()
+        if loader is None:
+            return why
     if "prefetcher" in needs:
         try:
             from gobrrr.loader.prefetch import Prefetcher  # noqa: F401
         except ImportError as e:
             return f"Prefetcher not importable ({e})"
     return None
-
-
-def settle(timeout_s: float = 10.0, keep: frozenset = frozenset()) -> None:
-    """Collect the last row's loaders and wait for their worker processes to exit (all but the
-    pids in `keep`: the busy pass's other loaders, which stay alive on purpose)."""
-    gc.collect()
-    deadline = time.monotonic() + timeout_s
-    while {p.pid for p in multiprocessing.active_children()} - keep and time.monotonic() < deadline:
-        time.sleep(0.02)
-
-
-def calibrate(cfg: Config, dev: torch.device) -> tuple[int, int]:
-    """Depths whose compute time is near cfg.copy_ms and cfg.compute_ms (a line through 2 depths)."""
-    if cfg.depths is not None:
-        return tuple(cfg.depths)  # type: ignore[return-value]
-    probe = Config(**{**asdict(cfg), "warmup": 3, "steps": 10})
-    x = torch.randn(cfg.batch, 3, cfg.side, cfg.side, device=dev)
-    acc = torch.zeros((), device=dev)
-    t = {}
-    for d in (2, 8):
-        model = mlp(cfg, d, dev)
-        with torch.no_grad():
-            t[d] = timed_loop(range(20), lambda _: acc.add_(model(x)), probe, dev)
-    per_layer = max((t[8] - t[2]) / 6, 1e-4)
-    base = t[2] - 2 * per_layer
-
-    def depth(target):
-        return max(1, round((target - base) / per_layer))
-    return depth(cfg.copy_ms), depth(cfg.compute_ms)
-
-
-def make_busy(bench: "Rows", model, steps: int = 40) -> list:
-    """The state a user's script leaves a process in before it reaches our loader: a
-    DataLoader(pin_memory=True) with persistent workers, then a timm-style PrefetchLoader over
-    another such loader, each iterated `steps` steps and left alive mid-epoch (workers, pin-memory
-    threads, pinned batches queued). Returns what keeps them alive; drop it to end them."""
-    cfg, dev = bench.cfg, bench.dev
-    ds = Frames(bench.images, 4 * (steps + 20) * cfg.batch)
-    keep: list = []
-    for timm_style in (False, True):
-        dl = DataLoader(ds, batch_size=cfg.batch, num_workers=cfg.workers, pin_memory=bench.cuda,
-                        persistent_workers=True)
-        it = iter(TimmStylePrefetchLoader(dl, dev) if timm_style and bench.cuda else dl)
-        for _ in range(steps):
-            x = next(it)[0].to(dev, non_blocking=True)
-            with torch.no_grad():
-                bench.acc.add_(model(x))
-        keep += [dl, it]
-    sync(dev)
-    return keep
 
 
 def _measure(bench: "Rows", cfg: Config, regime: str, depth: int, model, rows: list) -> list[dict[str, Any]]:
@@ -621,9 +373,13 @@ def run(cfg: Config, rows_out: list | None = None) -> list[dict[str, Any]]:
         rows_out += _measure(bench, cfg, regime, depths[regime], mlp(cfg, depths[regime], dev), rows)
     if cfg.busy and "in-process" in cfg.kinds:
         busy_rows = [r for r in ROWS if r[1] in BUSY_ROWS]
-        print(f"busy process: a DataLoader(pin_memory=True, {cfg.workers} persistent workers) and a timm-style "
+        print(f"busy process: a DataLoader(pin_memory=True, {cfg.workers} persistent workers) and timm's "
               "PrefetchLoader over another, iterated and left alive", flush=True)
-        keep = make_busy(bench, mlp(cfg, depths[cfg.regimes[-1]], dev), steps=min(40, cfg.warmup + cfg.steps))
+        model = mlp(cfg, depths[cfg.regimes[-1]], dev)
+        keep = make_busy(bench.pageable, lambda x: bench.acc.add_(model(x)), dev, cfg.workers,
+                         n=min(40, cfg.warmup + cfg.steps))
+        if keep.note:
+            print(f"busy process: {keep.note}", flush=True)
         # steady busy state: the other loaders' workers and pin threads have filled their queues
         # (about 0.5 s); what happens in that first half second is gobrrr/bench/prefetch_busy.py --stalls-only
         time.sleep(1.5 if bench.cuda else 0.0)
@@ -632,6 +388,7 @@ def run(cfg: Config, rows_out: list | None = None) -> list[dict[str, Any]]:
                 rows_out += _measure(bench, cfg, f"{regime}, busy", depths[regime],
                                      mlp(cfg, depths[regime], dev), busy_rows)
         finally:
+            keep.close()
             del keep
             settle()
     return rows_out

@@ -1,370 +1,380 @@
-"""Why is the Prefetcher slower in a busy process? One experiment, every suspect side by side.
+"""`gobrrr bench prefetch_busy`: the Prefetcher in the process states users have (issue 28).
 
-Issue 14 saw `Prefetcher` from pinned tensors at 2.4-2.9x the compute floor in a process where a
-DataLoader(pin_memory=True) with persistent workers and a timm-style PrefetchLoader had run first
-and were left alive, while a hand-rolled depth-1 side-stream prefetch in the same process stayed at
-1.01-1.09x. The suspects, read off prefetch.py / pinned.py, and the variant that isolates each:
+One process, side by side: a fresh state, then a busy one (gobrrr/bench/prefetch_state.py: a
+DataLoader(pin_memory=True) with 6 persistent workers and timm's real PrefetchLoader over another,
+each iterated 45 batches and left alive). In each state, at each batch shape (default: the
+independent check's 256x3x160x160 float32, 78.6 MB, then 128x3x224x224 and 64x3x224x224) and in
+two regimes (an MLP of `width` whose depth makes its step take 0.6x the copy time: copy-bound, or
+2.5x: compute-bound; the issue's repro is DEPTH=70 at the first shape, compute-bound):
 
-  allocator   device batches are allocated in the consumer stream's order and the copy stream waits
-              for an `allocated` event; the hand-rolled loop allocates on the copy stream and uses
-              record_stream                             -> variant "alloc on copy stream"
-  events      four timing events per step for stats()   -> variant "no timing events"
-  depth       depth 2 vs the hand-rolled depth 1        -> variants "depth 1", "depth 3"
-  Python GC   the busy process holds many more objects  -> variant "gc off"
-  host calls  is_pinned (cudaPointerGetAttributes), event record, empty_like, current_stream:
-              microbenchmarked per call in each phase
-  threads     torch's pin-memory thread calls torch.set_num_threads(1), which new threads inherit;
-              affinity; live thread count               -> printed per phase
-  and a cProfile of the Prefetcher loop (fresh vs busy) for what the host waits in.
+  floor: compute   the MLP on a batch already on the GPU
+  floor: copy      one pinned host-to-device copy per step
+  hand-rolled      a depth-1 side stream with record_stream (the issue's)
+  Prefetcher       over pinned tensors; over pageable tensors and over a DataLoader with 6 workers at
+                   the first `--full-shapes` shapes
 
-Phases, in one process: fresh; busy (bench.prefetch.make_busy); after dropping the busy loaders.
-Every variant runs in both regimes, `--repeats` interleaved passes, median kept, with the host time
-spent inside `next()` (mean and max) beside the step time. Then host memcpy methods
-(pageable -> pinned, while a DMA runs) for the pageable path.
+Every row is one loop from the source's creation: 5 warm-up steps, then `--steps` timed ones, a CUDA
+event after each step, so one run gives the 40-step window (steps 5-44), the whole window, the first
+10 batch times and the host time spent inside next() (median). Rows run `--passes` times, the order
+of the loader rows reversed every other pass; medians are kept. x_floor = ms / max(compute, copy)
+measured in the same state and pass; x_hand = Prefetcher / hand-rolled, same state, pass and window.
+Then, in the busy state, "just left": the other loaders are iterated again and a new loop starts at
+once (their pin-memory threads are still pinning what their workers prefetched), for compute only,
+the hand-rolled side stream and the Prefetcher: their first 10 batch times.
 
-    gobrrr bench prefetch_busy               # on a GPU, about a minute; JSON to $GOBRRR_BENCH_RESULTS or bench/results
-    gobrrr bench prefetch_busy --stalls-only # the stall probe alone (fresh busy state before each run)
+    gobrrr bench prefetch_busy                     # on a GPU, about 3 minutes; JSON to bench/results
+    gobrrr bench prefetch_busy --shapes 256x160 --passes 1 --steps 200
+    gobrrr bench prefetch_busy --quick             # tiny sizes on the CPU: a smoke test of the code paths
 """
 from __future__ import annotations
 
 import argparse
-import cProfile
-import ctypes
 import gc
-import io
-import os
-import pstats
 import statistics
 import sys
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
 
-import numpy as np
 import torch
+from torch.utils.data import DataLoader
 
-from gobrrr.bench.common import print_table, record
-from gobrrr.bench.prefetch import Config, Rows, calibrate, first, make_busy, mlp, settle, sync
+from gobrrr.bench.prefetch_state import Batches, make_busy
+from gobrrr.bench.common import Parser, add_results_option, print_table, record
 from gobrrr.loader.prefetch import Prefetcher
 
+TARGETS = {"Prefetcher(pinned)": 1.05, "Prefetcher(pageable)": 2.0, "Prefetcher(workers)": 1.5}
+HAND_BAR = 1.03   # within 3% of the hand-rolled side stream in the same state
 
-def loop(bench: Rows, batches, model, gc_off: bool = False) -> dict:
-    """ms/step over cfg.steps after cfg.warmup, and the host ms spent inside next() (mean, max)."""
-    cfg, dev = bench.cfg, bench.dev
+
+@dataclass
+class Config:
+    shapes: tuple[tuple[int, int], ...] = ((256, 160), (128, 224), (64, 224))   # (batch, side) of 3xSxS fp32
+    width: int = 4096
+    regimes: tuple[str, ...] = ("copy-bound", "compute-bound")
+    depths: tuple[int, int] | None = None    # explicit (copy-bound, compute-bound) depths for every shape
+    steps: int = 400
+    window: int = 40
+    warmup: int = 5
+    passes: int = 2
+    workers: int = 6
+    full_shapes: int = 1      # pageable and worker-source rows at the first N shapes
+    busy_steps: int = 45
+    settle_s: float = 2.0
+    device: str = "cuda"
+
+
+QUICK = dict(shapes=((4, 8),), width=32, depths=(1, 2), steps=6, window=3, warmup=1, passes=1, workers=2,
+             busy_steps=2, settle_s=0.0, device="cpu")
+RATIO = {"copy-bound": 0.6, "compute-bound": 2.5}   # compute time / copy time
+
+
+def mlp(side: int, width: int, depth: int, device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The issue's model: Flatten, Linear(3*S*S, width), ReLU, depth x (Linear(width, width), ReLU),
+    Linear(width, 10)."""
+    with torch.device(device):
+        net = torch.nn.Sequential(torch.nn.Flatten(1), torch.nn.Linear(3 * side * side, width), torch.nn.ReLU(),
+                                  *[m for _ in range(depth) for m in (torch.nn.Linear(width, width), torch.nn.ReLU())],
+                                  torch.nn.Linear(width, 10))
+    return lambda x: net(x).float().sum()   # x: (B, 3, S, S); as the repro: forward only, result dropped
+
+
+class Clock:
+    """A timestamp after each step: a CUDA event on the current stream, or perf_counter on the CPU."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.marks: list[Any] = []
+        self.start = self._mark()
+
+    def _mark(self) -> Any:
+        if not self.cuda:
+            return time.perf_counter()
+        e = torch.cuda.Event(enable_timing=True)
+        e.record()
+        return e
+
+    def tick(self) -> None:
+        self.marks.append(self._mark())
+
+    def times_ms(self) -> list[float]:
+        """Milliseconds from the start to each tick (waits for the GPU: call after the loop)."""
+        if not self.cuda:
+            return [(m - self.start) * 1e3 for m in self.marks]
+        torch.cuda.synchronize()   # sync: the loop is over
+        return [self.start.elapsed_time(m) for m in self.marks]
+
+
+def run_loop(batches, step: Callable, cfg: Config, device: torch.device, steps: int | None = None) -> dict:
+    """One loop from the source's creation; per-step times from one clock."""
+    steps = steps or cfg.steps
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)   # sync: bench boundary
+    clock = Clock(device)
     it = iter(batches)
     host: list[float] = []
-    if gc_off:
-        gc.disable()
-    try:
-        for i in range(cfg.warmup + cfg.steps):
-            if i == cfg.warmup:
-                sync(dev)
-                t0 = time.perf_counter()
-            h = time.perf_counter()
-            b = next(it)
-            if i >= cfg.warmup:
-                host.append((time.perf_counter() - h) * 1e3)
-            bench.acc.add_(model(first(b)))
-        sync(dev)
-        ms = (time.perf_counter() - t0) * 1e3 / cfg.steps
-    finally:
-        if gc_off:
-            gc.enable()
-    return {"ms": ms, "next_mean_ms": statistics.fmean(host), "next_max_ms": max(host)}
+    for _ in range(cfg.warmup + steps):
+        t = time.perf_counter()
+        x = next(it)
+        host.append(time.perf_counter() - t)
+        step(x)
+        clock.tick()
+    ts = clock.times_ms()
+    per = [ts[0]] + [b - a for a, b in zip(ts, ts[1:])]
+    w, base = min(cfg.window, steps), ts[cfg.warmup - 1] if cfg.warmup else 0.0
+    return {"w_window": (ts[cfg.warmup + w - 1] - base) / w, "w_steps": (ts[-1] - base) / steps,
+            "first10": [round(p, 2) for p in per[:10]], "max_ms": max(per[cfg.warmup:]),
+            "host_next_ms": statistics.median(host[cfg.warmup:]) * 1e3}
 
 
-def hand_rolled(bench: Rows, n: int):
-    """The depth-1 side-stream prefetch of the issue, as a generator of device batches."""
-    dev = bench.dev
-    stream = torch.cuda.Stream(dev)
-
-    def fetch(i):
-        with torch.cuda.stream(stream):
-            x = bench.pinned[i % 2].to(dev, non_blocking=True)
-        ev = torch.cuda.Event()
-        ev.record(stream)
-        return x, ev
-
-    nxt = fetch(0)
+def cycle(xs: list, n: int):
     for i in range(n):
-        x, ev = nxt
-        torch.cuda.current_stream(dev).wait_event(ev)
-        x.record_stream(torch.cuda.current_stream(dev))
-        nxt = fetch(i + 1)
+        yield xs[i % len(xs)]
+
+
+def hand_rolled(pinned: list[torch.Tensor], device: torch.device, n: int):
+    """The issue's depth-1 side stream: copy batch i+1 on a side stream while batch i computes."""
+    side = torch.cuda.Stream(device)
+    it = cycle(pinned, n + 1)
+
+    def load():
+        with torch.cuda.stream(side):
+            x = next(it).to(device, non_blocking=True)
+        e = torch.cuda.Event()
+        e.record(side)
+        return x, e
+    nxt = load()
+    for _ in range(n):
+        x, e = nxt
+        torch.cuda.current_stream(device).wait_event(e)
+        x.record_stream(torch.cuda.current_stream(device))
+        nxt = load()   # overlap: the copy of batch i+1 with the step on batch i
         yield x
 
 
-def prefetcher(bench: Rows, depth: int = 2, timed: bool = True, alloc_copy: bool = False, pageable=False):
-    src = bench.pageable if pageable else bench.pinned
-    pf = Prefetcher([src[i % 2] for i in range(bench.n)], device=bench.dev, depth=depth)
-    pf._timed, pf._alloc_on_copy_stream = timed, alloc_copy
-    return pf
+class Rows:
+    """The rows of one shape: its batches, its models per regime, and how each row is run."""
+
+    def __init__(self, cfg: Config, shape: tuple[int, int], device: torch.device):
+        self.cfg, self.device, (self.batch, self.side) = cfg, device, shape
+        self.cuda = device.type == "cuda"
+        g = torch.Generator().manual_seed(0)
+        self.pageable = [torch.randn(self.batch, 3, self.side, self.side, generator=g) for _ in range(4)]
+        self.pinned = [t.pin_memory() for t in self.pageable] if self.cuda else self.pageable
+        self.resident = self.pinned[0].to(device)
+        self.mb = self.pageable[0].numel() * 4 / 1e6
+        self.n = cfg.warmup + cfg.steps
+        self.copy_ms = self.floor_copy()["w_steps"] if self.cuda else 1.0
+        self.models: dict[str, Callable] = {}
+        self.depths: dict[str, int] = {}
+
+    def calibrate(self) -> None:
+        """Depth per regime so that the step takes RATIO x the copy time (a line through two depths)."""
+        probe = Config(**{**asdict(self.cfg), "warmup": 2, "steps": 10, "window": 10})
+        t = {}
+        for d in (2, 12):
+            step = mlp(self.side, self.cfg.width, d, self.device)
+            t[d] = run_loop(cycle([self.resident], 12), step, probe, self.device)["w_steps"]
+            del step
+        per_layer = max((t[12] - t[2]) / 10, 1e-4)
+        for i, regime in enumerate(self.cfg.regimes):
+            if self.cfg.depths is not None:
+                depth = self.cfg.depths[i]
+            else:
+                depth = max(1, round(2 + (RATIO[regime] * self.copy_ms - t[2]) / per_layer))
+            self.depths[regime] = depth
+            self.models[regime] = mlp(self.side, self.cfg.width, depth, self.device)
+
+    # rows: name -> fn(step) -> result dict
+    def floor_compute(self, step=None) -> dict:
+        step = step or self.models[self.cfg.regimes[0]]
+        return run_loop(cycle([self.resident], self.n), step, self.cfg, self.device)
+
+    def floor_copy(self, step=None) -> dict:
+        dst = torch.empty_like(self.resident)
+        return run_loop(cycle(self.pinned, self.n), lambda x: dst.copy_(x, non_blocking=True), self.cfg, self.device)
+
+    def hand(self, step) -> dict:
+        return run_loop(hand_rolled(self.pinned, self.device, self.n), step, self.cfg, self.device)
+
+    def prefetcher(self, source, step, steps: int | None = None) -> dict:
+        pf = Prefetcher(source, device=self.device)
+        try:
+            out = run_loop(pf, step, self.cfg, self.device, steps)
+            out["setup"] = pf.describe()
+            return out
+        finally:
+            pf.close()
+            close = getattr(pf.source, "close", None)
+            if callable(close) and pf.source is not source:
+                close()   # the PinnedWorkerLoader made for the DataLoader: its slots go now
+            del pf
+            gc.collect()
+
+    def pf_pinned(self, step, steps: int | None = None) -> dict:
+        return self.prefetcher([self.pinned[i % 4] for i in range(self.n)], step, steps)
+
+    def pf_pageable(self, step) -> dict:
+        return self.prefetcher([self.pageable[i % 4] for i in range(self.n)], step)
+
+    def pf_workers(self, step) -> dict:
+        dl = DataLoader(Batches(self.pageable, self.n + 8), batch_size=None, num_workers=self.cfg.workers,
+                        persistent_workers=True)
+        return self.prefetcher(dl, step)
 
 
-VARIANTS = {
-    "hand-rolled depth 1": lambda b: hand_rolled(b, b.n),
-    "Prefetcher (as is)": lambda b: prefetcher(b),
-    "Prefetcher, no timing events": lambda b: prefetcher(b, timed=False),
-    "Prefetcher, alloc on copy stream": lambda b: prefetcher(b, alloc_copy=True),
-    "Prefetcher, both": lambda b: prefetcher(b, timed=False, alloc_copy=True),
-    "Prefetcher, depth 1": lambda b: prefetcher(b, depth=1),
-    "Prefetcher, depth 3": lambda b: prefetcher(b, depth=3),
-    "Prefetcher, gc off": lambda b: prefetcher(b),
-    "Prefetcher(pageable)": lambda b: prefetcher(b, pageable=True),
-}
+LOADER_ROWS = [("hand-rolled side stream", "hand", True), ("Prefetcher(pinned)", "pf_pinned", True),
+               ("Prefetcher(pageable)", "pf_pageable", False), ("Prefetcher(workers)", "pf_workers", False)]
 
 
-def per_call_us(fn, n: int = 2000) -> float:
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    return (time.perf_counter() - t0) * 1e6 / n
-
-
-def environment_probe(bench: Rows) -> dict:
-    """Host-side costs and settings that a busy process might have changed."""
-    dev = bench.dev
-    x = bench.pinned[0]
-    out = {"threads_alive": threading.active_count(), "affinity": len(os.sched_getaffinity(0)),
-           "torch_threads_main": torch.get_num_threads(), "switch_interval_s": sys.getswitchinterval(),
-           "gc_objects": len(gc.get_objects())}
-    got = []
-    t = threading.Thread(target=lambda: got.append(torch.get_num_threads()))
-    t.start()
-    t.join()
-    out["torch_threads_new_thread"] = got[0]
-    out["is_pinned_us"] = per_call_us(x.is_pinned)
-    out["current_stream_us"] = per_call_us(lambda: torch.cuda.current_stream(dev))
-
-    def ev():
-        e = torch.cuda.Event(enable_timing=True)
-        e.record()
-    out["timing_event_record_us"] = per_call_us(ev)
-    out["empty_like_78MB_us"] = per_call_us(lambda: torch.empty_like(x, device=dev), 500)
-    sync(dev)
+def measure(rows: Rows, state: str, regime: str, full: bool) -> list[dict]:
+    """Every row of one (state, shape, regime), `passes` times; one result row each, medians kept."""
+    cfg, step = rows.cfg, rows.models[regime]
+    names = [(n, m) for n, m, every_shape in LOADER_ROWS if (every_shape or full)
+             and (rows.cuda or m != "hand")]
+    res: dict[str, list[dict]] = {}
+    for p in range(cfg.passes):
+        for name, fn in [("floor: compute", rows.floor_compute), ("floor: copy", rows.floor_copy)]:
+            if fn is rows.floor_copy and not rows.cuda:
+                continue
+            res.setdefault(name, []).append(fn(step))
+        for name, method in (names if p % 2 == 0 else names[::-1]):
+            res.setdefault(name, []).append(getattr(rows, method)(step))
+            print(f"  [{state} {rows.batch}x{rows.side} {regime} pass {p + 1}] {name}: "
+                  f"{res[name][-1]['w_steps']:.3f} ms/step", flush=True)
+    out = []
+    for name, rs in res.items():
+        floors = [max(c["w_steps"], x["w_steps"]) for c, x in zip(res["floor: compute"], res.get("floor: copy",
+                                                                                                  res["floor: compute"]))]
+        floors_w = [max(c["w_window"], x["w_window"]) for c, x in zip(res["floor: compute"],
+                                                                      res.get("floor: copy", res["floor: compute"]))]
+        row = {"state": state, "shape": f"{rows.batch}x3x{rows.side}x{rows.side}", "regime": regime,
+               "depth": rows.depths[regime], "row": name,
+               "ms": statistics.median(r["w_steps"] for r in rs),
+               f"ms_{cfg.window}": statistics.median(r["w_window"] for r in rs),
+               "x_floor": statistics.median(r["w_steps"] / f for r, f in zip(rs, floors)),
+               f"x_floor_{cfg.window}": statistics.median(r["w_window"] / f for r, f in zip(rs, floors_w)),
+               "host_next_ms": statistics.median(r["host_next_ms"] for r in rs),
+               "max_ms": max(r["max_ms"] for r in rs), "first10": rs[0]["first10"],
+               "setup": rs[0].get("setup", "")}
+        hand = res.get("hand-rolled side stream")
+        if name.startswith("Prefetcher") and hand:
+            row["x_hand"] = statistics.median(r["w_steps"] / h["w_steps"] for r, h in zip(rs, hand))
+            row[f"x_hand_{cfg.window}"] = statistics.median(r["w_window"] / h["w_window"] for r, h in zip(rs, hand))
+        out.append(row)
     return out
 
 
-def profile(bench: Rows, make, model, top: int = 14) -> str:
-    """cProfile of one timed loop; the functions with the most own time."""
-    prof = cProfile.Profile()
-    prof.enable()
-    loop(bench, make(bench), model)
-    prof.disable()
-    s = io.StringIO()
-    pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(top)
-    return "\n".join(line for line in s.getvalue().splitlines() if line.strip())[-4000:]
+def just_left(rows: Rows, busy, regime: str) -> list[dict]:
+    """A loop started right after the other loaders ran again: first 10 batch times, per loop kind."""
+    step = rows.models[regime]
+    out = []
+    kinds = [("floor: compute", lambda: rows.floor_compute(step)),
+             ("Prefetcher(pinned)", lambda: rows.pf_pinned(step))]
+    if rows.cuda:
+        kinds.insert(1, ("hand-rolled side stream", lambda: rows.hand(step)))
+    for name, fn in kinds:
+        busy.touch(step, rows.device, rows.cfg.busy_steps)
+        r = fn()
+        out.append({"row": name, "regime": regime, "first10": r["first10"], f"ms_{rows.cfg.window}": r["w_window"],
+                    "ms": r["w_steps"], "max_ms": r["max_ms"]})
+        print(f"  [just left] {name}: first 10 batches {r['first10']}", flush=True)
+    return out
 
 
-def run_variants(bench: Rows, phase: str, models: dict, repeats: int) -> list[dict]:
-    rows = []
-    for regime, model in models.items():
-        res: dict[str, list[dict]] = {k: [] for k in VARIANTS}
-        for _ in range(repeats):
-            for name, make in VARIANTS.items():
-                with torch.no_grad():
-                    res[name].append(loop(bench, make(bench), model, gc_off=name.endswith("gc off")))
-                gc.collect()
-        for name, rs in res.items():
-            ms = statistics.median(r["ms"] for r in rs)
-            rows.append({"phase": phase, "regime": regime, "variant": name, "ms": ms,
-                         "min-max": f"{min(r['ms'] for r in rs):.2f}-{max(r['ms'] for r in rs):.2f}",
-                         "next_mean_ms": statistics.median(r["next_mean_ms"] for r in rs),
-                         "next_max_ms": max(r["next_max_ms"] for r in rs)})
-        floor = {}
-        with torch.no_grad():
-            floor["compute"] = bench.compute(model)
-            floor["copy"] = bench.copy(model)
-        f = max(floor.values())
-        for r in rows:
-            if r["phase"] == phase and r["regime"] == regime:
-                r["x_floor"] = r["ms"] / f
-                r["floor"] = f"compute {floor['compute']:.2f} / copy {floor['copy']:.2f}"
-        print_table([r for r in rows if r["regime"] == regime],
-                    ["phase", "regime", "variant", "ms", "x_floor", "min-max", "next_mean_ms", "next_max_ms", "floor"],
-                    title=f"\n[{phase}] {regime}")
-        sys.stdout.flush()
-    return rows
-
-
-def memcpy_methods(bench: Rows) -> list[dict]:
-    """GB/s of pageable -> pinned copies of one batch by method and threads, while a DMA runs."""
-    n = bench.nbytes
-    dst = torch.empty(n, dtype=torch.uint8, pin_memory=True)
-    srcs = [t.reshape(-1).view(torch.uint8) for t in bench.pageable]
-    dma_src = torch.empty(n, dtype=torch.uint8, pin_memory=True)
-    dma_dst = torch.empty(n, dtype=torch.uint8, device=bench.dev)
-    side = torch.cuda.Stream(bench.dev)
-    rows = []
-
-    def np_copy(d, s):
-        np.copyto(d.numpy(), s.numpy())
-
-    def torch_copy(d, s):
-        d.copy_(s)
-
-    def c_memmove(d, s):
-        ctypes.memmove(d.data_ptr(), s.data_ptr(), d.numel())
-
-    for method, fn in (("numpy copyto", np_copy), ("torch copy_", torch_copy), ("ctypes.memmove", c_memmove)):
-        for threads in (4, 8, 12, 16):
-            if method != "numpy copyto" and threads not in (12, 16):
-                continue
-            cuts = [min(n, k * (-(-n // threads) // 4096 + 1) * 4096) for k in range(threads + 1)]
-            cuts[-1] = n
-            with ThreadPoolExecutor(threads, initializer=torch.set_num_threads, initargs=(1,)) as pool:
-                times = []
-                for rep in range(12):
-                    s = srcs[rep % 2]
-                    with torch.cuda.stream(side):
-                        dma_dst.copy_(dma_src, non_blocking=True)   # the copy engine reads meanwhile
-                    t0 = time.perf_counter()
-                    list(pool.map(lambda k: fn(dst[cuts[k]:cuts[k + 1]], s[cuts[k]:cuts[k + 1]]), range(threads)))
-                    times.append(time.perf_counter() - t0)
-                sync(bench.dev)
-            t = statistics.median(times[2:])
-            rows.append({"method": method, "threads": threads, "ms": t * 1e3, "GB/s": n / t / 1e9})
-    print_table(rows, title="\nhost memcpy pageable -> pinned, one 78.6 MB batch, DMA running (median of 10)")
-    return rows
-
-
-def guarded(fn, *args):
-    """fn(*args), or None with the traceback printed: one broken part must not cost the GPU run."""
-    try:
-        return fn(*args)
-    except Exception:
-        import traceback
-        traceback.print_exc()
-        return None
-
-
-def stall_probe(bench: Rows, model, variants: list[str], reps: int = 2, stall_ms: float = 5.0) -> list[dict]:
-    """Each variant right after a fresh busy state (the other loaders just left alive, their workers and
-    pin-memory threads still filling their queues), interleaved. A watchdog thread samples the main
-    thread's Python stack, and the pin-memory threads', whenever a next() has taken > stall_ms;
-    gc.callbacks time every collection. Says where the host waits when it stalls."""
-    import traceback
-    main_id = threading.get_ident()
-    state = {"since": None, "samples": [], "run": True}
-
-    def watchdog():
-        while state["run"]:
-            since = state["since"]
-            if since is not None and time.perf_counter() - since > stall_ms / 1e3:
-                frames = sys._current_frames()
-                main = frames.get(main_id)
-                where = "".join(traceback.format_stack(main, limit=3)[-2:]).strip() if main else "?"
-                pins = [t for t in threading.enumerate() if "pin_memory" in t.name]
-                pin_where = [" | ".join(f"{s.name}:{s.lineno}" for s in traceback.extract_stack(frames[t.ident])[-3:])
-                             for t in pins if t.ident in frames]
-                state["samples"].append({"at_ms": (time.perf_counter() - since) * 1e3, "main": where[-400:],
-                                         "pin_threads": pin_where})
-            time.sleep(0.001)
-
-    gcs: list[tuple[int, float]] = []
-    t_gc = {}
-
-    def on_gc(phase, info):
-        if phase == "start":
-            t_gc["t"] = time.perf_counter()
-        elif "t" in t_gc:
-            gcs.append((info["generation"], (time.perf_counter() - t_gc.pop("t")) * 1e3))
-
-    dog = threading.Thread(target=watchdog, daemon=True, name="stall-watchdog")
-    dog.start()
-    gc.callbacks.append(on_gc)
-    cfg, dev = bench.cfg, bench.dev
-    rows = []
-    try:
-        for rep in range(reps):
-            for name in variants:
-                keep = make_busy(bench, model, steps=30)
-                gcs.clear()
-                state["samples"] = []
-                it = iter(VARIANTS[name](bench))
-                host = []
-                sync(dev)
-                t0 = time.perf_counter()
-                if name.endswith("gc off"):
-                    gc.disable()
-                try:
-                    with torch.no_grad():
-                        for i in range(cfg.warmup + cfg.steps):
-                            state["since"] = time.perf_counter()
-                            b = next(it)
-                            host.append((time.perf_counter() - state["since"]) * 1e3)
-                            state["since"] = None
-                            bench.acc.add_(model(first(b)))
-                    sync(dev)
-                finally:
-                    gc.enable()
-                ms = (time.perf_counter() - t0) * 1e3 / (cfg.warmup + cfg.steps)
-                stalls = [round(h, 1) for h in host if h > stall_ms]
-                by_site: dict[str, int] = {}
-                for s in state["samples"]:
-                    key = s["main"].splitlines()[-1].strip() if s["main"] else "?"
-                    by_site[key] = by_site.get(key, 0) + 1
-                rows.append({"rep": rep, "variant": name, "ms_per_step_all_steps": ms, "stalls_ms": stalls,
-                             "gc_ms": [(g, round(t, 1)) for g, t in gcs if t > 1.0],
-                             "stall_sites": by_site,
-                             "pin_threads_at_stalls": sorted({p for s in state["samples"] for p in s["pin_threads"]})[:6]})
-                print(f"  [stall probe] {rows[-1]}", flush=True)
-                del it, keep
-                settle()
-    finally:
-        state["run"] = False
-        gc.callbacks.remove(on_gc)
-    return rows
-
-
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m gobrrr.bench.prefetch_busy", description=__doc__.split("\n\n")[0])
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--steps", type=int, default=60)
-    p.add_argument("--stalls-only", action="store_true", help="only the stall probe (fresh busy state per variant)")
-    args = p.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("gobrrr bench prefetch_busy: error: no CUDA device here ; run it on a GPU machine",
-              file=sys.stderr)
-        return 2
-    cfg = Config(steps=args.steps)
-    dev = torch.device("cuda")
+def run(cfg: Config) -> tuple[list[dict], list[dict], str]:
+    device = torch.device(cfg.device)
     torch.backends.cuda.matmul.allow_tf32 = True
-    depths = dict(zip(("copy-bound", "compute-bound"), calibrate(cfg, dev)))
-    bench = Rows(cfg, dev)
-    models = {r: mlp(cfg, d, dev) for r, d in depths.items()}
-    out: dict = {"depths": depths, "env": {}, "rows": [], "profiles": {}}
+    shapes = [Rows(cfg, s, device) for s in cfg.shapes]
+    for r in shapes:
+        r.calibrate()
+        print(f"{r.batch}x3x{r.side}x{r.side} ({r.mb:.1f} MB): copy {r.copy_ms:.2f} ms; depths {r.depths}", flush=True)
+    results: list[dict] = []
+    for state in ("fresh", "busy"):
+        if state == "busy":
+            first = shapes[0]
+            busy = make_busy(first.pageable, first.models[cfg.regimes[-1]], device, cfg.workers, cfg.busy_steps)
+            print(f"busy state built in {busy.built_s:.1f} s" + (f"; {busy.note}" if busy.note else ""), flush=True)
+            time.sleep(cfg.settle_s)   # the other loaders' pin-memory threads finish their queues
+        for i, r in enumerate(shapes):
+            for regime in cfg.regimes:
+                results += measure(r, state, regime, full=i < cfg.full_shapes)
+    startup = just_left(shapes[0], busy, cfg.regimes[-1])
+    note = busy.note
+    busy.close()
+    return results, startup, note
+
+
+def parse(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
+    p = Parser(prog="gobrrr bench prefetch_busy", description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="tiny sizes on the CPU: a smoke test of the code paths")
+    p.add_argument("--shapes", help="batch shapes BxS (3xSxS fp32), comma-separated, e.g. 256x160,64x224")
+    p.add_argument("--steps", type=int, help="timed steps per row (default 400; the short window is 40)")
+    p.add_argument("--passes", type=int, help="passes over the rows (default 2)")
+    p.add_argument("--full-shapes", type=int, help="shapes that also run the pageable and worker rows (default 1)")
+    p.add_argument("--depths", help="explicit MLP depths COPY,COMPUTE instead of calibrating")
+    add_results_option(p)
+    args = p.parse_args(argv)
+    kw: dict[str, Any] = dict(QUICK) if args.quick else {}
+    try:
+        if args.shapes:
+            kw["shapes"] = tuple(tuple(int(v) for v in s.lower().split("x")) for s in args.shapes.split(","))
+            if any(len(s) != 2 or min(s) < 1 for s in kw["shapes"]):
+                raise ValueError
+        if args.depths:
+            kw["depths"] = tuple(int(d) for d in args.depths.split(","))
+    except ValueError:
+        p.error("--shapes takes BxS pairs such as 256x160 and --depths two integers such as 20,70")
+    for k in ("steps", "passes", "full_shapes"):
+        if getattr(args, k) is not None:
+            kw[k] = getattr(args, k)
+    cfg = Config(**kw)
+    if cfg.steps < cfg.window or cfg.passes < 1:
+        p.error(f"--steps must be at least the {cfg.window}-step window and --passes at least 1")
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        p.error("no CUDA device here; run it on a GPU machine (or --quick on the CPU)")
+    return cfg, args
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg, args = parse(argv)
     t0 = time.perf_counter()
-    if args.stalls_only:
-        names = ["hand-rolled depth 1", "Prefetcher (as is)", "Prefetcher, alloc on copy stream", "Prefetcher, gc off"]
-        rows = stall_probe(bench, models["copy-bound"], names)
-        path = record("prefetch_busy", config={**asdict(cfg), "stalls_only": True}, rows=rows,
-                      wall_s=time.perf_counter() - t0)
-        print(f"\n{len(rows)} stall-probe rows in {time.perf_counter() - t0:.0f} s; appended to {path}")
-        return 0
-    out["memcpy"] = guarded(memcpy_methods, bench) or []
-    for phase in ("fresh", "busy", "after"):
-        if phase == "busy":
-            keep = make_busy(bench, models["compute-bound"])
-        if phase == "after":
-            del keep
-            settle()
-        out["env"][phase] = guarded(environment_probe, bench)
-        print(f"\n[{phase}] {out['env'][phase]}", flush=True)
-        out["rows"] += run_variants(bench, phase, models, args.repeats if phase != "after" else 1)
-        if phase in ("fresh", "busy"):
-            for name in ("Prefetcher (as is)", "hand-rolled depth 1"):
-                with torch.no_grad():
-                    text = guarded(profile, bench, VARIANTS[name], models["compute-bound"])
-                out["profiles"][f"{phase} | {name}"] = text
-                print(f"\n[{phase}] cProfile, {name} (compute-bound), by own time:\n{text}", flush=True)
-    path = record("prefetch_busy", config={**asdict(cfg), "repeats": args.repeats}, rows=out["rows"],
-                  figures={"env": out["env"], "memcpy": out["memcpy"]}, profiles=out["profiles"],
-                  wall_s=time.perf_counter() - t0)
-    print(f"\n{len(out['rows'])} rows in {time.perf_counter() - t0:.0f} s; appended to {path}")
+    rows, startup, note = run(cfg)
+    w = cfg.window
+    print_table(rows, ["state", "shape", "regime", "depth", "row", "ms", f"ms_{w}", "x_floor", f"x_floor_{w}",
+                       "x_hand", f"x_hand_{w}", "host_next_ms", "max_ms"],
+                title=f"\nms/step over {cfg.steps} steps and the first {w} (after {cfg.warmup} warm-up); median of "
+                      f"{cfg.passes} pass(es); x_floor: / max(compute, copy) of that state; x_hand: / hand-rolled")
+    print("\nfirst 10 batch times (ms) of each Prefetcher, busy state:")
+    for r in rows:
+        if r["state"] == "busy" and r["row"].startswith("Prefetcher"):
+            print(f"  {r['shape']} {r['regime']:<13} {r['row']:<20} {r['first10']}")
+    print("\njust left (a loop started right after the other loaders ran again):")
+    for r in startup:
+        print(f"  {r['row']:<24} first 10 {r['first10']}  ({r[f'ms_{w}']:.2f} ms/step over {w})")
+    if note:
+        print(f"\nnote: {note}")
+    print("\ntargets (issue 28)" + ("" if cfg.device.startswith("cuda") else " (CPU run: not meaningful)") + ":")
+    figures: dict[str, float] = {}
+    for r in rows:
+        t = TARGETS.get(r["row"])
+        if t is None:
+            continue
+        for win, xf, xh in (("all", "x_floor", "x_hand"), (str(w), f"x_floor_{w}", f"x_hand_{w}")):
+            key = f"{r['state']} | {r['shape']} | {r['regime']} | {r['row']} | {win}"
+            figures[key + " | x_floor"] = r[xf]
+            verdict = "met" if r[xf] <= t else "MISSED"
+            hand = ""
+            if r["row"] == "Prefetcher(pinned)" and xh in r:
+                figures[key + " | x_hand"] = r[xh]
+                hand = f"; {r[xh]:.3f}x hand-rolled (<= {HAND_BAR}): {'met' if r[xh] <= HAND_BAR else 'MISSED'}"
+            print(f"  {r['state']:<5} {r['shape']:<15} {r['regime']:<13} {r['row']:<20} {win:>3} steps: "
+                  f"{r[xf]:.2f}x floor (<= {t}): {verdict}{hand}")
+    path = record("prefetch_busy", config=asdict(cfg), rows=rows, figures=figures, startup=startup, note=note,
+                  wall_s=time.perf_counter() - t0, quick=args.quick, results=args.results)
+    print(f"\n{len(rows)} rows in {time.perf_counter() - t0:.0f} s; appended to {path}")
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(main())
