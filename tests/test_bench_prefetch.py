@@ -27,7 +27,8 @@ def test_quick_run_records_every_row(tmp_path, monkeypatch, capsys):
             r = by[(regime, name)]
             assert r["ms_per_step"] > 0, (regime, name)
         # worker rows are judged against the larger floor, in-process rows against the smaller
-        naive, dl = by[(regime, "naive: pageable .to() + .item()")], by[(regime, "DataLoader(workers, pin_memory) + non_blocking")]
+        naive = by[(regime, "naive: pageable .to() + .item()")]
+        dl = by[(regime, "DataLoader(workers, pin_memory) + non_blocking")]
         assert naive["x_floor"] > 0 and dl["x_floor"] > 0
         prod = by[(regime, "floor: workers' production (reused private buffer)")]["ms_per_step"]
         compute = by[(regime, "floor: compute only")]["ms_per_step"]

@@ -54,10 +54,22 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from gobrrr.bench.prefetch_state import make_busy, timm_prefetch_loader
 from gobrrr.bench.common import add_results_option, print_table, record
-from gobrrr.bench.prefetch_data import (BatchStream, CollateReused, CopyReused, Frames, PreBatched, calibrate,
-                                 collate_fresh, first, memcpy_floor, mlp, settle, timed_loop)
+from gobrrr.bench.prefetch_data import (
+    BatchStream,
+    CollateReused,
+    CopyReused,
+    Frames,
+    PreBatched,
+    calibrate,
+    collate_fresh,
+    first,
+    memcpy_floor,
+    mlp,
+    settle,
+    timed_loop,
+)
+from gobrrr.bench.prefetch_state import make_busy, timm_prefetch_loader
 from gobrrr.loader.worker_ring import PinnedWorkerLoader
 
 

@@ -39,8 +39,8 @@ from typing import Any, Callable
 import torch
 from torch.utils.data import DataLoader
 
-from gobrrr.bench.prefetch_state import Batches, make_busy
 from gobrrr.bench.common import Parser, add_results_option, print_table, record
+from gobrrr.bench.prefetch_state import Batches, make_busy
 from gobrrr.loader.prefetch import Prefetcher
 
 TARGETS = {"Prefetcher(pinned)": 1.05, "Prefetcher(pageable)": 2.0, "Prefetcher(workers)": 1.5}
