@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import signal
 import statistics
 import sys
 import time
@@ -282,14 +283,15 @@ def just_left(rows: Rows, busy, regime: str) -> list[dict]:
     return out
 
 
-def run(cfg: Config) -> tuple[list[dict], list[dict], str]:
+def run(cfg: Config, results: list[dict]) -> tuple[list[dict], str]:
+    """Every (state, shape, regime), rows appended to `results` as they are measured (what a run stopped
+    early still records); then the "just left" loops. Returns those and the busy state's note."""
     device = torch.device(cfg.device)
     torch.backends.cuda.matmul.allow_tf32 = True
     shapes = [Rows(cfg, s, device) for s in cfg.shapes]
     for r in shapes:
         r.calibrate()
         print(f"{r.batch}x3x{r.side}x{r.side} ({r.mb:.1f} MB): copy {r.copy_ms:.2f} ms; depths {r.depths}", flush=True)
-    results: list[dict] = []
     for state in ("fresh", "busy"):
         if state == "busy":
             first = shapes[0]
@@ -302,7 +304,7 @@ def run(cfg: Config) -> tuple[list[dict], list[dict], str]:
     startup = just_left(shapes[0], busy, cfg.regimes[-1])
     note = busy.note
     busy.close()
-    return results, startup, note
+    return startup, note
 
 
 def parse(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
@@ -339,7 +341,19 @@ def parse(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
 def main(argv: list[str] | None = None) -> int:
     cfg, args = parse(argv)
     t0 = time.perf_counter()
-    rows, startup, note = run(cfg)
+    rows: list[dict] = []
+    startup, note, partial = [], "", ""
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+    old = signal.signal(signal.SIGTERM, stop)   # `timeout` sends SIGTERM: keep what was measured
+    try:
+        startup, note = run(cfg, rows)
+    except KeyboardInterrupt as e:
+        partial = f"stopped early ({e or 'Ctrl-C'}); the rows measured before that are recorded"
+        print(f"\ngobrrr bench prefetch_busy: {partial}", flush=True)
+    finally:
+        signal.signal(signal.SIGTERM, old)
     w = cfg.window
     print_table(rows, ["state", "shape", "regime", "depth", "row", "ms", f"ms_{w}", "x_floor", f"x_floor_{w}",
                        "x_hand", f"x_hand_{w}", "host_next_ms", "max_ms"],
@@ -370,8 +384,9 @@ def main(argv: list[str] | None = None) -> int:
                 hand = f"; {r[xh]:.3f}x hand-rolled (<= {HAND_BAR}): {'met' if r[xh] <= HAND_BAR else 'MISSED'}"
             print(f"  {r['state']:<5} {r['shape']:<15} {r['regime']:<13} {r['row']:<20} {win:>3} steps: "
                   f"{r[xf]:.2f}x floor (<= {t}): {verdict}{hand}")
+    extra = {"partial": partial} if partial else {}
     path = record("prefetch_busy", config=asdict(cfg), rows=rows, figures=figures, startup=startup, note=note,
-                  wall_s=time.perf_counter() - t0, quick=args.quick, results=args.results)
+                  wall_s=time.perf_counter() - t0, quick=args.quick, results=args.results, **extra)
     print(f"\n{len(rows)} rows in {time.perf_counter() - t0:.0f} s; appended to {path}")
     return 0
 

@@ -68,23 +68,29 @@ class StepTimes:
             last = self.pending[FOLD_EVERY - 1]
             if last[2].query() and last[3].query():   # the copy stream and the consumer are past it
                 for _ in range(FOLD_EVERY):
-                    self._fold(*self.pending.popleft())
+                    try:
+                        self._fold(*self.pending[0])
+                    except RuntimeError:   # an event not done yet (the consumer switched streams): later
+                        break
+                    self.pending.popleft()
 
     def _fold(self, allocated: Any, copied: Any, ready: Any, waited_at: Any) -> None:
         start = allocated
         if self._prev_ready is not None and allocated.elapsed_time(self._prev_ready) > 0:
             start = self._prev_ready                 # the copy stream was still busy with the one before
-        self.copy_ms += max(0.0, start.elapsed_time(copied))
-        self.device_wait.append(max(0.0, waited_at.elapsed_time(ready)))
+        copy_ms, wait_ms = start.elapsed_time(copied), waited_at.elapsed_time(ready)   # raise if not done
+        self.copy_ms += max(0.0, copy_ms)
+        self.device_wait.append(max(0.0, wait_ms))
         self._prev_ready = ready
 
     def resolve(self) -> None:
         if self.pending:
-            # sync: stats() was asked for; wait once for the newest events, never per step
-            self.pending[-1][2].synchronize()
-            self.pending[-1][3].synchronize()
+            # sync: stats() was asked for; wait for the pending events (done long ago but the newest), never per step
             while self.pending:
-                self._fold(*self.pending.popleft())
+                rec = self.pending.popleft()
+                for e in rec:
+                    e.synchronize()
+                self._fold(*rec)
 
     def reset(self) -> None:
         self.pending.clear()
