@@ -824,3 +824,12 @@ def test_a_generator_prefetcher_frees_its_pinned_ring_without_the_cyclic_collect
         assert ring() is None
     finally:
         gc.enable()
+
+
+def test_a_loop_over_a_prefetcher_nobody_else_holds_gets_every_batch(fake_cuda):
+    # `for x in Prefetcher(src)`: the Prefetcher itself is dropped once the loop has its pass
+    data = [torch.full((3,), float(i)) for i in range(7)]
+    assert [float(x[0]) for x in fake_cuda(data)] == [float(i) for i in range(7)]
+    assert [float(x[0]) for x in fake_cuda(iter(data))] == [float(i) for i in range(7)]
+    assert [float(x[0]) for x in gobrrr.Prefetcher(data, device="cpu")] == [float(i) for i in range(7)]
+    assert [float(x[0]) for x in gobrrr.Prefetcher(iter(data), device="cpu")] == [float(i) for i in range(7)]

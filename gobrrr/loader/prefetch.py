@@ -222,11 +222,9 @@ class Prefetcher:
             self._lane.ring.close()
             self._lane.ring = None
 
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
+    # No __del__: `for x in Prefetcher(src)` drops the Prefetcher as soon as the loop has its pass, which
+    # must go on. What it holds goes with the last of the two: a pass closes itself when it is dropped
+    # (Pass.__del__), and the pinned ring stops its threads when the lane that owns it is (PinnedRing.__del__).
 
     def describe(self) -> str:
         """One line: depth, and the ring the batches come through (what a benchmark prints)."""
