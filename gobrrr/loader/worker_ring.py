@@ -50,7 +50,12 @@ the old iterator then raises RuntimeError instead of stopping quietly.
 
 On a machine without CUDA (or `pin=False`) the slots are plain shared memory and `release(None)`
 frees a slot at once. Workers use the "fork" start method (Linux, macOS); they are started per
-epoch, as a default DataLoader does, while the slots live as long as the loader.
+epoch, as a default DataLoader does, while the slots live as long as the loader. They never touch
+CUDA, whatever the parent holds when they fork (the collector is frozen around the fork), and a
+worker that dies is reported with its signal and its last stderr lines (forking.py).
+
+Files: this one is the loader (arguments, sizing the slots); ring_epoch.py is one epoch in the main
+process (fork, dispatch, receive, lease); ring_worker.py is the worker process and what it sends.
 """
 from __future__ import annotations
 
