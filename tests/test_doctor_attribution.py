@@ -249,7 +249,7 @@ def test_waiting_in_a_prefetcher_is_waiting_for_data(tmp_path):
     src.write_text("def train(model, loader):\n    for x in loader:\n        model(x)\n")
     f = str(src)
     ev = [{"ph": "X", "cat": "python_function", "name": n, "pid": 1, "tid": 1, "ts": ts, "dur": dur}
-          for n, ts, dur in ((f"{f}(1): train", 0, 1000), ("gobrrr/loader/prefetch.py(234): __next__", 100, 500),
+          for n, ts, dur in ((f"{f}(1): train", 0, 1000), ("gobrrr/loader/prefetch_pass.py(234): __next__", 100, 500),
                              ("nn.Module: Net_0", 620, 300))]
     for i, (ts, dur) in enumerate(((50, 40), (610, 5), (700, 20))):  # kernels before and after the wait
         ev += [{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": ts - 5,

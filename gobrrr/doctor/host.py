@@ -40,7 +40,7 @@ HOST_OVERHEAD = "host launch overhead"
 LOADER_RE = re.compile(r"DataLoader.*__next__")
 MODULE_CALLEES = {"_wrapped_call_impl", "_call_impl", "__call__"}
 _DATALOADER_FILE = "torch/utils/data/dataloader.py"
-_GOBRRR_LOADERS = ("gobrrr/loader/prefetch.py", "gobrrr/loader/worker_ring.py")  # ours wait for data too
+_GOBRRR_LOADERS = ("gobrrr/loader/prefetch_pass.py", "gobrrr/loader/ring_epoch.py")  # ours wait for data too (their __next__)
 _DATA_PARALLEL_FILE = "torch/nn/parallel/data_parallel.py"
 _MAX_DEPTH = 10  # wrappers followed down from the user's call
 
