@@ -83,6 +83,37 @@ POSITIVE = {
         ("def f(x, m):\n    for i in range(3):\n        s = torch.masked_select(x, m)", 3),
         ("x = torch.randn(9, device='cuda')\nm = torch.isnan(x)\nfor i in range(3):\n    y = x[:, m]", 4),
     ],
+    "GB010": [
+        ("def f(model, xs, lr):\n    for x in xs:\n        w = torch.tensor([lr], device='cuda')\n"
+         "        model(x * w).backward()", 3),
+        ("def f(model, xs):\n    for x in xs:\n        t = torch.as_tensor(np.ones(3), device=DEVICE)\n"
+         "        model(x + t).backward()", 3),
+        ("def f(model, xs, step):\n    for x in xs:\n        s = torch.full((), step)\n        s = s.to(DEVICE)\n"
+         "        model(x * s).backward()", 4),
+    ],
+    "GB011": [
+        ("def f(b_obs, inds):\n    x = b_obs.to(DEVICE)\n    idx = np.arange(8)\n    for i in range(3):\n"
+         "        y = x[idx[:4]]", 5),
+        ("x = torch.randn(9, device='cuda')\nfor i in range(3):\n    y = x[torch.randperm(9)]", 3),
+        ("x = torch.randn(9, device='cuda')\nfor i in range(3):\n    y = x[:, [-1]]", 3),
+        ("x = torch.randn(9, device='cuda')\nfor i in range(3):\n    x[range(3)] = 0", 3),
+    ],
+    "GB012": [
+        ("import torch.distributed as dist\ndef f(model, xs):\n    for x in xs:\n        model(x).backward()\n"
+         "        dist.barrier()", 5),
+        ("def f(accelerator, model, xs):\n    for x in xs:\n        accelerator.backward(model(x))\n"
+         "        accelerator.wait_for_everyone()", 4),
+    ],
+    "GB013": [
+        ("from torch.distributions import Categorical\ndef f(policy, obs):\n    for o in obs:\n"
+         "        logits = policy(o)\n        d = Categorical(logits=logits)", 5),
+        ("def f(std: torch.Tensor):\n    for i in range(3):\n        n = torch.normal(0.0, std)", 3),
+    ],
+    "GB014": [
+        ("def f(agent, envs, obs):\n    for step in range(99):\n        action = agent(obs)\n"
+         "        obs, r, term, trunc, info = envs.step(action.cpu().numpy())\n"
+         "        obs = torch.tensor(obs).to(DEVICE)", 4),
+    ],
 }
 
 NEGATIVE = {
@@ -145,6 +176,34 @@ NEGATIVE = {
         "arr = np.arange(5)\nfor i in range(3):\n    u = np.unique(arr)",
         "x = torch.randn(9, device='cuda')\nfor i in range(3):\n    y = x[1:3]",
     ],
+    "GB010": [
+        "t = torch.tensor([1.0, 2.0], device='cuda')",                       # once, outside a loop
+        "def f(xs):\n    for x in xs:\n        t = torch.as_tensor(x.sum(), device=DEVICE)",   # already there
+        "def f(model, prompts):\n    for p in prompts:\n        x = torch.tensor(p, device=DEVICE)\n"
+        "        model.generate(x)",                                          # per prompt, not per step
+    ],
+    "GB011": [
+        "x = torch.randn(9, device='cuda')\nfor i in range(3):\n    y = x[i]",     # a Python int
+        "x = torch.randn(9, device='cuda')\ni = torch.arange(3, device='cuda')\nfor _ in range(3):\n    y = x[i]",
+        "h = torch.randn(9)\nfor i in range(3):\n    y = h[np.arange(3)]",   # a host tensor
+        "x = torch.randn(9, device='cuda')\nfor i in range(3):\n    y = x[:, -1:]",
+    ],
+    "GB012": [
+        "import torch.distributed as dist\ndist.barrier()",                  # set-up
+        "import torch.distributed as dist\ndef f(model, xs):\n    for x in xs:\n        model(x).backward()\n"
+        "        if x % 1000 == 0:\n            dist.barrier()",            # checkpoint steps only
+    ],
+    "GB013": [
+        "from torch.distributions import Categorical\ndef f(policy, obs):\n    for o in obs:\n"
+        "        d = Categorical(logits=policy(o), validate_args=False)",
+        "from torch.distributions import Normal, Distribution\nDistribution.set_default_validate_args(False)\n"
+        "def f(policy, obs):\n    for o in obs:\n        d = Normal(policy(o), 1.0)",
+        "def f(m: torch.Tensor):\n    for i in range(3):\n        n = torch.normal(m, 0.5)",   # a float std
+    ],
+    "GB014": [
+        "def f(agent, envs, obs):\n    for step in range(99):\n        action = agent(obs)\n"
+        "        obs, r, done, info = envs.step(action)\n        if done.any():\n            pass",   # GPU sim
+    ],
 }
 
 
@@ -159,7 +218,7 @@ def test_rule_stays_quiet(rule, body):
 
 
 def test_every_rule_has_cases_and_text():
-    assert set(POSITIVE) == set(NEGATIVE) == set(RULES) == {f"GB00{i}" for i in range(1, 10)}
+    assert set(POSITIVE) == set(NEGATIVE) == set(RULES) == {f"GB{i:03d}" for i in range(1, 15)}
     for message, fix in RULES.values():
         assert message and fix
 
@@ -204,7 +263,7 @@ def test_finding_fields():
     (f,) = lint_source("import torch\nfor i in range(2):\n    torch.cuda.synchronize()\n    model(i).backward()\n", "a.py")
     assert isinstance(f, Finding)
     assert f.to_dict() == {"path": "a.py", "line": 3, "col": 5, "rule": "GB004", "message": f.message, "fix": f.fix,
-                           "hot": True}   # hot: in a step loop (shown by default)
+                           "hot": True, "chain": [], "covers": []}   # hot: in a step loop (shown by default)
     assert "stalls the host" in f.message and "event" in f.fix
 
 
@@ -229,7 +288,7 @@ def test_cli_exit_codes_and_json(tmp_path, capsys):
     assert main([str(tmp_path / "pkg"), "--format", "json"]) == 1
     data = json.loads(capsys.readouterr().out)
     assert isinstance(data, list) and len(data) == 1
-    assert set(data[0]) == {"path", "line", "col", "rule", "message", "fix", "hot"}
+    assert set(data[0]) == {"path", "line", "col", "rule", "message", "fix", "hot", "chain", "covers"}
     assert (data[0]["path"], data[0]["line"], data[0]["rule"]) == (str(bad), 3, "GB004")
     assert main([str(clean), "--format", "json"]) == 0
     assert json.loads(capsys.readouterr().out) == []
@@ -321,4 +380,5 @@ def test_fix_printed_once_per_rule_and_exclude(tmp_path, capsys):
     assert out.count(": GB004") == 4 and out.count(RULES["GB004"][1]) == 1
     assert main([str(tmp_path), "--exclude", "gen", "--exclude", "nothing*"]) == 1
     assert capsys.readouterr().out.count(": GB004") == 2
-    assert main([str(tmp_path), "--exclude", "*.py"]) == 0
+    assert main([str(tmp_path), "--exclude", "*.py"]) == 2          # nothing left to check is not "clean"
+    assert "nothing to check: every Python file was excluded" in capsys.readouterr().err

@@ -1,6 +1,7 @@
 """The sync detective, statically: AST rules for the anti-patterns of the host-device model.
 
-    gobrrr lint train.py src/ [--format text|json] [--select GB002,GB004] [--all] [--tests] [--exclude GLOB]
+    gobrrr lint train.py src/ [--format text|json] [--select GB002,GB004] [--all] [--tests]
+                              [--exclude GLOB] [--assume-gpu]
 
 GB001  tensor built on the host then moved (`torch.randn(...).to(dev)`)       -> pass device=
 GB002  `.item()/.cpu()/.tolist()/.numpy()`, `float/int/bool(t)` in a loop     -> keep on device, read once
@@ -11,44 +12,43 @@ GB006  `DataLoader` without `pin_memory=True` whose batches go to CUDA        ->
 GB007  a tensor as a Python condition in a loop (`if t > 0:`, `while t:`)    -> torch.where on device
 GB008  data-dependent shapes in a loop (nonzero, x[mask], unique, masked_select) -> fixed-shape ops
 GB009  blocking `.to(device)` / `.cuda()` of every batch in the step loop       -> pin + non_blocking, Prefetcher
+GB010  host data copied per step (`torch.tensor(x, device=dev)`, `host_t.to(dev)`) -> build it on the device once
+GB011  a device tensor indexed by host indices (numpy, CPU arange, range, list) -> indices on the device
+GB012  `dist.barrier()` / `accelerator.wait_for_everyone()` every step        -> drop it from the step
+GB013  a sync inside torch: distributions with validation, torch.normal(m, t) -> validate_args=False, randn_like
+GB014  a CPU environment stepped per iteration (once per loop)               -> a GPU env or batched envs
 
-Few false positives by design (a finding a user must dismiss costs more than a missed one):
-a rule needs evidence that the value is a tensor (lint_kinds: a torch op, a loader's batch, a
-model's output; never a module, a name or a Python predicate), and by default only code that
-runs every step is reported (lint_hot: the step loop, per-step hooks and step methods such as a
-trainer's `run_step`, the helpers they call in the same file, inherited or through a one-line
-wrapper, and the functions of other checked files they import and call), not set-up, epoch-level,
-rate-limited (`if step % 100 == 0:`, code after `if not should_log(step): return`), error or
-timing code;
-`--all` adds the findings in other loops. Files under tests/ and test_*.py are skipped when a
-directory is walked (`--tests` keeps them); `--exclude GLOB` skips more. Suppress one line with
-`# gobrrr: ignore[GB002]` (or `# gobrrr: ignore` for every rule); a line carrying the project's
-`# sync: why` comment is a documented, deliberate sync and is exempt from the sync rules.
+Few false positives by design (a finding a user must dismiss costs more than a missed one): a
+rule needs evidence that the value is a tensor (lint_kinds), and by default only code that runs
+every step is reported: step loops, recognised by what they do (lint_loops), per-step hooks, a
+module's forward and an optimizer's step (lint_hot), loops that sync on each element, and the
+project functions they call, across files and a few calls deep (lint_graph: the project is
+indexed once per run; a finding reached through calls shows the chain
+`train.py:120 -> utils.py:44 -> here`). Rate-limited, error and timing code is left alone;
+`--all` adds the findings in other loops. Files that never name a device are taken as CPU-only
+and skipped (said in the summary; `--assume-gpu` checks them). Files under tests/ and test_*.py
+are skipped when a directory is walked (`--tests` keeps them); `--exclude GLOB` skips more.
+Suppress one line with `# gobrrr: ignore[GB002]` (or `# gobrrr: ignore` for every rule); a line
+carrying the project's `# sync: why` comment is a deliberate sync, exempt from the sync rules.
 """
 from __future__ import annotations
 
 import argparse
-import ast
-import errno
 import io
 import json
-import os
 import re
 import sys
 import tokenize
-from fnmatch import fnmatch
 from pathlib import Path
 
+from gobrrr.device.lint_files import python_files
+from gobrrr.device.lint_graph import Project, Source, parse
 from gobrrr.lint.hot import HotMap, may_use_gpu
+from gobrrr.device.lint_inside import validation_off_globally
+from gobrrr.device.lint_loops import Facts, stepping_defs
 from gobrrr.lint.rules import RULES, SYNC_RULES, TITLES, Checker, Finding
 
-__all__ = ["RULES", "Finding", "lint_source", "lint_paths", "main"]
-
-SKIP_DIRS = {"__pycache__", "build", "dist", "node_modules", "venv", ".venv", ".git"}
-TEST_DIRS = {"tests", "test", "testing"}
-
-
-# --------------------------------------------------------------------------------------- suppression
+__all__ = ["RULES", "Finding", "lint_source", "lint_paths", "lint_file", "check_sources", "main"]
 
 _IGNORE = re.compile(r"#\s*gobrrr:\s*ignore(?:\[([A-Za-z0-9_,\s]+)\])?")
 _SYNC_NOTE = re.compile(r"#\s*sync:")
@@ -57,6 +57,8 @@ _SYNC_NOTE = re.compile(r"#\s*sync:")
 def _suppressions(text: str) -> dict[int, set[str]]:
     """line -> rule ids suppressed there ('*' for all), read from real comments only."""
     out: dict[int, set[str]] = {}
+    if "#" not in text:
+        return out
     try:
         for tok in tokenize.generate_tokens(io.StringIO(text).readline):
             if tok.type != tokenize.COMMENT:
@@ -74,60 +76,87 @@ def _suppressions(text: str) -> dict[int, set[str]]:
 
 # ------------------------------------------------------------------------------------------- API
 
+def check_sources(sources: list[Source], assume_gpu: bool = False) -> tuple[list[Finding], list[Source]]:
+    """Every finding (hot or not) of these parsed files, checked as one project, and the files
+    skipped as CPU-only (they never name a device; `assume_gpu` checks them). The project is
+    indexed once; calls from hot code are followed breadth-first, each function walked once."""
+    project = Project(sources)
+    flags = {"no_validation": any(validation_off_globally(s.text) for s in sources)}
+    facts = {}
+    stepping: set[str] = set()
+    for s in sources:
+        facts[id(s)] = Facts(s.nodes, project.module_classes)
+        stepping |= stepping_defs(s.nodes, facts[id(s)])
+    gpu = {id(s): assume_gpu or may_use_gpu(s.text) for s in sources}
+    checkers: dict[int, Checker] = {}
+
+    def checker(s: Source) -> Checker:
+        c = checkers.get(id(s))
+        if c is None:
+            facts[id(s)].stepping |= stepping
+            c = checkers[id(s)] = Checker(s, project, HotMap(s.tree, str(s.path), s.nodes, facts=facts[id(s)]), flags)
+            c.check_module()
+            if not gpu[id(s)]:   # a CPU-only file: only what hot code of another file reaches counts
+                c.findings.clear()
+                c.pending.clear()
+        return c
+
+    queue = []
+    for s in sources:
+        if gpu[id(s)]:
+            queue += checker(s).pending
+            checker(s).pending = []
+    seen = {h for c in checkers.values() for h in (*c.hotmap.hooks, *c.hotmap.step_fns)}
+    while queue:
+        nxt = []
+        for target, fn, kinds, types, chain, functions in queue:
+            if id(fn) in seen:
+                continue
+            seen.add(id(fn))
+            c = checker(target)
+            c.check_hot(fn, kinds, types, chain, functions)
+            nxt += c.pending
+            c.pending = []
+        queue = nxt
+    found: list[Finding] = []
+    for s in sources:
+        c = checkers.get(id(s))
+        if c is None:
+            continue
+        quiet = _suppressions(s.text)
+        for key, f in c.findings.items():
+            if not any(f.rule in quiet.get(i, ()) or "*" in quiet.get(i, ()) for i in c.spans[key]):
+                found.append(f)
+    skipped = [s for s in sources if not gpu[id(s)] and not any(f.path == str(s.path) for f in found)]
+    return sorted(found, key=lambda f: (f.path, f.line, f.col, f.rule)), skipped
+
+
 def lint_source(text: str, path: str = "<string>", select=None, everything: bool = False,
-                called_from: dict[str, str] | None = None) -> list[Finding]:
+                assume_gpu: bool = False) -> list[Finding]:
     """Findings for one file's source text, sorted by line: those that run every step, or all of
-    them with `everything`. `called_from` names this file's functions that another file's step loop
-    calls (name -> 'train.py:LINE'): they are checked as hot too. Raises SyntaxError if it does not
-    parse, RecursionError if too deep."""
+    them with `everything`. Raises SyntaxError if it does not parse, RecursionError if too deep."""
     wanted = _select(select)
-    tree = ast.parse(text, filename=path)
-    if not may_use_gpu(text) and not called_from:
-        return []  # a file that never names a device runs on the CPU: nothing to sync with
-    checker = Checker(path, HotMap(tree, path))
-    checker.check(tree, called_from)
-    quiet = _suppressions(text)
+    found, _ = check_sources([parse(Path(path), text)], assume_gpu)
+    return [f for f in found if f.rule in wanted and (everything or f.hot)]
+
+
+def read_sources(files: list[Path], errors: list[str] | None) -> list[Source]:
+    """Parse each file once; a file that cannot be read or parsed raises ValueError with one line,
+    or, if `errors` is a list, is described there and left out."""
     out = []
-    for f in checker.findings.values():
-        if f.rule not in wanted or not (everything or f.hot):
-            continue
-        node_lines = checker.spans[(f.rule, f.line)]
-        if any(f.rule in quiet.get(i, ()) or "*" in quiet.get(i, ()) for i in node_lines):
-            continue
-        out.append(f)
-    return sorted(out, key=lambda f: (f.line, f.col, f.rule))
-
-
-def lint_paths(paths, select=None, errors: list | None = None, *, everything: bool = False,
-               exclude=(), tests: bool = False) -> list[Finding]:
-    """Findings for files and directories (every *.py below; hidden, build and test folders skipped).
-
-    A path or file that cannot be found, read or parsed raises ValueError (FileNotFoundError for a
-    missing path), unless `errors` is a list: then a line describing the problem is appended to it
-    and the other files are still checked.
-    """
-    files, problems, _ = python_files(paths, exclude, tests)
-    if problems and errors is None:
-        raise FileNotFoundError(problems[0]) if "no such file" in problems[0] else ValueError(problems[0])
-    if errors is not None:
-        errors += problems
-    findings: list[Finding] = []
-    called = called_across(files)
     for file in files:
         try:
-            findings += lint_file(file, select, everything, called.get(file))
+            out.append(_read(file))
         except ValueError as e:
             if errors is None:
                 raise
             errors.append(str(e))
-    return findings
+    return out
 
 
-def lint_file(file: Path, select=None, everything: bool = False, called_from=None) -> list[Finding]:
-    """One file's findings; ValueError with a one-line reason if it cannot be read or parsed."""
+def _read(file: Path) -> Source:
     try:
-        text = file.read_text(encoding="utf-8")
-        return lint_source(text, str(file), select, everything, called_from)
+        return parse(file, file.read_text(encoding="utf-8"))
     except (SyntaxError, UnicodeDecodeError, OSError) as e:
         line = getattr(e, "lineno", None)
         raise ValueError(f"{file}:{line or 0}: cannot check this file: {e.__class__.__name__}: "
@@ -137,115 +166,31 @@ def lint_file(file: Path, select=None, everything: bool = False, called_from=Non
                          f"({e.__class__.__name__}); split it or skip the file with --exclude") from e
 
 
-# ------------------------------------------------------------------------- helpers in other files
+def lint_paths(paths, select=None, errors: list | None = None, *, everything: bool = False,
+               exclude=(), tests: bool = False, assume_gpu: bool = False) -> list[Finding]:
+    """Findings for files and directories (every *.py below; hidden, build and test folders skipped),
+    checked as one project.
 
-def called_across(files: list[Path]) -> dict[Path, dict[str, str]]:
-    """For each file, its module-level functions that another checked file calls from a step loop
-    (`from utils import accuracy` ... `accuracy(out, y)` in the loop): name -> 'caller.py:LINE'.
-    One level deep, like same-file helpers; a module is matched to a checked file by its dotted
-    path's tail (`utils`, `pkg.utils` -> .../pkg/utils.py or .../utils/__init__.py)."""
-    if len(files) < 2:
-        return {}
-    by_tail: dict[tuple[str, ...], list[Path]] = {}
-    for f in files:
-        parts = f.with_suffix("").parts if f.name != "__init__.py" else f.parent.parts
-        for k in range(1, min(len(parts), 4) + 1):
-            by_tail.setdefault(tuple(parts[-k:]), []).append(f)
-    out: dict[Path, dict[str, str]] = {}
-    for f in files:
-        try:
-            text = f.read_text(encoding="utf-8")
-            if not may_use_gpu(text):
-                continue
-            tree = ast.parse(text, filename=str(f))
-            hot = HotMap(tree, str(f))
-        except (SyntaxError, UnicodeDecodeError, OSError, RecursionError, MemoryError, ValueError):
-            continue   # reported when the file itself is checked
-        funcs, mods = _imports(tree)
-        for call in hot.hot_call_nodes:
-            fn = call.func
-            if isinstance(fn, ast.Name) and fn.id in funcs:
-                module, name = funcs[fn.id]
-            elif isinstance(fn, ast.Attribute) and isinstance(fn.value, ast.Name) and fn.value.id in mods:
-                module, name = mods[fn.value.id], fn.attr
-            else:
-                continue
-            targets = [t for t in by_tail.get(tuple(module.split(".")), []) if t != f]
-            if len(targets) == 1:   # ambiguous module names are left alone
-                out.setdefault(targets[0], {}).setdefault(name, f"{f.name}:{call.lineno}")
-    return out
+    A path or file that cannot be found, read or parsed raises ValueError (FileNotFoundError for a
+    missing path), unless `errors` is a list: then a line describing the problem is appended to it
+    and the other files are still checked.
+    """
+    wanted = _select(select)
+    files, problems, _ = python_files(paths, exclude, tests)
+    if problems and errors is None:
+        raise FileNotFoundError(problems[0]) if "no such file" in problems[0] else ValueError(problems[0])
+    if errors is not None:
+        errors += problems
+    found, _ = check_sources(read_sources(files, errors), assume_gpu)
+    return [f for f in found if f.rule in wanted and (everything or f.hot)]
 
 
-def _imports(tree: ast.Module) -> tuple[dict[str, tuple[str, str]], dict[str, str]]:
-    """(name -> (module, function) for `from m import f as name`, alias -> module for `import m as alias`)."""
-    funcs: dict[str, tuple[str, str]] = {}
-    mods: dict[str, str] = {}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module and not node.module.startswith(("torch", "numpy")):
-            for a in node.names:
-                funcs[a.asname or a.name] = (node.module, a.name)
-                mods[a.asname or a.name] = f"{node.module}.{a.name}"   # from pkg import utils; utils.f()
-        elif isinstance(node, ast.Import):
-            for a in node.names:
-                mods[a.asname or a.name] = a.name
-    return funcs, mods
-
-
-def python_files(paths, exclude=(), tests: bool = False) -> tuple[list[Path], list[str], int]:
-    """(files to check, problems with the given paths, test files skipped). A directory is walked
-    for regular *.py files; a named file is checked even if it is a test."""
-    if isinstance(paths, (str, Path)):
-        paths = [paths]
-    files: list[Path] = []
-    problems: list[str] = []
-    skipped = 0
-    for p in map(Path, paths):
-        problem = _path_problem(p)
-        if problem:
-            problems.append(problem)
-        elif p.is_dir():
-            keep_tests = tests or any(part in TEST_DIRS for part in p.resolve().parts)
-            for f in sorted(p.rglob("*.py")):
-                rel = f.relative_to(p)
-                if any(part in SKIP_DIRS or part.startswith(".") or part.endswith(".egg-info")
-                       for part in rel.parts[:-1]) or _excluded(f, rel, exclude):
-                    continue
-                if not f.is_file():
-                    continue  # a FIFO, a socket, a broken link, a folder named *.py: never opened
-                if not keep_tests and _is_test(rel):
-                    skipped += 1
-                    continue
-                files.append(f)
-        elif p.is_file():
-            if not _excluded(p, Path(p.name), exclude):
-                files.append(p)
-        else:
-            problems.append(f"{p}: not a regular file (a FIFO, socket or device); pass a .py file or a directory")
-    return files, problems, skipped
-
-
-def _path_problem(p: Path) -> str | None:
-    try:
-        os.stat(p)
-    except OSError as e:
-        if e.errno == errno.ELOOP:
-            return f"{p}: a symbolic link loop; fix or remove the link"
-        if p.is_symlink():
-            return f"{p}: a broken symbolic link (to {os.readlink(p)}); fix or remove the link"
-        if e.errno == errno.ENOENT:
-            return f"{p}: no such file or directory; check the path"
-        return f"{p}: cannot be read ({e.strerror}); check its permissions"
-    return None
-
-
-def _is_test(rel: Path) -> bool:
-    return any(part in TEST_DIRS for part in rel.parts[:-1]) or rel.name == "conftest.py" \
-        or fnmatch(rel.name, "test_*.py") or fnmatch(rel.name, "*_test.py")
-
-
-def _excluded(f: Path, rel: Path, globs) -> bool:
-    names = [f.as_posix(), rel.as_posix(), f.name, *rel.parts[:-1]]
-    return any(fnmatch(n, g.rstrip("/")) for g in globs for n in names)
+def lint_file(file: Path, select=None, everything: bool = False, assume_gpu: bool = False) -> list[Finding]:
+    """One file's findings, the file taken alone; ValueError with a one-line reason if it cannot be
+    read or parsed."""
+    wanted = _select(select)
+    found, _ = check_sources([_read(Path(file))], assume_gpu)
+    return [f for f in found if f.rule in wanted and (everything or f.hot)]
 
 
 def _select(select) -> set[str]:
@@ -261,10 +206,10 @@ def _select(select) -> set[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`gobrrr lint PATH... [--format text|json] [--select IDS] [--all] [--tests] [--exclude GLOB]`:
-    0 clean, 1 findings, 2 usage error or a path that could not be checked."""
+    """`gobrrr lint PATH... [--format text|json] [--select IDS] [--all] [--tests] [--exclude GLOB]
+    [--assume-gpu]`: 0 clean, 1 findings, 2 usage error, a path that could not be checked, or nothing to check."""
     parser = argparse.ArgumentParser(
-        prog="gobrrr lint", description="Static check for host-device anti-patterns (GB001-GB009) in the code "
+        prog="gobrrr lint", description="Static check for host-device anti-patterns (GB001-GB014) in the code "
         "that runs every training step.",
         epilog="Rules (each in the code that runs every step):\n" + "\n".join(f"  {k}  {t}" for k, t in TITLES.items())
         + "\n\nSuppress a line with `# gobrrr: ignore[GB002]`.", formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -276,23 +221,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tests", action="store_true", help="also check tests/ folders and test_*.py files")
     parser.add_argument("--exclude", action="append", default=[], metavar="GLOB",
                         help="skip files or folders matching GLOB (repeatable), e.g. --exclude 'examples/*'")
+    parser.add_argument("--assume-gpu", action="store_true",
+                        help="also check files that never name a device (taken as CPU-only and skipped otherwise)")
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:
         return 0 if e.code in (0, None) else 2
     try:
-        _select(args.select)
+        wanted = _select(args.select)
     except ValueError as e:
         print(f"gobrrr lint: error: {e}", file=sys.stderr)
         return 2
-    files, errors, skipped = python_files(args.paths, args.exclude, args.tests)
-    found: list[Finding] = []
-    called = called_across(files)
-    for file in files:
-        try:
-            found += lint_file(file, args.select, everything=True, called_from=called.get(file))
-        except ValueError as e:
-            errors.append(str(e))
+    files, errors, tests_skipped = python_files(args.paths, args.exclude, args.tests)
+    sources = read_sources(files, errors)
+    found, cpu_only = check_sources(sources, args.assume_gpu)
+    found = [f for f in found if f.rule in wanted]
     shown = [f for f in found if args.everything or f.hot]
     hidden = len(found) - len(shown)
     if args.format == "json":
@@ -303,26 +246,39 @@ def main(argv: list[str] | None = None) -> int:
         if shown:
             print("how to fix:")
             for rule in sorted({f.rule for f in shown}):
-                print(f"  {rule}: {RULES[rule][1]}")
+                print(f"  {rule}: {shown[[g.rule for g in shown].index(rule)].fix}")
     sys.stdout.flush()
+    if not files and not errors:
+        why = f"all {tests_skipped} Python files are tests (--tests checks them)" if tests_skipped else \
+            "every Python file was excluded (see --exclude)"
+        errors.append(f"nothing to check: {why}")
     for e in errors:  # before the summary, so a file that was not checked is never hidden under "clean"
         print(f"gobrrr lint: error: {e}", file=sys.stderr)
     sys.stderr.flush()
     if args.format == "text":
-        print(_summary(len(shown), len(files), errors, hidden, skipped))
+        print(summary(len(shown), len(sources) - len(cpu_only), errors, hidden, tests_skipped, cpu_only))
     return 2 if errors else (1 if shown else 0)
 
 
-def _summary(n: int, n_files: int, errors: list[str], hidden: int, skipped: int) -> str:
-    s = "s" if n != 1 else ""
-    head = f"{n} finding{s} in {n_files} files" if n or errors else f"clean ({n_files} files)"
+def _n(count: int, word: str) -> str:
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+def summary(n: int, n_files: int, errors: list[str], hidden: int, skipped: int, cpu_only=()) -> str:
+    """The last line of the text output: findings (or clean) over the files checked, and what was not."""
+    head = f"{_n(n, 'finding')} in {_n(n_files, 'file')}" if n or errors else f"clean ({_n(n_files, 'file')})"
     if errors:
-        head += f"; {len(errors)} path{'s' if len(errors) != 1 else ''} not checked (see the errors above)"
+        head += f"; {_n(len(errors), 'path')} not checked (see the errors above)"
     extra = []
     if hidden:
         extra.append(f"{hidden} more outside the step loops (--all shows them)")
+    if cpu_only:
+        names = ", ".join(s.path.name for s in list(cpu_only)[:3]) + (", ..." if len(cpu_only) > 3 else "")
+        verb = "names" if len(cpu_only) == 1 else "name"
+        extra.append(f"{_n(len(cpu_only), 'file')} never {verb} a device, taken as CPU-only and skipped "
+                     f"({names}; --assume-gpu checks them)")
     if skipped:
-        extra.append(f"{skipped} test files skipped (--tests checks them)")
+        extra.append(f"{_n(skipped, 'test file')} skipped (--tests checks them)")
     return "gobrrr lint: " + head + (f"; {'; '.join(extra)}" if extra else "")
 
 

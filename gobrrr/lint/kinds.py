@@ -8,6 +8,7 @@ Per scope, each name gets one of:
     pinned   a tensor in page-locked memory (.pin_memory(), pin_memory=True)
     tensor   a tensor that may live on the GPU (device=..., .to(device), a model's output, a loss, .grad)
     mask     a boolean device tensor (comparisons and logical ops of tensors)
+    tlist    a list or tuple of device tensors (`[loss_a, loss_b]`, `losses.append(loss)`)
     numpy    a numpy array
     obj      a module or other object: `nn.Linear(...)`, `Net().to(dev)`, `model.cuda()`; never a tensor
     loader_pageable / loader_pinned / loader_device / loader    data loaders (the last: pinning unknown)
@@ -22,7 +23,7 @@ from __future__ import annotations
 import ast
 import re
 
-from gobrrr.lint.hot import is_model_name, name_of
+from gobrrr.device.lint_loops import LOADER_NAME, is_model_name, name_of
 
 FACTORIES = {"randn", "rand", "randint", "randperm", "zeros", "ones", "empty", "full", "arange", "linspace",
              "logspace", "eye", "tensor", "as_tensor", "normal", "bernoulli", "tril_indices", "triu_indices",
@@ -67,10 +68,11 @@ HOSTISH = {"num", "host", "pinned", "numpy", "str", "obj", "loader_pinned", "loa
 # what iterating (or unpacking) a value of one kind gives
 ITEM_KIND = {"loader_pageable": "batch_host", "loader_pinned": "batch_pinned", "loader_device": "tensor",
              "loader": "batch", "host": "host", "pinned": "pinned", "tensor": "tensor", "mask": "tensor",
-             "batch_host": "batch_host", "batch_pinned": "batch_pinned", "batch": "batch", "numpy": "numpy"}
+             "batch_host": "batch_host", "batch_pinned": "batch_pinned", "batch": "batch", "numpy": "numpy",
+             "tlist": "tensor"}
 _DATA_WORDS = {"data", "dataset", "ds", "batches", "train", "val", "valid", "test", "eval", "dl"}
 _TOKENIZER = re.compile(r"tokeni[sz]er|processor|feature_extractor|^tok$", re.I)
-_LOADER_NAME = re.compile(r"loader|dataloader|_dl$|^dl$|batches$", re.I)
+_LOADER_NAME = LOADER_NAME
 
 
 class Kinds:
@@ -129,6 +131,9 @@ class Kinds:
             return "obj" if k is None and node.id in self.models else k
         if isinstance(node, (ast.JoinedStr, ast.FormattedValue)):
             return "str"
+        if isinstance(node, (ast.List, ast.Tuple, ast.ListComp)):
+            elts = [node.elt] if isinstance(node, ast.ListComp) else node.elts
+            return "tlist" if any(self.kind(e) in TENSORISH for e in elts) else None
         if isinstance(node, ast.UnaryOp):
             k = self.kind(node.operand)
             if isinstance(node.op, ast.Not):
@@ -190,7 +195,10 @@ class Kinds:
             if func.id in NUM_BUILTINS:
                 return "num"
             if func.id in ("abs", "sum", "min", "max"):
-                return "tensor" if {self.kind(a) for a in node.args} & TENSORISH else "num"
+                kinds = {self.kind(a) for a in node.args}
+                if kinds & (TENSORISH | {"tlist"}):
+                    return "tensor"   # sum(losses) of device tensors is a device tensor
+                return "num" if kinds <= {"num", "numpy", "host"} else None
             if func.id in ("str", "repr", "format"):
                 return "str"
             if func.id in ("tqdm", "iter", "progress_bar", "trange", "cycle", "islice") and node.args:
@@ -347,6 +355,9 @@ class Kinds:
         name = self.dotted(node) or ""
         if name.startswith("torch.") and name.count(".") == 1:
             return None  # torch.float16 and friends: a dtype
+        if isinstance(node, ast.Attribute) and node.attr == "device" \
+                and self.kind(node.value) in ({"host", "pinned", "numpy"} | BATCHES):
+            return "cpu"   # .to(t.device) with t on the host stays on the host
         if isinstance(node, (ast.Name, ast.Attribute)):
             tail = name.rsplit(".", 1)[-1].lower()
             if "dtype" in tail or "type" == tail:

@@ -1,37 +1,29 @@
-"""What `gobrrr lint` looks for: the rules GB001-GB009 and the AST walk that finds them.
+"""What `gobrrr lint` looks for: the rules GB001-GB014 and the AST walk that finds them.
 
-Two passes over one file:
+Per file, after lint_hot.HotMap (syntax only: step loops, hooks, rare branches, timed syncs), the
+Checker walks the module once with lint_kinds' guess of what each name holds and applies a rule
+only with evidence that the value is a tensor. The rules live in mixins by concept: lint_sync
+(reading a device value on the host, synchronize, data-dependent shapes), lint_moves (copies and
+host indices), lint_inside (barriers, syncs inside torch), lint_env (CPU environments).
 
-    1. lint_hot.HotMap (syntax only): the step loops, the rare branches inside them, the
-       same-file functions they call, the synchronize() calls used for timing.
-    2. Checker (this file, with the host-read rules of lint_sync): walks the module once with
-       lint_kinds' guess of what each name holds, and applies a rule only with evidence that the
-       value is a tensor; then walks once more each function called from a step loop, as hot
-       code, its parameters typed from the call site.
-
-Each finding is `hot` (in a step loop, a per-step hook, or a helper they call: shown by default)
-or not (a loop that does not step, an epoch loop, set-up code: shown with `--all`). Rare branches
-(`if step % 100 == 0:`), error paths (`raise`, `except`) and synchronize() next to a timer are not
-findings at all.
+Regions: None (straight-line code), 'cold' (a loop that does not step), 'hot' (a step loop, a
+per-step hook, a per-element loop that syncs on each element, a function called from hot code),
+'off' (rare branches, error paths). Each call made from hot code is resolved through the project
+(lint_graph) and queued in `pending`; the driver (lint.check_project) walks the queued function
+later as hot, its parameters typed from the call site, with the chain of calls that made it hot.
 """
 from __future__ import annotations
 
 import ast
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
-from gobrrr.lint.hot import HotMap, is_model_name, iterates, name_of, own_nodes, root_name
-from gobrrr.lint.kinds import (
-    BATCHES,
-    DEVICE_WRAPPERS,
-    DTYPE_METHODS,
-    FACTORIES,
-    ITEM_KIND,
-    LOADERS_PINNED,
-    TENSORISH,
-    VIEW_METHODS,
-    Kinds,
-)
-from gobrrr.lint.sync import SyncRules
+from gobrrr.device.lint_env import EnvRules, env_makers
+from gobrrr.device.lint_graph import Project, Source
+from gobrrr.lint.hot import HotMap, is_model_name, iterates, own_nodes, root_name
+from gobrrr.device.lint_inside import InsideRules
+from gobrrr.lint.kinds import BATCHES, DEVICE_WRAPPERS, ITEM_KIND, LOADERS_PINNED, TENSORISH, Kinds
+from gobrrr.device.lint_moves import CopyRules
+from gobrrr.lint.sync import ELEMENT_READS, SyncRules
 
 RULES = {
     "GB001": ("tensor built on the host, then copied to the device: an extra host allocation and a "
@@ -45,10 +37,10 @@ RULES = {
     "GB004": ("{what} inside a loop stalls the host until the GPU drains, every iteration",
               "order work with events: event.record() then stream.wait_event(event); poll with event.query()"),
     "GB005": ("non_blocking=True from pageable host memory is not asynchronous: CUDA stages the copy and "
-              "the host waits", "pin the source: .pin_memory(), DataLoader(pin_memory=True) or gobrrr.Prefetcher"),
+              "the host waits", "pin the source: .pin_memory(), DataLoader(pin_memory=True) or gobrrr.Prefetcher; "
+              "an op on a pinned tensor (.to(dtype), .float()) returns pageable memory: convert on the device"),
     "GB006": ("DataLoader without pin_memory=True whose batches go to CUDA: every copy is a slow, blocking "
-              "copy from pageable memory",
-              "pass pin_memory=True and copy with non_blocking=True, or wrap it in gobrrr.Prefetcher"),
+              "copy from pageable memory", "pass pin_memory=True and copy with non_blocking=True, or wrap it in gobrrr.Prefetcher"),
     "GB007": ("a tensor used as a Python condition{where} waits for the GPU to decide the branch",
               "keep the decision on the device: torch.where(cond, a, b) or masking; check on the host every N steps"),
     "GB008": ("{what} inside a loop has a data-dependent output shape: the host waits for the GPU to learn the size",
@@ -57,14 +49,40 @@ RULES = {
               "waits for the copy and the GPU for the host, each step",
               "DataLoader(pin_memory=True) and .to(device, non_blocking=True), or wrap the loader in "
               "gobrrr.Prefetcher(loader, device=device), which copies the next batch during this step"),
+    "GB010": ("host data copied to the device inside the loop (`{what}`): a blocking copy from pageable "
+              "memory that waits for the GPU to drain, every iteration",
+              "build it on the device once, before the loop (a lookup table, a constant), or compute it on the "
+              "device; for data that must come from the host, pin it and copy with non_blocking=True"),
+    "GB011": ("a device tensor indexed by host indices (`{what}`): the index is copied to the device, "
+              "blocking, every iteration",
+              "make the indices on the device (torch.randperm(n, device=dev), torch.arange(..., device=dev)) "
+              "or move them once before the loop"),
+    "GB012": ("{what} every step: each rank waits for the slowest and for its GPU to drain",
+              "drop it from the step (collectives already order the ranks); keep barriers for set-up, "
+              "checkpoints and the end of the run"),
+    "GB013": ("{what}: torch syncs inside the call, every iteration", "{fix}"),
+    "GB014": ("a CPU environment stepped every iteration (`{what}(...)`): the action is read back to the host "
+              "and the observation copied to the device each step{where}",
+              "run the environment on the GPU (Isaac Lab, Brax/MJX, ManiSkill, a torch simulator) so actions and "
+              "observations stay on the device, or step more environments per call (gym.vector, envpool) so "
+              "each round trip carries more work"),
 }
-SYNC_RULES = {"GB002", "GB003", "GB004", "GB007", "GB008"}  # exempt on a line marked `# sync: why`
+SYNC_RULES = {"GB002", "GB003", "GB004", "GB007", "GB008", "GB010", "GB011", "GB012", "GB013", "GB014"}
 TITLES = {"GB001": "a tensor built on the host, then moved to the device", "GB002": ".item() / .cpu() / .tolist() / float(t)",
           "GB003": "printing or formatting a tensor", "GB004": "torch.cuda / stream / event synchronize()",
           "GB005": "non_blocking=True from pageable memory", "GB006": "a DataLoader without pin_memory feeding the GPU",
-          "GB007": "a tensor as a Python condition", "GB008": "data-dependent shapes (nonzero, x[mask], unique)",
-          "GB009": "a blocking .to(device) / .cuda() of every batch"}
+          "GB007": "a tensor as a Python condition (if, while, assert)",
+          "GB008": "data-dependent shapes (nonzero, x[mask], unique)",
+          "GB009": "a blocking .to(device) / .cuda() of every batch",
+          "GB010": "host data copied to the device per step (torch.tensor(x, device=), host.to(dev))",
+          "GB011": "a device tensor indexed by host indices (numpy, CPU arange, range, list)",
+          "GB012": "a barrier every step (dist.barrier, wait_for_everyone)",
+          "GB013": "a sync inside torch (distributions' validation, torch.normal's std check)",
+          "GB014": "a CPU environment stepped per iteration (one finding per loop)"}
+MAX_DEPTH = 4   # calls followed from a hot loop into the project's functions
 _HOOK_TENSORS = {"inputs", "outputs", "output", "x", "y", "logits", "loss", "labels", "targets", "images", "data"}
+_IMAGE_SINKS = ("save_image", "imsave", "imwrite", "fromarray", "imshow", "add_image", "add_images", "add_video",
+                "write_video", "make_grid", "Image", "savefig", "log_image", "log_images")
 
 
 @dataclass
@@ -76,55 +94,65 @@ class Finding:
     message: str
     fix: str
     hot: bool = True   # in a step loop or what it calls (shown by default); else shown with --all
+    chain: list[str] = field(default_factory=list)   # the calls that make it hot: ['train.py:120', 'utils.py:44']
+    covers: list[int] = field(default_factory=list)  # other lines this one finding stands for (GB014's round trip)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     def __str__(self) -> str:
-        return f"{self.path}:{self.line}:{self.col}: {self.rule} {self.message}" + ("" if self.hot else " [not per-step]")
+        via = f" ({' -> '.join([*self.chain, 'here'])})" if self.chain else ""
+        return f"{self.path}:{self.line}:{self.col}: {self.rule} {self.message}{via}" + \
+            ("" if self.hot else " [not per-step]")
 
 
-class Checker(SyncRules, Kinds, ast.NodeVisitor):
-    """One module's findings. Regions: None (straight-line code), 'cold' (a loop that does not
-    step), 'hot' (a step loop, a per-step hook, a helper they call), 'off' (rare or error paths)."""
+class Checker(SyncRules, CopyRules, InsideRules, EnvRules, Kinds, ast.NodeVisitor):
+    """One module's findings (see the module doc)."""
 
-    def __init__(self, path: str, hotmap: HotMap | None = None):
+    def __init__(self, src: Source, project: Project | None = None, hotmap: HotMap | None = None,
+                 project_flags: dict | None = None):
         Kinds.__init__(self)
-        self.path = path
-        self.hotmap = hotmap or HotMap(ast.Module(body=[], type_ignores=[]), path)
+        self.src = src
+        self.path = str(src.path)
+        self.project = project or Project([src])
+        self.hotmap = hotmap or HotMap(src.tree, self.path, src.nodes)
         self.models = self.hotmap.models
+        self.project_flags = project_flags or {}
+        self.env_makers = env_makers(src.nodes)
         self.findings: dict[tuple[str, int], Finding] = {}
         self.spans: dict[tuple[str, int], range] = {}   # lines a finding's node covers (for suppression)
+        self.names_at: dict[tuple[str, int], set[str]] = {}   # names in a finding's node (for GB014)
         self.region: str | None = None
         self.loaders: list[dict] = []           # pageable DataLoaders in this scope (GB006 candidates)
         self.scope_node: ast.AST | None = None  # the module or function whose loops GB006 searches
         self.functions: list[str] = []          # names of the enclosing functions
-        self.via: int | str | None = None       # where a revisited helper is called from (line, or file:line)
-        self.call_args: dict[int, dict[str, str | None]] = {}   # id(def) -> parameter kinds at a hot call
-        self.callers: dict[int, str] = {}                        # id(def) -> the function of that call
-        self.loop_stack: list[int] = []                          # id() of the enclosing loops
+        self.defs: list[ast.AST] = []           # the enclosing defs (to resolve calls)
+        self.types: dict = {}                   # parameter -> (Source, ClassDef) handed over by a call site
+        self.chain: tuple[str, ...] = ()        # the calls that made the current function hot
+        self.pending: list[tuple] = []          # (Source, def, kinds, types, chain, functions) to walk as hot
+        self.loop_stack: list[int] = []         # id() of the enclosing loops
+        self.module_scope: dict = {}
 
     # -- reporting
-    def flag(self, node: ast.AST, rule: str, hot: bool | None = None, **fmt) -> None:
+    def flag(self, node: ast.AST, rule: str, hot: bool | None = None, fix: str | None = None, **fmt) -> None:
         if self.region == "off":
             return
         hot = self.region == "hot" if hot is None else hot
-        message, fix = RULES[rule]
+        message, default_fix = RULES[rule]
         message = message.format(**fmt)
-        if hot and isinstance(self.via, str):
-            message += f" (in a function called from the step loop at {self.via})"
-        elif hot and self.via:
-            message += f" (in a function called from the step loop at line {self.via})"
         key = (rule, node.lineno)
         old = self.findings.get(key)
         if old is None or (hot and not old.hot):
-            self.findings[key] = Finding(self.path, node.lineno, node.col_offset + 1, rule, message, fix, hot)
+            chain = list(self.chain) if hot else []
+            self.findings[key] = Finding(self.path, node.lineno, node.col_offset + 1, rule, message,
+                                         (fix or default_fix).format(**fmt), hot, chain)
             self.spans[key] = range(node.lineno, (getattr(node, "end_lineno", None) or node.lineno) + 1)
+            self.names_at[key] = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
 
     def updating(self) -> bool:
         """In a loop that trains (backward / optimizer step), or in a helper or hook of one: not a
         generation or inference loop, where a small per-prompt copy is not worth a finding."""
-        return self.via is not None or not self.loop_stack or self.loop_stack[-1] in self.hotmap.update_loops
+        return bool(self.chain) or not self.loop_stack or self.loop_stack[-1] in self.hotmap.update_loops
 
     def visit(self, node: ast.AST):
         if self.region != "off" and id(node) in self.hotmap.off_tails:
@@ -141,27 +169,26 @@ class Checker(SyncRules, Kinds, ast.NodeVisitor):
                 self.visit(n)
         self.region = saved
 
-    def check(self, tree: ast.Module, called_from: dict[str, str] | None = None) -> None:
-        """Both passes: the module as written, then each function called from hot code, as hot
-        (`called_from`: module-level functions of this file called from another file's step loop,
-        name -> 'other.py:LINE')."""
-        self.scope_node = tree
-        self.visit(tree)
+    def check_module(self) -> None:
+        """The module as written (its hot code queues the calls it makes in `pending`)."""
+        self.scope_node = self.src.tree
+        self.visit(self.src.tree)
         self.check_loaders()
-        module_scope = self.scopes[0]
-        for stmt in tree.body:
-            where = (called_from or {}).get(getattr(stmt, "name", None))
-            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)) and where \
-                    and id(stmt) not in self.hotmap.hot_calls and id(stmt) not in self.hotmap.step_fns:
-                self.scopes = [module_scope]
-                self.functions = []
-                self._function(stmt, region="hot", via=where)
-        for key, (fn, line) in list(self.hotmap.hot_calls.items()):
-            if key in self.hotmap.hooks:
-                continue
-            self.scopes = [module_scope]
-            self.functions = [self.callers.get(key, "")]   # a helper of `def benchmark()` is benchmark code
-            self._function(fn, region="hot", via=line, seed=self.call_args.get(key, {}))
+        self.module_scope = self.scopes[0]
+
+    def check_hot(self, fn: ast.AST, kinds: dict, types: dict, chain: tuple[str, ...], functions: list[str]) -> None:
+        """Walk one function as hot code: a step loop (`chain[0]`) calls it through `chain`."""
+        self.scopes = [self.module_scope]
+        self.functions = list(functions)   # a helper of `def benchmark()` is benchmark code
+        self.defs = [d for d in self._enclosing(fn)]
+        self._function(fn, region="hot", chain=chain, seed=kinds, types=types)
+
+    def _enclosing(self, fn: ast.AST) -> list[ast.AST]:
+        out, s = [], self.src.parent.get(id(fn))
+        while s is not None:
+            out.insert(0, s)
+            s = self.src.parent.get(id(s))
+        return out
 
     # -- scopes and bindings
     def visit_Import(self, node: ast.Import) -> None:
@@ -174,16 +201,18 @@ class Checker(SyncRules, Kinds, ast.NodeVisitor):
         for a in node.names:
             self.aliases[a.asname or a.name] = f"{node.module}.{a.name}" if node.module else a.name
 
-    def _function(self, node, region: str | None = None, via: int | str | None = None,
-                  seed: dict | None = None) -> None:
-        if via is None:
+    def _function(self, node, region: str | None = None, chain: tuple[str, ...] = (), seed: dict | None = None,
+                  types: dict | None = None) -> None:
+        if not chain:
             for d in node.decorator_list:
                 self.visit(d)
-        saved = (self.region, self.loaders, self.scope_node, self.via)
+        saved = (self.region, self.loaders, self.scope_node, self.chain, self.types, self.loop_stack)
         hook = id(node) in self.hotmap.hooks
         per_step = hook or id(node) in self.hotmap.step_fns
-        self.region, self.loaders, self.scope_node, self.via = region or ("hot" if per_step else None), [], node, via
+        self.region = region or ("hot" if per_step else None)
+        self.loaders, self.scope_node, self.chain, self.types, self.loop_stack = [], node, chain, types or {}, []
         self.functions.append(node.name)
+        self.defs.append(node)
         scope: dict[str, str | None] = {}
         args = node.args
         params = [*args.posonlyargs, *args.args, *args.kwonlyargs]
@@ -192,7 +221,7 @@ class Checker(SyncRules, Kinds, ast.NodeVisitor):
         for a, d in zip(reversed([*args.posonlyargs, *args.args]), reversed(args.defaults)):
             if scope.get(a.arg) is None and self.kind(d) == "num":
                 scope[a.arg] = "num"
-        if hook:  # a framework hands the hook device batches, outputs and a model (and a trainer)
+        if hook and node.name != "forward":   # a framework hands the hook device batches, outputs and a model
             for a in params[1:]:
                 if scope.get(a.arg) is None:
                     scope[a.arg] = "num" if "idx" in a.arg else "tensor" if a.arg in _HOOK_TENSORS \
@@ -207,7 +236,8 @@ class Checker(SyncRules, Kinds, ast.NodeVisitor):
         self.check_loaders()
         self.scopes.pop()
         self.functions.pop()
-        self.region, self.loaders, self.scope_node, self.via = saved
+        self.defs.pop()
+        self.region, self.loaders, self.scope_node, self.chain, self.types, self.loop_stack = saved
 
     def visit_FunctionDef(self, node) -> None:
         self._function(node)
@@ -228,6 +258,7 @@ class Checker(SyncRules, Kinds, ast.NodeVisitor):
         self.visit(node.value)
         for t in node.targets:
             self.visit_target(t)
+            self.host_write(t, node.value)
         value = node.value
         if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) \
                 and value.func.attr in DEVICE_WRAPPERS and len(node.targets) == 1 \
@@ -237,17 +268,24 @@ class Checker(SyncRules, Kinds, ast.NodeVisitor):
                 k = self.iter_kind(a)
                 self.bind(t, "loader_device" if k and k.startswith("loader") else self.kind(a))
             return
-        if isinstance(node.value, ast.Tuple) and all(isinstance(t, ast.Tuple) for t in node.targets):
+        if isinstance(value, ast.Tuple) and all(isinstance(t, ast.Tuple) for t in node.targets):
             for t in node.targets:
-                for a, v in zip(t.elts, node.value.elts):
+                for a, v in zip(t.elts, value.elts):
                     self.bind(a, self.kind(v))
             return
-        k = self.kind(node.value)
+        if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr == "step" \
+                and value.args and len(node.targets) == 1 and isinstance(node.targets[0], ast.Tuple) \
+                and len(node.targets[0].elts) in (4, 5):
+            k = self.env_results(node)   # obs, reward, done, info = env.step(action)
+            for t in node.targets[0].elts:
+                self.bind(t, k)
+            return
+        k = self.kind(value)
         for t in node.targets:
             self.bind(t, k)
             if k == "loader_pageable" and isinstance(t, ast.Name):
-                self.loaders.append({"name": t.id, "node": node.value, "scope": self.scope_node})
-        aliased = node.value.body if isinstance(node.value, ast.IfExp) else node.value  # `a if cuda else noop`
+                self.loaders.append({"name": t.id, "node": value, "scope": self.scope_node})
+        aliased = value.body if isinstance(value, ast.IfExp) else value  # `a if cuda else noop`
         dotted = self.dotted(aliased) if isinstance(aliased, ast.Attribute) else None
         if dotted and dotted.endswith(".synchronize") and len(node.targets) == 1 \
                 and isinstance(node.targets[0], ast.Name):
@@ -261,6 +299,8 @@ class Checker(SyncRules, Kinds, ast.NodeVisitor):
 
     def visit_AugAssign(self, node: ast.AugAssign) -> None:
         self.visit(node.value)
+        self.visit_target(node.target)
+        self.host_write(node.target, node.value)
         if isinstance(node.target, ast.Name):
             self.bind(node.target, self.kind(ast.BinOp(node.target, node.op, node.value)))
 
@@ -268,7 +308,16 @@ class Checker(SyncRules, Kinds, ast.NodeVisitor):
         if isinstance(t, (ast.Subscript, ast.Attribute)):
             self.visit(t.value)
             if isinstance(t, ast.Subscript):
+                self.index_rule(t)
                 self.visit(t.slice)
+
+    def visit_Expr(self, node: ast.Expr) -> None:
+        v = node.value   # losses.append(loss): a list of device tensors
+        if isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and v.func.attr == "append" \
+                and isinstance(v.func.value, ast.Name) and len(v.args) == 1 and self.kind(v.args[0]) in TENSORISH \
+                and self.lookup(v.func.value.id) in (None, "tlist"):
+            self.bind(v.func.value, "tlist")
+        self.generic_visit(node)
 
     # -- loops, branches, error paths
     def bind_loop_target(self, target: ast.AST, it: ast.AST) -> None:
@@ -298,8 +347,8 @@ class Checker(SyncRules, Kinds, ast.NodeVisitor):
             self.bind(target.elts[0], "num")   # for i, batch in pbar (pbar = tqdm(enumerate(loader)))
             return self.bind(target.elts[1], ITEM_KIND.get(k[5:]))
         self.bind(target, {"loader_pageable": "batch_host", "loader_pinned": "batch_pinned", "loader": "batch",
-                           "loader_device": "tensor"}.get(k, k if k in ("numpy", "host", "pinned", "tensor", "mask",
-                                                                         *BATCHES) else None))
+                           "loader_device": "tensor", "tlist": "tensor"}.get(
+            k, k if k in ("numpy", "host", "pinned", "tensor", "mask", *BATCHES) else None))
 
     def visit_For(self, node) -> None:
         self.visit(node.iter)  # evaluated once: set-up code
@@ -314,20 +363,57 @@ class Checker(SyncRules, Kinds, ast.NodeVisitor):
         """Visit what runs every iteration (`every_iteration`, then the body) in the loop's region;
         `else:` runs once, after the loop."""
         saved = self.region
-        if saved != "hot":
-            self.region = "hot" if id(node) in self.hotmap.step_loops else ("off" if saved == "off" else "cold")
+        if saved != "hot" and saved != "off":
+            self.region = "hot" if id(node) in self.hotmap.step_loops or self.per_element(node) else "cold"
         self.loop_stack.append(id(node))
         for part in (*every_iteration, *node.body):
             self.visit(part)
+        if self.region == "hot" and id(node) in self.hotmap.step_loops:
+            self.env_loop(node)
         self.loop_stack.pop()
         self.region = saved
         for stmt in node.orelse:
             self.visit(stmt)
 
+    def per_element(self, node) -> bool:
+        """A loop over a tensor's elements that reads each one on the host (`for v in t: v.item()`,
+        `for i in range(len(t)): if t[i] > 0:`), or a while loop on a device value: a sync per element."""
+        if isinstance(node, ast.While):
+            return self.kind(node.test) in TENSORISH
+        reads = []
+        for n in ast.walk(node):
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in ELEMENT_READS:
+                reads.append(n.func.value)
+            elif isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("float", "int", "bool") \
+                    and len(n.args) == 1:
+                reads.append(n.args[0])
+            elif isinstance(n, (ast.If, ast.While, ast.IfExp)):
+                reads.append(n.test)
+        return self.element_reads(node.target, node.iter, reads)
+
+    def element_reads(self, target: ast.AST, it: ast.AST, reads: list[ast.AST]) -> bool:
+        """Whether `reads` (expressions read on the host each iteration) read an element of a device
+        tensor that the loop walks: iterating the tensor itself (or a list of device tensors), or
+        indexing it with the loop's variable (`scores[i]`)."""
+        if not reads:
+            return False
+        targets = {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+        if isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id in ("enumerate", "zip",
+                                                                                          "reversed") and it.args:
+            it = it.args[0]
+        over_tensor = self.kind(it) in TENSORISH | {"tlist"}
+        for read in reads:
+            if over_tensor and _mentions(read, targets):
+                return True
+            for s in ast.walk(read):   # scores[i] with i the loop's variable
+                if isinstance(s, ast.Subscript) and _mentions(s.slice, targets) and self.kind(s.value) in TENSORISH:
+                    return True
+        return False
+
     def visit_While(self, node: ast.While) -> None:
         saved = self.region
-        if saved != "hot":
-            self.region = "hot" if id(node) in self.hotmap.step_loops else ("off" if saved == "off" else "cold")
+        if saved != "hot" and saved != "off":
+            self.region = "hot" if id(node) in self.hotmap.step_loops or self.per_element(node) else "cold"
         if self.kind(node.test) in TENSORISH:
             self.flag(node.test, "GB007", where=" in a while loop")
         self.region = saved
@@ -349,7 +435,7 @@ class Checker(SyncRules, Kinds, ast.NodeVisitor):
         self.generic_visit(node)
 
     def visit_Assert(self, node: ast.Assert) -> None:
-        self.check_condition(node.test)
+        self.check_condition(node.test, " in an assert")
         self.visit(node.test)
         self.visit_off(node.msg)  # the message is built only on failure
 
@@ -377,16 +463,26 @@ class Checker(SyncRules, Kinds, ast.NodeVisitor):
             self.bind_loop_target(g.target, g.iter)
             for cond in g.ifs:
                 self.visit(cond)
-        for part in ([node.key, node.value] if isinstance(node, ast.DictComp) else [node.elt]):
+        parts = [node.key, node.value] if isinstance(node, ast.DictComp) else [node.elt]
+        if self.region == "cold" and any(self.reads_element(p, gens) for p in parts):
+            self.region = "hot"   # [v.item() for v in t]: a sync per element
+        for part in parts:
             self.visit(part)
         self.scopes.pop()
         self.region = saved
 
     visit_ListComp = visit_SetComp = visit_GeneratorExp = visit_DictComp = _comprehension
 
-    def check_condition(self, test: ast.AST) -> None:
+    def reads_element(self, part: ast.AST, gens) -> bool:
+        reads = [n.func.value if isinstance(n.func, ast.Attribute) else n.args[0] for n in ast.walk(part)
+                 if isinstance(n, ast.Call) and ((isinstance(n.func, ast.Attribute) and n.func.attr in ELEMENT_READS)
+                                                 or (isinstance(n.func, ast.Name) and n.args
+                                                     and n.func.id in ("float", "int", "bool")))]
+        return any(self.element_reads(g.target, g.iter, reads) for g in gens)
+
+    def check_condition(self, test: ast.AST, where: str = " inside a loop") -> None:
         if self.looping() and self.kind(test) in TENSORISH:
-            self.flag(test, "GB007", where=" inside a loop")
+            self.flag(test, "GB007", where=where)
 
     # -- the rules on expressions
     def visit_Call(self, node: ast.Call) -> None:
@@ -395,60 +491,44 @@ class Checker(SyncRules, Kinds, ast.NodeVisitor):
         method = func.attr if isinstance(func, ast.Attribute) else None
         recv = self.kind(func.value) if method else None
         kw = {k.arg: k.value for k in node.keywords if k.arg}
-        nb = kw.get("non_blocking", node.args[1] if method == "cuda" and len(node.args) > 1 else None)
-        blocking = nb is None or (isinstance(nb, ast.Constant) and not nb.value)
-        nb_true = isinstance(nb, ast.Constant) and nb.value is True
-
-        if method in ("to", "cuda") and self.copy_target(node) == "cuda":
-            # GB001: torch.<factory>(...)[.long()...] on the host, then .to(device)/.cuda()
-            src = func.value
-            while isinstance(src, ast.Call) and isinstance(src.func, ast.Attribute) and (
-                    src.func.attr in DTYPE_METHODS | VIEW_METHODS or src.func.attr.endswith("_")
-                    or (src.func.attr == "to" and self.copy_target(src) is None)):
-                src = src.func.value
-            inner = self.dotted(src.func) if isinstance(src, ast.Call) else ""
-            gb001 = bool(inner) and inner.startswith("torch.") and inner.count(".") == 1 \
-                and inner.split(".")[1] in FACTORIES and self.factory_kind(src) in ("host", "pinned") \
-                and not (recv == "pinned" and nb_true)   # pinned + non_blocking is the right pattern
-            if gb001:
-                self.flag(node, "GB001")
-            # GB005: non_blocking=True copy whose host source is known to be pageable
-            elif nb_true and recv in ("host", "batch_host"):
-                self.flag(node, "GB005")
-            # GB009: a loader's batch copied with a blocking copy, every step
-            if recv in BATCHES and blocking and self.looping() and (recv != "batch_tok" or self.updating()):
-                self.flag(node, "GB009", what=_short(node))
-        elif method == "copy_" and nb_true and node.args and self.kind(node.args[0]) in ("host", "batch_host"):
-            self.flag(node, "GB005")
-        elif method == "copy_" and blocking and node.args and recv in TENSORISH and self.looping() \
-                and self.kind(node.args[0]) in BATCHES:
-            self.flag(node, "GB009", what=_short(node))   # x_dev.copy_(batch): a blocking copy into a device buffer
-
+        self.copy_rules(node, func, name, method, recv, kw)
         if self.looping():
             self.sync_rules(node, func, name, method, recv, kw)
-
-        hot_target = self.hotmap.call_targets.get(id(node))
-        if hot_target is not None and self.region == "hot" and self.via is None:
-            self.record_call(node, hot_target)
-
+            self.inside_rules(node, func, name, method, kw)
+        if self.region == "hot":
+            self.follow(node)
         # calls that hand a pageable loader to gobrrr (which pins): not a GB006 any more
         if isinstance(func, (ast.Name, ast.Attribute)) and name.rsplit(".", 1)[-1] in LOADERS_PINNED:
             for a in node.args:
                 if isinstance(a, ast.Name):
                     self.loaders = [d for d in self.loaders if d["name"] != a.id]
+        if name.rsplit(".", 1)[-1] in _IMAGE_SINKS:   # save_image(x.cpu()): deliberate output, not a stall
+            self.visit(func)
+            return self.visit_off(*node.args, *[k.value for k in node.keywords])
         self.generic_visit(node)
 
-    def record_call(self, node: ast.Call, fn) -> None:
-        """The kinds a helper's parameters get from its first hot call site."""
-        if id(fn) in self.call_args:
+    def follow(self, node: ast.Call) -> None:
+        """Queue the project function this hot call runs, with its parameters' kinds and classes."""
+        if len(self.chain) >= MAX_DEPTH:
             return
+        scope = self.defs[-1] if self.defs else None
+        hit = self.project.resolve(self.src, node, scope, self.types)
+        if hit is None or hit[1] is scope:
+            return
+        target_src, fn = hit
         params = [a.arg for a in [*fn.args.posonlyargs, *fn.args.args]]
-        if isinstance(node.func, ast.Attribute):  # self.helper(...): skip self
-            params = params[1:]
-        kinds = {p: self.kind(a) for p, a in zip(params, node.args) if not isinstance(a, ast.Starred)}
-        kinds.update({k.arg: self.kind(k.value) for k in node.keywords if k.arg})
-        self.call_args[id(fn)] = kinds
-        self.callers[id(fn)] = self.functions[-1] if self.functions else ""
+        if params and params[0] in ("self", "cls") and target_src.owner.get(id(fn)) is not None:
+            params = params[1:]   # a method: its first parameter is the object
+        kinds, types = {}, {}
+        for p, a in [*zip(params, node.args), *((k.arg, k.value) for k in node.keywords if k.arg)]:
+            if isinstance(a, ast.Starred):
+                continue
+            kinds[p] = self.kind(a)
+            inst = self.project.instance_of(self.src, a, scope, self.types)
+            if inst is not None:
+                types[p] = inst
+        self.pending.append((target_src, fn, kinds, types, (*self.chain, f"{self.src.name}:{node.lineno}"),
+                             list(self.functions)))
 
     # -- GB006: a pageable DataLoader whose batches go to CUDA
     def check_loaders(self) -> None:
@@ -464,9 +544,8 @@ class Checker(SyncRules, Kinds, ast.NodeVisitor):
         self.loaders = []
 
 
-def _short(node: ast.AST, width: int = 40) -> str:
-    text = ast.unparse(node)
-    return text if len(text) <= width else text[:width - 3] + "..."
+def _mentions(node: ast.AST, names: set[str]) -> bool:
+    return any(isinstance(n, ast.Name) and n.id in names for n in ast.walk(node))
 
 
 def _moves_to_cuda(loop: ast.AST, checker: Checker) -> bool:
@@ -485,4 +564,4 @@ def _moves_to_cuda(loop: ast.AST, checker: Checker) -> bool:
     return False
 
 
-__all__ = ["RULES", "SYNC_RULES", "Finding", "Checker", "HotMap", "name_of"]
+__all__ = ["RULES", "SYNC_RULES", "TITLES", "Finding", "Checker", "MAX_DEPTH"]

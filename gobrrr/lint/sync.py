@@ -11,6 +11,7 @@ from gobrrr.lint.hot import is_bench_name
 from gobrrr.lint.kinds import DATA_DEPENDENT, HOSTISH, TENSORISH
 
 READS = {"item", "cpu", "tolist", "numpy"}
+ELEMENT_READS = {"item", "cpu", "tolist"}   # a read of one element each time round a loop
 _LOGGERS = {"add_scalar", "add_scalars", "add_histogram", "log_metric", "log_metrics"}
 
 
@@ -67,6 +68,8 @@ class SyncRules:
         self.generic_visit(node)
 
     def visit_Subscript(self, node: ast.Subscript) -> None:
+        if isinstance(node.ctx, ast.Load):
+            self.index_rule(node)
         if self.looping() and isinstance(node.ctx, ast.Load) and self.kind(node.value) not in HOSTISH:
             parts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
             if any(self.kind(p) == "mask" for p in parts):
@@ -79,4 +82,4 @@ def _values(node: ast.AST) -> list[ast.AST]:
     return [v for v in node.values if v is not None] if isinstance(node, ast.Dict) else [node]
 
 
-__all__ = ["READS", "SyncRules"]
+__all__ = ["READS", "ELEMENT_READS", "SyncRules"]

@@ -38,7 +38,7 @@ def sample(model, start_ids, max_new_tokens, eos_id, device, temperature=1.0, to
         logits = logits[:, -1, :] / temperature
         if top_k is not None:
             v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
-            logits[logits < v[:, [-1]]] = -float("Inf")
+            logits[logits < v[:, [-1]]] = -float("Inf")  # expect: GB011
         probs = F.softmax(logits, dim=-1)
         idx_next = torch.multinomial(probs, num_samples=1)
         if idx_next.item() == eos_id:  # expect: GB002

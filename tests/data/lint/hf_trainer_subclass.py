@@ -16,7 +16,7 @@ class WeightedTrainer(Trainer):
         labels = inputs.pop("labels")
         outputs = model(**inputs)
         logits = outputs.get("logits")
-        weight = torch.tensor(self.class_weights, device=logits.device)
+        weight = torch.tensor(self.class_weights, device=logits.device)  # expect: GB010
         loss = F.cross_entropy(logits.view(-1, self.model.config.num_labels), labels.view(-1), weight=weight)
         if torch.isnan(loss):  # expect: GB007
             logger.warning("nan loss in this batch")

@@ -21,7 +21,7 @@ def ppo(agent, envs, args, device):
                 values[step] = value.flatten()
             actions[step] = action
             logprobs[step] = logprob
-            next_obs, reward, terminations, truncations, infos = envs.step(action.cpu().numpy())  # expect: GB002
+            next_obs, reward, terminations, truncations, infos = envs.step(action.cpu().numpy())  # expect: GB002,GB014
             done = np.logical_or(terminations, truncations)
             rewards[step] = torch.tensor(reward).to(device).view(-1)  # expect: GB001
             next_obs, next_done = torch.Tensor(next_obs).to(device), torch.Tensor(done).to(device)  # expect: GB001
@@ -33,8 +33,8 @@ def ppo(agent, envs, args, device):
             np.random.shuffle(b_inds)
             for start in range(0, args.batch_size, args.minibatch_size):
                 mb_inds = b_inds[start:start + args.minibatch_size]
-                _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb_inds])
-                logratio = newlogprob - b_logprobs[mb_inds]
+                _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb_inds])  # expect: GB011
+                logratio = newlogprob - b_logprobs[mb_inds]  # expect: GB011
                 ratio = logratio.exp()
                 with torch.no_grad():
                     approx_kl = ((ratio - 1) - logratio).mean()

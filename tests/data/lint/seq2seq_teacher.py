@@ -21,7 +21,7 @@ def train_step(input_tensor, target_tensor, encoder, decoder, encoder_optimizer,
     for ei in range(input_length):
         encoder_output, encoder_hidden = encoder(input_tensor[ei], encoder_hidden)
         encoder_outputs[ei] = encoder_output[0, 0]
-    decoder_input = torch.tensor([[SOS_token]], device=device)
+    decoder_input = torch.tensor([[SOS_token]], device=device)  # expect: GB010
     decoder_hidden = encoder_hidden
     use_teacher_forcing = random.random() < teacher_forcing_ratio
     for di in range(target_length):

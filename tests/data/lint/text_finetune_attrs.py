@@ -20,7 +20,7 @@ class TextTrainer:
         for start in range(0, len(self.texts), batch_size):
             chunk = self.texts[start:start + batch_size]
             enc = self.tokenizer(chunk, padding=True, truncation=True, return_tensors="pt").to(self.device)  # expect: GB009
-            labels = torch.tensor(self.labels[start:start + batch_size], device=self.device)
+            labels = torch.tensor(self.labels[start:start + batch_size], device=self.device)  # expect: GB010
             out = self.model(**enc, labels=labels)
             out.loss.backward()
             self.optimizer.step()

@@ -1,0 +1,118 @@
+"""GB014: a CPU environment stepped every iteration of a loop, reported once per loop.
+
+An RL rollout loop over a CPU environment (gym, gymnasium, a numpy simulator) has to sync: the
+action goes to the host (`action.cpu().numpy()`) and the observation and reward come back
+(`torch.tensor(obs).to(device)`). Reported as separate GB002/GB001/GB010 findings they are
+several lines of advice that cannot be followed one at a time; what removes them is the
+environment, so the loop gets one finding at its `env.step(...)` that names the lines of the
+round trip, and those lines are not reported again.
+
+    CPU environment   the step's action is read to the host (`.cpu()`, `.numpy()`, `.item()`,
+                      `.tolist()`, a numpy value), or the env was made by gym/gymnasium/envpool
+    GPU environment   the action stays a device tensor: the step's results are device tensors,
+                      so `if done.any():` on them is a GB007 like any other
+
+A mixin of lint_rules.Checker: it relies on `kind()`, `flag()`, `findings`, `names_at`.
+"""
+from __future__ import annotations
+
+import ast
+
+from gobrrr.lint.kinds import TENSORISH
+from gobrrr.device.lint_loops import env_steps, is_env_name, name_of, own_level
+
+_READS = {"cpu", "numpy", "item", "tolist"}
+_ROUND_TRIP = {"GB001", "GB002", "GB005", "GB009", "GB010"}
+_CPU_ENV_MAKERS = ("gym.make", "gymnasium.make", "gym.vector.", "gymnasium.vector.", "envpool.make",
+                   "gym.wrappers.", "gymnasium.wrappers.", "SyncVectorEnv", "AsyncVectorEnv", "DummyVecEnv",
+                   "SubprocVecEnv", "make_vec_env")
+
+
+def _names(node: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+
+
+def _reads(node: ast.AST) -> bool:
+    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in _READS
+               for n in ast.walk(node))
+
+
+def env_calls(loop: ast.AST) -> list[tuple[ast.Call, list[ast.AST]]]:
+    """The `env.step(action)` calls at a loop's own level, each with the names its result goes to."""
+    out = []
+    for n in own_level(loop.body):
+        if isinstance(n, ast.Assign) and env_steps(n):
+            out.append((n.value, list(n.targets[0].elts)))
+        elif isinstance(n, ast.Assign) and isinstance(n.value, ast.Call) and isinstance(n.value.func, ast.Attribute) \
+                and n.value.func.attr == "step" and n.value.args and is_env_name(name_of(n.value.func.value)):
+            out.append((n.value, list(n.targets)))
+    return out
+
+
+class EnvRules:
+    """GB014 per loop, and the kinds of a GPU environment's results."""
+
+    def env_results(self, node: ast.Assign) -> str | None:
+        """The kind to give `obs, r, done, info = env.step(a)`'s names: 'tensor' when the action is a
+        device tensor (a GPU simulator), 'numpy' when it is read to the host first, else None."""
+        call = node.value
+        action = call.args[0]
+        if _reads(action) or self.kind(action) in ("num", "numpy", "host") or self.cpu_env(call.func.value):
+            return "numpy"
+        return "tensor" if self.kind(action) in TENSORISH else None
+
+    def cpu_env(self, receiver: ast.AST) -> bool:
+        made = self.env_makers.get(name_of(receiver))
+        return bool(made) and any(made.startswith(m) or m in made for m in _CPU_ENV_MAKERS)
+
+    def env_loop(self, loop: ast.AST) -> None:
+        """After the loop's body was visited: one GB014 per CPU-environment step, absorbing the
+        round trip's own findings inside the loop."""
+        for call, targets in env_calls(loop):
+            action = call.args[0]
+            action_names = _names(action)
+            obs_names = set().union(*(_names(t) for t in targets)) if targets else set()
+            for n in own_level(loop.body):   # act = policy(obs).cpu().numpy(); next_obs = torch.tensor(obs)
+                if isinstance(n, ast.Assign):
+                    got = set().union(*(_names(t) for t in n.targets))
+                    if got & action_names:
+                        action_names |= _names(n.value)
+                    if _names(n.value) & obs_names:
+                        obs_names |= got
+            host_action = _reads(action) or self.kind(action) in ("num", "numpy") or self.cpu_env(call.func.value) \
+                or any(_reads(n.value) for n in own_level(loop.body) if isinstance(n, ast.Assign)
+                       and set().union(*(_names(t) for t in n.targets)) & _names(action))
+            if not host_action:
+                continue
+            span = range(loop.lineno, (loop.end_lineno or loop.lineno) + 1)
+            absorbed = []
+            for key, f in list(self.findings.items()):
+                if f.path != self.path or f.line not in span or f.rule not in _ROUND_TRIP or f.chain:
+                    continue
+                names = self.names_at.get(key, set())
+                if (f.rule == "GB002" and names & action_names) or (f.rule != "GB002" and names & obs_names):
+                    absorbed.append(f.line)
+                    del self.findings[key]
+            where = f" (the round trip's copies at line{'s' if len(absorbed) > 1 else ''} " \
+                    f"{', '.join(map(str, sorted(set(absorbed))))})" if absorbed else ""
+            self.flag(call, "GB014", what=ast.unparse(call.func), where=where)
+            f = self.findings.get(("GB014", call.lineno))
+            if f is not None:
+                f.covers = sorted(set(absorbed))
+
+
+
+def env_makers(nodes: list[ast.AST]) -> dict[str, str]:
+    """name -> the call that made it, for `env = gym.make(...)`-like assignments (CPU environments)."""
+    out = {}
+    for n in nodes:
+        if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call):
+            made = ast.unparse(n.value.func)
+            if any(made.startswith(m) or m in made for m in _CPU_ENV_MAKERS):
+                for t in n.targets:
+                    if isinstance(t, (ast.Name, ast.Attribute)):
+                        out[name_of(t)] = made
+    return out
+
+
+__all__ = ["EnvRules", "env_calls", "env_makers"]

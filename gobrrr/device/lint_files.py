@@ -1,0 +1,76 @@
+"""Which files `gobrrr lint` checks: every regular *.py below the paths given, minus hidden, build
+and test folders (unless asked), minus --exclude globs; and one-line problems for paths that
+cannot be checked (missing, a link loop, a FIFO)."""
+from __future__ import annotations
+
+import errno
+import os
+from fnmatch import fnmatch
+from pathlib import Path
+
+SKIP_DIRS = {"__pycache__", "build", "dist", "node_modules", "venv", ".venv", ".git"}
+TEST_DIRS = {"tests", "test", "testing"}
+
+
+def python_files(paths, exclude=(), tests: bool = False) -> tuple[list[Path], list[str], int]:
+    """(files to check, problems with the given paths, test files skipped). A directory is walked
+    for regular *.py files; a named file is checked even if it is a test."""
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    files: list[Path] = []
+    problems: list[str] = []
+    skipped = 0
+    for p in map(Path, paths):
+        problem = _path_problem(p)
+        if problem:
+            problems.append(problem)
+        elif p.is_dir():
+            keep_tests = tests or any(part in TEST_DIRS for part in p.resolve().parts)
+            found = sorted(p.rglob("*.py"))
+            if not found:
+                problems.append(f"{p}: no Python files (*.py) below this folder; pass a folder or file with "
+                                f"Python code")
+            for f in found:
+                rel = f.relative_to(p)
+                if any(part in SKIP_DIRS or part.startswith(".") or part.endswith(".egg-info")
+                       for part in rel.parts[:-1]) or _excluded(f, rel, exclude):
+                    continue
+                if not f.is_file():
+                    continue  # a FIFO, a socket, a broken link, a folder named *.py: never opened
+                if not keep_tests and _is_test(rel):
+                    skipped += 1
+                    continue
+                files.append(f)
+        elif p.is_file():
+            if not _excluded(p, Path(p.name), exclude):
+                files.append(p)
+        else:
+            problems.append(f"{p}: not a regular file (a FIFO, socket or device); pass a .py file or a directory")
+    return files, problems, skipped
+
+
+def _path_problem(p: Path) -> str | None:
+    try:
+        os.stat(p)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return f"{p}: a symbolic link loop; fix or remove the link"
+        if p.is_symlink():
+            return f"{p}: a broken symbolic link (to {os.readlink(p)}); fix or remove the link"
+        if e.errno == errno.ENOENT:
+            return f"{p}: no such file or directory; check the path"
+        return f"{p}: cannot be read ({e.strerror}); check its permissions"
+    return None
+
+
+def _is_test(rel: Path) -> bool:
+    return any(part in TEST_DIRS for part in rel.parts[:-1]) or rel.name == "conftest.py" \
+        or fnmatch(rel.name, "test_*.py") or fnmatch(rel.name, "*_test.py")
+
+
+def _excluded(f: Path, rel: Path, globs) -> bool:
+    names = [f.as_posix(), rel.as_posix(), f.name, *rel.parts[:-1]]
+    return any(fnmatch(n, g.rstrip("/")) for g in globs for n in names)
+
+
+__all__ = ["python_files", "SKIP_DIRS", "TEST_DIRS"]

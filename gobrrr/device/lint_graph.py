@@ -1,0 +1,313 @@
+"""The project's own functions and classes, indexed once per run, and the def that a call runs.
+
+    index      every checked file is parsed once (Source): its module-level functions, its
+               classes with their bases, its imports, the classes assigned to names
+               (`net = QNetwork(...)`, `self.crit = SetCriterion(...)`) and, per def, its class
+               and the def it is nested in. Built once per run (Project.builds counts it).
+    resolve    a call in hot code -> the project defs it runs:
+                 f(x)              a nested, module-level or imported function (`from utils import f`)
+                 mod.f(x)          a function of an imported module (`import utils`, `from pkg import utils`)
+                 self.m(x)         a method of this class or of a base class (bases in any checked file)
+                 Cls.m(x)          a method of a named class
+                 obj.m(x), obj(x)  a method of the class assigned to obj (`obj(x)` runs its forward)
+                 anything.m(x)     a method that only one class of the project defines (not a common name)
+               A constructor `Cls(...)` is not followed: objects are built once, not per step.
+
+A module is matched to a file by its dotted path's tail (`utils`, `pkg.utils` -> .../pkg/utils.py
+or .../utils/__init__.py); an ambiguous name is left alone.
+"""
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFS = (ast.FunctionDef, ast.AsyncFunctionDef)
+# method names too common to pin to one class by name alone (torch, Python and framework APIs)
+GENERIC = {"forward", "step", "update", "reset", "train", "eval", "get", "set", "run", "call", "apply", "append",
+           "extend", "add", "save", "load", "close", "start", "stop", "log", "info", "debug", "warning", "format",
+           "items", "keys", "values", "pop", "copy", "clone", "to", "cuda", "cpu", "item", "sum", "mean", "view",
+           "reshape", "backward", "zero_grad", "state_dict", "load_state_dict", "parameters", "named_parameters",
+           "modules", "children", "register_buffer", "sample", "read", "write", "flush", "join", "split", "strip",
+           "encode", "decode", "build", "init", "setup", "prepare", "compute", "process", "transform", "predict",
+           "__call__", "__init__", "__getitem__", "__len__", "__iter__", "__next__", "__enter__", "__exit__"}
+
+
+def walk(tree: ast.AST) -> list[ast.AST]:
+    """Every node below `tree` (itself first), in one flat list: one pass, cheaper than ast.walk."""
+    out = []
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        out.append(node)
+        for name in node._fields:
+            v = getattr(node, name, None)
+            if isinstance(v, list):
+                stack.extend(x for x in reversed(v) if isinstance(x, ast.AST))
+            elif isinstance(v, ast.AST):
+                stack.append(v)
+    return out
+
+
+@dataclass(eq=False)
+class Source:
+    """One parsed file and what the call graph needs of it."""
+    path: Path
+    text: str
+    tree: ast.Module
+    nodes: list[ast.AST]
+    functions: dict[str, ast.AST] = field(default_factory=dict)     # module-level defs
+    classes: dict[str, ast.ClassDef] = field(default_factory=dict)  # every class of the file, by name
+    imports: dict[str, tuple[str, str | None]] = field(default_factory=dict)   # local -> (module, name or None)
+    owner: dict[int, ast.ClassDef] = field(default_factory=dict)    # id(method) -> its class
+    parent: dict[int, ast.AST] = field(default_factory=dict)        # id(def) -> the def it is nested in
+    instances: dict[tuple[int, str], ast.expr] = field(default_factory=dict)  # (id(scope), name) -> class expr
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+
+def parse(path: Path, text: str) -> Source:
+    """Parse and index one file; SyntaxError / RecursionError propagate to the caller."""
+    tree = ast.parse(text, filename=str(path))
+    src = Source(path, text, tree, walk(tree))
+    src.functions = {s.name: s for s in tree.body if isinstance(s, DEFS)}
+    _index_scopes(src, tree, None, None)
+    for node in src.nodes:
+        if isinstance(node, ast.ClassDef):
+            src.classes.setdefault(node.name, node)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0 or \
+                isinstance(node, ast.ImportFrom) and node.level:
+            base = ("." * node.level) + (node.module or "")
+            for a in node.names:
+                src.imports[a.asname or a.name] = (base, a.name)
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.asname:
+                    src.imports[a.asname] = (a.name, None)
+                else:
+                    src.imports.setdefault(a.name.split(".")[0], (a.name.split(".")[0], None))
+    return src
+
+
+def _index_scopes(src: Source, node: ast.AST, scope: ast.AST | None, cls: ast.ClassDef | None) -> None:
+    """Record each def's class and parent def, and `name = Cls(...)` assignments per scope."""
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, DEFS):
+            if cls is not None:
+                src.owner[id(child)] = cls
+            if scope is not None:
+                src.parent[id(child)] = scope
+            _index_scopes(src, child, child, None)
+        elif isinstance(child, ast.ClassDef):
+            _index_scopes(src, child, scope, child)
+        else:
+            if isinstance(child, (ast.Assign, ast.AnnAssign)) and child.value is not None:
+                made = _constructed(child.value)
+                if made is not None:
+                    targets = child.targets if isinstance(child, ast.Assign) else [child.target]
+                    for t in targets:
+                        if isinstance(t, ast.Name):
+                            src.instances.setdefault((id(scope), t.id), made)
+                        elif isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
+                            owner = src.owner.get(id(scope)) if scope is not None else None
+                            if owner is not None:
+                                src.instances.setdefault((id(owner), t.attr), made)
+            _index_scopes(src, child, scope, cls)
+
+
+def _constructed(value: ast.AST) -> ast.expr | None:
+    """The class expression of `Cls(...)`, `mod.Cls(...)`, `Cls(...).to(dev)`, `Cls(...).cuda()`."""
+    while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) \
+            and value.func.attr in ("to", "cuda", "eval", "train", "half", "float", "bfloat16"):
+        value = value.func.value
+    if isinstance(value, ast.Call) and isinstance(value.func, (ast.Name, ast.Attribute)):
+        last = value.func.id if isinstance(value.func, ast.Name) else value.func.attr
+        if last[:1].isupper():
+            return value.func
+    return None
+
+
+class Project:
+    """Every checked file, indexed once; resolves calls to project defs (see the module doc)."""
+
+    builds = 0   # how many Project indexes were built in this process (a test checks one per run)
+
+    def __init__(self, sources: list[Source]):
+        Project.builds += 1
+        self.sources = sources
+        self.by_tail: dict[tuple[str, ...], list[Source]] = {}
+        self.methods: dict[str, list[tuple[Source, ast.AST]]] = {}
+        for s in sources:
+            p = s.path.with_suffix("")
+            parts = p.parts if s.path.name != "__init__.py" else p.parent.parts
+            for k in range(1, min(len(parts), 4) + 1):
+                self.by_tail.setdefault(tuple(parts[-k:]), []).append(s)
+            for cls in s.classes.values():
+                for d in cls.body:
+                    if isinstance(d, DEFS):
+                        self.methods.setdefault(d.name, []).append((s, d))
+        self.module_classes = self._module_classes()
+
+    # -- modules and classes
+    def module(self, dotted: str, near: Source) -> Source | None:
+        if dotted.startswith("."):   # from .utils import f: a sibling of `near`
+            up = len(dotted) - len(dotted.lstrip("."))
+            base = near.path.parent
+            for _ in range(up - 1):
+                base = base.parent
+            rest = dotted.lstrip(".")
+            want = base.joinpath(*rest.split(".")) if rest else base
+            for s in self.sources:
+                if s.path.with_suffix("") == want or (s.path.name == "__init__.py" and s.path.parent == want):
+                    return s
+            return None
+        found = self.by_tail.get(tuple(dotted.split(".")), [])
+        found = [s for s in found if s is not near] or found
+        return found[0] if len(found) == 1 else None
+
+    def lookup(self, src: Source, name: str, depth: int = 0):
+        """What `name` means at the top of `src`: ('def', Source, def), ('class', Source, ClassDef),
+        ('module', Source, None) or None."""
+        if name in src.functions:
+            return ("def", src, src.functions[name])
+        if name in src.classes:
+            return ("class", src, src.classes[name])
+        if name in src.imports and depth < 3:
+            module, attr = src.imports[name]
+            if attr is None:
+                m = self.module(module, src)
+                return ("module", m, None) if m else None
+            m = self.module(f"{module}.{attr}" if not module.endswith(".") else module + attr, src)
+            if m is not None:
+                return ("module", m, None)   # from pkg import utils
+            m = self.module(module, src)
+            return self.lookup(m, attr, depth + 1) if m is not None and m is not src else None
+        return None
+
+    def class_of(self, src: Source, expr: ast.AST):
+        """(Source, ClassDef) that `Cls` / `mod.Cls` names, or None."""
+        if isinstance(expr, ast.Name):
+            hit = self.lookup(src, expr.id)
+            return (hit[1], hit[2]) if hit and hit[0] == "class" else None
+        if isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name):
+            hit = self.lookup(src, expr.value.id)
+            if hit and hit[0] == "module":
+                inner = self.lookup(hit[1], expr.attr)
+                return (inner[1], inner[2]) if inner and inner[0] == "class" else None
+        return None
+
+    def method(self, src: Source, cls: ast.ClassDef, name: str, seen=None):
+        """(Source, def) of `name` on `cls` or its bases (own first), else None."""
+        seen = seen or set()
+        if id(cls) in seen:
+            return None
+        seen.add(id(cls))
+        for d in cls.body:
+            if isinstance(d, DEFS) and d.name == name:
+                return (src, d)
+        for base in cls.bases:
+            b = self.class_of(src, base)
+            if b is not None:
+                hit = self.method(b[0], b[1], name, seen)
+                if hit:
+                    return hit
+        return None
+
+    def _module_classes(self) -> set[str]:
+        """Names of the project's classes that are torch modules (a base named *Module*, or a base
+        that is one of these), by fixed point over the bases."""
+        out: set[str] = set()
+        changed = True
+        while changed:
+            changed = False
+            for s in self.sources:
+                for cls in s.classes.values():
+                    if cls.name in out:
+                        continue
+                    bases = [ast.unparse(b) for b in cls.bases]
+                    if any(b.rsplit(".", 1)[-1] in out or b.endswith("Module") or b.endswith("LightningModule")
+                           for b in bases):
+                        out.add(cls.name)
+                        changed = True
+        return out
+
+    def is_module_class(self, src: Source, cls: ast.ClassDef) -> bool:
+        return cls.name in self.module_classes
+
+    # -- calls
+    def resolve(self, src: Source, call: ast.Call, scope: ast.AST | None, types=None) -> tuple[Source, ast.AST] | None:
+        """The project def `call` runs, from inside `scope` (a def, or None at module level) of `src`.
+        `types`: parameter name -> (Source, ClassDef) handed over from a call site."""
+        f = call.func
+        if isinstance(f, ast.Name):
+            s = scope
+            while s is not None:   # a def nested in an enclosing def
+                for d in getattr(s, "body", []):
+                    if isinstance(d, DEFS) and d.name == f.id:
+                        return (src, d)
+                s = src.parent.get(id(s))
+            hit = self.lookup(src, f.id)
+            if hit and hit[0] == "def":
+                return (hit[1], hit[2])
+            return self._forward(self.instance_of(src, f, scope, types))   # net(x): its class's forward
+        if not isinstance(f, ast.Attribute):
+            return None
+        recv = f.value
+        if isinstance(recv, ast.Name) and recv.id == "self":
+            cls = self._class_around(src, scope)
+            if cls is not None:
+                hit = self.method(src, cls, f.attr)
+                if hit:
+                    return hit
+            inst = self.instance_of(src, f, scope, types)   # self.criterion(out, y)
+            if inst is not None:
+                return self._forward(inst)
+        elif isinstance(recv, ast.Name):
+            hit = self.lookup(src, recv.id)
+            if hit and hit[0] == "module":
+                inner = self.lookup(hit[1], f.attr)
+                return (inner[1], inner[2]) if inner and inner[0] == "def" else None
+            if hit and hit[0] == "class":
+                return self.method(hit[1], hit[2], f.attr)
+        inst = self.instance_of(src, recv, scope, types)     # obj.m(x), self.obj.m(x)
+        if inst is not None:
+            return self.method(*inst, f.attr)
+        if f.attr in GENERIC or f.attr.startswith("__"):
+            return None
+        only = self.methods.get(f.attr, [])
+        return only[0] if len(only) == 1 else None
+
+    def _forward(self, inst):
+        if inst is None:
+            return None
+        return self.method(*inst, "forward") or self.method(*inst, "__call__")
+
+    def _class_around(self, src: Source, scope: ast.AST | None) -> ast.ClassDef | None:
+        s = scope
+        while s is not None:
+            cls = src.owner.get(id(s))
+            if cls is not None:
+                return cls
+            s = src.parent.get(id(s))
+        return None
+
+    def instance_of(self, src: Source, node: ast.AST, scope: ast.AST | None, types=None):
+        """(Source, ClassDef) of the project class assigned to a name or self attribute, else None."""
+        made = None
+        if isinstance(node, ast.Name):
+            if types and node.id in types:
+                return types[node.id]
+            s = scope
+            while made is None and s is not None:
+                made = src.instances.get((id(s), node.id))
+                s = src.parent.get(id(s))
+            made = made or src.instances.get((id(None), node.id))
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+            cls = self._class_around(src, scope)
+            made = src.instances.get((id(cls), node.attr)) if cls is not None else None
+        return self.class_of(src, made) if made is not None else None
+
+
+__all__ = ["Project", "Source", "parse", "walk", "DEFS"]

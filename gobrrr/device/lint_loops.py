@@ -1,0 +1,267 @@
+"""Which loops step, recognised by what they do, not by what their variables are called.
+
+A loop steps if its own level (its ifs, withs and trys; not its inner loops, not its rare
+branches) does one of:
+
+    update     `.backward()`; `.step()` of an optimizer (named like one, or assigned one:
+               `q_opt = optim.Adam(...)`, `create_optimizer(...)`); a function of the project
+               that does either (`train_step(batch)`, `agent.learn(batch)`)
+    forward    a call of a module: named like one (`model`, `netD`), or assigned one
+               (`q = QNetwork(envs).to(device)` where QNetwork is a project nn.Module,
+               `m = resnet50()`, `m = Foo(...).cuda()`, `copy.deepcopy(model)`)
+    data       a batch taken: the loop iterates a loader (`for x, y in train_loader`, a DataLoader)
+               or calls `next(it)` in a `while` loop
+    env        an environment stepped: `.step(action)` on an env-named receiver, or whose result
+               unpacks into four or five names (obs, reward, done, info)
+
+and holds no inner step loop itself unless it updates (an epoch loop that only holds a step loop
+is not one; a loop around gradient-accumulation micro-batches that steps the optimizer is).
+"""
+from __future__ import annotations
+
+import ast
+import re
+
+_MODEL_WORDS = {"model", "models", "net", "engine", "encoder", "decoder", "generator", "discriminator", "policy",
+                "actor", "critic", "agent", "classifier", "backbone", "teacher", "student", "transformer", "gpt",
+                "llm", "bert", "vae", "unet", "ddp", "fsdp", "ema", "lm", "seq2seq", "autoencoder", "detector",
+                "network", "qnet", "denoiser"}
+# methods of a model that do not compute on a batch
+HOUSEKEEPING = {"train", "eval", "zero_grad", "parameters", "named_parameters", "buffers", "named_buffers", "modules",
+                "named_modules", "children", "named_children", "state_dict", "load_state_dict", "to", "cuda", "cpu",
+                "half", "float", "double", "bfloat16", "apply", "requires_grad_", "register_buffer",
+                "register_parameter", "register_forward_hook", "register_forward_pre_hook",
+                "register_full_backward_hook", "save_pretrained", "init_hidden", "init_weights",
+                "get_input_embeddings", "resize_token_embeddings", "gradient_checkpointing_enable", "tie_weights",
+                "share_memory", "add_module", "update", "set_epoch", "fp16_enabled", "no_sync", "save_checkpoint",
+                "load_checkpoint", "get_submodule", "get_parameter", "set_attn_processor", "log", "print", "get",
+                "backward", "step", "clip_grad_norm_", "unwrap_model", "prepare", "gather", "reduce"}
+_NOT_MODEL = re.compile(r"^(get|build|create|load|make|init|save|setup|prepare|wrap|unwrap|to|is|has|"
+                        r"print|log|set|update|reset|freeze|count|num|n)_|_(fn|kwargs|args|cfg|config|name|path|"
+                        r"type|dir|id|ids|hidden|output|outputs|out|outs|state|states|input|inputs|mask|loss|logits|"
+                        r"emb|embeds|features|feats|grad|grads|weight|weights|params|param|optimizer|opt|lr|dim|size|"
+                        r"result|results|cls|class|kind|idx|dtype|device|file|dict|list)$|^(net_?loc|network_?utils)",
+                        re.I)
+_VERBS = {"add", "apply", "check", "validate", "compute", "run", "convert", "copy", "export", "register", "patch",
+          "replace", "find", "describe", "extract", "fuse", "script", "trace", "compile", "quantize", "prune",
+          "train", "evaluate", "test", "fit", "gen", "generate", "maybe", "should", "can", "use", "with", "from",
+          "parse", "assert", "ensure", "configure", "attach", "detach", "dump", "visit", "process", "handle"}
+# a receiver whose .step() is an optimizer step (a scheduler's is not)
+OPTIM = re.compile(r"optim|^opt(_|$|\d)|scaler|engine|model|trainer|fabric|accelerator|^solver", re.I)
+_OPTIM_MAKERS = re.compile(r"(^|\.)optim\.[A-Z]\w*$|Optimi[sz]er$|(^|\.)(Adam|AdamW|SGD|RMSprop|Adagrad|Adadelta|"
+                           r"Adamax|NAdam|RAdam|LBFGS|Lion|LAMB|Lamb|Adafactor|FusedAdam|DeepSpeedCPUAdam)$|"
+                           r"(create|build|get|make|configure)_optimizers?$")
+_MODEL_MAKERS = re.compile(r"(^|\.)(from_pretrained|create_model|build_model|get_model|load_model|"
+                           r"DistributedDataParallel|DDP|DataParallel|FSDP|FullyShardedDataParallel)$|^torch\.compile$|"
+                           r"(^|\.)(models|nn)\.[A-Za-z_]+$|^torchvision\.models\.|(^|\.)deepcopy$")
+LOADER_NAME = re.compile(r"loader|dataloader|_dl$|^dl$|batches$", re.I)
+_ENV = re.compile(r"(^|_)(env|envs|environment|environments|venv|vec_?env|sim|simulator|game)(_|$|\d)", re.I)
+LOOPS = (ast.For, ast.AsyncFor, ast.While)
+DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+
+
+def name_of(node: ast.AST) -> str:
+    """The last identifier of a callee or receiver: 'model' for self.model, 'opt' for opt."""
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Call):
+        return name_of(node.func)
+    if isinstance(node, ast.Subscript):
+        return name_of(node.value)
+    return ""
+
+
+def dotted(node: ast.AST) -> str:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        parts.append(node.id)
+        return ".".join(reversed(parts))
+    if isinstance(node, ast.Call):
+        return dotted(node.func) + "()." + ".".join(reversed(parts)) if parts else dotted(node.func) + "()"
+    return ""
+
+
+def is_model_name(name: str) -> bool:
+    """`model`, `ddp_model`, `netD`, `resnet`, `model_engine`, `self` (for `self(x)`): a module by its
+    name, its head word last. Words, not substrings: `a_factor_of` is no actor; `is_module`,
+    `build_model`, `_gen_model_repr` and `encoder_hidden` are not modules."""
+    bare = name.lstrip("_")
+    if not bare or bare[:1].isupper() or _NOT_MODEL.search(bare):
+        return False
+    if bare in ("self", "module"):
+        return True
+    words = [w for w in re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", bare).lower().split("_") if len(w) > 1]
+    if not words or words[0] in _VERBS:
+        return False
+    head = words[-1]
+    return head in _MODEL_WORDS or (head.endswith(("net", "model", "former")) and len(head) > 4)
+
+
+def is_env_name(name: str) -> bool:
+    return bool(_ENV.search(name))
+
+
+def own_level(body: list[ast.stmt], skip=None):
+    """Every node of these statements except inside nested loops (their iterable or test is in),
+    definitions, and the bodies of the `if`s that `skip` names."""
+    stack = list(body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, DEFS):
+            continue
+        if isinstance(node, LOOPS):
+            stack.append(node.test if isinstance(node, ast.While) else node.iter)
+            continue
+        yield node
+        if isinstance(node, ast.If) and skip is not None and skip(node):
+            stack += [node.test, *node.orelse]   # `if epoch % 10 == 0: sample = model(z)` does not step
+            continue
+        stack.extend(ast.iter_child_nodes(node))
+
+
+class Facts:
+    """What a file (and the project around it) says about names: modules, optimizers, and the
+    functions that update (by name, across the project)."""
+
+    def __init__(self, nodes: list[ast.AST], module_classes=frozenset(), stepping=frozenset()):
+        self.models: set[str] = set()
+        self.optimizers: set[str] = set()
+        self.stepping: set[str] = set(stepping)
+        for node in nodes:
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+                kind = self._made(node.value, module_classes)
+                if kind:
+                    for t in node.targets:
+                        if isinstance(t, (ast.Name, ast.Attribute)):
+                            (self.models if kind == "model" else self.optimizers).add(name_of(t))
+
+    @staticmethod
+    def _made(value: ast.Call, module_classes) -> str | None:
+        call = value
+        while isinstance(call.func, ast.Attribute) and call.func.attr in ("to", "cuda", "train", "eval") \
+                and isinstance(call.func.value, ast.Call):
+            call = call.func.value   # QNetwork(envs).to(device)
+        made = dotted(call.func)
+        last = made.rsplit(".", 1)[-1]
+        if _OPTIM_MAKERS.search(made) and not made.startswith("torch.optim.lr_scheduler"):
+            return "optimizer"
+        if _MODEL_MAKERS.search(made) and not re.search(r"(^|\.)nn\.(functional|init|utils)|Loss$", made):
+            return "model"
+        if last in module_classes:
+            return "model"
+        if call is not value and last[:1].isupper() and not made.startswith("torch"):
+            return "model"   # Foo(...).to(device): a module moved to the device
+        return None
+
+    def is_optimizer(self, node: ast.AST) -> bool:
+        n = name_of(node) or ""
+        return bool(OPTIM.search(n)) or n in self.optimizers
+
+    def step_kind(self, call: ast.Call) -> str | None:
+        """'update' for backward / an optimizer step / a function that does one, 'forward' for a
+        module's call (`model(x)`, `self.net(x)`, `agent.get_value(obs)`), 'env' for an
+        environment's step, else None."""
+        func = call.func
+        if isinstance(func, ast.Attribute):
+            if func.attr == "backward":
+                return "update"
+            if func.attr in ("step", "optimizer_step"):
+                if self.is_optimizer(func.value):
+                    return "update"
+                if call.args and is_env_name(name_of(func.value)):
+                    return "env"
+            receiver = name_of(func.value)
+            if func.attr in self.stepping and func.attr != "step" and (
+                    func.attr not in HOUSEKEEPING or ((call.args or call.keywords)
+                                                      and (is_model_name(receiver) or receiver in self.models))):
+                return "update"   # agent.learn(batch), policy.train(buffer, 256): a project def that updates
+            if func.attr in HOUSEKEEPING or func.attr.startswith(("register_", "set_", "save", "load")):
+                return None
+            if receiver != "self" and (is_model_name(receiver) or receiver in self.models) \
+                    and (call.args or call.keywords):
+                return "forward"  # model.decode(memory, ys), agent.get_action_and_value(obs)
+            return "forward" if is_model_name(func.attr) or func.attr in self.models else None
+        if isinstance(func, ast.Name):
+            if func.id in self.stepping:
+                return "update"
+            return "forward" if is_model_name(func.id) or func.id in self.models else None
+        return None
+
+
+def env_steps(node: ast.AST) -> bool:
+    """`obs, r, done, info = env.step(a)`: a `.step(action)` whose result unpacks into 4-5 names."""
+    return isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) \
+        and isinstance(node.value.func, ast.Attribute) and node.value.func.attr == "step" and node.value.args \
+        and len(node.targets) == 1 and isinstance(node.targets[0], ast.Tuple) and len(node.targets[0].elts) in (4, 5)
+
+
+def stepping_defs(nodes: list[ast.AST], facts: Facts) -> set[str]:
+    """Names of the defs among `nodes` whose own level updates (backward / optimizer step)."""
+    out = set()
+    for fn in nodes:
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(
+                isinstance(n, ast.Call) and facts.step_kind(n) == "update" for n in own_level(fn.body)):
+            out.add(fn.name)
+    return out
+
+
+def step_loops(tree: ast.AST, facts: Facts, rare) -> tuple[set[int], set[int], set[int]]:
+    """(id of the step loops, id of those that update, id of those that step an environment), bottom-up."""
+    steps: set[int] = set()
+    updates: set[int] = set()
+    envs: set[int] = set()
+    looping_fns: set[str] = set()   # defs that hold a step loop (`def train(epoch)`)
+
+    def visit(node: ast.AST) -> bool:    # True if node is or holds a step loop
+        inner = False
+        for child in ast.iter_child_nodes(node):
+            inner |= visit(child)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and inner:
+            looping_fns.add(node.name)
+        if not isinstance(node, LOOPS):
+            return inner and not isinstance(node, DEFS)
+        own = list(own_level(node.body, rare))
+        calls = [n for n in own if isinstance(n, ast.Call)]
+        kinds = {facts.step_kind(n) for n in calls}
+        if any(env_steps(n) for n in own):
+            kinds.add("env")
+        if calls and _takes_batches(node, calls):
+            kinds.add("data")
+        inner |= any(name_of(n.func) in looping_fns for n in calls)
+        if "update" in kinds:
+            updates.add(id(node))
+        if "env" in kinds:
+            envs.add(id(node))
+        if "update" in kinds or (kinds & {"forward", "data", "env"} and not inner):
+            steps.add(id(node))
+            return True
+        return inner
+
+    visit(tree)
+    if looping_fns:   # again, now that every def holding a step loop is known
+        steps.clear(), updates.clear(), envs.clear()
+        visit(tree)
+    return steps, updates, envs
+
+
+def _takes_batches(loop: ast.AST, calls: list[ast.Call]) -> bool:
+    """A for loop over a loader (`train_loader`, `DataLoader(...)`, `tqdm(loader)`), or a while
+    loop that calls next() on an iterator."""
+    if isinstance(loop, ast.While):
+        return any(isinstance(c.func, ast.Name) and c.func.id == "next" for c in calls)
+    it = loop.iter
+    while isinstance(it, ast.Call) and it.args and isinstance(it.func, ast.Name) \
+            and it.func.id in ("enumerate", "tqdm", "iter", "zip", "islice", "progress_bar", "track"):
+        it = it.args[0]
+    if isinstance(it, ast.Call):
+        return name_of(it.func) == "DataLoader"
+    return isinstance(it, (ast.Name, ast.Attribute)) and bool(LOADER_NAME.search(name_of(it)))
+
+
+__all__ = ["Facts", "step_loops", "stepping_defs", "own_level", "name_of", "dotted", "is_model_name",
+           "is_env_name", "env_steps", "HOUSEKEEPING", "OPTIM", "LOADER_NAME", "LOOPS", "DEFS"]

@@ -1,0 +1,83 @@
+"""The copy rules of `gobrrr lint`: data crossing between host and device where it should not.
+
+    GB001  a tensor built on the host, then copied (`torch.randn(..).to(dev)`, `torch.from_numpy(x).cuda()`)
+    GB005  non_blocking=True from pageable memory (also a pinned tensor that `.to(dtype)` made pageable)
+    GB009  a loader's batch copied with a blocking `.to(device)`, every step
+    GB010  host data copied by a factory or a host tensor's `.to(device)` inside the loop:
+           `torch.tensor(data, device=dev)`, `torch.as_tensor(x, device=dev)`, `lr_t.to(dev)`: each a
+           blocking copy that waits for the GPU to drain (torch copies from pageable memory and syncs)
+    GB011  a device tensor indexed by host indices (`b_obs[mb_inds]` with a numpy array, a CPU
+           `torch.arange`, a `range` or a list): the index is copied to the device, blocking, each time
+
+A mixin of lint_rules.Checker: it relies on `kind()`, `copy_target()`, `looping()`, `flag()`.
+"""
+from __future__ import annotations
+
+import ast
+
+from gobrrr.lint.kinds import BATCHES, DATA_FACTORIES, DTYPE_METHODS, FACTORIES, TENSORISH, VIEW_METHODS
+
+_HOST_INDEX = {"numpy", "host", "pinned"}
+
+
+class CopyRules:
+    """GB001/GB005/GB009/GB010 on calls, GB011 on subscripts, GB002 on writes into host tensors."""
+
+    def copy_rules(self, node: ast.Call, func, name: str, method, recv, kw) -> None:
+        nb = kw.get("non_blocking", node.args[1] if method == "cuda" and len(node.args) > 1 else None)
+        blocking = nb is None or (isinstance(nb, ast.Constant) and not nb.value)
+        nb_true = isinstance(nb, ast.Constant) and nb.value is True
+        if method in ("to", "cuda") and self.copy_target(node) == "cuda":
+            src = func.value   # torch.<factory>(...)[.long()...] on the host, then .to(device)/.cuda()
+            while isinstance(src, ast.Call) and isinstance(src.func, ast.Attribute) and (
+                    src.func.attr in DTYPE_METHODS | VIEW_METHODS or src.func.attr.endswith("_")
+                    or (src.func.attr == "to" and self.copy_target(src) is None)):
+                src = src.func.value
+            inner = self.dotted(src.func) if isinstance(src, ast.Call) else ""
+            made_here = bool(inner) and inner.startswith("torch.") and inner.count(".") == 1 and (
+                (inner.split(".")[1] in FACTORIES and self.factory_kind(src) in ("host", "pinned"))
+                or (inner == "torch.from_numpy" and self.looping()))   # from_numpy once is how host data loads
+            if made_here and not (recv == "pinned" and nb_true):   # pinned + non_blocking is the right pattern
+                self.flag(node, "GB001")
+            elif nb_true and recv in ("host", "batch_host"):
+                self.flag(node, "GB005")
+            elif recv == "host" and blocking and self.looping() and self.updating():
+                self.flag(node, "GB010", what=_short(node))
+            if recv in BATCHES and blocking and self.looping() and (recv != "batch_tok" or self.updating()):
+                self.flag(node, "GB009", what=_short(node))
+        elif method == "copy_" and nb_true and node.args and self.kind(node.args[0]) in ("host", "batch_host"):
+            self.flag(node, "GB005")
+        elif method == "copy_" and blocking and node.args and recv in TENSORISH and self.looping() \
+                and self.kind(node.args[0]) in BATCHES:
+            self.flag(node, "GB009", what=_short(node))   # x_dev.copy_(batch): a blocking copy into a device buffer
+        elif name.startswith("torch.") and name.count(".") == 1 and name[6:] in DATA_FACTORIES and self.looping() \
+                and self.updating() \
+                and "device" in kw and self.device_of(kw["device"]) == "cuda" and node.args \
+                and self.kind(node.args[0]) not in TENSORISH:
+            self.flag(node, "GB010", what=_short(node))   # torch.tensor(host_list, device="cuda")
+
+    def index_rule(self, node: ast.Subscript) -> None:
+        """GB011: a device tensor indexed (read or written) by host indices."""
+        if not self.looping() or self.kind(node.value) not in TENSORISH:
+            return
+        parts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+        for p in parts:
+            if isinstance(p, (ast.List, ast.ListComp)) or (
+                    isinstance(p, ast.Call) and isinstance(p.func, ast.Name) and p.func.id in ("range", "list")) \
+                    or self.kind(p) in _HOST_INDEX:
+                self.flag(node, "GB011", what=_short(p, 30))
+                return
+
+    def host_write(self, target: ast.AST, value: ast.AST) -> None:
+        """`cpu_t[i] = cuda_value`: the device value is read back to the host to be stored."""
+        if isinstance(target, ast.Subscript) and self.looping() and self.kind(target.value) in ("host", "pinned") \
+                and self.kind(value) in TENSORISH:
+            self.flag(target, "GB002", what="writing a device value into a host tensor")
+
+
+def _short(node: ast.AST, width: int = 40) -> str:
+    text = ast.unparse(node)
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+__all__ = ["CopyRules"]
