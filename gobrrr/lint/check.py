@@ -41,11 +41,11 @@ import sys
 import tokenize
 from pathlib import Path
 
-from gobrrr.device.lint_files import python_files
-from gobrrr.device.lint_graph import Project, Source, parse
+from gobrrr.lint.files import python_files
+from gobrrr.lint.graph import Project, Source, parse
 from gobrrr.lint.hot import HotMap, may_use_gpu
-from gobrrr.device.lint_inside import validation_off_globally
-from gobrrr.device.lint_loops import Facts, stepping_defs
+from gobrrr.lint.inside import validation_off_globally
+from gobrrr.lint.loops import Facts, stepping_defs
 from gobrrr.lint.rules import RULES, SYNC_RULES, TITLES, Checker, Finding
 
 __all__ = ["RULES", "Finding", "lint_source", "lint_paths", "lint_file", "check_sources", "main"]

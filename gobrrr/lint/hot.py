@@ -25,9 +25,18 @@ from __future__ import annotations
 import ast
 import re
 
-from gobrrr.device.lint_graph import walk
-from gobrrr.device.lint_loops import (LOOPS, OPTIM, Facts, dotted, is_model_name, name_of, own_level, step_loops,
-                                      stepping_defs)
+from gobrrr.lint.graph import walk
+from gobrrr.lint.loops import (
+    LOOPS,
+    OPTIM,
+    Facts,
+    dotted,
+    is_model_name,
+    name_of,
+    own_level,
+    step_loops,
+    stepping_defs,
+)
 
 # names in a condition that make the branch rare: logging, evaluation, saving, the first step
 _RARE_WORDS = {"log", "logging", "print", "interval", "every", "freq", "frequency", "first",

@@ -23,7 +23,7 @@ from __future__ import annotations
 import ast
 import re
 
-from gobrrr.device.lint_loops import LOADER_NAME, is_model_name, name_of
+from gobrrr.lint.loops import LOADER_NAME, is_model_name, name_of
 
 FACTORIES = {"randn", "rand", "randint", "randperm", "zeros", "ones", "empty", "full", "arange", "linspace",
              "logspace", "eye", "tensor", "as_tensor", "normal", "bernoulli", "tril_indices", "triu_indices",

@@ -17,13 +17,14 @@ from __future__ import annotations
 import ast
 from dataclasses import asdict, dataclass, field
 
-from gobrrr.device.lint_env import EnvRules, env_makers
-from gobrrr.device.lint_graph import Project, Source
-from gobrrr.lint.hot import HotMap, is_model_name, iterates, own_nodes, root_name
-from gobrrr.device.lint_inside import InsideRules
+from gobrrr.lint.elements import ElementLoops
+from gobrrr.lint.env import EnvRules, env_makers
+from gobrrr.lint.graph import Project, Source
+from gobrrr.lint.hot import HotMap, is_model_name
+from gobrrr.lint.inside import InsideRules
 from gobrrr.lint.kinds import BATCHES, DEVICE_WRAPPERS, ITEM_KIND, LOADERS_PINNED, TENSORISH, Kinds
-from gobrrr.device.lint_moves import CopyRules
-from gobrrr.lint.sync import ELEMENT_READS, SyncRules
+from gobrrr.lint.moves import CopyRules
+from gobrrr.lint.sync import SyncRules
 
 RULES = {
     "GB001": ("tensor built on the host, then copied to the device: an extra host allocation and a "
@@ -106,7 +107,7 @@ class Finding:
             ("" if self.hot else " [not per-step]")
 
 
-class Checker(SyncRules, CopyRules, InsideRules, EnvRules, Kinds, ast.NodeVisitor):
+class Checker(SyncRules, CopyRules, InsideRules, EnvRules, ElementLoops, Kinds, ast.NodeVisitor):
     """One module's findings (see the module doc)."""
 
     def __init__(self, src: Source, project: Project | None = None, hotmap: HotMap | None = None,
@@ -375,41 +376,6 @@ class Checker(SyncRules, CopyRules, InsideRules, EnvRules, Kinds, ast.NodeVisito
         for stmt in node.orelse:
             self.visit(stmt)
 
-    def per_element(self, node) -> bool:
-        """A loop over a tensor's elements that reads each one on the host (`for v in t: v.item()`,
-        `for i in range(len(t)): if t[i] > 0:`), or a while loop on a device value: a sync per element."""
-        if isinstance(node, ast.While):
-            return self.kind(node.test) in TENSORISH
-        reads = []
-        for n in ast.walk(node):
-            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in ELEMENT_READS:
-                reads.append(n.func.value)
-            elif isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("float", "int", "bool") \
-                    and len(n.args) == 1:
-                reads.append(n.args[0])
-            elif isinstance(n, (ast.If, ast.While, ast.IfExp)):
-                reads.append(n.test)
-        return self.element_reads(node.target, node.iter, reads)
-
-    def element_reads(self, target: ast.AST, it: ast.AST, reads: list[ast.AST]) -> bool:
-        """Whether `reads` (expressions read on the host each iteration) read an element of a device
-        tensor that the loop walks: iterating the tensor itself (or a list of device tensors), or
-        indexing it with the loop's variable (`scores[i]`)."""
-        if not reads:
-            return False
-        targets = {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
-        if isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id in ("enumerate", "zip",
-                                                                                          "reversed") and it.args:
-            it = it.args[0]
-        over_tensor = self.kind(it) in TENSORISH | {"tlist"}
-        for read in reads:
-            if over_tensor and _mentions(read, targets):
-                return True
-            for s in ast.walk(read):   # scores[i] with i the loop's variable
-                if isinstance(s, ast.Subscript) and _mentions(s.slice, targets) and self.kind(s.value) in TENSORISH:
-                    return True
-        return False
-
     def visit_While(self, node: ast.While) -> None:
         saved = self.region
         if saved != "hot" and saved != "off":
@@ -473,13 +439,6 @@ class Checker(SyncRules, CopyRules, InsideRules, EnvRules, Kinds, ast.NodeVisito
 
     visit_ListComp = visit_SetComp = visit_GeneratorExp = visit_DictComp = _comprehension
 
-    def reads_element(self, part: ast.AST, gens) -> bool:
-        reads = [n.func.value if isinstance(n.func, ast.Attribute) else n.args[0] for n in ast.walk(part)
-                 if isinstance(n, ast.Call) and ((isinstance(n.func, ast.Attribute) and n.func.attr in ELEMENT_READS)
-                                                 or (isinstance(n.func, ast.Name) and n.args
-                                                     and n.func.id in ("float", "int", "bool")))]
-        return any(self.element_reads(g.target, g.iter, reads) for g in gens)
-
     def check_condition(self, test: ast.AST, where: str = " inside a loop") -> None:
         if self.looping() and self.kind(test) in TENSORISH:
             self.flag(test, "GB007", where=where)
@@ -529,39 +488,6 @@ class Checker(SyncRules, CopyRules, InsideRules, EnvRules, Kinds, ast.NodeVisito
                 types[p] = inst
         self.pending.append((target_src, fn, kinds, types, (*self.chain, f"{self.src.name}:{node.lineno}"),
                              list(self.functions)))
-
-    # -- GB006: a pageable DataLoader whose batches go to CUDA
-    def check_loaders(self) -> None:
-        for cand in self.loaders:
-            loops = [cand["loop"]] if "loop" in cand else [
-                n for n in own_nodes(cand["scope"])
-                if isinstance(n, (ast.For, ast.AsyncFor)) and iterates(n.iter, cand["name"])]
-            moving = [loop for loop in loops if _moves_to_cuda(loop, self)]
-            if moving:
-                saved, self.region = self.region, None
-                self.flag(cand["node"], "GB006", hot=any(id(loop) in self.hotmap.step_loops for loop in moving))
-                self.region = saved
-        self.loaders = []
-
-
-def _mentions(node: ast.AST, names: set[str]) -> bool:
-    return any(isinstance(n, ast.Name) and n.id in names for n in ast.walk(node))
-
-
-def _moves_to_cuda(loop: ast.AST, checker: Checker) -> bool:
-    targets = {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)}
-    for n in ast.walk(loop):  # names unpacked from the batch (x, y = batch) carry it too
-        if isinstance(n, ast.Assign) and root_name(n.value) in targets:
-            targets |= {t.id for tgt in n.targets for t in ast.walk(tgt) if isinstance(t, ast.Name)}
-    for n in ast.walk(loop):
-        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "copy_" and n.args \
-                and root_name(n.args[0]) in targets and checker.kind(n.func.value) in TENSORISH:
-            return True   # x_dev.copy_(batch)
-        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in ("to", "cuda"):
-            if root_name(n.func.value) in targets and checker.copy_target(n) == "cuda" \
-                    and not checker.is_model(n.func.value):
-                return True
-    return False
 
 
 __all__ = ["RULES", "SYNC_RULES", "TITLES", "Finding", "Checker", "MAX_DEPTH"]

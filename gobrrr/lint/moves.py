@@ -2,6 +2,7 @@
 
     GB001  a tensor built on the host, then copied (`torch.randn(..).to(dev)`, `torch.from_numpy(x).cuda()`)
     GB005  non_blocking=True from pageable memory (also a pinned tensor that `.to(dtype)` made pageable)
+    GB006  a DataLoader without pin_memory=True whose batches go to CUDA
     GB009  a loader's batch copied with a blocking `.to(device)`, every step
     GB010  host data copied by a factory or a host tensor's `.to(device)` inside the loop:
            `torch.tensor(data, device=dev)`, `torch.as_tensor(x, device=dev)`, `lr_t.to(dev)`: each a
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import ast
 
+from gobrrr.lint.hot import iterates, own_nodes, root_name
 from gobrrr.lint.kinds import BATCHES, DATA_FACTORIES, DTYPE_METHODS, FACTORIES, TENSORISH, VIEW_METHODS
 
 _HOST_INDEX = {"numpy", "host", "pinned"}
@@ -68,11 +70,41 @@ class CopyRules:
                 self.flag(node, "GB011", what=_short(p, 30))
                 return
 
+    def check_loaders(self) -> None:
+        """GB006: a pageable DataLoader of this scope whose batches go to CUDA."""
+        for cand in self.loaders:
+            loops = [cand["loop"]] if "loop" in cand else [
+                n for n in own_nodes(cand["scope"])
+                if isinstance(n, (ast.For, ast.AsyncFor)) and iterates(n.iter, cand["name"])]
+            moving = [loop for loop in loops if _moves_to_cuda(loop, self)]
+            if moving:
+                saved, self.region = self.region, None
+                self.flag(cand["node"], "GB006", hot=any(id(loop) in self.hotmap.step_loops for loop in moving))
+                self.region = saved
+        self.loaders = []
+
+
     def host_write(self, target: ast.AST, value: ast.AST) -> None:
         """`cpu_t[i] = cuda_value`: the device value is read back to the host to be stored."""
         if isinstance(target, ast.Subscript) and self.looping() and self.kind(target.value) in ("host", "pinned") \
                 and self.kind(value) in TENSORISH:
             self.flag(target, "GB002", what="writing a device value into a host tensor")
+
+
+def _moves_to_cuda(loop: ast.AST, checker) -> bool:
+    targets = {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)}
+    for n in ast.walk(loop):  # names unpacked from the batch (x, y = batch) carry it too
+        if isinstance(n, ast.Assign) and root_name(n.value) in targets:
+            targets |= {t.id for tgt in n.targets for t in ast.walk(tgt) if isinstance(t, ast.Name)}
+    for n in ast.walk(loop):
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "copy_" and n.args \
+                and root_name(n.args[0]) in targets and checker.kind(n.func.value) in TENSORISH:
+            return True   # x_dev.copy_(batch)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in ("to", "cuda"):
+            if root_name(n.func.value) in targets and checker.copy_target(n) == "cuda" \
+                    and not checker.is_model(n.func.value):
+                return True
+    return False
 
 
 def _short(node: ast.AST, width: int = 40) -> str:
