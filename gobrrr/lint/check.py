@@ -34,6 +34,7 @@ carrying the project's `# sync: why` comment is a deliberate sync, exempt from t
 from __future__ import annotations
 
 import argparse
+import ast
 import io
 import json
 import re
@@ -45,20 +46,21 @@ from gobrrr.lint.files import python_files
 from gobrrr.lint.graph import Project, Source, parse
 from gobrrr.lint.hot import HotMap, may_use_gpu
 from gobrrr.lint.inside import validation_off_globally
-from gobrrr.lint.loops import Facts, stepping_defs
+from gobrrr.lint.loops import Facts, calls_by_def, looping_closure, stepping_defs
 from gobrrr.lint.rules import RULES, SYNC_RULES, TITLES, Checker, Finding
 
 __all__ = ["RULES", "Finding", "lint_source", "lint_paths", "lint_file", "check_sources", "main"]
 
 _IGNORE = re.compile(r"#\s*gobrrr:\s*ignore(?:\[([A-Za-z0-9_,\s]+)\])?")
 _SYNC_NOTE = re.compile(r"#\s*sync:")
+_ANY_NOTE = re.compile(r"#\s*(gobrrr:|sync:)")
 
 
 def _suppressions(text: str) -> dict[int, set[str]]:
     """line -> rule ids suppressed there ('*' for all), read from real comments only."""
     out: dict[int, set[str]] = {}
-    if "#" not in text:
-        return out
+    if not _ANY_NOTE.search(text):
+        return out   # tokenizing is the slow part: only when a note may be there
     try:
         for tok in tokenize.generate_tokens(io.StringIO(text).readline):
             if tok.type != tokenize.COMMENT:
@@ -84,36 +86,54 @@ def check_sources(sources: list[Source], assume_gpu: bool = False) -> tuple[list
     flags = {"no_validation": any(validation_off_globally(s.text) for s in sources)}
     facts = {}
     stepping: set[str] = set()
+    looping: set[str] = set()
+    called: dict[str, set[str]] = {}
+    for s in sources:   # what the project says about names: defs that update, defs that hold a step loop
+        f = facts[id(s)] = Facts(s.nodes, project.module_classes)
+        if "backward" in s.text or "step(" in s.text:   # a def that updates says one of them
+            stepping |= stepping_defs(s.nodes, f)
+    hotmaps = {}
     for s in sources:
-        facts[id(s)] = Facts(s.nodes, project.module_classes)
-        stepping |= stepping_defs(s.nodes, facts[id(s)])
+        f = facts[id(s)]
+        f.stepping |= stepping
+        hotmaps[id(s)] = HotMap(s.tree, str(s.path), s.nodes, facts=f)
+        looping |= hotmaps[id(s)].looping
+        for name, names in calls_by_def(s.nodes).items():
+            called.setdefault(name, set()).update(names)
+    looping = looping_closure(called, looping)
+    for s in sources:   # a loop that calls another file's def holding a step loop is an outer loop
+        hm = hotmaps[id(s)]
+        if (looping - hm.looping) & (set(called_names(s)) | {a for v in hm.facts.aliases.values() for a in v}):
+            hm.facts.looping |= looping
+            hm.restep()
     gpu = {id(s): assume_gpu or may_use_gpu(s.text) for s in sources}
+    gpu_project = any(gpu.values())
     checkers: dict[int, Checker] = {}
-
-    def checker(s: Source) -> Checker:
-        c = checkers.get(id(s))
-        if c is None:
-            facts[id(s)].stepping |= stepping
-            c = checkers[id(s)] = Checker(s, project, HotMap(s.tree, str(s.path), s.nodes, facts=facts[id(s)]), flags)
-            c.check_module()
-            if not gpu[id(s)]:   # a CPU-only file: only what hot code of another file reaches counts
-                c.findings.clear()
-                c.pending.clear()
-        return c
-
     queue = []
     for s in sources:
-        if gpu[id(s)]:
-            queue += checker(s).pending
-            checker(s).pending = []
-    seen = {h for c in checkers.values() for h in (*c.hotmap.hooks, *c.hotmap.step_fns)}
-    while queue:
+        c = checkers[id(s)] = Checker(s, project, hotmaps[id(s)], flags)
+        c.check_module()
+        if not gpu[id(s)]:
+            _hold_back(c, gpu_project)
+        queue += c.pending
+        c.pending = []
+    seen = {h for c in checkers.values() for h in c.hotmap.hooks}   # step_fns may come again, typed
+    while True:
+        for c in checkers.values():   # a CPU-only file whose step loop calls into a GPU file runs on the GPU
+            if c.waiting and any(gpu[id(p[0])] for p in c.waiting):
+                c.findings.update(c.dropped)
+                c.dropped = {}
+                queue += c.waiting
+                gpu[id(c.src)] = True
+            c.waiting = []
+        if not queue:
+            break
         nxt = []
         for target, fn, kinds, types, chain, functions in queue:
             if id(fn) in seen:
                 continue
             seen.add(id(fn))
-            c = checker(target)
+            c = checkers[id(target)]
             c.check_hot(fn, kinds, types, chain, functions)
             nxt += c.pending
             c.pending = []
@@ -129,6 +149,27 @@ def check_sources(sources: list[Source], assume_gpu: bool = False) -> tuple[list
                 found.append(f)
     skipped = [s for s in sources if not gpu[id(s)] and not any(f.path == str(s.path) for f in found)]
     return sorted(found, key=lambda f: (f.path, f.line, f.col, f.rule)), skipped
+
+
+def _hold_back(c: Checker, gpu_project: bool) -> None:
+    """A file that never names a device: keep only the findings of its per-step hooks (a module's
+    forward runs on the device the project uses elsewhere); the rest wait in `dropped`, and the
+    calls of its step loops in `waiting`, until a call is seen to reach a file that names one."""
+    spans = [range(n.lineno, (n.end_lineno or n.lineno) + 1) for n in c.src.nodes
+             if id(n) in c.hotmap.hooks] if gpu_project else []
+    c.dropped = {k: f for k, f in c.findings.items() if not any(f.line in r for r in spans)}
+    for k in c.dropped:
+        del c.findings[k]
+    keep, wait = [], []
+    for p in c.pending:
+        line = int(p[4][0].rsplit(":", 1)[1])
+        (keep if any(line in r for r in spans) else wait).append(p)
+    c.pending, c.waiting = keep, wait
+
+
+def called_names(s: Source):
+    return (n.func.attr if isinstance(n.func, ast.Attribute) else n.func.id for n in s.nodes
+            if isinstance(n, ast.Call) and isinstance(n.func, (ast.Name, ast.Attribute)))
 
 
 def lint_source(text: str, path: str = "<string>", select=None, everything: bool = False,

@@ -93,7 +93,7 @@ def parse(path: Path, text: str) -> Source:
 
 def _index_scopes(src: Source, node: ast.AST, scope: ast.AST | None, cls: ast.ClassDef | None) -> None:
     """Record each def's class and parent def, and `name = Cls(...)` assignments per scope."""
-    for child in ast.iter_child_nodes(node):
+    for child in _statements(node):
         if isinstance(child, DEFS):
             if cls is not None:
                 src.owner[id(child)] = cls
@@ -115,6 +115,13 @@ def _index_scopes(src: Source, node: ast.AST, scope: ast.AST | None, cls: ast.Cl
                             if owner is not None:
                                 src.instances.setdefault((id(owner), t.attr), made)
             _index_scopes(src, child, scope, cls)
+
+
+def _statements(node: ast.AST):
+    for name in ("body", "orelse", "finalbody", "handlers", "cases"):
+        for child in getattr(node, name, None) or ():
+            if isinstance(child, ast.AST):
+                yield child
 
 
 def _constructed(value: ast.AST) -> ast.expr | None:
@@ -139,7 +146,9 @@ class Project:
         self.sources = sources
         self.by_tail: dict[tuple[str, ...], list[Source]] = {}
         self.methods: dict[str, list[tuple[Source, ast.AST]]] = {}
+        self.by_path: dict[Path, Source] = {}   # path without .py (a package: its folder) -> file
         for s in sources:
+            self.by_path[s.path.parent if s.path.name == "__init__.py" else s.path.with_suffix("")] = s
             p = s.path.with_suffix("")
             parts = p.parts if s.path.name != "__init__.py" else p.parent.parts
             for k in range(1, min(len(parts), 4) + 1):
@@ -159,10 +168,7 @@ class Project:
                 base = base.parent
             rest = dotted.lstrip(".")
             want = base.joinpath(*rest.split(".")) if rest else base
-            for s in self.sources:
-                if s.path.with_suffix("") == want or (s.path.name == "__init__.py" and s.path.parent == want):
-                    return s
-            return None
+            return self.by_path.get(want)
         found = self.by_tail.get(tuple(dotted.split(".")), [])
         found = [s for s in found if s is not near] or found
         return found[0] if len(found) == 1 else None

@@ -94,18 +94,30 @@ class HotMap:
         self.step_fns: set[int] = set()          # id(def) of methods (or looped functions) that step once
         self.timed: set[int] = set()             # lines of synchronize() calls used for timing
         self.bench_file = is_bench_name(path)    # benchmarks/..., bench_attention.py, param_bench/...
+        self.off_elses: set[int] = set()         # id(If) whose else runs only when scripting/tracing/compiling
         for n in nodes:
-            if isinstance(n, ast.If) and self.rare(n):
-                self.off_ifs.add(id(n))
-        self.step_loops, self.update_loops, self.env_loops = step_loops(tree, self.facts, self.rare)
+            if isinstance(n, ast.If):
+                if self.rare(n) or _graph_mode(n.test):
+                    self.off_ifs.add(id(n))
+                elif isinstance(n.test, ast.UnaryOp) and isinstance(n.test.op, ast.Not) and _graph_mode(n.test.operand):
+                    self.off_elses.add(id(n))
+        self.tree = tree
+        self.restep()
+        self.prompt_loops = {id(n) for n in nodes if isinstance(n, LOOPS) and any(
+            isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr == "generate"
+            for c in own_level(n.body))}   # one prompt per iteration: `out = model.generate(x)`
         self._hooks(tree, module_classes)
         self.off_tails = self._off_tails(nodes)  # id(stmt) after `if not should_log(step): return`
         if any(isinstance(n, ast.Attribute) and n.attr == "synchronize" or isinstance(n, ast.Name)
                and n.id == "synchronize" for n in nodes):
             self._timed(nodes)
 
+    def restep(self) -> None:
+        """(Re)find the step loops, with what `facts` knows now."""
+        self.step_loops, self.update_loops, self.env_loops, self.looping = step_loops(self.tree, self.facts, self.rare)
+
     def _hooks(self, tree: ast.Module, module_classes) -> None:
-        in_loops = _called_in_loops(tree)
+        in_loops = None
         for cls in [None, *(n for n in tree.body if isinstance(n, ast.ClassDef))]:
             body = tree.body if cls is None else cls.body
             bases = [dotted(b) for b in cls.bases] if cls is not None else []
@@ -117,7 +129,8 @@ class HotMap:
                 if cls is not None and (fn.name in STEP_HOOKS or (fn.name == "forward" and is_module)
                                         or (fn.name == "step" and is_optim)):
                     self.hooks.add(id(fn))
-                elif fn.name in self.facts.stepping and (cls is not None or fn.name in in_loops) \
+                elif fn.name in self.facts.stepping and (cls is not None or fn.name in (
+                        in_loops := in_loops if in_loops is not None else _called_in_loops(tree))) \
                         and any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "step"
                                 and self.facts.is_optimizer(n.func.value) for n in own_level(fn.body)):
                     self.step_fns.add(id(fn))   # `def run_step(self): ... loss.backward(); opt.step()`
@@ -200,6 +213,20 @@ def _called_in_loops(tree: ast.AST) -> set[str]:
         inside = inside or isinstance(node, LOOPS)
         stack.extend((c, inside) for c in ast.iter_child_nodes(node))
     return out
+
+
+_GRAPH_MODE = re.compile(r"(^|\.)(is_scripting|is_tracing|_is_tracing|is_compiling|is_exporting|"
+                         r"is_dynamo_compiling|is_torchdynamo_compiling)$")
+
+
+def _graph_mode(test: ast.AST) -> bool:
+    """`torch.jit.is_scripting()`, `torch.compiler.is_compiling()` (or several, joined by or): code
+    for TorchScript, tracing or a compiler, never run eagerly step by step."""
+    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.Or):
+        return all(_graph_mode(v) for v in test.values)
+    if isinstance(test, ast.BoolOp):
+        return any(_graph_mode(v) for v in test.values)
+    return isinstance(test, ast.Call) and bool(_GRAPH_MODE.search(dotted(test.func)))
 
 
 def _lazy_init(node: ast.If) -> bool:

@@ -54,6 +54,11 @@ _OPTIM_MAKERS = re.compile(r"(^|\.)optim\.[A-Z]\w*$|Optimi[sz]er$|(^|\.)(Adam|Ad
 _MODEL_MAKERS = re.compile(r"(^|\.)(from_pretrained|create_model|build_model|get_model|load_model|"
                            r"DistributedDataParallel|DDP|DataParallel|FSDP|FullyShardedDataParallel)$|^torch\.compile$|"
                            r"(^|\.)(models|nn)\.[A-Za-z_]+$|^torchvision\.models\.|(^|\.)deepcopy$")
+# callees that take a model without running it on a batch
+_NOT_RUNNING = re.compile(r"^_*(save|load|log|print|set|build|create|get|init|copy|deepcopy|wrap|unwrap|prepare|"
+                          r"register|count|summary|summarize|freeze|unfreeze|to|move|apply|isinstance|hasattr|"
+                          r"getattr|setattr|len|str|repr|id|type|update|sync|broadcast|convert|export|compile|"
+                          r"clip|zero|parameters|named|state|describe|check|watch|track)", re.I)
 LOADER_NAME = re.compile(r"loader|dataloader|_dl$|^dl$|batches$", re.I)
 _ENV = re.compile(r"(^|_)(env|envs|environment|environments|venv|vec_?env|sim|simulator|game)(_|$|\d)", re.I)
 LOOPS = (ast.For, ast.AsyncFor, ast.While)
@@ -83,6 +88,8 @@ def dotted(node: ast.AST) -> str:
         return ".".join(reversed(parts))
     if isinstance(node, ast.Call):
         return dotted(node.func) + "()." + ".".join(reversed(parts)) if parts else dotted(node.func) + "()"
+    if isinstance(node, ast.Subscript):   # events[i].elapsed_time -> events[].elapsed_time
+        return dotted(node.value) + "[]" + ("." + ".".join(reversed(parts)) if parts else "")
     return ""
 
 
@@ -132,7 +139,15 @@ class Facts:
         self.models: set[str] = set()
         self.optimizers: set[str] = set()
         self.stepping: set[str] = set(stepping)
+        self.looping: set[str] = set()      # defs (by name, across the project) that hold a step loop
+        self.aliases: dict[str, set[str]] = {}   # sample_fn = d.p_sample_loop if c else d.ddim_sample_loop
         for node in nodes:
+            if isinstance(node, ast.Assign) and isinstance(node.value, (ast.Attribute, ast.IfExp)) \
+                    and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                v = node.value
+                options = [v.body, v.orelse] if isinstance(v, ast.IfExp) else [v]
+                if all(isinstance(o, ast.Attribute) for o in options):
+                    self.aliases.setdefault(node.targets[0].id, set()).update(o.attr for o in options)
             if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
                 kind = self._made(node.value, module_classes)
                 if kind:
@@ -185,12 +200,25 @@ class Facts:
             if receiver != "self" and (is_model_name(receiver) or receiver in self.models) \
                     and (call.args or call.keywords):
                 return "forward"  # model.decode(memory, ys), agent.get_action_and_value(obs)
-            return "forward" if is_model_name(func.attr) or func.attr in self.models else None
+            if is_model_name(func.attr) or func.attr in self.models:
+                return "forward"
+            return "forward" if self._runs_model(call, func.attr) else None
         if isinstance(func, ast.Name):
             if func.id in self.stepping:
                 return "update"
-            return "forward" if is_model_name(func.id) or func.id in self.models else None
+            if is_model_name(func.id) or func.id in self.models:
+                return "forward"
+            return "forward" if self._runs_model(call, func.id) else None
         return None
+
+    def _runs_model(self, call: ast.Call, callee: str) -> bool:
+        """`self.p_sample(model, x, t)`, `criterion(model=net, ...)`: a call handed the model runs it."""
+        if _NOT_RUNNING.search(callee):
+            return False
+        for a in [*call.args, *(k.value for k in call.keywords)]:
+            if isinstance(a, (ast.Name, ast.Attribute)) and (is_model_name(name_of(a)) or name_of(a) in self.models):
+                return name_of(a) not in ("self", "module")
+        return False
 
 
 def env_steps(node: ast.AST) -> bool:
@@ -210,16 +238,23 @@ def stepping_defs(nodes: list[ast.AST], facts: Facts) -> set[str]:
     return out
 
 
-def step_loops(tree: ast.AST, facts: Facts, rare) -> tuple[set[int], set[int], set[int]]:
-    """(id of the step loops, id of those that update, id of those that step an environment), bottom-up."""
+def step_loops(tree: ast.AST, facts: Facts, rare) -> tuple[set[int], set[int], set[int], set[str]]:
+    """(id of the step loops, id of those that update, id of those that step an environment, names
+    of the defs that hold a step loop), bottom-up. A loop that calls a def holding a step loop
+    (`facts.looping`, this file's or the project's: `train_one_epoch()`, `sample_fn(model, shape)`)
+    is an outer loop, not a step loop, unless it updates itself."""
     steps: set[int] = set()
     updates: set[int] = set()
     envs: set[int] = set()
-    looping_fns: set[str] = set()   # defs that hold a step loop (`def train(epoch)`)
+    looping_fns: set[str] = set(facts.looping)   # defs that hold a step loop (`def train(epoch)`)
+
+    def looping(call: ast.Call) -> bool:
+        n = name_of(call.func)
+        return n in looping_fns or bool(facts.aliases.get(n, set()) & looping_fns)
 
     def visit(node: ast.AST) -> bool:    # True if node is or holds a step loop
         inner = False
-        for child in ast.iter_child_nodes(node):
+        for child in statements(node):
             inner |= visit(child)
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and inner:
             looping_fns.add(node.name)
@@ -232,7 +267,7 @@ def step_loops(tree: ast.AST, facts: Facts, rare) -> tuple[set[int], set[int], s
             kinds.add("env")
         if calls and _takes_batches(node, calls):
             kinds.add("data")
-        inner |= any(name_of(n.func) in looping_fns for n in calls)
+        inner |= any(looping(n) for n in calls)
         if "update" in kinds:
             updates.add(id(node))
         if "env" in kinds:
@@ -242,11 +277,45 @@ def step_loops(tree: ast.AST, facts: Facts, rare) -> tuple[set[int], set[int], s
             return True
         return inner
 
+    known = set(looping_fns)
     visit(tree)
-    if looping_fns:   # again, now that every def holding a step loop is known
+    if looping_fns != known:   # again, now that every def holding a step loop is known
         steps.clear(), updates.clear(), envs.clear()
         visit(tree)
-    return steps, updates, envs
+    return steps, updates, envs, looping_fns
+
+
+def looping_closure(calls_by_def: dict[str, set[str]], looping: set[str]) -> set[str]:
+    """The defs that hold a step loop, directly or through the defs they call (names, to a fixed
+    point); housekeeping names (`train`, `eval`) are left out: they are also methods of every model."""
+    out = {n for n in looping if n not in HOUSEKEEPING}
+    changed = True
+    while changed:
+        changed = False
+        for name, called in calls_by_def.items():
+            if name not in out and name not in HOUSEKEEPING and called & out:
+                out.add(name)
+                changed = True
+    return out
+
+
+def calls_by_def(nodes: list[ast.AST]) -> dict[str, set[str]]:
+    """def name -> the names it calls (nested defs included: a closure runs when its parent lets it)."""
+    out: dict[str, set[str]] = {}
+    for fn in nodes:
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            out.setdefault(fn.name, set()).update(
+                name_of(n.func) for n in ast.walk(fn) if isinstance(n, ast.Call))
+    return out
+
+
+def statements(node: ast.AST):
+    """The statements directly inside a statement (its bodies, handlers and cases): loops and defs
+    are statements, so a walk for them need not enter expressions."""
+    for name in ("body", "orelse", "finalbody", "handlers", "cases"):
+        for child in getattr(node, name, None) or ():
+            if isinstance(child, ast.AST):
+                yield child
 
 
 def _takes_batches(loop: ast.AST, calls: list[ast.Call]) -> bool:
@@ -263,5 +332,5 @@ def _takes_batches(loop: ast.AST, calls: list[ast.Call]) -> bool:
     return isinstance(it, (ast.Name, ast.Attribute)) and bool(LOADER_NAME.search(name_of(it)))
 
 
-__all__ = ["Facts", "step_loops", "stepping_defs", "own_level", "name_of", "dotted", "is_model_name",
-           "is_env_name", "env_steps", "HOUSEKEEPING", "OPTIM", "LOADER_NAME", "LOOPS", "DEFS"]
+__all__ = ["Facts", "step_loops", "looping_closure", "calls_by_def", "stepping_defs", "own_level", "name_of", "dotted", "is_model_name",
+           "is_env_name", "env_steps", "statements", "HOUSEKEEPING", "OPTIM", "LOADER_NAME", "LOOPS", "DEFS"]

@@ -17,7 +17,6 @@ from __future__ import annotations
 import ast
 from dataclasses import asdict, dataclass, field
 
-from gobrrr.lint.elements import ElementLoops
 from gobrrr.lint.env import EnvRules, env_makers
 from gobrrr.lint.graph import Project, Source
 from gobrrr.lint.hot import HotMap, is_model_name
@@ -107,7 +106,7 @@ class Finding:
             ("" if self.hot else " [not per-step]")
 
 
-class Checker(SyncRules, CopyRules, InsideRules, EnvRules, ElementLoops, Kinds, ast.NodeVisitor):
+class Checker(SyncRules, CopyRules, InsideRules, EnvRules, Kinds, ast.NodeVisitor):
     """One module's findings (see the module doc)."""
 
     def __init__(self, src: Source, project: Project | None = None, hotmap: HotMap | None = None,
@@ -131,6 +130,8 @@ class Checker(SyncRules, CopyRules, InsideRules, EnvRules, ElementLoops, Kinds, 
         self.types: dict = {}                   # parameter -> (Source, ClassDef) handed over by a call site
         self.chain: tuple[str, ...] = ()        # the calls that made the current function hot
         self.pending: list[tuple] = []          # (Source, def, kinds, types, chain, functions) to walk as hot
+        self.waiting: list[tuple] = []          # pending calls of a CPU-only file, held back (lint.check_sources)
+        self.dropped: dict = {}                 # findings of a CPU-only file, held back
         self.loop_stack: list[int] = []         # id() of the enclosing loops
         self.module_scope: dict = {}
 
@@ -141,6 +142,9 @@ class Checker(SyncRules, CopyRules, InsideRules, EnvRules, ElementLoops, Kinds, 
         hot = self.region == "hot" if hot is None else hot
         message, default_fix = RULES[rule]
         message = message.format(**fmt)
+        if hot and not self.loop_stack:   # a hook, a forward or a helper: per step, not per iteration here
+            message = message.replace(" inside a loop", " in per-step code").replace(
+                " inside the loop", " in per-step code").replace("every iteration", "every step")
         key = (rule, node.lineno)
         old = self.findings.get(key)
         if old is None or (hot and not old.hot):
@@ -154,6 +158,10 @@ class Checker(SyncRules, CopyRules, InsideRules, EnvRules, ElementLoops, Kinds, 
         """In a loop that trains (backward / optimizer step), or in a helper or hook of one: not a
         generation or inference loop, where a small per-prompt copy is not worth a finding."""
         return bool(self.chain) or not self.loop_stack or self.loop_stack[-1] in self.hotmap.update_loops
+
+    def per_prompt(self) -> bool:
+        """In a loop that runs one generate() per iteration: a small copy per prompt is not worth a finding."""
+        return bool(self.loop_stack) and self.loop_stack[-1] in self.hotmap.prompt_loops
 
     def visit(self, node: ast.AST):
         if self.region != "off" and id(node) in self.hotmap.off_tails:
@@ -365,7 +373,7 @@ class Checker(SyncRules, CopyRules, InsideRules, EnvRules, ElementLoops, Kinds, 
         `else:` runs once, after the loop."""
         saved = self.region
         if saved != "hot" and saved != "off":
-            self.region = "hot" if id(node) in self.hotmap.step_loops or self.per_element(node) else "cold"
+            self.region = "hot" if id(node) in self.hotmap.step_loops else "cold"
         self.loop_stack.append(id(node))
         for part in (*every_iteration, *node.body):
             self.visit(part)
@@ -379,7 +387,9 @@ class Checker(SyncRules, CopyRules, InsideRules, EnvRules, ElementLoops, Kinds, 
     def visit_While(self, node: ast.While) -> None:
         saved = self.region
         if saved != "hot" and saved != "off":
-            self.region = "hot" if id(node) in self.hotmap.step_loops or self.per_element(node) else "cold"
+            # while delta > tol: a loop on a device value syncs every iteration, however often it runs
+            tensor_test = self.kind(node.test) in TENSORISH
+            self.region = "hot" if id(node) in self.hotmap.step_loops or tensor_test else "cold"
         if self.kind(node.test) in TENSORISH:
             self.flag(node.test, "GB007", where=" in a while loop")
         self.region = saved
@@ -393,8 +403,11 @@ class Checker(SyncRules, CopyRules, InsideRules, EnvRules, ElementLoops, Kinds, 
         else:
             for stmt in node.body:
                 self.visit(stmt)
-        for stmt in node.orelse:
-            self.visit(stmt)
+        if id(node) in self.hotmap.off_elses:
+            self.visit_off(*node.orelse)   # `if not torch.jit.is_scripting(): ... else:` never runs eagerly
+        else:
+            for stmt in node.orelse:
+                self.visit(stmt)
 
     def visit_IfExp(self, node: ast.IfExp) -> None:
         self.check_condition(node.test)
@@ -429,10 +442,7 @@ class Checker(SyncRules, CopyRules, InsideRules, EnvRules, ElementLoops, Kinds, 
             self.bind_loop_target(g.target, g.iter)
             for cond in g.ifs:
                 self.visit(cond)
-        parts = [node.key, node.value] if isinstance(node, ast.DictComp) else [node.elt]
-        if self.region == "cold" and any(self.reads_element(p, gens) for p in parts):
-            self.region = "hot"   # [v.item() for v in t]: a sync per element
-        for part in parts:
+        for part in ([node.key, node.value] if isinstance(node, ast.DictComp) else [node.elt]):
             self.visit(part)
         self.scopes.pop()
         self.region = saved

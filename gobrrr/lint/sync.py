@@ -11,7 +11,6 @@ from gobrrr.lint.hot import is_bench_name
 from gobrrr.lint.kinds import DATA_DEPENDENT, HOSTISH, TENSORISH
 
 READS = {"item", "cpu", "tolist", "numpy"}
-ELEMENT_READS = {"item", "cpu", "tolist"}   # a read of one element each time round a loop
 _LOGGERS = {"add_scalar", "add_scalars", "add_histogram", "log_metric", "log_metrics"}
 
 
@@ -82,4 +81,4 @@ def _values(node: ast.AST) -> list[ast.AST]:
     return [v for v in node.values if v is not None] if isinstance(node, ast.Dict) else [node]
 
 
-__all__ = ["READS", "ELEMENT_READS", "SyncRules"]
+__all__ = ["READS", "SyncRules"]
