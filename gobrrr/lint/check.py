@@ -96,7 +96,7 @@ def check_sources(sources: list[Source], assume_gpu: bool = False) -> tuple[list
     for s in sources:
         f = facts[id(s)]
         f.stepping |= stepping
-        hotmaps[id(s)] = HotMap(s.tree, str(s.path), s.nodes, facts=f)
+        hotmaps[id(s)] = project.hotmaps[id(s)] = HotMap(s.tree, str(s.path), s.nodes, facts=f)
         looping |= hotmaps[id(s)].looping
         for name, names in calls_by_def(s.nodes).items():
             called.setdefault(name, set()).update(names)

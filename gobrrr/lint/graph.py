@@ -61,7 +61,9 @@ class Source:
     imports: dict[str, tuple[str, str | None]] = field(default_factory=dict)   # local -> (module, name or None)
     owner: dict[int, ast.ClassDef] = field(default_factory=dict)    # id(method) -> its class
     parent: dict[int, ast.AST] = field(default_factory=dict)        # id(def) -> the def it is nested in
-    instances: dict[tuple[int, str], ast.expr] = field(default_factory=dict)  # (id(scope), name) -> class expr
+    instances: dict[tuple[int, str], list[ast.expr]] = field(default_factory=dict)  # (id(scope), name) -> made by
+    ctor_calls: list[tuple[ast.AST | None, ast.Call]] = field(default_factory=list)  # `x = Cls(a, k=b)`, in scope
+    param_attrs: dict[tuple[int, str], list[str]] = field(default_factory=dict)  # (id(cls), param) -> self.attrs
 
     @property
     def name(self) -> str:
@@ -105,15 +107,21 @@ def _index_scopes(src: Source, node: ast.AST, scope: ast.AST | None, cls: ast.Cl
         else:
             if isinstance(child, (ast.Assign, ast.AnnAssign)) and child.value is not None:
                 made = _constructed(child.value)
+                targets = child.targets if isinstance(child, ast.Assign) else [child.target]
+                owner = src.owner.get(id(scope)) if scope is not None else None
                 if made is not None:
-                    targets = child.targets if isinstance(child, ast.Assign) else [child.target]
+                    if isinstance(made, ast.Call):
+                        src.ctor_calls.append((scope, made))
                     for t in targets:
                         if isinstance(t, ast.Name):
-                            src.instances.setdefault((id(scope), t.id), made)
-                        elif isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
-                            owner = src.owner.get(id(scope)) if scope is not None else None
-                            if owner is not None:
-                                src.instances.setdefault((id(owner), t.attr), made)
+                            src.instances.setdefault((id(scope), t.id), []).append(made)
+                        elif isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self" \
+                                and owner is not None:
+                            src.instances.setdefault((id(owner), t.attr), []).append(made)
+                elif owner is not None and getattr(scope, "name", "") == "__init__" and isinstance(child.value, ast.Name):
+                    for t in targets:   # self.matcher = matcher: typed by the constructor's callers
+                        if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
+                            src.param_attrs.setdefault((id(owner), child.value.id), []).append(t.attr)
             _index_scopes(src, child, scope, cls)
 
 
@@ -125,14 +133,13 @@ def _statements(node: ast.AST):
 
 
 def _constructed(value: ast.AST) -> ast.expr | None:
-    """The class expression of `Cls(...)`, `mod.Cls(...)`, `Cls(...).to(dev)`, `Cls(...).cuda()`."""
+    """The call that makes an object: `Cls(...)`, `mod.Cls(...)`, `Cls(...).to(dev)`, `build_matcher(args)`
+    (a factory: its returns say the class)."""
     while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) \
             and value.func.attr in ("to", "cuda", "eval", "train", "half", "float", "bfloat16"):
         value = value.func.value
     if isinstance(value, ast.Call) and isinstance(value.func, (ast.Name, ast.Attribute)):
-        last = value.func.id if isinstance(value.func, ast.Name) else value.func.attr
-        if last[:1].isupper():
-            return value.func
+        return value
     return None
 
 
@@ -158,6 +165,13 @@ class Project:
                     if isinstance(d, DEFS):
                         self.methods.setdefault(d.name, []).append((s, d))
         self.module_classes = self._module_classes()
+        self.summaries: dict = {}   # (id(def), argument kinds) -> the kind it returns (lint_rules.summarize)
+        self.hotmaps: dict = {}     # id(Source) -> its HotMap, once built
+        self.attr_types: dict[tuple[int, str], list] = {}   # (id(cls), attr) -> classes its constructors were given
+        for s in sources:
+            for scope, call in s.ctor_calls:
+                for cls_src, cls in self.classes_of(s, call.func):
+                    self._type_attrs(s, scope, call, cls_src, cls)
 
     # -- modules and classes
     def module(self, dotted: str, near: Source) -> Source | None:
@@ -194,15 +208,47 @@ class Project:
 
     def class_of(self, src: Source, expr: ast.AST):
         """(Source, ClassDef) that `Cls` / `mod.Cls` names, or None."""
+        hit = self._named(src, expr)
+        return (hit[1], hit[2]) if hit and hit[0] == "class" else None
+
+    def _named(self, src: Source, expr: ast.AST):
         if isinstance(expr, ast.Name):
-            hit = self.lookup(src, expr.id)
-            return (hit[1], hit[2]) if hit and hit[0] == "class" else None
+            return self.lookup(src, expr.id)
         if isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name):
             hit = self.lookup(src, expr.value.id)
             if hit and hit[0] == "module":
-                inner = self.lookup(hit[1], expr.attr)
-                return (inner[1], inner[2]) if inner and inner[0] == "class" else None
+                return self.lookup(hit[1], expr.attr)
         return None
+
+    def classes_of(self, src: Source, made: ast.AST, depth: int = 0) -> list:
+        """The project classes an object is made from: `Cls`, or a factory call whose returns build one."""
+        if isinstance(made, ast.Call):
+            made = made.func
+        hit = self._named(src, made)
+        if hit and hit[0] == "class":
+            return [(hit[1], hit[2])]
+        if hit and hit[0] == "def" and depth < 2:   # def build_matcher(args): return HungarianMatcher(...)
+            out = []
+            for n in ast.walk(hit[2]):
+                if isinstance(n, ast.Return) and n.value is not None and _constructed(n.value) is not None:
+                    out += self.classes_of(hit[1], _constructed(n.value), depth + 1)
+            return out
+        return []
+
+    def _type_attrs(self, src: Source, scope, call: ast.Call, cls_src: Source, cls: ast.ClassDef) -> None:
+        """`SetCriterion(n, matcher=matcher)` with matcher built from a class: SetCriterion's self.matcher is one."""
+        init = self.method(cls_src, cls, "__init__")
+        if init is None:
+            return
+        params = [a.arg for a in [*init[1].args.posonlyargs, *init[1].args.args]][1:]
+        pairs = [*zip(params, call.args), *((k.arg, k.value) for k in call.keywords if k.arg)]
+        for param, arg in pairs:
+            attrs = init[0].param_attrs.get((id(cls), param))
+            if not attrs or isinstance(arg, ast.Starred):
+                continue
+            insts = self.instances_of(src, arg, scope)
+            for attr in attrs:
+                self.attr_types.setdefault((id(cls), attr), []).extend(insts)
 
     def method(self, src: Source, cls: ast.ClassDef, name: str, seen=None):
         """(Source, def) of `name` on `cls` or its bases (own first), else None."""
@@ -243,52 +289,64 @@ class Project:
         return cls.name in self.module_classes
 
     # -- calls
-    def resolve(self, src: Source, call: ast.Call, scope: ast.AST | None, types=None) -> tuple[Source, ast.AST] | None:
-        """The project def `call` runs, from inside `scope` (a def, or None at module level) of `src`.
-        `types`: parameter name -> (Source, ClassDef) handed over from a call site."""
+    def resolve(self, src: Source, call: ast.Call, scope: ast.AST | None, types=None,
+                fallback: bool = True) -> list[tuple[Source, ast.AST]]:
+        """The project defs `call` may run, from inside `scope` (a def, or None at module level) of
+        `src`. `types`: parameter name -> [(Source, ClassDef)] handed over from a call site."""
         f = call.func
         if isinstance(f, ast.Name):
             s = scope
             while s is not None:   # a def nested in an enclosing def
                 for d in getattr(s, "body", []):
                     if isinstance(d, DEFS) and d.name == f.id:
-                        return (src, d)
+                        return [(src, d)]
                 s = src.parent.get(id(s))
             hit = self.lookup(src, f.id)
             if hit and hit[0] == "def":
-                return (hit[1], hit[2])
-            return self._forward(self.instance_of(src, f, scope, types))   # net(x): its class's forward
+                return [(hit[1], hit[2])]
+            return self._forwards(self.instances_of(src, f, scope, types))   # net(x): its class's forward
+        if isinstance(f, ast.Subscript):   # loss_map[name](...) with loss_map = {"a": self.loss_a, ...}
+            return [hit for v in self._dict_values(src, f.value, scope)
+                    for hit in self.resolve(src, ast.Call(func=v, args=call.args, keywords=call.keywords), scope, types)]
         if not isinstance(f, ast.Attribute):
-            return None
+            return []
         recv = f.value
         if isinstance(recv, ast.Name) and recv.id == "self":
             cls = self._class_around(src, scope)
             if cls is not None:
                 hit = self.method(src, cls, f.attr)
                 if hit:
-                    return hit
-            inst = self.instance_of(src, f, scope, types)   # self.criterion(out, y)
-            if inst is not None:
-                return self._forward(inst)
+                    return [hit]
+            insts = self.instances_of(src, f, scope, types)   # self.criterion(out, y)
+            if insts:
+                return self._forwards(insts)
         elif isinstance(recv, ast.Name):
             hit = self.lookup(src, recv.id)
             if hit and hit[0] == "module":
                 inner = self.lookup(hit[1], f.attr)
-                return (inner[1], inner[2]) if inner and inner[0] == "def" else None
+                return [(inner[1], inner[2])] if inner and inner[0] == "def" else []
             if hit and hit[0] == "class":
-                return self.method(hit[1], hit[2], f.attr)
-        inst = self.instance_of(src, recv, scope, types)     # obj.m(x), self.obj.m(x)
-        if inst is not None:
-            return self.method(*inst, f.attr)
-        if f.attr in GENERIC or f.attr.startswith("__"):
-            return None
+                found = self.method(hit[1], hit[2], f.attr)
+                return [found] if found else []
+        insts = self.instances_of(src, recv, scope, types)     # obj.m(x), self.obj.m(x)
+        if insts:
+            return [hit for inst in insts if (hit := self.method(*inst, f.attr))]
+        if not fallback or f.attr in GENERIC or f.attr.startswith("__"):
+            return []
         only = self.methods.get(f.attr, [])
-        return only[0] if len(only) == 1 else None
+        return only[:1] if len(only) == 1 else []
 
-    def _forward(self, inst):
-        if inst is None:
-            return None
-        return self.method(*inst, "forward") or self.method(*inst, "__call__")
+    def _dict_values(self, src: Source, node: ast.AST, scope) -> list[ast.AST]:
+        if not isinstance(node, ast.Name) or scope is None:
+            return []
+        for n in ast.walk(scope):
+            if isinstance(n, ast.Assign) and isinstance(n.value, ast.Dict) \
+                    and any(isinstance(t, ast.Name) and t.id == node.id for t in n.targets):
+                return [v for v in n.value.values if isinstance(v, (ast.Name, ast.Attribute))]
+        return []
+
+    def _forwards(self, insts) -> list:
+        return [hit for inst in insts if (hit := self.method(*inst, "forward") or self.method(*inst, "__call__"))]
 
     def _class_around(self, src: Source, scope: ast.AST | None) -> ast.ClassDef | None:
         s = scope
@@ -299,21 +357,30 @@ class Project:
             s = src.parent.get(id(s))
         return None
 
-    def instance_of(self, src: Source, node: ast.AST, scope: ast.AST | None, types=None):
-        """(Source, ClassDef) of the project class assigned to a name or self attribute, else None."""
-        made = None
+    def instances_of(self, src: Source, node: ast.AST, scope: ast.AST | None, types=None) -> list:
+        """[(Source, ClassDef)] of the project classes assigned to a name or self attribute."""
+        made: list = []
         if isinstance(node, ast.Name):
             if types and node.id in types:
                 return types[node.id]
             s = scope
-            while made is None and s is not None:
-                made = src.instances.get((id(s), node.id))
+            while not made and s is not None:
+                made = src.instances.get((id(s), node.id), [])
                 s = src.parent.get(id(s))
-            made = made or src.instances.get((id(None), node.id))
+            made = made or src.instances.get((id(None), node.id), [])
         elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
             cls = self._class_around(src, scope)
-            made = src.instances.get((id(cls), node.attr)) if cls is not None else None
-        return self.class_of(src, made) if made is not None else None
+            if cls is None:
+                return []
+            made = src.instances.get((id(cls), node.attr), [])
+            if not made:
+                return list(self.attr_types.get((id(cls), node.attr), []))
+        out = []
+        for m in made:
+            for hit in self.classes_of(src, m):
+                if hit not in out:
+                    out.append(hit)
+        return out
 
 
 __all__ = ["Project", "Source", "parse", "walk", "DEFS"]

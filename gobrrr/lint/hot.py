@@ -84,6 +84,8 @@ class HotMap:
     def __init__(self, tree: ast.Module, path: str = "", nodes: list[ast.AST] | None = None,
                  module_classes=frozenset(), facts: Facts | None = None):
         nodes = walk(tree) if nodes is None else nodes
+        self.constants = {t.id: st.value.value for st in tree.body if isinstance(st, ast.Assign)
+                          and isinstance(st.value, ast.Constant) for t in st.targets if isinstance(t, ast.Name)}
         if facts is None:
             facts = Facts(nodes, module_classes)
             facts.stepping |= stepping_defs(nodes, facts)
@@ -127,7 +129,10 @@ class HotMap:
                 if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
                     continue
                 if cls is not None and (fn.name in STEP_HOOKS or (fn.name == "forward" and is_module)
-                                        or (fn.name == "step" and is_optim)):
+                                        or (fn.name == "step" and is_optim)
+                                        or (fn.name == "__call__" and any(   # a wrapper that runs the model
+                                            isinstance(n, ast.Call) and self.facts.step_kind(n) == "forward"
+                                            for n in own_level(fn.body)))):
                     self.hooks.add(id(fn))
                 elif fn.name in self.facts.stepping and (cls is not None or fn.name in (
                         in_loops := in_loops if in_loops is not None else _called_in_loops(tree))) \
@@ -146,7 +151,7 @@ class HotMap:
         rare = False
         for n in ast.walk(test):
             if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod):
-                rare = True
+                rare = rare or self.constants.get(name_of(n.right)) != 1   # `% log_interval` with log_interval = 1
             elif isinstance(n, ast.Compare) and any(isinstance(op, ast.Eq) for op in n.ops) \
                     and any(_COUNTER.search(name_of(x) or "") for x in [n.left, *n.comparators]):
                 rare = True

@@ -9,6 +9,7 @@ Per scope, each name gets one of:
     tensor   a tensor that may live on the GPU (device=..., .to(device), a model's output, a loss, .grad)
     mask     a boolean device tensor (comparisons and logical ops of tensors)
     tlist    a list or tuple of device tensors (`[loss_a, loss_b]`, `losses.append(loss)`)
+    hlist    a list or tuple of host tensors (a CPU matcher's index pairs)
     numpy    a numpy array
     obj      a module or other object: `nn.Linear(...)`, `Net().to(dev)`, `model.cuda()`; never a tensor
     loader_pageable / loader_pinned / loader_device / loader    data loaders (the last: pinning unknown)
@@ -63,13 +64,13 @@ DEVICE_WRAPPERS = {"prepare", "prepare_data_loader", "setup_dataloaders"}   # ac
 LOADERS_PINNED = {"Prefetcher", "PinnedWorkerLoader", "from_dataloader"}
 TENSORISH = {"tensor", "mask", "generated"}   # generated: model.generate()'s tokens, made to be read on the host
 BATCHES = {"batch_host", "batch_pinned", "batch", "batch_tok"}   # batch_tok: a tokenizer's return_tensors="pt" output
-HOSTISH = {"num", "host", "pinned", "numpy", "str", "obj", "loader_pinned", "loader_pageable", "loader_device",
+HOSTISH = {"num", "host", "pinned", "numpy", "str", "obj", "hlist", "loader_pinned", "loader_pageable", "loader_device",
            "loader", *BATCHES}
 # what iterating (or unpacking) a value of one kind gives
 ITEM_KIND = {"loader_pageable": "batch_host", "loader_pinned": "batch_pinned", "loader_device": "tensor",
              "loader": "batch", "host": "host", "pinned": "pinned", "tensor": "tensor", "mask": "tensor",
              "batch_host": "batch_host", "batch_pinned": "batch_pinned", "batch": "batch", "numpy": "numpy",
-             "tlist": "tensor"}
+             "tlist": "tensor", "hlist": "hlist"}
 _DATA_WORDS = {"data", "dataset", "ds", "batches", "train", "val", "valid", "test", "eval", "dl"}
 _TOKENIZER = re.compile(r"tokeni[sz]er|processor|feature_extractor|^tok$", re.I)
 _LOADER_NAME = LOADER_NAME
@@ -83,6 +84,7 @@ class Kinds:
         self.aliases: dict[str, str] = {}       # local name -> module or object path ("F" -> torch.nn.functional)
         self.models: set[str] = set()           # names assigned a module in this file (from lint_hot)
         self.self_attrs: dict[str, str | None] = {}   # `self.loss = ...` anywhere in the file: attr -> kind
+        self.local_defs: dict[str, ast.AST] = {}      # the file's module-level defs (their return annotations)
 
     def lookup(self, name: str) -> str | None:
         for scope in reversed(self.scopes):
@@ -131,9 +133,18 @@ class Kinds:
             return "obj" if k is None and node.id in self.models else k
         if isinstance(node, (ast.JoinedStr, ast.FormattedValue)):
             return "str"
-        if isinstance(node, (ast.List, ast.Tuple, ast.ListComp)):
-            elts = [node.elt] if isinstance(node, ast.ListComp) else node.elts
-            return "tlist" if any(self.kind(e) in TENSORISH for e in elts) else None
+        if isinstance(node, (ast.List, ast.Tuple)):
+            return self._list_kind([self.kind(e) for e in node.elts])
+        if isinstance(node, ast.ListComp):
+            binder = getattr(self, "bind_loop_target", None)
+            self.scopes.append({})
+            try:
+                for g in node.generators:
+                    if binder is not None:
+                        binder(g.target, g.iter)
+                return self._list_kind([self.kind(node.elt)])
+            finally:
+                self.scopes.pop()
         if isinstance(node, ast.UnaryOp):
             k = self.kind(node.operand)
             if isinstance(node.op, ast.Not):
@@ -179,9 +190,22 @@ class Kinds:
             k = self.kind(node.value)
             if k == "mask":
                 return "tensor"
+            if k in ("tlist", "hlist"):
+                return ("tensor" if k == "tlist" else "hlist") if not isinstance(node.slice, ast.Slice) else k
             return k if k in TENSORISH | {"host", "pinned", "numpy"} | BATCHES else None
         if isinstance(node, ast.Call):
             return self.call_kind(node)
+        return None
+
+    @staticmethod
+    def _list_kind(kinds: list) -> str | None:
+        """A list of device tensors is a tlist; one of host tensors (or of such lists) an hlist."""
+        if any(k in TENSORISH for k in kinds):
+            return "tlist"
+        return "hlist" if kinds and all(k in ("host", "pinned", "hlist") for k in kinds) else None
+
+    def return_kind(self, node: ast.Call) -> str | None:
+        """What a project function returns (lint_rules.Checker reads its body); None if unknown."""
         return None
 
     def call_kind(self, node: ast.Call) -> str | None:
@@ -194,6 +218,9 @@ class Kinds:
         if isinstance(func, ast.Name):
             if func.id in NUM_BUILTINS:
                 return "num"
+            own = self.local_defs.get(func.id)
+            if own is not None and own.returns is not None:   # def _avg_emulated(...) -> bool
+                return self.annotation_kind(own.returns)
             if func.id in ("abs", "sum", "min", "max"):
                 kinds = {self.kind(a) for a in node.args}
                 if kinds & (TENSORISH | {"tlist"}):
@@ -236,7 +263,7 @@ class Kinds:
                 return "num" if last.startswith("is_") or last == "equal" else None
             if root == "torch" and not last[:1].isupper():
                 kinds = {self.kind(a) for a in node.args}
-                return "host" if not kinds & TENSORISH and kinds & ({"host"} | BATCHES) else "tensor"
+                return "host" if not kinds & TENSORISH and kinds & ({"host", "hlist"} | BATCHES) else "tensor"
             if root.startswith("torch.") and root.split(".")[1] in ("nn", "linalg", "fft", "special") \
                     and not last[:1].isupper() and root != "torch.nn" and "init" not in root and "utils" not in root:
                 return "tensor"
@@ -244,6 +271,9 @@ class Kinds:
                 return None
             if last[:1].isupper():
                 return "obj"  # a class: a module, a meter, a config; not a tensor
+        summary = self.return_kind(node)
+        if summary is not None:
+            return summary
         if isinstance(func, ast.Attribute) and func.attr in DEVICE_WRAPPERS and len(node.args) == 1:
             k = self.iter_kind(node.args[0])
             if k and k.startswith("loader"):
@@ -380,9 +410,12 @@ class Kinds:
     def annotation_kind(self, ann: ast.AST | None) -> str | None:
         if ann is None:
             return None
-        text = ast.unparse(ann)
-        if re.fullmatch(r"(torch\.)?Tensor", text):
+        text = ast.unparse(ann).strip("'\"")
+        if re.fullmatch(r"(torch\.)?Tensor", text) or re.fullmatch(
+                r"(typing\.)?Optional\[(torch\.)?Tensor\]|(torch\.)?Tensor \| None|None \| (torch\.)?Tensor", text):
             return "tensor"
+        if re.fullmatch(r"(typing\.)?(List|Tuple|Sequence|list|tuple)\[(torch\.)?Tensor(, \.\.\.)?\]", text):
+            return "tlist"
         if text in ("int", "float", "bool", "complex"):
             return "num"
         if re.search(r"Module|Optimizer", text):

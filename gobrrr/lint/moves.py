@@ -19,7 +19,7 @@ import ast
 from gobrrr.lint.hot import iterates, own_nodes, root_name
 from gobrrr.lint.kinds import BATCHES, DATA_FACTORIES, DTYPE_METHODS, FACTORIES, TENSORISH, VIEW_METHODS
 
-_HOST_INDEX = {"numpy", "host", "pinned"}
+_HOST_INDEX = {"numpy", "host", "pinned", "hlist"}
 
 
 class CopyRules:

@@ -80,6 +80,9 @@ TITLES = {"GB001": "a tensor built on the host, then moved to the device", "GB00
           "GB013": "a sync inside torch (distributions' validation, torch.normal's std check)",
           "GB014": "a CPU environment stepped per iteration (one finding per loop)"}
 MAX_DEPTH = 4   # calls followed from a hot loop into the project's functions
+# a module's forward: parameters that hold tensors (or lists and dicts of them) by their usual names
+_FORWARD_TENSORS = {"x", "input", "inputs", "outputs", "output", "logits", "targets", "labels", "hidden_states",
+                    "y", "src", "tgt", "query", "key", "value"}
 _HOOK_TENSORS = {"inputs", "outputs", "output", "x", "y", "logits", "loss", "labels", "targets", "images", "data"}
 _IMAGE_SINKS = ("save_image", "imsave", "imwrite", "fromarray", "imshow", "add_image", "add_images", "add_video",
                 "write_video", "make_grid", "Image", "savefig", "log_image", "log_images")
@@ -119,6 +122,7 @@ class Checker(SyncRules, CopyRules, InsideRules, EnvRules, Kinds, ast.NodeVisito
         self.models = self.hotmap.models
         self.project_flags = project_flags or {}
         self.env_makers = env_makers(src.nodes)
+        self.local_defs = src.functions
         self.findings: dict[tuple[str, int], Finding] = {}
         self.spans: dict[tuple[str, int], range] = {}   # lines a finding's node covers (for suppression)
         self.names_at: dict[tuple[str, int], set[str]] = {}   # names in a finding's node (for GB014)
@@ -134,6 +138,10 @@ class Checker(SyncRules, CopyRules, InsideRules, EnvRules, Kinds, ast.NodeVisito
         self.dropped: dict = {}                 # findings of a CPU-only file, held back
         self.loop_stack: list[int] = []         # id() of the enclosing loops
         self.module_scope: dict = {}
+        self.summary_depth = 0                  # > 0 in a scratch walk that only learns what a def returns
+        self.collect: ast.AST | None = None     # that def
+        self.returns: list = []                 # the kinds of its return values
+        self.return_kinds: dict[int, str | None] = {}   # id(Call) -> what the project def it runs returns
 
     # -- reporting
     def flag(self, node: ast.AST, rule: str, hot: bool | None = None, fix: str | None = None, **fmt) -> None:
@@ -230,11 +238,12 @@ class Checker(SyncRules, CopyRules, InsideRules, EnvRules, Kinds, ast.NodeVisito
         for a, d in zip(reversed([*args.posonlyargs, *args.args]), reversed(args.defaults)):
             if scope.get(a.arg) is None and self.kind(d) == "num":
                 scope[a.arg] = "num"
-        if hook and node.name != "forward":   # a framework hands the hook device batches, outputs and a model
+        if hook:   # a framework (or the step loop) hands the hook device batches, outputs and a model
             for a in params[1:]:
                 if scope.get(a.arg) is None:
-                    scope[a.arg] = "num" if "idx" in a.arg else "tensor" if a.arg in _HOOK_TENSORS \
-                        or "batch" in a.arg else "obj" if is_model_name(a.arg) or "module" in a.arg \
+                    tensors = _FORWARD_TENSORS if node.name == "forward" else _HOOK_TENSORS
+                    scope[a.arg] = "num" if "idx" in a.arg else "tensor" if a.arg in tensors \
+                        or ("batch" in a.arg and node.name != "forward") else "obj" if is_model_name(a.arg) or "module" in a.arg \
                         or a.arg == "trainer" else None
         for name, k in (seed or {}).items():
             if scope.get(name) is None:
@@ -357,7 +366,7 @@ class Checker(SyncRules, CopyRules, InsideRules, EnvRules, Kinds, ast.NodeVisito
             return self.bind(target.elts[1], ITEM_KIND.get(k[5:]))
         self.bind(target, {"loader_pageable": "batch_host", "loader_pinned": "batch_pinned", "loader": "batch",
                            "loader_device": "tensor", "tlist": "tensor"}.get(
-            k, k if k in ("numpy", "host", "pinned", "tensor", "mask", *BATCHES) else None))
+            k, k if k in ("numpy", "host", "pinned", "tensor", "mask", "hlist", *BATCHES) else None))
 
     def visit_For(self, node) -> None:
         self.visit(node.iter)  # evaluated once: set-up code
@@ -476,15 +485,31 @@ class Checker(SyncRules, CopyRules, InsideRules, EnvRules, Kinds, ast.NodeVisito
             return self.visit_off(*node.args, *[k.value for k in node.keywords])
         self.generic_visit(node)
 
-    def follow(self, node: ast.Call) -> None:
-        """Queue the project function this hot call runs, with its parameters' kinds and classes."""
-        if len(self.chain) >= MAX_DEPTH:
-            return
+    def return_kind(self, node: ast.Call) -> str | None:
+        """What the project def this call runs returns, learnt by walking its body with the call's
+        argument kinds (two calls deep, in hot code): a CPU matcher's index list, a helper's tensor."""
+        if (self.region != "hot" and not self.summary_depth) or self.summary_depth >= 2 \
+                or not isinstance(node.func, (ast.Name, ast.Attribute)):
+            return None
+        if id(node) in self.return_kinds:
+            return self.return_kinds[id(node)]
+        self.return_kinds[id(node)] = None   # a recursive call learns nothing
         scope = self.defs[-1] if self.defs else None
-        hit = self.project.resolve(self.src, node, scope, self.types)
-        if hit is None or hit[1] is scope:
-            return
-        target_src, fn = hit
+        found = set()
+        for target_src, fn in self.project.resolve(self.src, node, scope, self.types, fallback=False)[:3]:
+            kinds, _ = self._arguments(node, fn, target_src, scope)
+            found.add(summarize(self.project, target_src, fn, kinds, self.summary_depth + 1, self.project_flags))
+        k = found.pop() if len(found) == 1 else None
+        self.return_kinds[id(node)] = k
+        return k
+
+    def visit_Return(self, node: ast.Return) -> None:
+        if self.collect is not None and self.defs and self.defs[-1] is self.collect:
+            self.returns.append(self.kind(node.value) if node.value is not None else "num")
+        self.generic_visit(node)
+
+    def _arguments(self, node: ast.Call, fn, target_src, scope) -> tuple[dict, dict]:
+        """The kinds and project classes of the arguments, by the callee's parameter names."""
         params = [a.arg for a in [*fn.args.posonlyargs, *fn.args.args]]
         if params and params[0] in ("self", "cls") and target_src.owner.get(id(fn)) is not None:
             params = params[1:]   # a method: its first parameter is the object
@@ -493,11 +518,43 @@ class Checker(SyncRules, CopyRules, InsideRules, EnvRules, Kinds, ast.NodeVisito
             if isinstance(a, ast.Starred):
                 continue
             kinds[p] = self.kind(a)
-            inst = self.project.instance_of(self.src, a, scope, self.types)
-            if inst is not None:
-                types[p] = inst
-        self.pending.append((target_src, fn, kinds, types, (*self.chain, f"{self.src.name}:{node.lineno}"),
-                             list(self.functions)))
+            insts = self.project.instances_of(self.src, a, scope, self.types)
+            if insts:
+                types[p] = insts
+        return kinds, types
+
+    def follow(self, node: ast.Call) -> None:
+        """Queue the project function this hot call runs, with its parameters' kinds and classes."""
+        if len(self.chain) >= MAX_DEPTH:
+            return
+        scope = self.defs[-1] if self.defs else None
+        for target_src, fn in self.project.resolve(self.src, node, scope, self.types):
+            if fn is scope:
+                continue
+            kinds, types = self._arguments(node, fn, target_src, scope)
+            self.pending.append((target_src, fn, kinds, types, (*self.chain, f"{self.src.name}:{node.lineno}"),
+                                 list(self.functions)))
+
+
+def summarize(project: Project, src: Source, fn, kinds: dict, depth: int, flags: dict) -> str | None:
+    """The kind `fn` returns when called with arguments of `kinds`: its return values' kinds if they
+    agree, else None. A scratch walk of its body that reports nothing (region 'off'), cached."""
+    key = (id(fn), tuple(sorted(kinds.items(), key=lambda kv: kv[0])))
+    if key in project.summaries:
+        return project.summaries[key]
+    project.summaries[key] = None
+    hotmap = project.hotmaps.get(id(src)) or HotMap(src.tree, str(src.path), src.nodes)
+    c = Checker(src, project, hotmap, flags)
+    c.summary_depth = depth
+    for st in src.tree.body:
+        if isinstance(st, (ast.Import, ast.ImportFrom)):
+            c.visit(st)
+    c.collect, c.region = fn, "off"
+    c.defs = c._enclosing(fn)
+    c._function(fn, region="off", chain=("summary",), seed=kinds)
+    found = set(c.returns)
+    project.summaries[key] = k = found.pop() if len(found) == 1 else None
+    return k
 
 
 __all__ = ["RULES", "SYNC_RULES", "TITLES", "Finding", "Checker", "MAX_DEPTH"]
