@@ -148,10 +148,14 @@ class HotMap:
         return self._rate_limited(node.test, node.body)
 
     def _rate_limited(self, test: ast.AST, body: list[ast.stmt]) -> bool:
+        nodes = list(ast.walk(test))
+        if any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod) and self.constants.get(name_of(n.right)) == 1
+               for n in nodes):
+            return False   # `iter_num % log_interval == 0` with `log_interval = 1` at the top: every step
         rare = False
-        for n in ast.walk(test):
+        for n in nodes:
             if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod):
-                rare = rare or self.constants.get(name_of(n.right)) != 1   # `% log_interval` with log_interval = 1
+                rare = True
             elif isinstance(n, ast.Compare) and any(isinstance(op, ast.Eq) for op in n.ops) \
                     and any(_COUNTER.search(name_of(x) or "") for x in [n.left, *n.comparators]):
                 rare = True

@@ -135,6 +135,8 @@ class Kinds:
             return "str"
         if isinstance(node, (ast.List, ast.Tuple)):
             return self._list_kind([self.kind(e) for e in node.elts])
+        if isinstance(node, ast.Dict):   # {"scores": s, "boxes": b}: a container of device tensors
+            return "tlist" if any(self.kind(v) in TENSORISH for v in node.values if v is not None) else None
         if isinstance(node, ast.ListComp):
             binder = getattr(self, "bind_loop_target", None)
             self.scopes.append({})
@@ -385,9 +387,8 @@ class Kinds:
         name = self.dotted(node) or ""
         if name.startswith("torch.") and name.count(".") == 1:
             return None  # torch.float16 and friends: a dtype
-        if isinstance(node, ast.Attribute) and node.attr == "device" \
-                and self.kind(node.value) in ({"host", "pinned", "numpy"} | BATCHES):
-            return "cpu"   # .to(t.device) with t on the host stays on the host
+        if isinstance(node, ast.Attribute) and node.attr == "device":   # .to(t.device): where t is
+            return "cpu" if self.kind(node.value) in ({"host", "pinned", "numpy"} | BATCHES) else "cuda"
         if isinstance(node, (ast.Name, ast.Attribute)):
             tail = name.rsplit(".", 1)[-1].lower()
             if "dtype" in tail or "type" == tail:

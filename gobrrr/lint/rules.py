@@ -242,8 +242,9 @@ class Checker(SyncRules, CopyRules, InsideRules, EnvRules, Kinds, ast.NodeVisito
             for a in params[1:]:
                 if scope.get(a.arg) is None:
                     tensors = _FORWARD_TENSORS if node.name == "forward" else _HOOK_TENSORS
-                    scope[a.arg] = "num" if "idx" in a.arg else "tensor" if a.arg in tensors \
-                        or ("batch" in a.arg and node.name != "forward") else "obj" if is_model_name(a.arg) or "module" in a.arg \
+                    batch = "batch" in a.arg   # forward(self, batched_inputs): a host batch it copies itself
+                    scope[a.arg] = "num" if "idx" in a.arg else "batch" if batch and node.name == "forward" \
+                        else "tensor" if a.arg in tensors or batch else "obj" if is_model_name(a.arg) or "module" in a.arg \
                         or a.arg == "trainer" else None
         for name, k in (seed or {}).items():
             if scope.get(name) is None:
@@ -356,7 +357,8 @@ class Checker(SyncRules, CopyRules, InsideRules, EnvRules, Kinds, ast.NodeVisito
             if method in ("named_parameters", "named_buffers", "items") and isinstance(target, ast.Tuple) \
                     and len(target.elts) == 2:
                 self.bind(target.elts[0], "str")
-                value = recv if recv in BATCHES else "tensor" if method != "items" or recv in TENSORISH else None
+                value = recv if recv in BATCHES else "tensor" if method != "items" or recv in TENSORISH | {"tlist"} \
+                    else None
                 return self.bind(target.elts[1], value)
             if method == "values" and recv in BATCHES | TENSORISH:
                 return self.bind(target, recv)
