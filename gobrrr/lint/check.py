@@ -46,7 +46,7 @@ from gobrrr.lint.files import python_files
 from gobrrr.lint.graph import Project, Source, parse
 from gobrrr.lint.hot import HotMap, may_use_gpu
 from gobrrr.lint.inside import validation_off_globally
-from gobrrr.lint.loops import Facts, calls_by_def, looping_closure, stepping_defs
+from gobrrr.lint.loops import Facts, looping_closure, stepping_defs
 from gobrrr.lint.rules import RULES, SYNC_RULES, TITLES, Checker, Finding
 
 __all__ = ["RULES", "Finding", "lint_source", "lint_paths", "lint_file", "check_sources", "main"]
@@ -98,7 +98,7 @@ def check_sources(sources: list[Source], assume_gpu: bool = False) -> tuple[list
         f.stepping |= stepping
         hotmaps[id(s)] = project.hotmaps[id(s)] = HotMap(s.tree, str(s.path), s.nodes, facts=f)
         looping |= hotmaps[id(s)].looping
-        for name, names in calls_by_def(s.nodes).items():
+        for name, names in s.calls.items():
             called.setdefault(name, set()).update(names)
     looping = looping_closure(called, looping)
     for s in sources:   # a loop that calls another file's def holding a step loop is an outer loop

@@ -17,12 +17,14 @@ A mixin of lint_rules.Checker: it relies on `kind()`, `flag()`, `findings`, `nam
 from __future__ import annotations
 
 import ast
+import re
 
 from gobrrr.lint.kinds import TENSORISH
 from gobrrr.lint.loops import env_steps, is_env_name, name_of, own_level
 
 _READS = {"cpu", "numpy", "item", "tolist"}
 _ROUND_TRIP = {"GB001", "GB002", "GB005", "GB009", "GB010"}
+_ENVISH = re.compile(r"make|Env|vec|env", re.I)
 _CPU_ENV_MAKERS = ("gym.make", "gymnasium.make", "gym.vector.", "gymnasium.vector.", "envpool.make",
                    "gym.wrappers.", "gymnasium.wrappers.", "SyncVectorEnv", "AsyncVectorEnv", "DummyVecEnv",
                    "SubprocVecEnv", "make_vec_env")
@@ -106,7 +108,7 @@ def env_makers(nodes: list[ast.AST]) -> dict[str, str]:
     """name -> the call that made it, for `env = gym.make(...)`-like assignments (CPU environments)."""
     out = {}
     for n in nodes:
-        if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call):
+        if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call) and _ENVISH.search(name_of(n.value.func)):
             made = ast.unparse(n.value.func)
             if any(made.startswith(m) or m in made for m in _CPU_ENV_MAKERS):
                 for t in n.targets:

@@ -33,19 +33,27 @@ GENERIC = {"forward", "step", "update", "reset", "train", "eval", "get", "set", 
            "__call__", "__init__", "__getitem__", "__len__", "__iter__", "__next__", "__enter__", "__exit__"}
 
 
-def walk(tree: ast.AST) -> list[ast.AST]:
-    """Every node below `tree` (itself first), in one flat list: one pass, cheaper than ast.walk."""
+def walk(tree: ast.AST, calls: dict[str, set[str]] | None = None) -> list[ast.AST]:
+    """Every node below `tree` (itself first), in one flat list: one pass, cheaper than ast.walk.
+    With `calls`, also fill def name -> the names it calls (a nested def's calls are its own)."""
     out = []
-    stack = [tree]
+    stack = [(tree, None)]
+    AST, Call, Def = ast.AST, ast.Call, (ast.FunctionDef, ast.AsyncFunctionDef)
     while stack:
-        node = stack.pop()
+        node, owner = stack.pop()
         out.append(node)
+        if calls is not None:
+            if isinstance(node, Def):
+                owner = calls.setdefault(node.name, set())
+            elif owner is not None and isinstance(node, Call):
+                f = node.func
+                owner.add(f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else "")
         for name in node._fields:
             v = getattr(node, name, None)
-            if isinstance(v, list):
-                stack.extend(x for x in reversed(v) if isinstance(x, ast.AST))
-            elif isinstance(v, ast.AST):
-                stack.append(v)
+            if v.__class__ is list:
+                stack.extend((x, owner) for x in reversed(v) if isinstance(x, AST))
+            elif isinstance(v, AST):
+                stack.append((v, owner))
     return out
 
 
@@ -64,6 +72,7 @@ class Source:
     instances: dict[tuple[int, str], list[ast.expr]] = field(default_factory=dict)  # (id(scope), name) -> made by
     ctor_calls: list[tuple[ast.AST | None, ast.Call]] = field(default_factory=list)  # `x = Cls(a, k=b)`, in scope
     param_attrs: dict[tuple[int, str], list[str]] = field(default_factory=dict)  # (id(cls), param) -> self.attrs
+    calls: dict[str, set[str]] = field(default_factory=dict)   # def name -> the names it calls
 
     @property
     def name(self) -> str:
@@ -73,7 +82,9 @@ class Source:
 def parse(path: Path, text: str) -> Source:
     """Parse and index one file; SyntaxError / RecursionError propagate to the caller."""
     tree = ast.parse(text, filename=str(path))
-    src = Source(path, text, tree, walk(tree))
+    calls: dict[str, set[str]] = {}
+    src = Source(path, text, tree, walk(tree, calls))
+    src.calls = calls
     src.functions = {s.name: s for s in tree.body if isinstance(s, DEFS)}
     _index_scopes(src, tree, None, None)
     for node in src.nodes:
@@ -165,6 +176,7 @@ class Project:
                     if isinstance(d, DEFS):
                         self.methods.setdefault(d.name, []).append((s, d))
         self.module_classes = self._module_classes()
+        self._lookups: dict = {}
         self.summaries: dict = {}   # (id(def), argument kinds) -> the kind it returns (lint_rules.summarize)
         self.hotmaps: dict = {}     # id(Source) -> its HotMap, once built
         self.attr_types: dict[tuple[int, str], list] = {}   # (id(cls), attr) -> classes its constructors were given
@@ -189,7 +201,13 @@ class Project:
 
     def lookup(self, src: Source, name: str, depth: int = 0):
         """What `name` means at the top of `src`: ('def', Source, def), ('class', Source, ClassDef),
-        ('module', Source, None) or None."""
+        ('module', Source, None) or None (cached: the index does not change)."""
+        key = (id(src), name)
+        if key not in self._lookups:
+            self._lookups[key] = self._lookup(src, name, depth)
+        return self._lookups[key]
+
+    def _lookup(self, src: Source, name: str, depth: int = 0):
         if name in src.functions:
             return ("def", src, src.functions[name])
         if name in src.classes:

@@ -67,6 +67,10 @@ def is_bench_name(name: str) -> bool:
     return bool(_BENCH.search(name))
 
 
+_SIMPLE = (ast.Expr, ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Return, ast.Import, ast.ImportFrom, ast.Pass,
+           ast.Raise, ast.Assert, ast.Delete, ast.Global, ast.Nonlocal, ast.Break, ast.Continue)
+
+
 def _ends_flow(body: list[ast.stmt]) -> bool:
     last = body[-1] if body else None
     if isinstance(last, (ast.Raise, ast.Break, ast.Return)):
@@ -116,7 +120,8 @@ class HotMap:
 
     def restep(self) -> None:
         """(Re)find the step loops, with what `facts` knows now."""
-        self.step_loops, self.update_loops, self.env_loops, self.looping = step_loops(self.tree, self.facts, self.rare)
+        self.step_loops, self.update_loops, self.env_loops, self.looping = step_loops(
+            self.tree, self.facts, lambda n: id(n) in self.off_ifs)
 
     def _hooks(self, tree: ast.Module, module_classes) -> None:
         in_loops = None
@@ -176,6 +181,8 @@ class HotMap:
         `if step % N != 0: continue`): they run on the rare steps only."""
         out: set[int] = set()
         for node in nodes:
+            if not isinstance(node, (ast.stmt, ast.Module, ast.excepthandler)) or isinstance(node, _SIMPLE):
+                continue
             for field in ("body", "orelse", "finalbody"):
                 body = getattr(node, field, None)
                 if not isinstance(body, list):

@@ -230,9 +230,14 @@ def env_steps(node: ast.AST) -> bool:
 
 def stepping_defs(nodes: list[ast.AST], facts: Facts) -> set[str]:
     """Names of the defs among `nodes` whose own level updates (backward / optimizer step)."""
+    marks = {n.lineno for n in nodes if isinstance(n, ast.Attribute) and n.attr in ("backward", "step", "optimizer_step")
+             or isinstance(n, ast.Name) and n.id in facts.stepping}
+    if not marks:
+        return set()
     out = set()
     for fn in nodes:
-        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) \
+                and any(fn.lineno <= m <= (fn.end_lineno or fn.lineno) for m in marks) and any(
                 isinstance(n, ast.Call) and facts.step_kind(n) == "update" for n in own_level(fn.body)):
             out.add(fn.name)
     return out
@@ -299,16 +304,6 @@ def looping_closure(calls_by_def: dict[str, set[str]], looping: set[str]) -> set
     return out
 
 
-def calls_by_def(nodes: list[ast.AST]) -> dict[str, set[str]]:
-    """def name -> the names it calls (nested defs included: a closure runs when its parent lets it)."""
-    out: dict[str, set[str]] = {}
-    for fn in nodes:
-        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            out.setdefault(fn.name, set()).update(
-                name_of(n.func) for n in ast.walk(fn) if isinstance(n, ast.Call))
-    return out
-
-
 def statements(node: ast.AST):
     """The statements directly inside a statement (its bodies, handlers and cases): loops and defs
     are statements, so a walk for them need not enter expressions."""
@@ -332,5 +327,5 @@ def _takes_batches(loop: ast.AST, calls: list[ast.Call]) -> bool:
     return isinstance(it, (ast.Name, ast.Attribute)) and bool(LOADER_NAME.search(name_of(it)))
 
 
-__all__ = ["Facts", "step_loops", "looping_closure", "calls_by_def", "stepping_defs", "own_level", "name_of", "dotted", "is_model_name",
+__all__ = ["Facts", "step_loops", "looping_closure", "stepping_defs", "own_level", "name_of", "dotted", "is_model_name",
            "is_env_name", "env_steps", "statements", "HOUSEKEEPING", "OPTIM", "LOADER_NAME", "LOOPS", "DEFS"]
