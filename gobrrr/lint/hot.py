@@ -42,7 +42,7 @@ from gobrrr.lint.loops import (
 _RARE_WORDS = {"log", "logging", "print", "interval", "every", "freq", "frequency", "first",
                "verbose", "debug", "save", "saving", "ckpt", "checkpoint", "eval", "evaluate", "evaluation", "val",
                "valid", "validate", "validation", "warmup", "report", "display", "show", "visualize", "profile",
-               "profiling", "dump", "tensorboard", "wandb"}
+               "profiling", "dump", "tensorboard", "wandb", "plot", "plots"}
 _COUNTER = re.compile(r"^(i|j|k|it|n|step|steps|iter|iters|iteration|idx|batch_idx|batch_i|batch_id|"
                       r"global_step|iter_num|n_iter|epoch|micro_step|completed_steps|num_updates|"
                       r"update|updates)$|_(step|idx|iter|iters|steps|num)$", re.I)
@@ -164,6 +164,10 @@ class HotMap:
             elif isinstance(n, ast.Compare) and any(isinstance(op, ast.Eq) for op in n.ops) \
                     and any(_COUNTER.search(name_of(x) or "") for x in [n.left, *n.comparators]):
                 rare = True
+            elif isinstance(n, ast.Compare) and len(n.ops) == 1 and isinstance(n.ops[0], (ast.Lt, ast.LtE)) \
+                    and _COUNTER.search(name_of(n.left) or "") and isinstance(n.comparators[0], ast.Constant) \
+                    and isinstance(n.comparators[0].value, int) and n.comparators[0].value <= 10:
+                rare = True   # `if batch_i < 3:` the first few iterations
             elif isinstance(n, (ast.Name, ast.Attribute)) and _words(name_of(n)) & _RARE_WORDS:
                 rare = True
             elif isinstance(n, ast.Call) and _TIMER.search(dotted(n.func)):
@@ -215,7 +219,8 @@ class HotMap:
                         continue
                     near = body[max(0, i - 1):i] + body[i + 1:i + 2]
                     if any(_calls(s, _TIMER.search) for s in near):
-                        self.timed.add(stmt.lineno)
+                        self.timed |= {n.lineno for n in ast.walk(stmt) if isinstance(n, ast.Call)
+                                       and dotted(n.func).endswith("synchronize")}
 
 
 def _called_in_loops(tree: ast.AST) -> set[str]:
@@ -246,8 +251,14 @@ def _graph_mode(test: ast.AST) -> bool:
 
 
 def _lazy_init(node: ast.If) -> bool:
-    """`if preds is None: preds = ...`: runs on the first iteration only."""
+    """`if preds is None: preds = ...`, `if self.grid[i].shape != x.shape: self.grid[i] = ...`: runs
+    when a cached value is missing or stale (the first iteration, a new input size), not every step."""
     t = node.test
+    assigned = {ast.unparse(x) for s in node.body if isinstance(s, ast.Assign) for x in s.targets
+                if isinstance(x, (ast.Attribute, ast.Subscript))}
+    if assigned and any(isinstance(n, (ast.Attribute, ast.Subscript)) and ast.unparse(n) in assigned
+                        for n in ast.walk(t)):
+        return True
     if not (isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], ast.Is)
             and isinstance(t.comparators[0], ast.Constant) and t.comparators[0].value is None):
         return False
@@ -261,6 +272,8 @@ def _words(name: str) -> set[str]:
 
 
 def _calls(stmt: ast.AST, pred) -> bool:
+    if isinstance(stmt, ast.If) and not stmt.orelse:   # if torch.cuda.is_available(): torch.cuda.synchronize()
+        return all(not isinstance(s, (ast.If, *LOOPS)) for s in stmt.body) and any(_calls(s, pred) for s in stmt.body)
     if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, *LOOPS, ast.If)):
         return False
     return any(isinstance(n, ast.Call) and pred(dotted(n.func)) for n in ast.walk(stmt))

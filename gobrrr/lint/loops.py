@@ -200,14 +200,14 @@ class Facts:
             if receiver != "self" and (is_model_name(receiver) or receiver in self.models) \
                     and (call.args or call.keywords):
                 return "forward"  # model.decode(memory, ys), agent.get_action_and_value(obs)
-            if is_model_name(func.attr) or func.attr in self.models:
+            if (is_model_name(func.attr) or func.attr in self.models) and (call.args or call.keywords):
                 return "forward"
             return "forward" if self._runs_model(call, func.attr) else None
         if isinstance(func, ast.Name):
             if func.id in self.stepping:
                 return "update"
-            if is_model_name(func.id) or func.id in self.models:
-                return "forward"
+            if (is_model_name(func.id) or func.id in self.models) and (call.args or call.keywords):
+                return "forward"   # a module is called on a batch; `item_generator()` is not one
             return "forward" if self._runs_model(call, func.id) else None
         return None
 
