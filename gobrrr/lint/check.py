@@ -78,7 +78,8 @@ def _suppressions(text: str) -> dict[int, set[str]]:
 
 # ------------------------------------------------------------------------------------------- API
 
-def check_sources(sources: list[Source], assume_gpu: bool = False) -> tuple[list[Finding], list[Source]]:
+def check_sources(sources: list[Source], assume_gpu: bool = False,
+                  errors: list[str] | None = None) -> tuple[list[Finding], list[Source]]:
     """Every finding (hot or not) of these parsed files, checked as one project, and the files
     skipped as CPU-only (they never name a device; `assume_gpu` checks them). The project is
     indexed once; calls from hot code are followed breadth-first, each function walked once."""
@@ -112,7 +113,7 @@ def check_sources(sources: list[Source], assume_gpu: bool = False) -> tuple[list
     queue = []
     for s in sources:
         c = checkers[id(s)] = Checker(s, project, hotmaps[id(s)], flags)
-        c.check_module()
+        _guarded(c.check_module, s, errors)
         if not gpu[id(s)]:
             _hold_back(c, gpu_project)
         queue += c.pending
@@ -134,7 +135,7 @@ def check_sources(sources: list[Source], assume_gpu: bool = False) -> tuple[list
                 continue
             seen.add(id(fn))
             c = checkers[id(target)]
-            c.check_hot(fn, kinds, types, chain, functions)
+            _guarded(lambda: c.check_hot(fn, kinds, types, chain, functions), target, errors)
             nxt += c.pending
             c.pending = []
         queue = nxt
@@ -149,6 +150,24 @@ def check_sources(sources: list[Source], assume_gpu: bool = False) -> tuple[list
                 found.append(f)
     skipped = [s for s in sources if not gpu[id(s)] and not any(f.path == str(s.path) for f in found)]
     return sorted(found, key=lambda f: (f.path, f.line, f.col, f.rule)), skipped
+
+
+def _guarded(step, s: Source, errors: list[str] | None) -> None:
+    """Run one walk; a bug of the linter on this file becomes one line (or ValueError), not a traceback."""
+    try:
+        step()
+    except (RecursionError, MemoryError) as e:
+        _fail(f"{s.path}:0: cannot check this file: an expression too deeply nested ({e.__class__.__name__}); "
+              f"split it or skip the file with --exclude", errors, e)
+    except Exception as e:  # noqa: BLE001 - one file must not stop the others
+        _fail(f"{s.path}:0: gobrrr lint failed on this file ({e.__class__.__name__}: {e}); skip it with "
+              f"--exclude and report the bug with the file", errors, e)
+
+
+def _fail(message: str, errors: list[str] | None, cause: BaseException) -> None:
+    if errors is None:
+        raise ValueError(message) from cause
+    errors.append(message)
 
 
 def _hold_back(c: Checker, gpu_project: bool) -> None:
@@ -222,7 +241,7 @@ def lint_paths(paths, select=None, errors: list | None = None, *, everything: bo
         raise FileNotFoundError(problems[0]) if "no such file" in problems[0] else ValueError(problems[0])
     if errors is not None:
         errors += problems
-    found, _ = check_sources(read_sources(files, errors), assume_gpu)
+    found, _ = check_sources(read_sources(files, errors), assume_gpu, errors)
     return [f for f in found if f.rule in wanted and (everything or f.hot)]
 
 
@@ -275,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     files, errors, tests_skipped = python_files(args.paths, args.exclude, args.tests)
     sources = read_sources(files, errors)
-    found, cpu_only = check_sources(sources, args.assume_gpu)
+    found, cpu_only = check_sources(sources, args.assume_gpu, errors)
     found = [f for f in found if f.rule in wanted]
     shown = [f for f in found if args.everything or f.hot]
     hidden = len(found) - len(shown)

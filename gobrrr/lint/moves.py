@@ -53,9 +53,9 @@ class CopyRules:
                 and self.kind(node.args[0]) in BATCHES:
             self.flag(node, "GB009", what=_short(node))   # x_dev.copy_(batch): a blocking copy into a device buffer
         elif name.startswith("torch.") and name.count(".") == 1 and name[6:] in DATA_FACTORIES and self.looping() \
-                and not self.per_prompt() and not (isinstance(node.args[0], (ast.List, ast.Tuple)) and not node.args[0].elts) \
-                and "device" in kw and self.device_of(kw["device"]) == "cuda" and node.args \
-                and self.kind(node.args[0]) not in TENSORISH:
+                and node.args and not self.per_prompt() and "device" in kw and self.device_of(kw["device"]) == "cuda" \
+                and self.kind(node.args[0]) not in TENSORISH \
+                and not (isinstance(node.args[0], (ast.List, ast.Tuple)) and not node.args[0].elts):   # [] copies nothing
             self.flag(node, "GB010", what=_short(node))   # torch.tensor(host_list, device="cuda")
 
     def index_rule(self, node: ast.Subscript) -> None:
