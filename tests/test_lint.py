@@ -382,3 +382,28 @@ def test_fix_printed_once_per_rule_and_exclude(tmp_path, capsys):
     assert capsys.readouterr().out.count(": GB004") == 2
     assert main([str(tmp_path), "--exclude", "*.py"]) == 2          # nothing left to check is not "clean"
     assert "nothing to check: every Python file was excluded" in capsys.readouterr().err
+
+
+def test_cpu_only_files_said_and_included_on_request(tmp_path, capsys):
+    """Issue 30: a file that never names a device is skipped, and the summary says so, why, and how to
+    include it; a folder without Python files is an error, not "clean"."""
+    cpu = tmp_path / "cpu.py"
+    cpu.write_text("def train(model, loader, opt):\n    total = 0.0\n    for x, y in loader:\n"
+                   "        loss = model(x, y)\n        loss.backward()\n        opt.step()\n"
+                   "        total += loss.item()\n")
+    assert main([str(cpu)]) == 0
+    out = capsys.readouterr().out.strip()
+    assert out == ("gobrrr lint: clean (1 file); 1 of them never names a device and was skipped as CPU-only code, "
+                   "where loops sync nothing (cpu.py; --assume-gpu checks it)")
+    assert main([str(cpu), "--assume-gpu"]) == 1
+    assert "cpu.py:7:18: GB002" in capsys.readouterr().out
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "notes.txt").write_text("no code here")
+    assert main([str(empty)]) == 2
+    cap = capsys.readouterr()
+    assert cap.err.count("\n") == 1 and "no Python files (*.py) below this folder" in cap.err
+    assert "clean" not in cap.out
+    (tmp_path / "gpu.py").write_text("import torch\nx = torch.zeros(3, device='cuda')\n")
+    assert main([str(tmp_path / "gpu.py")]) == 0
+    assert capsys.readouterr().out.strip() == "gobrrr lint: clean (1 file)"

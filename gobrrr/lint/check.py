@@ -316,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gobrrr lint: error: {e}", file=sys.stderr)
     sys.stderr.flush()
     if args.format == "text":
-        print(summary(len(shown), len(sources) - len(cpu_only), errors, hidden, tests_skipped, cpu_only))
+        print(summary(len(shown), len(sources), errors, hidden, tests_skipped, cpu_only))
     return 2 if errors else (1 if shown else 0)
 
 
@@ -334,9 +334,10 @@ def summary(n: int, n_files: int, errors: list[str], hidden: int, skipped: int, 
         extra.append(f"{hidden} more outside the step loops (--all shows them)")
     if cpu_only:
         names = ", ".join(s.path.name for s in list(cpu_only)[:3]) + (", ..." if len(cpu_only) > 3 else "")
-        verb = "names" if len(cpu_only) == 1 else "name"
-        extra.append(f"{_n(len(cpu_only), 'file')} never {verb} a device, taken as CPU-only and skipped "
-                     f"({names}; --assume-gpu checks them)")
+        one = len(cpu_only) == 1
+        extra.append(f"{len(cpu_only)} of them never {'names' if one else 'name'} a device and "
+                     f"{'was' if one else 'were'} skipped as CPU-only code, where loops sync nothing "
+                     f"({names}; --assume-gpu checks {'it' if one else 'them'})")
     if skipped:
         extra.append(f"{_n(skipped, 'test file')} skipped (--tests checks them)")
     return "gobrrr lint: " + head + (f"; {'; '.join(extra)}" if extra else "")
