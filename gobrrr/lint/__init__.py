@@ -1,8 +1,10 @@
 """gobrrr.lint: `gobrrr lint PATH`, the static check for host-device anti-patterns (Part 1).
 
-Open check.py first (files in, findings out, the CLI). hot.py decides which code runs per step;
-rules.py holds the rules GB001-GB009 and their fixes; kinds.py and sync.py say which values are
-tensors on the device and which calls sync. Reads source only: never imports the user's code.
+Open check.py first (files in, findings out, the CLI). graph.py indexes the project once and says
+which def a call runs; loops.py recognises step loops by what they do; hot.py decides which code runs
+per step; calls.py follows calls from it across files; rules.py holds the rules GB001-GB014 and the
+walk, with the rules by concept in sync.py, moves.py, inside.py and env.py; kinds.py says which
+values are tensors on the device. Reads source only: never imports the user's code.
 """
 from gobrrr.lint.check import Finding, lint_file, lint_paths, lint_source, main
 

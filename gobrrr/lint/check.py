@@ -19,10 +19,10 @@ GB013  a sync inside torch: distributions with validation, torch.normal(m, t) ->
 GB014  a CPU environment stepped per iteration (once per loop)               -> a GPU env or batched envs
 
 Few false positives by design (a finding a user must dismiss costs more than a missed one): a
-rule needs evidence that the value is a tensor (lint_kinds), and by default only code that runs
-every step is reported: step loops, recognised by what they do (lint_loops), per-step hooks, a
-module's forward and an optimizer's step (lint_hot), loops that sync on each element, and the
-project functions they call, across files and a few calls deep (lint_graph: the project is
+rule needs evidence that the value is a tensor (kinds), and by default only code that runs
+every step is reported: step loops, recognised by what they do (loops), per-step hooks, a
+module's forward and an optimizer's step (hot), loops that sync on each element, and the
+project functions they call, across files and a few calls deep (graph: the project is
 indexed once per run; a finding reached through calls shows the chain
 `train.py:120 -> utils.py:44 -> here`). Rate-limited, error and timing code is left alone;
 `--all` adds the findings in other loops. Files that never name a device are taken as CPU-only

@@ -12,7 +12,7 @@ round trip, and those lines are not reported again.
     GPU environment   the action stays a device tensor: the step's results are device tensors,
                       so `if done.any():` on them is a GB007 like any other
 
-A mixin of lint_rules.Checker: it relies on `kind()`, `flag()`, `findings`, `names_at`.
+A mixin of rules.Checker: it relies on `kind()`, `flag()`, `findings`, `names_at`.
 """
 from __future__ import annotations
 

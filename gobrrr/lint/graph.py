@@ -177,7 +177,7 @@ class Project:
                         self.methods.setdefault(d.name, []).append((s, d))
         self.module_classes = self._module_classes()
         self._lookups: dict = {}
-        self.summaries: dict = {}   # (id(def), argument kinds) -> the kind it returns (lint_rules.summarize)
+        self.summaries: dict = {}   # (id(def), argument kinds) -> the kind it returns (rules.summarize)
         self.hotmaps: dict = {}     # id(Source) -> its HotMap, once built
         self.attr_types: dict[tuple[int, str], list] = {}   # (id(cls), attr) -> classes its constructors were given
         for s in sources:

@@ -3,7 +3,7 @@
 A sync costs something only where it repeats. This pass marks, before any rule runs:
 
     step loops     loops that update, call a module, take batches or step an environment, and
-                   hold no inner step loop (lint_loops: by what they do, not by names).
+                   hold no inner step loop (loops: by what they do, not by names).
     hot code       a step loop's body, and everything nested in it; the body of a per-step hook:
                    one a framework calls (`training_step`, `compute_loss`, ...), a module's
                    `forward()` (it runs on every batch), an optimizer's `step()`, a method that
@@ -18,7 +18,7 @@ A sync costs something only where it repeats. This pass marks, before any rule r
                    function named bench/timing/profile...): deliberate measurement, not a stall.
 
 The functions hot code calls (in this file or another) are followed by the call graph
-(lint_graph), not here. Everything here is syntactic and runs before the kinds of lint_kinds.
+(graph), not here. Everything here is syntactic and runs before the kinds of kinds.
 """
 from __future__ import annotations
 
@@ -82,8 +82,8 @@ def _ends_flow(body: list[ast.stmt]) -> bool:
 
 class HotMap:
     """The step loops, hooks, rare branches and timed syncs of one module (see the module doc).
-    `nodes`: the module's nodes in one flat list (lint_graph.walk); `module_classes`: the names of
-    the project's nn.Module classes; `facts`: lint_loops.Facts with the project's updating defs."""
+    `nodes`: the module's nodes in one flat list (graph.walk); `module_classes`: the names of
+    the project's nn.Module classes; `facts`: loops.Facts with the project's updating defs."""
 
     def __init__(self, tree: ast.Module, path: str = "", nodes: list[ast.AST] | None = None,
                  module_classes=frozenset(), facts: Facts | None = None):

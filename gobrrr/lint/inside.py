@@ -9,7 +9,7 @@
              `torch.distributions.Distribution.set_default_validate_args(False)`) removes them.
              `torch.normal(mean, std)` with a tensor std: torch checks `std >= 0` on the host.
 
-A mixin of lint_rules.Checker: it relies on `kind()`, `looping()`, `flag()`, `project_flags`.
+A mixin of rules.Checker: it relies on `kind()`, `looping()`, `flag()`, `project_flags`.
 """
 from __future__ import annotations
 

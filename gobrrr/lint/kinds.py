@@ -82,7 +82,7 @@ class Kinds:
     def __init__(self):
         self.scopes: list[dict[str, str | None]] = [{}]
         self.aliases: dict[str, str] = {}       # local name -> module or object path ("F" -> torch.nn.functional)
-        self.models: set[str] = set()           # names assigned a module in this file (from lint_hot)
+        self.models: set[str] = set()           # names assigned a module in this file (from hot)
         self.self_attrs: dict[str, str | None] = {}   # `self.loss = ...` anywhere in the file: attr -> kind
         self.local_defs: dict[str, ast.AST] = {}      # the file's module-level defs (their return annotations)
 
@@ -207,7 +207,7 @@ class Kinds:
         return "hlist" if kinds and all(k in ("host", "pinned", "hlist") for k in kinds) else None
 
     def return_kind(self, node: ast.Call) -> str | None:
-        """What a project function returns (lint_rules.Checker reads its body); None if unknown."""
+        """What a project function returns (rules.Checker reads its body); None if unknown."""
         return None
 
     def call_kind(self, node: ast.Call) -> str | None:

@@ -10,7 +10,7 @@
     GB011  a device tensor indexed by host indices (`b_obs[mb_inds]` with a numpy array, a CPU
            `torch.arange`, a `range` or a list): the index is copied to the device, blocking, each time
 
-A mixin of lint_rules.Checker: it relies on `kind()`, `copy_target()`, `looping()`, `flag()`.
+A mixin of rules.Checker: it relies on `kind()`, `copy_target()`, `looping()`, `flag()`.
 """
 from __future__ import annotations
 

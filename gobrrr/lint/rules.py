@@ -1,15 +1,15 @@
 """What `gobrrr lint` looks for: the rules GB001-GB014 and the AST walk that finds them.
 
-Per file, after lint_hot.HotMap (syntax only: step loops, hooks, rare branches, timed syncs), the
-Checker walks the module once with lint_kinds' guess of what each name holds and applies a rule
-only with evidence that the value is a tensor. The rules live in mixins by concept: lint_sync
-(reading a device value on the host, synchronize, data-dependent shapes), lint_moves (copies and
-host indices), lint_inside (barriers, syncs inside torch), lint_env (CPU environments).
+Per file, after hot.HotMap (syntax only: step loops, hooks, rare branches, timed syncs), the
+Checker walks the module once with kinds' guess of what each name holds and applies a rule
+only with evidence that the value is a tensor. The rules live in mixins by concept: sync
+(reading a device value on the host, synchronize, data-dependent shapes), moves (copies and
+host indices), inside (barriers, syncs inside torch), env (CPU environments).
 
 Regions: None (straight-line code), 'cold' (a loop that does not step), 'hot' (a step loop, a
 per-step hook, a per-element loop that syncs on each element, a function called from hot code),
 'off' (rare branches, error paths). Each call made from hot code is resolved through the project
-(lint_graph) and queued in `pending`; the driver (lint.check_project) walks the queued function
+(graph) and queued in `pending`; the driver (lint.check_project) walks the queued function
 later as hot, its parameters typed from the call site, with the chain of calls that made it hot.
 """
 from __future__ import annotations
@@ -17,6 +17,7 @@ from __future__ import annotations
 import ast
 from dataclasses import asdict, dataclass, field
 
+from gobrrr.lint.calls import MAX_DEPTH, CallRules
 from gobrrr.lint.env import EnvRules, env_makers
 from gobrrr.lint.graph import Project, Source
 from gobrrr.lint.hot import HotMap, is_model_name
@@ -40,7 +41,8 @@ RULES = {
               "the host waits", "pin the source: .pin_memory(), DataLoader(pin_memory=True) or gobrrr.Prefetcher; "
               "an op on a pinned tensor (.to(dtype), .float()) returns pageable memory: convert on the device"),
     "GB006": ("DataLoader without pin_memory=True whose batches go to CUDA: every copy is a slow, blocking "
-              "copy from pageable memory", "pass pin_memory=True and copy with non_blocking=True, or wrap it in gobrrr.Prefetcher"),
+              "copy from pageable memory",
+              "pass pin_memory=True and copy with non_blocking=True, or wrap it in gobrrr.Prefetcher"),
     "GB007": ("a tensor used as a Python condition{where} waits for the GPU to decide the branch",
               "keep the decision on the device: torch.where(cond, a, b) or masking; check on the host every N steps"),
     "GB008": ("{what} inside a loop has a data-dependent output shape: the host waits for the GPU to learn the size",
@@ -79,7 +81,6 @@ TITLES = {"GB001": "a tensor built on the host, then moved to the device", "GB00
           "GB012": "a barrier every step (dist.barrier, wait_for_everyone)",
           "GB013": "a sync inside torch (distributions' validation, torch.normal's std check)",
           "GB014": "a CPU environment stepped per iteration (one finding per loop)"}
-MAX_DEPTH = 4   # calls followed from a hot loop into the project's functions
 # a module's forward: parameters that hold tensors (or lists and dicts of them) by their usual names
 _FORWARD_TENSORS = {"x", "input", "inputs", "outputs", "output", "logits", "targets", "labels", "hidden_states",
                     "y", "src", "tgt", "query", "key", "value"}
@@ -109,7 +110,7 @@ class Finding:
             ("" if self.hot else " [not per-step]")
 
 
-class Checker(SyncRules, CopyRules, InsideRules, EnvRules, Kinds, ast.NodeVisitor):
+class Checker(CallRules, SyncRules, CopyRules, InsideRules, EnvRules, Kinds, ast.NodeVisitor):
     """One module's findings (see the module doc)."""
 
     def __init__(self, src: Source, project: Project | None = None, hotmap: HotMap | None = None,
@@ -486,77 +487,6 @@ class Checker(SyncRules, CopyRules, InsideRules, EnvRules, Kinds, ast.NodeVisito
             self.visit(func)
             return self.visit_off(*node.args, *[k.value for k in node.keywords])
         self.generic_visit(node)
-
-    def return_kind(self, node: ast.Call) -> str | None:
-        """What the project def this call runs returns, learnt by walking its body with the call's
-        argument kinds (two calls deep, in hot code): a CPU matcher's index list, a helper's tensor."""
-        if (self.region != "hot" and not self.summary_depth) or self.summary_depth >= 2 \
-                or not isinstance(node.func, (ast.Name, ast.Attribute)):
-            return None
-        if id(node) in self.return_kinds:
-            return self.return_kinds[id(node)]
-        self.return_kinds[id(node)] = None   # a recursive call learns nothing
-        scope = self.defs[-1] if self.defs else None
-        found = set()
-        for target_src, fn in self.project.resolve(self.src, node, scope, self.types, fallback=False)[:3]:
-            kinds, _ = self._arguments(node, fn, target_src, scope)
-            found.add(summarize(self.project, target_src, fn, kinds, self.summary_depth + 1, self.project_flags))
-        k = found.pop() if len(found) == 1 else None
-        self.return_kinds[id(node)] = k
-        return k
-
-    def visit_Return(self, node: ast.Return) -> None:
-        if self.collect is not None and self.defs and self.defs[-1] is self.collect:
-            self.returns.append(self.kind(node.value) if node.value is not None else "num")
-        self.generic_visit(node)
-
-    def _arguments(self, node: ast.Call, fn, target_src, scope) -> tuple[dict, dict]:
-        """The kinds and project classes of the arguments, by the callee's parameter names."""
-        params = [a.arg for a in [*fn.args.posonlyargs, *fn.args.args]]
-        if params and params[0] in ("self", "cls") and target_src.owner.get(id(fn)) is not None:
-            params = params[1:]   # a method: its first parameter is the object
-        kinds, types = {}, {}
-        for p, a in [*zip(params, node.args), *((k.arg, k.value) for k in node.keywords if k.arg)]:
-            if isinstance(a, ast.Starred):
-                continue
-            kinds[p] = self.kind(a)
-            insts = self.project.instances_of(self.src, a, scope, self.types)
-            if insts:
-                types[p] = insts
-        return kinds, types
-
-    def follow(self, node: ast.Call) -> None:
-        """Queue the project function this hot call runs, with its parameters' kinds and classes."""
-        if len(self.chain) >= MAX_DEPTH:
-            return
-        scope = self.defs[-1] if self.defs else None
-        for target_src, fn in self.project.resolve(self.src, node, scope, self.types):
-            if fn is scope:
-                continue
-            kinds, types = self._arguments(node, fn, target_src, scope)
-            self.pending.append((target_src, fn, kinds, types, (*self.chain, f"{self.src.name}:{node.lineno}"),
-                                 list(self.functions)))
-
-
-def summarize(project: Project, src: Source, fn, kinds: dict, depth: int, flags: dict) -> str | None:
-    """The kind `fn` returns when called with arguments of `kinds`: its return values' kinds if they
-    agree, else None. A scratch walk of its body that reports nothing (region 'off'), cached."""
-    key = (id(fn), tuple(sorted(kinds.items(), key=lambda kv: kv[0])))
-    if key in project.summaries:
-        return project.summaries[key]
-    project.summaries[key] = None
-    hotmap = project.hotmaps.get(id(src)) or HotMap(src.tree, str(src.path), src.nodes)
-    c = Checker(src, project, hotmap, flags)
-    c.summary_depth = depth
-    for st in src.tree.body:
-        if isinstance(st, (ast.Import, ast.ImportFrom)):
-            c.visit(st)
-    c.collect, c.region = fn, "off"
-    c.defs = c._enclosing(fn)
-    c._function(fn, region="off", chain=("summary",), seed=kinds)
-    found = set(c.returns)
-    project.summaries[key] = k = found.pop() if len(found) == 1 else None
-    return k
 
 
 __all__ = ["RULES", "SYNC_RULES", "TITLES", "Finding", "Checker", "MAX_DEPTH"]

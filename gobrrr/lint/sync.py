@@ -1,6 +1,6 @@
 """The expression rules of `gobrrr lint` that read a device value on the host: GB002 (`.item()`,
 `.cpu()`, `float(t)`), GB003 (printing, formatting or logging a tensor), GB004 (synchronize), GB008
-(data-dependent shapes). A mixin of lint_rules.Checker: it relies on the checker's `kind()`,
+(data-dependent shapes). A mixin of rules.Checker: it relies on the checker's `kind()`,
 `looping()`, `flag()`, `hotmap` and `functions`; each rule fires only on evidence of a tensor.
 """
 from __future__ import annotations

@@ -1,0 +1,99 @@
+"""Following calls from hot code into the project's own functions (a mixin of rules.Checker).
+
+    follow        a call made in hot code: the project defs it runs (graph.Project.resolve) are
+                  queued in `pending` with the kinds and classes of their arguments and the chain of
+                  call sites (`train.py:120`, `utils.py:44`); the driver (check.check_sources) walks
+                  each later as hot, breadth-first, each def once, at most MAX_DEPTH calls deep
+    return_kind   what a project def returns, for the kinds: a scratch walk of its body with the
+                  call's argument kinds that reports nothing (`summarize`, cached per def and kinds),
+                  two calls deep: a CPU matcher's host index lists, a helper's device tensor
+
+It relies on the checker's `kind()`, `src`, `project`, `defs`, `types`, `chain`, `region`.
+"""
+from __future__ import annotations
+
+import ast
+
+from gobrrr.lint.graph import Project, Source
+from gobrrr.lint.hot import HotMap
+
+MAX_DEPTH = 4   # calls followed from a hot loop into the project's functions
+
+
+class CallRules:
+    """Calls out of hot code: where they go, and what they give back."""
+
+    def return_kind(self, node: ast.Call) -> str | None:
+        """What the project def this call runs returns, learnt by walking its body with the call's
+        argument kinds (two calls deep, in hot code): a CPU matcher's index list, a helper's tensor."""
+        if (self.region != "hot" and not self.summary_depth) or self.summary_depth >= 2 \
+                or not isinstance(node.func, (ast.Name, ast.Attribute)):
+            return None
+        if id(node) in self.return_kinds:
+            return self.return_kinds[id(node)]
+        self.return_kinds[id(node)] = None   # a recursive call learns nothing
+        scope = self.defs[-1] if self.defs else None
+        found = set()
+        for target_src, fn in self.project.resolve(self.src, node, scope, self.types, fallback=False)[:3]:
+            kinds, _ = self._arguments(node, fn, target_src, scope)
+            found.add(summarize(type(self), self.project, target_src, fn, kinds, self.summary_depth + 1,
+                                self.project_flags))
+        k = found.pop() if len(found) == 1 else None
+        self.return_kinds[id(node)] = k
+        return k
+
+    def visit_Return(self, node: ast.Return) -> None:
+        if self.collect is not None and self.defs and self.defs[-1] is self.collect:
+            self.returns.append(self.kind(node.value) if node.value is not None else "num")
+        self.generic_visit(node)
+
+    def _arguments(self, node: ast.Call, fn, target_src, scope) -> tuple[dict, dict]:
+        """The kinds and project classes of the arguments, by the callee's parameter names."""
+        params = [a.arg for a in [*fn.args.posonlyargs, *fn.args.args]]
+        if params and params[0] in ("self", "cls") and target_src.owner.get(id(fn)) is not None:
+            params = params[1:]   # a method: its first parameter is the object
+        kinds, types = {}, {}
+        for p, a in [*zip(params, node.args), *((k.arg, k.value) for k in node.keywords if k.arg)]:
+            if isinstance(a, ast.Starred):
+                continue
+            kinds[p] = self.kind(a)
+            insts = self.project.instances_of(self.src, a, scope, self.types)
+            if insts:
+                types[p] = insts
+        return kinds, types
+
+    def follow(self, node: ast.Call) -> None:
+        """Queue the project function this hot call runs, with its parameters' kinds and classes."""
+        if len(self.chain) >= MAX_DEPTH:
+            return
+        scope = self.defs[-1] if self.defs else None
+        for target_src, fn in self.project.resolve(self.src, node, scope, self.types):
+            if fn is scope:
+                continue
+            kinds, types = self._arguments(node, fn, target_src, scope)
+            self.pending.append((target_src, fn, kinds, types, (*self.chain, f"{self.src.name}:{node.lineno}"),
+                                 list(self.functions)))
+
+
+def summarize(checker_cls, project: Project, src: Source, fn, kinds: dict, depth: int, flags: dict) -> str | None:
+    """The kind `fn` returns when called with arguments of `kinds`: its return values' kinds if they
+    agree, else None. A scratch walk of its body that reports nothing (region 'off'), cached."""
+    key = (id(fn), tuple(sorted(kinds.items(), key=lambda kv: kv[0])))
+    if key in project.summaries:
+        return project.summaries[key]
+    project.summaries[key] = None
+    hotmap = project.hotmaps.get(id(src)) or HotMap(src.tree, str(src.path), src.nodes)
+    c = checker_cls(src, project, hotmap, flags)
+    c.summary_depth = depth
+    for st in src.tree.body:
+        if isinstance(st, (ast.Import, ast.ImportFrom)):
+            c.visit(st)
+    c.collect, c.region = fn, "off"
+    c.defs = c._enclosing(fn)
+    c._function(fn, region="off", chain=("summary",), seed=kinds)
+    found = set(c.returns)
+    project.summaries[key] = k = found.pop() if len(found) == 1 else None
+    return k
+
+
+__all__ = ["CallRules", "MAX_DEPTH", "summarize"]
