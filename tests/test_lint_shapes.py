@@ -348,3 +348,44 @@ def test_500_files_in_well_under_30_seconds(tmp_path):
     spent = time.process_time() - t0
     assert found and Project.builds == before + 1
     assert spent < 30, f"{spent:.1f} s of CPU for 500 files"
+
+
+def test_forward_main_path_flags_and_helpers_returning_host_indices():
+    body = """
+    class Criterion(nn.Module):
+        def forward(self, outputs, targets, log=True):
+            indices = self.match(outputs, targets)
+            if self.training:
+                n = outputs.sum().item()
+                return n
+            if log:
+                err = outputs[indices].mean()
+            return 0
+
+        def match(self, outputs, targets):
+            c = outputs.cpu()
+            return [(torch.as_tensor(i), torch.as_tensor(j)) for i, j in zip(c, c)]
+    """
+    assert {("GB002", 6), ("GB011", 9), ("GB002", 13)} <= set(default(body))
+
+
+def test_copies_of_dicts_and_mixed_tuples_are_no_tensors():
+    body = """
+    import copy
+    def mapper(dataset_dict, items):
+        for d in items:
+            d = copy.deepcopy(d)
+            d.pop("annotations")
+
+    def partition(x: torch.Tensor):
+        return x * 2, (x.shape[0], x.shape[1])
+
+    class Block(nn.Module):
+        def forward(self, x):
+            y, pad = partition(x)
+            hp, wp = pad
+            if hp > 3:
+                y = y[:3]
+            return y
+    """
+    assert default(body) == []

@@ -44,7 +44,10 @@ class CallRules:
 
     def visit_Return(self, node: ast.Return) -> None:
         if self.collect is not None and self.defs and self.defs[-1] is self.collect:
-            self.returns.append(self.kind(node.value) if node.value is not None else "num")
+            k = self.kind(node.value) if node.value is not None else "num"
+            if k is None and isinstance(node.value, (ast.Tuple, ast.List)):
+                k = ""   # a mixed tuple, `x, (h, w)`: known not to be one tensor
+            self.returns.append(k)
         self.generic_visit(node)
 
     def _arguments(self, node: ast.Call, fn, target_src, scope) -> tuple[dict, dict]:

@@ -136,7 +136,8 @@ class Kinds:
         if isinstance(node, (ast.List, ast.Tuple)):
             return self._list_kind([self.kind(e) for e in node.elts])
         if isinstance(node, ast.Dict):   # {"scores": s, "boxes": b}: a container of device tensors
-            return "tlist" if any(self.kind(v) in TENSORISH for v in node.values if v is not None) else None
+            values = [self.kind(v) for v in node.values if v is not None]
+            return "tlist" if values and all(k in TENSORISH for k in values) else None
         if isinstance(node, ast.ListComp):
             binder = getattr(self, "bind_loop_target", None)
             self.scopes.append({})
@@ -201,13 +202,15 @@ class Kinds:
 
     @staticmethod
     def _list_kind(kinds: list) -> str | None:
-        """A list of device tensors is a tlist; one of host tensors (or of such lists) an hlist."""
-        if any(k in TENSORISH for k in kinds):
+        """A list of device tensors is a tlist; one of host tensors (or of such lists) an hlist; a mix,
+        `(x, (Hp, Wp))`, is neither."""
+        if kinds and all(k in TENSORISH for k in kinds):
             return "tlist"
         return "hlist" if kinds and all(k in ("host", "pinned", "hlist") for k in kinds) else None
 
     def return_kind(self, node: ast.Call) -> str | None:
-        """What a project function returns (rules.Checker reads its body); None if unknown."""
+        """What a project function returns (rules.Checker reads its body): None if unknown, "" if
+        known to be neither a tensor nor a list of them."""
         return None
 
     def call_kind(self, node: ast.Call) -> str | None:
@@ -275,7 +278,7 @@ class Kinds:
                 return "obj"  # a class: a module, a meter, a config; not a tensor
         summary = self.return_kind(node)
         if summary is not None:
-            return summary
+            return summary or None   # "": a project function that returns a mixed tuple
         if isinstance(func, ast.Attribute) and func.attr in DEVICE_WRAPPERS and len(node.args) == 1:
             k = self.iter_kind(node.args[0])
             if k and k.startswith("loader"):

@@ -53,7 +53,7 @@ _OPTIM_MAKERS = re.compile(r"(^|\.)optim\.[A-Z]\w*$|Optimi[sz]er$|(^|\.)(Adam|Ad
                            r"(create|build|get|make|configure)_optimizers?$")
 _MODEL_MAKERS = re.compile(r"(^|\.)(from_pretrained|create_model|build_model|get_model|load_model|"
                            r"DistributedDataParallel|DDP|DataParallel|FSDP|FullyShardedDataParallel)$|^torch\.compile$|"
-                           r"(^|\.)(models|nn)\.[A-Za-z_]+$|^torchvision\.models\.|(^|\.)deepcopy$")
+                           r"(^|\.)(models|nn)\.[A-Za-z_]+$|^torchvision\.models\.")
 # callees that take a model without running it on a batch
 _NOT_RUNNING = re.compile(r"^_*(save|load|log|print|set|build|create|get|init|copy|deepcopy|wrap|unwrap|prepare|"
                           r"register|count|summary|summarize|freeze|unfreeze|to|move|apply|isinstance|hasattr|"
@@ -163,6 +163,9 @@ class Facts:
             call = call.func.value   # QNetwork(envs).to(device)
         made = dotted(call.func)
         last = made.rsplit(".", 1)[-1]
+        if made.endswith("deepcopy"):   # ema = copy.deepcopy(model); not a copy of a dict
+            a = call.args[0] if call.args else None
+            return "model" if isinstance(a, (ast.Name, ast.Attribute)) and is_model_name(name_of(a)) else None
         if _OPTIM_MAKERS.search(made) and not made.startswith("torch.optim.lr_scheduler"):
             return "optimizer"
         if _MODEL_MAKERS.search(made) and not re.search(r"(^|\.)nn\.(functional|init|utils)|Loss$", made):
