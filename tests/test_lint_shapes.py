@@ -389,3 +389,22 @@ def test_copies_of_dicts_and_mixed_tuples_are_no_tensors():
             return y
     """
     assert default(body) == []
+
+
+def test_calling_an_object_without_arguments_and_unpacking_a_guess():
+    body = """
+    from unittest.mock import MagicMock
+    in_phase = MagicMock()
+
+    class Layer(nn.Module):
+        def forward(self, x):
+            busy = in_phase()
+            q, was_packed = repack(x)
+            if not busy and was_packed:
+                x = x + 1
+            scores, labels = x.softmax(-1).max(-1)
+            if labels.sum() > 0:
+                x = x * 2
+            return x
+    """
+    assert default(body) == [("GB007", 13)]

@@ -285,7 +285,7 @@ class Kinds:
                 return "loader_device"   # accelerator.prepare(loader): its batches arrive on the device
         if isinstance(func, ast.Attribute):
             return self.method_kind(node, func)
-        if self.is_model(func) or re.search(r"loss|criterion", name_of(func), re.I):
+        if (self.is_model(func) and (node.args or node.keywords)) or re.search(r"loss|criterion", name_of(func), re.I):
             return "tensor"  # a model's forward or a loss
         if {self.kind(a) for a in node.args} & TENSORISH:
             return "tensor"  # an unknown callable fed a device tensor (a layer, a loss)

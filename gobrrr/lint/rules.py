@@ -15,12 +15,13 @@ later as hot, its parameters typed from the call site, with the chain of calls t
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import asdict, dataclass, field
 
 from gobrrr.lint.calls import MAX_DEPTH, CallRules
 from gobrrr.lint.env import EnvRules, env_makers
 from gobrrr.lint.graph import Project, Source
-from gobrrr.lint.hot import HotMap, is_model_name
+from gobrrr.lint.hot import HotMap, is_model_name, name_of
 from gobrrr.lint.inside import InsideRules
 from gobrrr.lint.kinds import BATCHES, DEVICE_WRAPPERS, ITEM_KIND, LOADERS_PINNED, TENSORISH, Kinds
 from gobrrr.lint.moves import CopyRules
@@ -301,6 +302,8 @@ class Checker(CallRules, SyncRules, CopyRules, InsideRules, EnvRules, Kinds, ast
                 self.bind(t, k)
             return
         k = self.kind(value)
+        if k == "tensor" and any(isinstance(t, ast.Tuple) for t in node.targets) and self.guessed(value):
+            k = None   # `q, was_thd = helper(q)`: a guess that a call returns a tensor says nothing of its parts
         for t in node.targets:
             self.bind(t, k)
             if k == "loader_pageable" and isinstance(t, ast.Name):
@@ -310,6 +313,17 @@ class Checker(CallRules, SyncRules, CopyRules, InsideRules, EnvRules, Kinds, ast
         if dotted and dotted.endswith(".synchronize") and len(node.targets) == 1 \
                 and isinstance(node.targets[0], ast.Name):
             self.aliases[node.targets[0].id] = dotted  # synchronize = torch.cuda.synchronize
+
+    def guessed(self, value: ast.AST) -> bool:
+        """A call whose result is a tensor only by the guess that an unknown callable fed a tensor
+        returns one: not a torch op, a module's forward, a loss, or a project function read."""
+        if not isinstance(value, ast.Call) or not isinstance(value.func, (ast.Name, ast.Attribute)):
+            return False
+        name = self.dotted(value.func) or ""
+        return not (name.startswith("torch.") or self.is_model(value.func) or self.return_kind(value)
+                    or (isinstance(value.func, ast.Attribute) and (self.is_model(value.func.value)
+                                                                   or self.kind(value.func.value) in TENSORISH))
+                    or re.search(r"loss|criterion|forward", name_of(value.func), re.I))
 
     def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
         if node.value is not None:
