@@ -407,4 +407,4 @@ def test_calling_an_object_without_arguments_and_unpacking_a_guess():
                 x = x * 2
             return x
     """
-    assert default(body) == [("GB007", 13)]
+    assert default(body) == [("GB007", 12)]
