@@ -408,3 +408,23 @@ def test_calling_an_object_without_arguments_and_unpacking_a_guess():
             return x
     """
     assert default(body) == [("GB007", 12)]
+
+
+def test_unknown_results_as_conditions_and_early_exits():
+    body = """
+    def save_and_exit(model, signals):
+        if any(signals):
+            torch.distributed.barrier()
+            return True, False
+        return False, False
+
+    def train(model, loader, opt, run_schedule, tok):
+        for x in loader:
+            losses = run_schedule(model, x)
+            if losses:
+                opt.step()
+            text = tok.batch_decode(model(x).argmax(-1))
+            print("{}".format(text))
+            done, _ = save_and_exit(model, [])
+    """
+    assert default(body) == []

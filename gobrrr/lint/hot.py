@@ -71,12 +71,13 @@ _SIMPLE = (ast.Expr, ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Return, ast.I
            ast.Raise, ast.Assert, ast.Delete, ast.Global, ast.Nonlocal, ast.Break, ast.Continue)
 
 
-def _ends_flow(body: list[ast.stmt], in_loop: bool = True) -> bool:
-    """The branch leaves: raise, break, exit, or (inside a loop) return. `if self.training: ... return
-    losses` in a forward is its main path, not an early exit."""
+def _ends_flow(body: list[ast.stmt]) -> bool:
+    """The branch leaves early: raise, break, exit, a return of what is already computed."""
     last = body[-1] if body else None
-    if isinstance(last, (ast.Raise, ast.Break)) or (in_loop and isinstance(last, ast.Return)):
+    if isinstance(last, (ast.Raise, ast.Break)):
         return True
+    if isinstance(last, ast.Return):   # `return self.prepare_bbox(preds)` does the work: not an early exit
+        return last.value is None or not any(isinstance(n, ast.Call) for n in ast.walk(last.value))
     if isinstance(last, ast.Expr) and isinstance(last.value, ast.Call):
         return name_of(last.value.func) in ("exit", "_exit", "abort")
     return False
@@ -103,7 +104,7 @@ class HotMap:
         self.timed: set[int] = set()             # lines of synchronize() calls used for timing
         self.bench_file = is_bench_name(path)    # benchmarks/..., bench_attention.py, param_bench/...
         self.off_elses: set[int] = set()         # id(If) whose else runs only when scripting/tracing/compiling
-        self.loop_ifs, self.on_flags = _if_context(tree)
+        self.on_flags = _default_on_flags(tree)
         for n in nodes:
             if isinstance(n, ast.If):
                 if self.rare(n) or _graph_mode(n.test):
@@ -151,7 +152,9 @@ class HotMap:
     def rare(self, node: ast.If) -> bool:
         """The body runs on few iterations: rate-limited, first step, a flag, a timer; and it does
         not hold the optimizer step (`if (i + 1) % accum == 0: opt.step()` is the step itself)."""
-        if _ends_flow(node.body, id(node) in self.loop_ifs) or _lazy_init(node):
+        if _mode_switch(node.test):
+            return False   # `if self.training: ... return losses`: a forward's main path, not an early exit
+        if _ends_flow(node.body) or _lazy_init(node):
             return True
         if isinstance(node.test, ast.Name) and id(node) in self.on_flags.get(node.test.id, ()):
             return False   # `def loss_labels(..., log=True): ... if log:` runs on every call by default
@@ -255,29 +258,28 @@ def _graph_mode(test: ast.AST) -> bool:
     return isinstance(test, ast.Call) and bool(_GRAPH_MODE.search(dotted(test.func)))
 
 
-def _if_context(tree: ast.AST) -> tuple[set[int], dict[str, set[int]]]:
-    """(id of the ifs inside a loop of their def, flag name -> id of the ifs testing a parameter of
-    their def that defaults to True), in one walk over statements."""
-    in_loop: set[int] = set()
+def _mode_switch(test: ast.AST) -> bool:
+    """`if self.training:`, `if not self.training:`, `if model.training and ...`: train or eval mode."""
+    return any(isinstance(n, ast.Attribute) and n.attr == "training" for n in ast.walk(test))
+
+
+def _default_on_flags(tree: ast.AST) -> dict[str, set[int]]:
+    """flag name -> id of the ifs that test a parameter of their def defaulting to True, in one walk
+    over statements."""
     flags: dict[str, set[int]] = {}
-    stack = [(tree, False, frozenset())]
+    stack = [(tree, frozenset())]
     while stack:
-        node, looping, on = stack.pop()
+        node, on = stack.pop()
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             a = node.args
             pos = [*a.posonlyargs, *a.args]
             pairs = [*zip(pos[len(pos) - len(a.defaults):], a.defaults), *zip(a.kwonlyargs, a.kw_defaults)]
-            looping, on = False, frozenset(p.arg for p, d in pairs if isinstance(d, ast.Constant) and d.value is True)
-        elif isinstance(node, ast.If):
-            if looping:
-                in_loop.add(id(node))
-            if isinstance(node.test, ast.Name) and node.test.id in on:
-                flags.setdefault(node.test.id, set()).add(id(node))
-        inner = looping or isinstance(node, LOOPS)
+            on = frozenset(p.arg for p, d in pairs if isinstance(d, ast.Constant) and d.value is True)
+        elif isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id in on:
+            flags.setdefault(node.test.id, set()).add(id(node))
         for field in ("body", "orelse", "finalbody", "handlers", "cases"):
-            for child in getattr(node, field, None) or ():
-                stack.append((child, inner if field == "body" or not isinstance(node, LOOPS) else looping, on))
-    return in_loop, flags
+            stack += [(child, on) for child in getattr(node, field, None) or ()]
+    return flags
 
 
 def _lazy_init(node: ast.If) -> bool:

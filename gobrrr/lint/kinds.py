@@ -39,7 +39,7 @@ NUMBER_METHODS = {"item", "size", "dim", "numel", "nelement", "ndimension", "ele
                   "is_complex", "is_set_to", "is_shared", "is_signed", "is_inference",
                   "endswith", "startswith", "isdigit", "isalpha", "isalnum", "isspace", "islower", "isupper",
                   "isidentifier", "isnumeric", "isdecimal", "count", "find", "index", "rfind", "__len__"}
-STR_METHODS = {"lower", "upper", "strip", "lstrip", "rstrip", "replace", "join", "format", "capitalize", "title",
+STR_METHODS = {"batch_decode", "convert_ids_to_tokens", "lower", "upper", "strip", "lstrip", "rstrip", "replace", "join", "format", "capitalize", "title",
                "removeprefix", "removesuffix", "zfill", "ljust", "rjust", "center", "casefold", "encode", "decode"}
 NOT_TENSOR_METHODS = {"parameters", "named_parameters", "buffers", "named_buffers", "modules", "named_modules",
                       "children", "named_children", "state_dict", "keys", "items", "values", "get", "train", "eval",
@@ -59,6 +59,10 @@ NOT_TENSOR_TORCH = {"is_tensor", "is_floating_point", "is_complex", "is_nonzero"
 VIEW_METHODS = {"view", "reshape", "narrow", "squeeze", "unsqueeze", "flatten", "permute", "transpose", "t",
                 "expand", "select", "split", "chunk", "unbind", "detach", "view_as", "contiguous"}
 DTYPE_METHODS = {"float", "half", "bfloat16", "double", "long", "int", "short", "bool", "byte", "char", "type_as"}
+# methods that name a tensor operation: on an unknown receiver, evidence that it is a tensor
+TENSOR_METHODS = {"any", "all", "sum", "mean", "max", "min", "norm", "argmax", "argmin", "std", "var", "detach", "abs",
+                  "sqrt", "exp", "log", "softmax", "log_softmax", "float", "half", "bfloat16", "clone", "squeeze",
+                  "unsqueeze", "view", "reshape", "argsort", "topk"}
 DATA_DEPENDENT = {"nonzero", "unique", "unique_consecutive", "masked_select", "argwhere"}
 DEVICE_WRAPPERS = {"prepare", "prepare_data_loader", "setup_dataloaders"}   # accelerate / Lightning Fabric
 LOADERS_PINNED = {"Prefetcher", "PinnedWorkerLoader", "from_dataloader"}
@@ -335,9 +339,7 @@ class Kinds:
             return "tensor"  # self.model(x)
         if method in ("forward", "generate") and self.is_model(func.value):
             return "generated" if method == "generate" else "tensor"
-        if method in ("any", "all", "sum", "mean", "max", "min", "norm", "argmax", "argmin", "std", "var",
-                      "detach", "abs", "sqrt", "exp", "log", "softmax", "log_softmax", "float", "half",
-                      "bfloat16", "clone", "squeeze", "unsqueeze", "view", "reshape", "argsort", "topk"):
+        if method in TENSOR_METHODS:
             return "tensor" if recv is None and not isinstance(func.value, ast.Constant) else None
         if recv is None and {self.kind(a) for a in node.args} & TENSORISH:
             return "tensor"  # utils.reduce(loss), self.fc(x): fed a device tensor, gives one

@@ -23,7 +23,7 @@ from gobrrr.lint.env import EnvRules, env_makers
 from gobrrr.lint.graph import Project, Source
 from gobrrr.lint.hot import HotMap, is_model_name, name_of
 from gobrrr.lint.inside import InsideRules
-from gobrrr.lint.kinds import BATCHES, DEVICE_WRAPPERS, ITEM_KIND, LOADERS_PINNED, TENSORISH, Kinds
+from gobrrr.lint.kinds import BATCHES, DEVICE_WRAPPERS, ITEM_KIND, LOADERS_PINNED, TENSOR_METHODS, TENSORISH, Kinds
 from gobrrr.lint.moves import CopyRules
 from gobrrr.lint.sync import SyncRules
 
@@ -139,6 +139,7 @@ class Checker(CallRules, SyncRules, CopyRules, InsideRules, EnvRules, Kinds, ast
         self.waiting: list[tuple] = []          # pending calls of a CPU-only file, held back (lint.check_sources)
         self.dropped: dict = {}                 # findings of a CPU-only file, held back
         self.loop_stack: list[int] = []         # id() of the enclosing loops
+        self.guesses: set[str] = set()          # names bound to an unknown call's result, guessed a tensor
         self.module_scope: dict = {}
         self.summary_depth = 0                  # > 0 in a scratch walk that only learns what a def returns
         self.collect: ast.AST | None = None     # that def
@@ -302,8 +303,10 @@ class Checker(CallRules, SyncRules, CopyRules, InsideRules, EnvRules, Kinds, ast
                 self.bind(t, k)
             return
         k = self.kind(value)
-        if k == "tensor" and any(isinstance(t, ast.Tuple) for t in node.targets) and self.guessed(value):
-            k = None   # `q, was_thd = helper(q)`: a guess that a call returns a tensor says nothing of its parts
+        if k == "tensor" and self.guessed(value):
+            if any(isinstance(t, ast.Tuple) for t in node.targets):
+                k = None   # `q, was_thd = helper(q)`: a guess that a call returns a tensor says nothing of its parts
+            self.guesses.update(t.id for t in node.targets if isinstance(t, ast.Name))
         for t in node.targets:
             self.bind(t, k)
             if k == "loader_pageable" and isinstance(t, ast.Name):
@@ -323,7 +326,8 @@ class Checker(CallRules, SyncRules, CopyRules, InsideRules, EnvRules, Kinds, ast
         return not (name.startswith("torch.") or self.is_model(value.func) or self.return_kind(value)
                     or (isinstance(value.func, ast.Attribute) and (self.is_model(value.func.value)
                                                                    or self.kind(value.func.value) in TENSORISH))
-                    or re.search(r"loss|criterion|forward", name_of(value.func), re.I))
+                    or re.search(r"loss|criterion|forward", name_of(value.func), re.I)
+                    or name_of(value.func) in TENSOR_METHODS)
 
     def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
         if node.value is not None:
@@ -476,6 +480,10 @@ class Checker(CallRules, SyncRules, CopyRules, InsideRules, EnvRules, Kinds, ast
     visit_ListComp = visit_SetComp = visit_GeneratorExp = visit_DictComp = _comprehension
 
     def check_condition(self, test: ast.AST, where: str = " inside a loop") -> None:
+        parts = test.values if isinstance(test, ast.BoolOp) else [test]
+        parts = [p.operand if isinstance(p, ast.UnaryOp) and isinstance(p.op, ast.Not) else p for p in parts]
+        if all(self.kind(p) not in TENSORISH or (isinstance(p, ast.Name) and p.id in self.guesses) for p in parts):
+            return   # `if losses:` on the result of an unknown call: as likely a list as a tensor
         if self.looping() and self.kind(test) in TENSORISH:
             self.flag(test, "GB007", where=where)
 
