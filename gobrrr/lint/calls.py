@@ -13,9 +13,12 @@ It relies on the checker's `kind()`, `src`, `project`, `defs`, `types`, `chain`,
 from __future__ import annotations
 
 import ast
+import re
 
 from gobrrr.lint.graph import Project, Source
 from gobrrr.lint.hot import HotMap
+from gobrrr.lint.kinds import TENSOR_METHODS, TENSORISH
+from gobrrr.lint.loops import name_of
 
 MAX_DEPTH = 4   # calls followed from a hot loop into the project's functions
 
@@ -41,6 +44,18 @@ class CallRules:
         k = found.pop() if len(found) == 1 else None
         self.return_kinds[id(node)] = k
         return k
+
+    def guessed(self, value: ast.AST) -> bool:
+        """A call whose result is a tensor only by the guess that an unknown callable fed a tensor
+        returns one: not a torch op, a module's forward, a loss, or a project function read."""
+        if not isinstance(value, ast.Call) or not isinstance(value.func, (ast.Name, ast.Attribute)):
+            return False
+        name = self.dotted(value.func) or ""
+        return not (name.startswith("torch.") or self.is_model(value.func) or self.return_kind(value)
+                    or (isinstance(value.func, ast.Attribute) and (self.is_model(value.func.value)
+                                                                   or self.kind(value.func.value) in TENSORISH))
+                    or re.search(r"loss|criterion|forward", name_of(value.func), re.I)
+                    or name_of(value.func) in TENSOR_METHODS)
 
     def visit_Return(self, node: ast.Return) -> None:
         if self.collect is not None and self.defs and self.defs[-1] is self.collect:

@@ -39,8 +39,9 @@ NUMBER_METHODS = {"item", "size", "dim", "numel", "nelement", "ndimension", "ele
                   "is_complex", "is_set_to", "is_shared", "is_signed", "is_inference",
                   "endswith", "startswith", "isdigit", "isalpha", "isalnum", "isspace", "islower", "isupper",
                   "isidentifier", "isnumeric", "isdecimal", "count", "find", "index", "rfind", "__len__"}
-STR_METHODS = {"batch_decode", "convert_ids_to_tokens", "lower", "upper", "strip", "lstrip", "rstrip", "replace", "join", "format", "capitalize", "title",
-               "removeprefix", "removesuffix", "zfill", "ljust", "rjust", "center", "casefold", "encode", "decode"}
+STR_METHODS = {"batch_decode", "convert_ids_to_tokens", "lower", "upper", "strip", "lstrip", "rstrip", "replace",
+               "join", "format", "capitalize", "title", "removeprefix", "removesuffix", "zfill", "ljust", "rjust",
+               "center", "casefold", "encode", "decode"}
 NOT_TENSOR_METHODS = {"parameters", "named_parameters", "buffers", "named_buffers", "modules", "named_modules",
                       "children", "named_children", "state_dict", "keys", "items", "values", "get", "train", "eval",
                       "zero_grad", "register_hook", "register_forward_hook", "apply", "append", "extend", "update",

@@ -58,6 +58,10 @@ class CopyRules:
                 and not (isinstance(node.args[0], (ast.List, ast.Tuple)) and not node.args[0].elts):   # [] copies nothing
             self.flag(node, "GB010", what=_short(node))   # torch.tensor(host_list, device="cuda")
 
+    def per_prompt(self) -> bool:
+        """In a loop that runs one generate() per iteration: a small copy per prompt is not worth a finding."""
+        return bool(self.loop_stack) and self.loop_stack[-1] in self.hotmap.prompt_loops
+
     def index_rule(self, node: ast.Subscript) -> None:
         """GB011: a device tensor indexed (read or written) by host indices."""
         if not self.looping() or self.kind(node.value) not in TENSORISH:

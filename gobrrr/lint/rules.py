@@ -15,15 +15,14 @@ later as hot, its parameters typed from the call site, with the chain of calls t
 from __future__ import annotations
 
 import ast
-import re
 from dataclasses import asdict, dataclass, field
 
 from gobrrr.lint.calls import MAX_DEPTH, CallRules
 from gobrrr.lint.env import EnvRules, env_makers
 from gobrrr.lint.graph import Project, Source
-from gobrrr.lint.hot import HotMap, is_model_name, name_of
+from gobrrr.lint.hot import HotMap, is_model_name
 from gobrrr.lint.inside import InsideRules
-from gobrrr.lint.kinds import BATCHES, DEVICE_WRAPPERS, ITEM_KIND, LOADERS_PINNED, TENSOR_METHODS, TENSORISH, Kinds
+from gobrrr.lint.kinds import BATCHES, DEVICE_WRAPPERS, ITEM_KIND, LOADERS_PINNED, TENSORISH, Kinds
 from gobrrr.lint.moves import CopyRules
 from gobrrr.lint.sync import SyncRules
 
@@ -170,10 +169,6 @@ class Checker(CallRules, SyncRules, CopyRules, InsideRules, EnvRules, Kinds, ast
         generation or inference loop, where a small per-prompt copy is not worth a finding."""
         return bool(self.chain) or not self.loop_stack or self.loop_stack[-1] in self.hotmap.update_loops
 
-    def per_prompt(self) -> bool:
-        """In a loop that runs one generate() per iteration: a small copy per prompt is not worth a finding."""
-        return bool(self.loop_stack) and self.loop_stack[-1] in self.hotmap.prompt_loops
-
     def visit(self, node: ast.AST):
         if self.region != "off" and id(node) in self.hotmap.off_tails:
             return self.visit_off(node)   # after `if not should_log(step): return`
@@ -316,18 +311,6 @@ class Checker(CallRules, SyncRules, CopyRules, InsideRules, EnvRules, Kinds, ast
         if dotted and dotted.endswith(".synchronize") and len(node.targets) == 1 \
                 and isinstance(node.targets[0], ast.Name):
             self.aliases[node.targets[0].id] = dotted  # synchronize = torch.cuda.synchronize
-
-    def guessed(self, value: ast.AST) -> bool:
-        """A call whose result is a tensor only by the guess that an unknown callable fed a tensor
-        returns one: not a torch op, a module's forward, a loss, or a project function read."""
-        if not isinstance(value, ast.Call) or not isinstance(value.func, (ast.Name, ast.Attribute)):
-            return False
-        name = self.dotted(value.func) or ""
-        return not (name.startswith("torch.") or self.is_model(value.func) or self.return_kind(value)
-                    or (isinstance(value.func, ast.Attribute) and (self.is_model(value.func.value)
-                                                                   or self.kind(value.func.value) in TENSORISH))
-                    or re.search(r"loss|criterion|forward", name_of(value.func), re.I)
-                    or name_of(value.func) in TENSOR_METHODS)
 
     def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
         if node.value is not None:
