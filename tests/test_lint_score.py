@@ -115,3 +115,11 @@ def test_missing_checkout_is_one_clear_error(tmp_path, capsys):
     rc = lint_score.main(["--repos", str(tmp_path / "none"), "--data", str(data)])
     err = capsys.readouterr().err
     assert rc == 2 and "toy:" in err and "check out" in err and "Traceback" not in err
+
+
+def test_a_finding_that_covers_other_lines_finds_them_without_counting_them():
+    """GB014 stands for a CPU environment's round trip: one finding at env.step covers its copies' lines."""
+    judged = {**JUDGED, "lines": [line("train.py", 40), line("train.py", 41), line("train.py", 45, verdict="rare")]}
+    s = lint_score.score_repo(judged, [{"path": "train.py", "line": 45, "rule": "GB014", "covers": [40, 41]}])
+    assert (s.step_found, s.step_total) == (2, 2)
+    assert (s.rare, s.step, s.false) == (1, 0, 0)   # precision counts the one finding, not the lines it covers
