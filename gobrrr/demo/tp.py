@@ -170,63 +170,73 @@ def _param_bytes(model: torch.nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-def _rank_body(rank, tp_degree: int) -> list[dict]:
-    """On every rank: per setting, one block's collectives, the largest tensor, two steps' losses."""
+def _one_block(mesh, sp: bool, x, y, dev) -> dict:
+    """One block's collectives = (a 2-block step) - (a 1-block step), measured, checked against comm_plan."""
+    from gobrrr.parallel.tp import GPT_PLAN, tp
+    from gobrrr.parallel.tp.report import comm_plan
+
+    f1, b1, _, _ = _measure(tp(_model(1, dev), mesh, plan=GPT_PLAN, sequence_parallel=sp), x, y)
+    model = tp(_model(2, dev), mesh, plan=GPT_PLAN, sequence_parallel=sp)
+    f2, b2, largest, saved = _measure(model, x, y)
+    measured = Counter({("forward",) + k: v for k, v in (f2 - f1).items()})
+    measured += Counter({("backward",) + k: v for k, v in (b2 - b1).items()})
+    rows = [r for r in comm_plan(model, ROWS, CFG.block_size) if r.module.startswith("blocks.0.")]
+    planned = Counter((r.phase, r.op, r.elements, r.element_size) for r in rows)
+    assert measured == planned, f"sp={sp}: one block measured {dict(measured)} != comm_plan {dict(planned)}"
+    tp_degree = mesh["tp"].size()
+    one_model = _model(2, dev)  # the same step in one process: its largest tensor and saved activations
+    _, _, one, saved_one = _measure(one_model, x, y)
+    return {"block": _block_rows(rows, tp_degree, "blocks.0", model, sp), "largest": (largest.shape, largest.bytes),
+            "largest_one": (one.shape, one.bytes), "saved": saved, "saved_one": saved_one,
+            "params": _param_bytes(model), "params_one": _param_bytes(one_model)}
+
+
+def _train_beside_one_process(mesh, sp: bool, dev) -> dict:
+    """STEPS of SGD (by hand: an optimizer would add nothing to the check), ddp over dp and tp inside, against
+    one process on the whole global batch; the losses must agree."""
     from torch.testing import assert_close
 
     from gobrrr.comm import collectives as comm
-    from gobrrr.parallel import ddp, make_mesh
+    from gobrrr.parallel import ddp
     from gobrrr.parallel.tp import GPT_PLAN, tp
-    from gobrrr.parallel.tp.report import comm_plan
+
+    dp, d = mesh["dp"].size(), mesh["dp"].get_local_rank()
+    mine = slice(d * ROWS, (d + 1) * ROWS)  # this dp replica's rows of every global batch
+    model = ddp(tp(_model(2, dev), mesh, plan=GPT_PLAN, sequence_parallel=sp), group=mesh["dp"].get_group())
+    ref = _model(2, dev)
+    losses, losses_one = [], []
+    for step in range(STEPS):
+        gx, gy = _batch(step, dp)
+        _, loss = model(gx[mine].to(dev), gy[mine].to(dev))
+        _, loss_one = ref(gx.to(dev), gy.to(dev))
+        loss.backward()
+        loss_one.backward()
+        with torch.no_grad():
+            for m in (model, ref):
+                for p in m.parameters():
+                    p -= LR * p.grad
+                    p.grad = None
+        losses.append(loss.detach())
+        losses_one.append(loss_one.detach())
+    avg = torch.stack(losses)                        # (STEPS,) this replica's loss
+    comm.all_reduce(avg, "sum", group=mesh["dp"].get_group())
+    avg /= dp                                         # the global batch's loss (replicas hold equal rows)
+    one = torch.stack(losses_one)
+    assert_close(avg, one, msg=lambda m: f"sp={sp}: the loss differs from one process's: {m}")
+    # sync: once, after the steps: the figures go back to the parent
+    return {"losses": avg.cpu().tolist(), "losses_one": one.cpu().tolist()}
+
+
+def _rank_body(rank, tp_degree: int) -> list[dict]:
+    """On every rank, without and with SP: one block's collectives and memory, then two steps' losses."""
+    from gobrrr.parallel import make_mesh
 
     torch.set_num_threads(1)  # the ranks share the machine's cores
     mesh = make_mesh(tp=tp_degree)
     dp, d, dev = mesh["dp"].size(), mesh["dp"].get_local_rank(), rank.device
-    mine = slice(d * ROWS, (d + 1) * ROWS)  # this dp replica's rows of every global batch
-    x, y = (t[mine].to(dev) for t in _batch(0, dp))
-    out = []
-    for sp in (False, True):
-        # 1. one block = (a 2-block step) - (a 1-block step), measured; comm_plan's rows for blocks.0 must agree
-        f1, b1, _, _ = _measure(tp(_model(1, dev), mesh, plan=GPT_PLAN, sequence_parallel=sp), x, y)
-        model = tp(_model(2, dev), mesh, plan=GPT_PLAN, sequence_parallel=sp)
-        f2, b2, largest, saved = _measure(model, x, y)
-        measured = Counter({("forward",) + k: v for k, v in (f2 - f1).items()})
-        measured += Counter({("backward",) + k: v for k, v in (b2 - b1).items()})
-        rows = [r for r in comm_plan(model, ROWS, CFG.block_size) if r.module.startswith("blocks.0.")]
-        planned = Counter((r.phase, r.op, r.elements, r.element_size) for r in rows)
-        assert measured == planned, f"sp={sp}: one block measured {dict(measured)} != comm_plan {dict(planned)}"
-        # 2. the same step in one process: its largest tensor and saved activations
-        one_model = _model(2, dev)
-        _, _, one, saved_one = _measure(one_model, x, y)
-        # 3. two training steps, ddp over dp and tp inside, against one process on the whole global batch;
-        #    SGD by hand (an optimizer would add nothing to the check)
-        model = ddp(tp(_model(2, dev), mesh, plan=GPT_PLAN, sequence_parallel=sp), group=mesh["dp"].get_group())
-        ref = _model(2, dev)
-        losses, losses_one = [], []
-        for step in range(STEPS):
-            gx, gy = _batch(step, dp)
-            _, loss = model(gx[mine].to(dev), gy[mine].to(dev))
-            _, loss_one = ref(gx.to(dev), gy.to(dev))
-            loss.backward()
-            loss_one.backward()
-            with torch.no_grad():
-                for m in (model, ref):
-                    for p in m.parameters():
-                        p -= LR * p.grad
-                        p.grad = None
-            losses.append(loss.detach())
-            losses_one.append(loss_one.detach())
-        avg = torch.stack(losses)                        # (STEPS,) this replica's loss
-        comm.all_reduce(avg, "sum", group=mesh["dp"].get_group())
-        avg /= dp                                         # the global batch's loss (replicas hold equal rows)
-        assert_close(avg, torch.stack(losses_one), msg=lambda m, sp=sp: f"sp={sp}: loss differs from one process: {m}")
-        losses_host = avg.cpu().tolist()  # sync: once per setting, after its steps: the figures go to the parent
-        out.append({"sp": sp, "dp": dp, "tp": tp_degree, "block": _block_rows(rows, tp_degree, "blocks.0", model.module, sp),
-                    "largest": (largest.shape, largest.bytes), "largest_one": (one.shape, one.bytes),
-                    "saved": saved, "saved_one": saved_one, "params": _param_bytes(model),
-                    "params_one": _param_bytes(one_model), "losses": losses_host,
-                    "losses_one": torch.stack(losses_one).cpu().tolist()})  # sync: as above
-    return out
+    x, y = (t[d * ROWS:(d + 1) * ROWS].to(dev) for t in _batch(0, dp))  # this replica's rows
+    return [{"sp": sp, "dp": dp, "tp": tp_degree, **_one_block(mesh, sp, x, y, dev),
+             **_train_beside_one_process(mesh, sp, dev)} for sp in (False, True)]
 
 
 def run_tp(world_size: int = 4, tp_degree: int = TP, timeout_s: float = 120.0) -> list[TPResult]:
