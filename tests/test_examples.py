@@ -109,7 +109,8 @@ def test_readme_quickstart_runs_as_written_on_a_cpu(capsys):
     ns = {"loader": batches, "model": model, "opt": torch.optim.SGD(model.parameters(), lr=0.1)}
     with pytest.warns(UserWarning, match="CUDA is not available") as caught:
         exec(compile(code, "README.md (Quickstart)", "exec"), ns)
-    assert len([w for w in caught if "CUDA is not available" in str(w.message)]) == 1
+    (notice,) = [w for w in caught if "CUDA is not available" in str(w.message)]  # one notice
+    assert notice.filename == "README.md (Quickstart)" and notice.lineno == 2  # at the user's Prefetcher line
     assert len(model.seen) == 3
     for got, (x, _) in zip(model.seen, batches):  # passed through: the same tensors, still on the CPU
         assert got.device.type == "cpu"
