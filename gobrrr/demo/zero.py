@@ -29,7 +29,9 @@ import torch
 from gobrrr.models.gpt import GPT, GPTConfig
 
 MB = 1e6                                   # decimal megabytes, as everywhere in gobrrr's tables
-CFG = GPTConfig(vocab_size=256, block_size=32, n_layer=2, n_head=4, n_embd=128)
+# no biases: a bias whose gradient is zero in exact arithmetic gets rounding noise, which Adam scales up to
+# lr-sized steps of random sign; stages that sum in another order would then drift apart for no good reason
+CFG = GPTConfig(vocab_size=256, block_size=32, n_layer=2, n_head=4, n_embd=128, bias=False)
 ROWS = 2                                   # sequences per rank per step
 STEPS = 3
 KINDS = ("params", "grads", "optimizer")
@@ -45,6 +47,7 @@ class StageRow:
     held: dict[str, float]        # bytes: params, grads, optimizer
     formula: dict[str, float]     # bytes the formula predicts
     losses: list[float]           # mean over ranks, per step
+    backend: str = "gloo"         # gloo: CPU ranks; nccl: one GPU per rank
 
     @property
     def total(self) -> float:
@@ -130,20 +133,20 @@ def run_zero(world_size: int = 4, steps: int = STEPS, timeout_s: float = 120.0) 
                     raise AssertionError(f"zero stage {stage}, rank {r}: holds {got['held'][k]:.0f} bytes of {k}, "
                                          f"the formula says {got['formula'][k]:.0f}")
             # sharding moves bytes, not arithmetic: each rank's losses are ddp's
-            assert_close(got["losses"], per_rank[r][0]["losses"],
+            assert_close(got["losses"], per_rank[r][0]["losses"], rtol=1e-5, atol=1e-5,  # NCCL sums in its own order
                          msg=lambda m, s=stage, r=r: f"zero stage {s}, rank {r}: losses differ from ddp's: {m}")
         mean = torch.stack([res[stage]["losses"] for res in per_rank]).mean(0)  # (steps,) the global batch's loss
         first = per_rank[0][stage]
         rows.append(StageRow(stage, world_size, first["psi"], first["held"], first["formula"],
-                             mean.tolist()))  # sync: none, CPU tensors back from the ranks
+                             mean.tolist(), backend))  # sync: none, CPU tensors back from the ranks
     return rows
 
 
 def format_table(rows: list[StageRow]) -> str:
     """Bytes per rank by stage, each beside its formula; then the losses."""
     n, psi0 = rows[0].world, rows[0].psi
-    head = (f"bytes held per rank after opt.step(), MB = 1e6 bytes; {n} ranks, psi = {psi0:,} fp32 parameters, "
-            f"AdamW (K = 8)")
+    head = (f"bytes held per rank after opt.step(), MB = 1e6 bytes; {n} ranks ({rows[0].backend}), psi = {psi0:,} "
+            f"fp32 parameters, AdamW (K = 8)")
     lines = [head, f"{'stage':<10} {'params MB':>10} {'grads MB':>10} {'optim MB':>10} {'total MB':>10}   "
                    f"{'formula':<18} {'= MB':>8}  {'x of ddp':>8}"]
     base = rows[0].total
