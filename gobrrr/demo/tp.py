@@ -29,6 +29,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from gobrrr.models.gpt import GPT, GPTConfig
+from gobrrr.parallel.tp import GPT_PLAN, tp  # GPT_PLAN moves to gobrrr.models.gpt_plan (issue 27)
 
 MB = 1e6                                   # decimal megabytes, as everywhere in gobrrr's tables
 TP = 2
@@ -173,7 +174,6 @@ def _param_bytes(model: torch.nn.Module) -> int:
 
 def _one_block(mesh, sp: bool, x, y, dev) -> dict:
     """One block's collectives = (a 2-block step) - (a 1-block step), measured, checked against comm_plan."""
-    from gobrrr.parallel.tp import GPT_PLAN, tp
     from gobrrr.parallel.tp.report import comm_plan
 
     f1, b1, _, _ = _measure(tp(_model(1, dev), mesh, plan=GPT_PLAN, sequence_parallel=sp), x, y)
@@ -199,7 +199,6 @@ def _train_beside_one_process(mesh, sp: bool, dev) -> dict:
 
     from gobrrr.comm import collectives as comm
     from gobrrr.parallel import ddp
-    from gobrrr.parallel.tp import GPT_PLAN, tp
 
     dp, d = mesh["dp"].size(), mesh["dp"].get_local_rank()
     mine = slice(d * ROWS, (d + 1) * ROWS)  # this dp replica's rows of every global batch
