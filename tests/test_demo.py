@@ -55,10 +55,11 @@ def test_zero_and_tp_steps_print_their_tables_and_write_their_pictures(tmp_path,
 @pytest.mark.parametrize("argv, says", [
     (["--only", "zero,bogus"], "unknown step(s) ['bogus']"),
     (["--ranks", "3"], "even number of ranks"),
+    (["--bogus"], "unrecognized arguments: --bogus"),
 ])
 def test_bad_arguments_are_one_line_and_exit_2(argv, says, capsys):
     with pytest.raises(SystemExit) as e:
         main(argv)
     assert e.value.code == 2
     err = capsys.readouterr().err
-    assert says in err and "Traceback" not in err
+    assert says in err and err.startswith("gobrrr demo: error: ") and err.count("\n") == 1, err

@@ -140,8 +140,13 @@ def demo_train(cuda: bool, out: Path) -> None:
 STEPS = ("prefetch", "syncs", "doctor", "ranks", "zero", "tp", "train")
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line and exit 2, as every gobrrr command (argparse adds the usage)
+        self.exit(2, f"gobrrr demo: error: {message}; see gobrrr demo --help\n")
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="gobrrr demo", description=__doc__,
+    p = _Parser(prog="gobrrr demo", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=None, help="where to write reports, tables and pictures (default: a temp dir)")
     p.add_argument("--only", default=None, help=f"comma-separated steps to run (default: all of {','.join(STEPS)})")
