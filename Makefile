@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: setup
-	$(VPY) -m gobrrr demo
+	$(VPY) -m gobrrr demo --out demo-out
 
 test: setup
 	$(VPY) -m pytest

@@ -20,7 +20,8 @@ def resolve_device(device: Any = None) -> torch.device:
     """`device` as a `torch.device` with an index, or a clear error for a device we cannot use.
 
     None picks the current CUDA device when there is one and the CPU otherwise, so the same
-    script runs on a laptop and on a GPU box.
+    script runs on a laptop and on a GPU box. A CUDA device asked for on a machine without CUDA
+    is the CPU too, with one warning per calling line: the README's three lines run as written.
     """
     if device is None:
         if torch.cuda.is_available():
@@ -40,8 +41,12 @@ def resolve_device(device: Any = None) -> torch.device:
     if dev.type != "cuda":
         raise ValueError(f"device {str(dev)!r} is not supported here; use 'cuda', 'cuda:N' or 'cpu'")
     if not torch.cuda.is_available():
-        raise ValueError(f"device {str(dev)!r} was asked for but CUDA is not available on this machine; "
-                         "pass device=None to use the GPU when there is one and the CPU otherwise")
+        import warnings
+
+        warnings.warn(f"device {str(dev)!r} was asked for but CUDA is not available on this machine; using the CPU "
+                      "(batches pass through). Pass device=None to pick the GPU when there is one, without this notice.",
+                      stacklevel=3)  # the caller of Prefetcher(...) / GpuTimer(...)
+        return torch.device("cpu")
     index = torch.cuda.current_device() if dev.index is None else dev.index
     count = torch.cuda.device_count()
     if not 0 <= index < count:

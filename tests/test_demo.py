@@ -1,0 +1,65 @@
+"""`gobrrr demo`'s Part 5 (ZeRO) and Part 6 (tensor parallelism) steps, as CI runs them (4 gloo ranks on CPU).
+
+The steps assert their own claims inside the ranks (every byte count equals its formula, every
+stage's losses equal ddp's, one block's measured collectives equal comm_plan's, the loss equals one
+process's); here we check that they ran, that their tables and pictures are where they say, that the
+numbers in the tables are the paper's ratios, and that a bad argument is one line and exit code 2.
+"""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from gobrrr.demo.tour import main
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def test_zero_and_tp_steps_print_their_tables_and_write_their_pictures(tmp_path, capsys):
+    assert main(["--only", "zero,tp", "--out", str(tmp_path), "--ranks", "4"]) == 0
+    out = capsys.readouterr().out
+
+    # Part 5: stages 0-3 on 4 ranks, bytes per rank in decimal MB, beside the formula
+    zero = (tmp_path / "zero_memory.txt").read_text()
+    assert zero.strip() in out
+    assert "MB = 1e6 bytes; 4 ranks" in zero
+    rows = {int(m.group(1)): float(m.group(2)) for m in re.finditer(r"^(\d) (?:ddp|zero) .* (\d\.\d\d)$", zero, re.M)}
+    # fp32 + AdamW, N = 4, as a share of plain data parallelism: 16, 8 + 8/N, 4 + 12/N, 16/N (of 16)
+    assert rows == pytest.approx({0: 1.0, 1: 10 / 16, 2: 7 / 16, 3: 4 / 16}, abs=0.006), zero
+    assert zero.count("== ddp's, assert_close on every rank") == 3
+    png = tmp_path / "zero_memory.png"
+    assert png.read_bytes().startswith(PNG) and 10_000 < png.stat().st_size < 200_000
+    assert f"picture: {png}" in out
+
+    # Part 6: dp 2 x tp 2, one block's collectives without and with SP, measured == comm_plan
+    tp = (tmp_path / "tp_block.txt").read_text()
+    assert tp.strip() in out
+    assert "mesh dp 2 x tp 2" in tp and "MB = 1e6 bytes" in tp
+    blocks = re.findall(r"^  (\d+) collectives, ([0-9.]+) MB sent per rank per block \(measured.*== comm_plan\)$", tp, re.M)
+    assert [n for n, _ in blocks] == ["4", "14"], tp  # 2 all-reduces each way | 2 AG + 2 RS each way + 6 LN/bias grads
+    plain, sp = (float(mb) for _, mb in blocks)
+    assert sp == pytest.approx(plain, rel=0.02)  # SP moves the same bytes (plus the small parameter all-reduces)
+    assert tp.count("== one process") == 2
+    for m in re.finditer(r"largest tensor \(the logits\): per rank \((\d+), (\d+)\) .* one process \((\d+), (\d+)\)", tp):
+        rows_r, v_r, rows_1, v_1 = map(int, m.groups())
+        assert rows_r == rows_1 and v_r * 2 == v_1  # (B*T, V/tp): no rank holds the whole vocabulary
+    png = tmp_path / "tp_block.png"
+    assert png.read_bytes().startswith(PNG) and 10_000 < png.stat().st_size < 200_000
+    assert "Warning" not in out
+
+    times = re.search(r"demo finished in [0-9.]+ s \(seconds per step: zero ([0-9.]+), tp ([0-9.]+)\)", out)
+    assert times, out[-500:]
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--only", "zero,bogus"], "unknown step(s) ['bogus']"),
+    (["--ranks", "3"], "even number of ranks"),
+    (["--bogus"], "unrecognized arguments: --bogus"),
+])
+def test_bad_arguments_are_one_line_and_exit_2(argv, says, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert says in err and err.startswith("gobrrr demo: error: ") and err.count("\n") == 1, err
