@@ -12,7 +12,7 @@ import sys
 
 # subcommand -> (module, one-line help)
 COMMANDS = {
-    "demo": ("gobrrr.demo", "run the demo: prefetch, sync detective, lint and doctor on the seed loop"),
+    "demo": ("gobrrr.demo", "run the demo: one step per part (Prefetcher, syncs, doctor, ranks, ZeRO, TP, train)"),
     "lint": ("gobrrr.lint.check", "static check for host-device anti-patterns (GB001-GB009)"),
     "doctor": ("gobrrr.doctor.cli", "run a script under the profiler and show where the GPU waits"),
     "train": ("gobrrr.train.cli", "train the reference GPT (works under torchrun)"),

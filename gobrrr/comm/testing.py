@@ -40,8 +40,9 @@ import torch.distributed as dist
 
 # Imported once by the fork server, so every rank starts warm. torch.distributed.tensor is there
 # because torch.testing.assert_close imports it (~1.5 s, sympy) as soon as a process group exists.
-_PRELOAD = ["torch", "torch.distributed", "torch.testing", "torch.distributed.tensor", "gobrrr.comm.ranks",
-            "gobrrr.comm.collectives", "gobrrr.comm.ring"]
+_PRELOAD = ["torch", "torch.distributed", "torch.testing", "torch.distributed.tensor",
+            "torch._dynamo",  # every rank's first optimizer or dispatch mode imports it: ~2.5 s of CPU each, once here
+            "gobrrr.comm.ranks", "gobrrr.comm.collectives", "gobrrr.comm.ring"]
 
 
 class SpawnError(RuntimeError):
