@@ -22,7 +22,7 @@ from torch import nn
 from torch.testing import assert_close
 
 import gobrrr.parallel as gp
-from gobrrr.parallel.ddp import MB, assign_buckets
+from gobrrr.parallel.ddp import MiB, assign_buckets
 
 BACKEND = os.environ.get("GOBRRR_TEST_BACKEND", "gloo")
 MICRO = 4   # rows per rank per micro-step
@@ -100,7 +100,7 @@ def wrappers():
     return {
         "naive": lambda m: gp.NaiveDDP(m),
         "ddp": lambda m: gp.ddp(m),
-        "ddp-tiny-buckets": lambda m: gp.ddp(m, bucket_mb=2048 / MB, first_bucket_mb=300 / MB),
+        "ddp-tiny-buckets": lambda m: gp.ddp(m, bucket_mb=2048 / MiB, first_bucket_mb=300 / MiB),
     }
 
 
@@ -252,7 +252,7 @@ def test_world_size_1_same_path_without_a_group():
     for name, wrap in wrappers().items():
         check_matches_full_batch(_Solo, wrap)
     ref = make_model(0, "cpu")
-    model = gp.ddp(make_model(0, "cpu"), bucket_mb=2048 / MB, first_bucket_mb=300 / MB)
+    model = gp.ddp(make_model(0, "cpu"), bucket_mb=2048 / MiB, first_bucket_mb=300 / MiB)
     x, y = data(3 * MICRO, "cpu")
     ref(x, y).backward()
     for i in range(3):
@@ -303,7 +303,7 @@ def test_bucket_assignment_mixed_sizes_and_dtypes():
 
 
 def test_buckets_of_a_wrapped_model():
-    model = gp.ddp(make_model(0, "cpu"), bucket_mb=2048 / MB, first_bucket_mb=300 / MB)
+    model = gp.ddp(make_model(0, "cpu"), bucket_mb=2048 / MiB, first_bucket_mb=300 / MiB)
     names = [n for b in model.buckets for n in b.names]
     trainable = [n for n, p in model.module.named_parameters() if p.requires_grad]
     assert sorted(names) == sorted(trainable) and "frozen.weight" not in names

@@ -6,13 +6,10 @@ summing its parameters, gradients and optimizer moments. The plan (precision "fp
 per parameter) must agree within 2% (ZeRO pads each flat to a multiple of the world size). The TP
 model's activations too: the bytes autograd saves in one forward (saved-tensor hooks), with and
 without sequence parallelism, against the plan's `saved_bytes`.
-
-Skipped, with the reason, while gobrrr.parallel.zero / gobrrr.parallel.tp are not in this checkout.
 """
 from __future__ import annotations
 
 import functools
-import importlib.util
 
 import pytest
 import torch
@@ -24,13 +21,6 @@ MODELS = {  # name -> GPTConfig.from_name overrides
     "tiny": {"n_head": 4},    # 4 heads so that tp = 4 divides them (the named config has 2)
     "small": {"n_head": 4, "block_size": 32},  # 384 wide, 6 layers; short context to stay fast on CPU
 }
-
-
-def _missing(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is None
-    except ModuleNotFoundError:
-        return True
 
 
 def _shape(name: str) -> ModelShape:
@@ -49,7 +39,7 @@ def _batch(vocab: int, rank: int):
 def _zero_held(rank) -> dict:
     """On each rank: {(model, stage): held bytes} after one ZeRO step (memory_report before zero_grad)."""
     from gobrrr.models.gpt import GPT, GPTConfig
-    from gobrrr.parallel.zero.stages import memory_report, zero
+    from gobrrr.parallel.zero import memory_report, zero
 
     out = {}
     for name, over in MODELS.items():
@@ -69,13 +59,14 @@ def _zero_held(rank) -> dict:
 def _tp_held(rank) -> dict:
     """On each rank: {model: held bytes} of a tp = world-size model after one step."""
     from gobrrr.models.gpt import GPT, GPTConfig
+    from gobrrr.models.gpt_plan import GPT_PLAN
     from gobrrr.parallel.tp.parallelize import tp
 
     out = {}
     for name, over in MODELS.items():
         cfg = GPTConfig.from_name(name, **over)
         torch.manual_seed(0)
-        model = tp(GPT(cfg), None)
+        model = tp(GPT(cfg), None, GPT_PLAN)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         x, y = _batch(cfg.vocab_size, 0)  # every tp rank reads the same batch
         _, loss = model(x, y)
@@ -92,6 +83,7 @@ def _tp_held(rank) -> dict:
 def _tp_saved(rank) -> dict:
     """On each rank: {sequence_parallel: bytes autograd saves in one forward} of the tiny model at tp = world."""
     from gobrrr.models.gpt import GPT, GPTConfig
+    from gobrrr.models.gpt_plan import GPT_PLAN
     from gobrrr.parallel.tp.parallelize import tp
     from tests.test_plan import autograd_saved_bytes
 
@@ -99,24 +91,23 @@ def _tp_saved(rank) -> dict:
     cfg = GPTConfig.from_name("tiny", **MODELS["tiny"])
     for sp in (False, True):
         torch.manual_seed(0)
-        model = tp(GPT(cfg), None, sequence_parallel=sp)
+        model = tp(GPT(cfg), None, GPT_PLAN, sequence_parallel=sp)
         x, y = _batch(cfg.vocab_size, 0)
         out[sp] = autograd_saved_bytes(model, lambda: model(x, y))  # noqa: B023 - called before the loop moves on
     return out
 
 
-def _held(rank, with_zero: bool, with_tp: bool) -> dict:
+def _held(rank) -> dict:
     """Both checks in one process per rank (one spawn per world size keeps the suite fast)."""
     torch.set_num_threads(1)  # ranks share the CPU cores; intra-op threads only spin against each other
-    return {"zero": _zero_held(rank) if with_zero else {}, "tp": _tp_held(rank) if with_tp else {},
-            "tp_saved": _tp_saved(rank) if with_tp else {}}
+    return {"zero": _zero_held(rank), "tp": _tp_held(rank), "tp_saved": _tp_saved(rank)}
 
 
 @functools.cache
 def _run(world: int) -> list[dict]:
     from gobrrr.comm.testing import spawn
 
-    return spawn(_held, world, not NO_ZERO, not NO_TP, timeout_s=240.0)
+    return spawn(_held, world, timeout_s=240.0)
 
 
 def _close(held: dict, plan: tuple[float, float, float], what: str) -> None:
@@ -125,11 +116,6 @@ def _close(held: dict, plan: tuple[float, float, float], what: str) -> None:
     assert sum(held.values()) == pytest.approx(sum(plan), rel=0.02)
 
 
-NO_ZERO, NO_TP = _missing("gobrrr.parallel.zero.stages"), _missing("gobrrr.parallel.tp.parallelize")
-
-
-@pytest.mark.skipif(NO_ZERO, reason="gobrrr.parallel.zero is not in this checkout yet (the ZeRO branch has not "
-                    "landed); the plan's ZeRO formulas are checked against the paper's table in test_plan.py")
 @pytest.mark.parametrize("world", WORLDS)
 def test_zero_holds_what_the_plan_says(world):
     for rank, held in enumerate(_run(world)):
@@ -138,7 +124,6 @@ def test_zero_holds_what_the_plan_says(world):
                    f"{name} ZeRO-{stage} rank {rank}/{world}")
 
 
-@pytest.mark.skipif(NO_TP, reason="gobrrr.parallel.tp is not in this checkout yet (the TP branch has not landed)")
 @pytest.mark.parametrize("world", WORLDS)
 def test_tensor_parallel_holds_what_the_plan_says(world):
     for rank, held in enumerate(_run(world)):
@@ -146,7 +131,6 @@ def test_tensor_parallel_holds_what_the_plan_says(world):
             _close(h, model_state_bytes(_shape(name), Layout(1, world, 0), "fp32"), f"{name} tp {world} rank {rank}")
 
 
-@pytest.mark.skipif(NO_TP, reason="gobrrr.parallel.tp is not in this checkout yet (the TP branch has not landed)")
 @pytest.mark.parametrize("world", WORLDS)
 def test_tensor_parallel_saves_the_activations_the_plan_says(world):
     from gobrrr.plan.formulas import Options, saved_bytes

@@ -4,7 +4,7 @@ The 4-rank spawn checks, at tp = 2 (a (dp 2, tp 2) mesh: two tp groups side by s
 and without sequence parallelism:
   * the loss, the logits (gathered over the vocabulary) and every parameter's gradient equal the
     single-process model's (fp32, assert_close with the default tolerances);
-  * the collectives of a step and their sizes, read from the c10d calls, equal tp_report.comm_plan's
+  * the collectives of a step and their sizes, read from the c10d calls, equal report.comm_plan's
     rows (the formula the user can print);
   * the collectives of forward and backward, counted with torch's CommDebugMode at 1 and 2 layers:
     per block 2 all-reduces each way (SP: 2 all-gathers + 2 reduce-scatters each way, and in backward
@@ -15,8 +15,8 @@ and without sequence parallelism:
   * dropout: the sharded stream differs across tp ranks (attention), the replicated one agrees
     (residual dropout without SP), and with SP the residual dropout uses the sharded stream;
   * errors raise the same one-line message on every rank, and nothing hangs: heads or vocabulary not
-    divisible, a module the plan does not cover, a model already wrapped in ddp, tp differing across
-    ranks (mesh and tp()).
+    divisible, a module the plan does not cover, no plan at all (tp() knows no model's plan), a model
+    already wrapped in ddp, tp differing across ranks (mesh and tp()).
 The 2-rank spawn runs tp = 2 over the whole world (no mesh) and tp = 1 through the same code path.
 """
 from __future__ import annotations
@@ -32,6 +32,7 @@ from torch.utils._pytree import tree_leaves
 
 from gobrrr.comm.testing import SpawnError, spawn
 from gobrrr.models.gpt import GPT, GPTConfig
+from gobrrr.models.gpt_plan import GPT_PLAN
 
 B, T = 2, 16
 
@@ -106,7 +107,7 @@ def _parity(group_or_mesh, sp: bool, n_layer: int, counts: dict, peaks: dict, ke
     cfg = GPTConfig.from_name("tiny", n_layer=n_layer, n_head=4, n_embd=32)
     torch.manual_seed(0)
     ref = GPT(cfg)
-    model = tp(copy.deepcopy(ref), group_or_mesh, sequence_parallel=sp)
+    model = tp(copy.deepcopy(ref), group_or_mesh, GPT_PLAN, sequence_parallel=sp)
     tpg = tp_state(model).tpg
     x, y = _batch(cfg.vocab_size)
     with _Peak() as peak:
@@ -138,7 +139,7 @@ def _dropout_streams(mesh, sp: bool) -> None:
     from gobrrr.parallel.tp.parallelize import tp, tp_state
 
     torch.manual_seed(0)
-    model = tp(GPT(GPTConfig.from_name("tiny", n_head=4, n_embd=32, dropout=0.1)), mesh, sequence_parallel=sp)
+    model = tp(GPT(GPTConfig.from_name("tiny", n_head=4, n_embd=32, dropout=0.1)), mesh, GPT_PLAN, sequence_parallel=sp)
     tpg = tp_state(model).tpg
     draws: dict[str, torch.Tensor] = {}
     model.blocks[0].attn.register_forward_pre_hook(lambda m, a: draws.__setitem__("attn", torch.rand(4)))
@@ -157,7 +158,7 @@ def _dropout_streams(mesh, sp: bool) -> None:
 def _errors(rank) -> dict[str, str]:
     """Each bad input raises on every rank; returns the messages."""
     from gobrrr.parallel.mesh import MeshError, make_mesh
-    from gobrrr.parallel.tp.parallelize import GPT_PLAN, TPError, tp
+    from gobrrr.parallel.tp.parallelize import TPError, tp
 
     said = {}
 
@@ -170,19 +171,20 @@ def _errors(rank) -> dict[str, str]:
             raise AssertionError(f"{name}: no error raised")
 
     model = GPT(GPTConfig.from_name("tiny", n_head=2))
-    expect("heads", TPError, lambda: tp(model, None))
+    expect("heads", TPError, lambda: tp(model, None, GPT_PLAN))
     assert isinstance(model.wte, torch.nn.Embedding), "a failed tp() must leave the model untouched"
-    expect("vocab", TPError, lambda: tp(GPT(GPTConfig.from_name("tiny", vocab_size=250, n_head=4)), None))
+    expect("vocab", TPError, lambda: tp(GPT(GPTConfig.from_name("tiny", vocab_size=250, n_head=4)), None, GPT_PLAN))
     plan = {k: v for k, v in GPT_PLAN.items() if k != "blocks.*.mlp.fc"}
     expect("plan", TPError, lambda: tp(GPT(GPTConfig.from_name("tiny", n_head=4)), None, plan))
     from gobrrr.parallel import ddp
 
-    expect("wrapped", TPError, lambda: tp(ddp(GPT(GPTConfig.from_name("tiny", n_head=4))), None))
+    expect("wrapped", TPError, lambda: tp(ddp(GPT(GPTConfig.from_name("tiny", n_head=4))), None, GPT_PLAN))
+    expect("no plan", TPError, lambda: tp(GPT(GPTConfig.from_name("tiny", n_head=4)), None))
     expect("mesh", MeshError, lambda: make_mesh(2 if rank.rank < 2 else 4))
     g01, g23 = dist.new_group([0, 1]), dist.new_group([2, 3])
     mine = g01 if rank.rank < 2 else None  # ranks 0-1 think tp=2, ranks 2-3 think tp=4
     del g23
-    expect("groups", TPError, lambda: tp(GPT(GPTConfig.from_name("tiny", n_head=4)), mine))
+    expect("groups", TPError, lambda: tp(GPT(GPTConfig.from_name("tiny", n_head=4)), mine, GPT_PLAN))
     return said
 
 
@@ -258,6 +260,7 @@ def test_largest_activation_is_a_vocab_shard(four, n, sp):
     ("vocab", ["250 rows", "tp=4"]),
     ("plan", ["'blocks.0.mlp.fc' (Linear)", "add an entry"]),
     ("wrapped", ["wrapped in DDP", "apply tp() to the bare model first"]),
+    ("no plan", ["no plan given", "pass plan=", "from gobrrr.models.gpt_plan import GPT_PLAN"]),
     ("mesh", ["ranks [0, 1] asked for tp=2", "ranks [2, 3] asked for tp=4", "same --tp"]),
     ("groups", ["disagree on tp", "rank 2: tp=4"]),
 ])

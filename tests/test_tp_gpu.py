@@ -14,6 +14,7 @@ from torch.testing import assert_close
 
 import gobrrr
 from gobrrr.models.gpt import GPT, GPTConfig
+from gobrrr.models.gpt_plan import GPT_PLAN
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -25,7 +26,7 @@ def test_tp1_step_has_no_sync_and_matches_plain(sp):
 
     torch.manual_seed(0)
     plain = GPT(GPTConfig.from_name("small")).cuda()
-    model = tp(copy.deepcopy(plain), sequence_parallel=sp)
+    model = tp(copy.deepcopy(plain), plan=GPT_PLAN, sequence_parallel=sp)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     x = torch.randint(0, 256, (4, 256), device="cuda")
     y = torch.randint(0, 256, (4, 256), device="cuda")
@@ -42,7 +43,7 @@ def test_tp1_step_has_no_sync_and_matches_plain(sp):
     with torch.autocast("cuda", dtype=torch.bfloat16):
         _, ref = plain(x, y)
     torch.manual_seed(0)
-    fresh = tp(GPT(GPTConfig.from_name("small")).cuda(), sequence_parallel=sp)
+    fresh = tp(GPT(GPTConfig.from_name("small")).cuda(), plan=GPT_PLAN, sequence_parallel=sp)
     with torch.autocast("cuda", dtype=torch.bfloat16):
         _, got = fresh(x, y)
     # same weights; the row-parallel bias rides in the GEMM (addmm) where the plain model adds it after
@@ -60,7 +61,7 @@ def _nccl_parity(rank, sp: bool):
     torch.backends.cudnn.allow_tf32 = False
     torch.manual_seed(0)
     ref = GPT(GPTConfig.from_name("tiny", n_head=4, n_embd=64)).to(rank.device)
-    model = tp(copy.deepcopy(ref), None, sequence_parallel=sp)
+    model = tp(copy.deepcopy(ref), None, GPT_PLAN, sequence_parallel=sp)
     g = torch.Generator().manual_seed(5)
     # the same batch on every rank, made once on the host
     x, y = (torch.randint(0, 256, (2, 32), generator=g).to(rank.device) for _ in range(2))  # gobrrr: ignore[GB001]

@@ -21,6 +21,7 @@ from torch.testing import assert_close
 from gobrrr.bench.tp import qkv_rows, torch_tp
 from gobrrr.comm.testing import SpawnError, spawn
 from gobrrr.models.gpt import GPT, GPTConfig
+from gobrrr.models.gpt_plan import GPT_PLAN
 
 B, T = 2, 16
 
@@ -40,7 +41,7 @@ def _compare(rank, sp: bool) -> None:
     g = torch.Generator().manual_seed(3)
     x, y = torch.randint(0, 256, (B, T), generator=g), torch.randint(0, 256, (B, T), generator=g)
 
-    ours = tp(copy.deepcopy(ref), None, sequence_parallel=sp)
+    ours = tp(copy.deepcopy(ref), None, GPT_PLAN, sequence_parallel=sp)
     logits, loss = ours(x, y)
     loss.backward()
     parts = [torch.empty_like(logits) for _ in range(n)]

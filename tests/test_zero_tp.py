@@ -16,6 +16,7 @@ import torch
 
 from gobrrr.comm.testing import SpawnError, spawn
 from gobrrr.models.gpt import GPT, GPTConfig
+from gobrrr.models.gpt_plan import GPT_PLAN
 from tests.test_tp_2d import CFG, CLIP, train_beside_one_process
 
 STEPS = 12
@@ -28,7 +29,7 @@ def _train(mesh, stage: int, sp: bool) -> None:
     dp_group, dp_rank = mesh["dp"].get_group(), mesh.get_local_rank("dp")
     torch.manual_seed(0)
     ref = GPT(GPTConfig.from_name("tiny", **CFG))
-    inner = tp(copy.deepcopy(ref), mesh, sequence_parallel=sp)
+    inner = tp(copy.deepcopy(ref), mesh, GPT_PLAN, sequence_parallel=sp)
     model, opt = zero(inner, lambda m: torch.optim.AdamW(m.parameters(), lr=3e-3), stage=stage, group=dp_group)
     what = f"stage {stage}, sp={sp}"
     # stages 1-2 keep whole compute parameters on every dp rank: full_state reads the trained weights

@@ -25,6 +25,7 @@ from torch.testing import assert_close
 
 from gobrrr.comm.testing import SpawnError, spawn
 from gobrrr.models.gpt import GPT, GPTConfig
+from gobrrr.models.gpt_plan import GPT_PLAN
 from gobrrr.parallel.tp.parallelize import Split
 from gobrrr.parallel.zero.pieces import place
 from gobrrr.train.checkpoint_io import CheckpointError
@@ -75,7 +76,7 @@ def _build(tp_degree: int | None, stage: int, seed: int):
     group = None
     if tp_degree is not None:
         mesh = make_mesh(tp_degree)
-        model, group = tp(model, mesh), mesh["dp"].get_group()
+        model, group = tp(model, mesh, GPT_PLAN), mesh["dp"].get_group()
     return zero(model, lambda m: torch.optim.AdamW(m.parameters(), lr=3e-3), stage=stage, group=group)
 
 

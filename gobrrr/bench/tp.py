@@ -119,12 +119,13 @@ class _Timer:
 
 def _variants(cfg: BenchConfig, device: torch.device, world: int) -> dict:
     from gobrrr.models.gpt import GPT, GPTConfig
+    from gobrrr.models.gpt_plan import GPT_PLAN
     from gobrrr.parallel.tp.parallelize import tp
 
     torch.manual_seed(0)
     base = GPT(GPTConfig.from_name(cfg.model)).to(device)
-    made = {"plain": copy.deepcopy(base), "tp": tp(copy.deepcopy(base)), "tp-sp": tp(copy.deepcopy(base),
-                                                                                    sequence_parallel=True)}
+    made = {"plain": copy.deepcopy(base), "tp": tp(copy.deepcopy(base), plan=GPT_PLAN),
+            "tp-sp": tp(copy.deepcopy(base), plan=GPT_PLAN, sequence_parallel=True)}
     if world > 1:
         made["torch-tp"] = torch_tp(copy.deepcopy(base), world, device, sp=False)
         made["torch-tp-sp"] = torch_tp(copy.deepcopy(base), world, device, sp=True)

@@ -55,99 +55,24 @@ order gradients actually arrived; for a GPT, reverse registration order already 
 order). A parameter unused on *some* ranks only: those ranks raise, the others wait in their
 next collective until the process-group timeout.
 
-Room for ZeRO (Rajbhandari et al. 2020): a `Bucket` is a flat, dtype-uniform gradient buffer
-and launching its reduction is one method (`DDP._reduce`). ZeRO-2 would reduce-scatter the
-same buffer (padded to a multiple of the world size) so that each rank keeps only the shard
-of gradients its optimizer owns; the rest of the schedule is unchanged. Not built here.
+Phase 0, the forward pass-through, `no_sync()` and the hook plumbing are wrapper.py's, shared
+with the ZeRO stages. ZeRO (Rajbhandari et al. 2020) is built on this schedule in zero/: stages
+1-2 (zero/stages.py) reduce-scatter flat buckets like these, padded to a multiple of the world
+size (zero/shard.py's `Flat`), so each rank keeps only the shard of gradients its optimizer owns,
+and all-gather the updated shards after the step; stage 3 (zero/zero3.py) shards the parameters too.
 """
 from __future__ import annotations
 
-import contextlib
-import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-MB = 1 << 20
+from gobrrr.parallel.wrapper import _DataParallel, _explain, _no_gradient_error, weak_grad_hook
 
-
-# ---------------------------------------------------------------- group helpers
-
-def _group_size(group) -> int:
-    """World size of `group`; 1 when torch.distributed is not initialised (one process)."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return 1
-    return dist.get_world_size(group)
-
-
-def _group_src(group) -> int:
-    """Global rank of the group's rank 0 (the broadcast source)."""
-    return 0 if group is None else dist.get_global_rank(group, 0)
-
-
-# ---------------------------------------------------------------- wrap-time checks
-
-def model_signature(module: nn.Module, settings: dict[str, Any] | None = None) -> dict[str, Any]:
-    """What must be identical on every rank: tensors (kind, name, shape, dtype, requires_grad) and settings."""
-    tensors = [("parameter", n, tuple(p.shape), str(p.dtype), p.requires_grad) for n, p in module.named_parameters()]
-    tensors += [("buffer", n, tuple(b.shape), str(b.dtype), False) for n, b in module.named_buffers()]
-    return {"settings": dict(settings or {}), "tensors": tensors}
-
-
-def signature_difference(ref: dict[str, Any], other: dict[str, Any]) -> str | None:
-    """The first difference between two signatures, in words (rank 0's side first), or None."""
-    if ref["settings"] != other["settings"]:
-        return f"wrapper settings differ: {ref['settings']} on rank 0 vs {other['settings']}"
-    a = {(t[0], t[1]): t for t in ref["tensors"]}
-    b = {(t[0], t[1]): t for t in other["tensors"]}
-    for key in a:
-        if key not in b:
-            return f"{key[0]} {key[1]!r} exists on rank 0 but not on this rank"
-    for key in b:
-        if key not in a:
-            return f"{key[0]} {key[1]!r} exists on this rank but not on rank 0"
-    for key, ta in a.items():
-        tb = b[key]
-        for what, i in (("shape", 2), ("dtype", 3), ("requires_grad", 4)):
-            if ta[i] != tb[i]:
-                return f"{key[0]} {key[1]!r} has {what} {ta[i]} on rank 0 but {tb[i]} on this rank"
-    if [t[:2] for t in ref["tensors"]] != [t[:2] for t in other["tensors"]]:
-        return "the same parameters are registered in a different order"
-    return None
-
-
-def check_same_model(module: nn.Module, group=None, settings: dict[str, Any] | None = None) -> None:
-    """Raise on every rank if any rank's model (or wrapper settings) differs from rank 0's."""
-    world = _group_size(group)
-    if world == 1:
-        return
-    mine = model_signature(module, settings)
-    sigs: list[Any] = [None] * world
-    dist.all_gather_object(sigs, mine, group=group)  # sync: wrap time only; the signatures travel through the host
-    problems = []
-    for r in range(1, world):
-        diff = signature_difference(sigs[0], sigs[r])
-        if diff is not None:
-            problems.append(f"rank {r}: " + diff.replace("this rank", f"rank {r}"))
-    if problems:
-        raise RuntimeError("data parallel wrap: the ranks hold different models; " + "; ".join(problems)
-                           + ". Build the same model (same code, config and freezing) on every rank before wrapping it.")
-
-
-@torch.no_grad()
-def broadcast_from_rank0(module: nn.Module, group=None) -> None:
-    """Copy rank 0's parameters and buffers to every rank (a no-op at world size 1)."""
-    if _group_size(group) == 1:
-        return
-    src = _group_src(group)
-    for t in [*module.parameters(), *module.buffers()]:
-        t = t.detach()
-        if t.dtype == torch.bool:  # not every backend reduces bools; bytes are bytes
-            t = t.view(torch.uint8)
-        dist.broadcast(t, src=src, group=group)
+MiB = 1 << 20  # bucket_mb and first_bucket_mb are in MiB (2**20 bytes), as torch DDP's bucket_cap_mb
 
 
 # ---------------------------------------------------------------- bucket assignment
@@ -199,109 +124,6 @@ class Bucket:
     @property
     def nbytes(self) -> int:
         return self.buffer.numel() * self.buffer.element_size()
-
-
-# ---------------------------------------------------------------- shared wrapper mechanics
-
-def weak_grad_hook(owner: Any, call: Callable[[Any], None]) -> Callable[[torch.Tensor], None]:
-    """A parameter's gradient hook that runs `call(owner)` while `owner` lives, holding it weakly.
-
-    A parameter keeps its hooks in C++, where Python's garbage collector cannot follow them: a hook
-    that held the wrapper (or a bucket listing the parameters) would close the loop wrapper ->
-    model -> parameter -> hook -> wrapper out of the collector's sight, and a dropped wrapper, its
-    model and its gradient buffers would stay allocated for the life of the process. So `call`
-    gets the owner through a weak reference and must itself capture only plain values (indices).
-    """
-    ref = weakref.ref(owner)
-
-    def hook(_param: torch.Tensor) -> None:
-        live = ref()
-        if live is not None:
-            call(live)
-
-    return hook
-
-
-class _DataParallel(nn.Module):
-    """What both versions share: wrap-time checks, forward pass-through, no_sync, hook plumbing."""
-
-    def __init__(self, module: nn.Module, group, settings: dict[str, Any], force_communication: bool = False):
-        super().__init__()
-        self.module = module
-        self.group = group
-        self.world_size = _group_size(group)
-        # world size 1: the same path, the collective a no-op (tests force it to exercise NCCL on one GPU)
-        self._communicate = self.world_size > 1 or force_communication
-        if self.world_size > 1 and "nccl" in str(dist.get_backend(group)):
-            on_cpu = [n for n, p in module.named_parameters() if not p.is_cuda]
-            if on_cpu:
-                raise ValueError(f"data parallel wrap: NCCL reduces GPU tensors but {on_cpu[:3]} are on the CPU; "
-                                 "move the model to its GPU (model.to(rank.device)) before wrapping it.")
-        check_same_model(module, group, settings)
-        broadcast_from_rank0(module, group)
-        self._no_sync = False            # inside a no_sync() block right now
-        self._forward_no_sync = False    # the last forward ran inside no_sync()
-        self._callback_queued = False
-        self.reductions = 0              # gradient collectives launched (no-ops included at world size 1)
-        self._hooks: list[Any] = []
-
-    def forward(self, *args, **kwargs):
-        if self._callback_queued:  # the last backward died before its end (an exception): start clean
-            self._callback_queued = False
-            self._reset_iteration()
-        self._forward_no_sync = self._no_sync
-        return self.module(*args, **kwargs)
-
-    @contextlib.contextmanager
-    def no_sync(self) -> Iterator[None]:
-        """Skip gradient communication for backwards in this block: gradients accumulate locally."""
-        before = self._no_sync
-        self._no_sync = True
-        try:
-            yield
-        finally:
-            self._no_sync = before
-
-    def _syncing(self) -> bool:
-        return not (self._no_sync or self._forward_no_sync)
-
-    def _queue_end_of_backward(self) -> None:
-        """On the first hook of a communicating backward: run `_end_backward` when the engine is done."""
-        if not self._callback_queued:
-            self._callback_queued = True
-            torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
-
-    def _end_backward(self) -> None:
-        raise NotImplementedError
-
-    def _reset_iteration(self) -> None:
-        raise NotImplementedError
-
-    def remove_hooks(self) -> None:
-        for h in self._hooks:
-            h.remove()
-        self._hooks.clear()
-
-
-def _explain(exc: BaseException, group, what: str) -> BaseException:
-    """The backend's bare error ("Connection closed by peer") as gobrrr.comm's, naming the ranks that left.
-
-    Our all-reduces are not counted as gobrrr.comm collectives, so the message uses the group's
-    current count; what matters is the part about who died or raised."""
-    from gobrrr.comm import debug as _debug
-
-    try:
-        watch = _debug.watch_for(group)
-    except RuntimeError:  # no gobrrr.comm group: nothing to ask
-        return exc
-    return _debug.explain_failure(watch, watch.seq, what, exc)
-
-
-def _no_gradient_error(names: list[str]) -> RuntimeError:
-    return RuntimeError(
-        f"data parallel: {len(names)} parameter(s) got no gradient in this backward: {names}. Every rank waits "
-        "for all gradients before averaging, so this would hang; make them take part in the loss, or set "
-        "requires_grad=False on them before wrapping the model.")
 
 
 # ---------------------------------------------------------------- the naive version
@@ -362,8 +184,8 @@ class DDP(_DataParallel):
         self._next_bucket = 0
         # backward produces gradients roughly in reverse registration order
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad][::-1]
-        groups = assign_buckets([(p.numel(), p.dtype) for _, p in named], int(bucket_mb * MB),
-                                int(first_bucket_mb * MB), keys=[p.device for _, p in named])
+        groups = assign_buckets([(p.numel(), p.dtype) for _, p in named], int(bucket_mb * MiB),
+                                int(first_bucket_mb * MiB), keys=[p.device for _, p in named])
         self.buckets: list[Bucket] = [self._make_bucket(k, [named[i] for i in idx]) for k, idx in enumerate(groups)]
         for k, b in enumerate(self.buckets):
             for j, p in enumerate(b.params):
@@ -371,8 +193,8 @@ class DDP(_DataParallel):
                     weak_grad_hook(self, lambda s, k=k, j=j: s._grad_ready(s.buckets[k], j))))
 
     def extra_repr(self) -> str:
-        sizes = ", ".join(f"{b.nbytes / MB:.1f}" for b in self.buckets)
-        return f"world_size={self.world_size}, buckets MB=[{sizes}], grad_dtype={self.grad_dtype}"
+        sizes = ", ".join(f"{b.nbytes / MiB:.1f}" for b in self.buckets)
+        return f"world_size={self.world_size}, buckets MiB=[{sizes}], grad_dtype={self.grad_dtype}"
 
     @torch.no_grad()
     def _make_bucket(self, index: int, named: list[tuple[str, nn.Parameter]]) -> Bucket:
@@ -433,7 +255,7 @@ class DDP(_DataParallel):
             b.work = self._reduce(b)  # gloo reduces on its own thread; waited for in phase 4
 
     def _reduce(self, b: Bucket):
-        """Start the bucket's collective (the one place a ZeRO reduce-scatter would plug in)."""
+        """Start the bucket's all-reduce (ZeRO reduce-scatters instead: zero/base.py's `_reduce_scatter`)."""
         if b.comm_buffer is not None:
             b.comm_buffer.copy_(b.buffer)  # fp32 -> bf16: half the bytes on the wire
         tensor = b.comm_buffer if b.comm_buffer is not None else b.buffer
@@ -487,8 +309,9 @@ def ddp(model: nn.Module, *, bucket_mb: float = 25, first_bucket_mb: float = 1, 
         grad_dtype: torch.dtype | None = None) -> DDP:
     """Wrap `model` for data parallel training: bucketed all-reduce overlapped with backward.
 
-    Wrap after moving the model to its device. `grad_dtype=torch.bfloat16` reduces in bf16 and
-    writes the averages back into the fp32 gradients (half the bytes, ~3 significant digits).
+    Wrap after moving the model to its device. Buckets hold about `bucket_mb` MiB of gradients
+    (the first `first_bucket_mb`), as torch DDP's bucket_cap_mb. `grad_dtype=torch.bfloat16` reduces
+    in bf16 and writes the averages back into the fp32 gradients (half the bytes, ~3 significant digits).
     """
     return DDP(model, bucket_mb=bucket_mb, first_bucket_mb=first_bucket_mb, group=group, grad_dtype=grad_dtype)
 

@@ -1,7 +1,7 @@
 """A 2-D (dp, tp) device mesh from torch's `init_device_mesh`, checked so that a mismatch raises instead of hanging.
 
     mesh = make_mesh(tp=2)                 # world 8 -> (dp=4, tp=2); tp ranks are consecutive
-    model = tp(model, mesh)                # uses mesh["tp"]
+    model = tp(model, mesh, plan)          # uses mesh["tp"]; plan: e.g. gobrrr.models.gpt_plan.GPT_PLAN
     model = ddp(model, group=mesh["dp"].get_group())
 
 Layout, for 8 ranks at tp = 2 (rows: dp groups' members, columns: tp groups):

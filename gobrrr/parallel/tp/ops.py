@@ -21,8 +21,8 @@ S = B*T*C*bytes. "Moves" is what one rank sends (= receives) with a ring algorit
 
 At n = 1 every collective is skipped (the functions return their input), so tp = 1 runs the same
 model code with no communication and no autograd node of ours; with nothing to mask or reduce, the
-embedding is a plain lookup (and tp.py's row-parallel bias rides in the GEMM, as in nn.Linear). None of these reads a value on the
-host: no host-device sync anywhere.
+embedding is a plain lookup (and layers.py's row-parallel bias rides in the GEMM, as in nn.Linear).
+None of these reads a value on the host: no host-device sync anywhere.
 
 Collectives go through `gobrrr.comm.collectives`, so debug mode (GOBRRR_DIST_DEBUG=1) checks that every tp
 rank issues the same op with the same shapes, and a failure names the op and the missing ranks.

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from gobrrr.parallel.tp.parallelize import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, tp_state
+from gobrrr.parallel.tp.layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
+from gobrrr.parallel.tp.parallelize import tp_state
 
 
 @dataclass(frozen=True)

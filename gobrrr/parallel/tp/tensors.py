@@ -12,8 +12,9 @@ import torch
 from torch import nn
 
 from gobrrr.comm import collectives as comm
+from gobrrr.parallel.tp.layers import Split, TPError
 from gobrrr.parallel.tp.ops import TPGroup
-from gobrrr.parallel.tp.parallelize import Split, TPError, tp_state
+from gobrrr.parallel.tp.parallelize import tp_state
 
 # ---------------------------------------------------------------- gradient clipping over both dimensions
 

@@ -3,7 +3,7 @@
     model, opt = zero(model, lambda m: torch.optim.AdamW(m.parameters()), stage=2)
     opt.clip_grad_norm_(1.0); opt.step(); opt.zero_grad()
 
-`step()` is phase 6 of zero.py's schedule: each master shard's `.grad` becomes this rank's
+`step()` is phase 6 of stages.py's schedule: each master shard's `.grad` becomes this rank's
 averaged gradient shard (cast to the master dtype: a transient copy when gradients are bf16),
 the user's optimizer steps the masters, and the wrapper writes them back into the compute
 parameters (stages 1-2 then all-gather). `clip_grad_norm_` is the global L2 norm: each rank

@@ -14,7 +14,7 @@ have gradient 0 and weight 0, so they stay 0 under AdamW and add nothing to a gr
 
 This file holds the layout (`Flat`, `layout_ranges`), the three collectives every stage issues
 (through gobrrr.comm.collectives, so failures name ranks), and the memory formulas
-(`formula_bytes`). The stages themselves live in zero.py (1 and 2) and zero3.py (3).
+(`formula_bytes`). The stages themselves live in stages.py (1 and 2) and zero3.py (3), on base.py.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from torch import nn
 
 from gobrrr.comm import collectives as comm
 
-MB = 1 << 20
+MB = 1e6  # reports are in decimal megabytes, as every byte figure gobrrr prints (bench copy's GB = 1e9)
 
 
 # ---------------------------------------------------------------- collectives (through gobrrr.comm.collectives)
@@ -68,7 +68,7 @@ def shard_size(numel: int, world: int) -> int:
 class Flat:
     """One padded flat vector of parameters (one param-group, one dtype), sharded over the ranks.
 
-    Which tensors exist depends on the stage (see zero.py's table); all are 1-D:
+    Which tensors exist depends on the stage (see stages.py's table); all are 1-D:
       full   (P,) compute dtype   stage 1-2: always; stage 3: only while gathered (storage resized to 0 otherwise)
       shard  (S,) compute dtype   this rank's slice: a view of `full` (stage 1-2) or its own tensor (stage 3)
       master (S,) master dtype    what the optimizer steps: `shard` itself when compute dtype == master dtype
@@ -210,7 +210,7 @@ def nbytes(t: torch.Tensor | None) -> int:
 
 @dataclass
 class MemoryReport:
-    """Bytes held by this rank, next to the stage's formula (zero_shard.formula_bytes)."""
+    """Bytes held by this rank, next to the stage's formula (`formula_bytes`)."""
     stage: int
     rank: int
     world: int
@@ -223,7 +223,7 @@ class MemoryReport:
 
     def lines(self) -> list[str]:
         out = [f"zero stage {self.stage}, rank {self.rank} of {self.world}, psi = {self.psi:,} trainable elements"
-               f" ({'bf16 compute + fp32 master' if self.mixed else 'one dtype'})"]
+               f" ({'bf16 compute + fp32 master' if self.mixed else 'one dtype'}); MB = 1e6 bytes"]
         for k in ("params", "grads", "optimizer", "total"):
             out.append(f"  {k:<10} held {self.held[k] / MB:10.2f} MB   formula {self.formula[k] / MB:10.2f} MB")
         if self.frozen:

@@ -27,7 +27,7 @@ The schedule, phase by phase (units u0..uL-1 in forward order, root R):
      # overlap: u_{k-1}'s all-gather with u_k's backward compute.
   5. Backward, after unit k (post-accumulate-grad hooks): when every trainable parameter of u_k
      has its gradient, u_k's `full` is freed and its Flats are reduce-scattered in order, as in
-     stage 2 (zero.py phase 3). # overlap: this reduce-scatter with u_{k-1}'s backward.
+     stage 2 (stages.py phase 3, base.py). # overlap: this reduce-scatter with u_{k-1}'s backward.
   6. End of backward: wait for the reduce-scatters (CPU) or make compute wait for comm (GPU);
      free R and anything still gathered. Only shards remain: 16 psi / N bytes (mixed or fp32).
   7. `opt.step()` steps the masters and copies them into the compute shards; nothing is
@@ -38,7 +38,7 @@ reshard_after_forward=False the backward gathers are skipped (2 psi) and every u
 gathered from its forward to its backward (more memory). Memory while running: the shards,
 root's `full`, and at most two gathered units (this one and the prefetched one).
 
-Accumulation: as stage 2 (zero.py): "sharded" reduce-scatters every micro-step into the fp32
+Accumulation: as stage 2 (stages.py): "sharded" reduce-scatters every micro-step into the fp32
 gradient shard; "unsharded" keeps autograd's full `.grad` tensors through no_sync() micro-steps.
 """
 from __future__ import annotations
@@ -49,8 +49,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from gobrrr.parallel.zero.base import OptimizerArg, ZeroConfig, _ZeroBase
 from gobrrr.parallel.zero.shard import Flat, all_gather_flat, nbytes
-from gobrrr.parallel.zero.stages import OptimizerArg, ZeroConfig, _ZeroBase
 
 
 def blocks_rule(model: nn.Module) -> list[nn.Module]:
