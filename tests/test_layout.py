@@ -85,7 +85,7 @@ def test_the_graph_sees_every_kind_of_import():
     g = import_graph()
     assert "gobrrr.parallel.ddp" in g["gobrrr.parallel"]                    # from gobrrr.parallel.ddp import ...
     assert "gobrrr.comm.collectives" in g["gobrrr.parallel.zero.shard"]     # from gobrrr.comm import collectives
-    assert "gobrrr.models.gpt" in g["gobrrr.plan.formulas"]                  # inside ModelShape.gpt_config()
+    assert "gobrrr.models.gpt" in g["gobrrr.plan.inputs"]                    # inside ModelShape.gpt_config()
 
 
 def test_find_cycle_finds_one():

@@ -10,21 +10,11 @@ import torch
 
 from gobrrr.models.gpt import GPT
 from gobrrr.plan.cli import main
-from gobrrr.plan.formulas import (
-    PRESETS,
-    Batch,
-    Layout,
-    ModelShape,
-    Options,
-    activation_bytes,
-    comm,
-    evaluate,
-    model_state_bytes,
-    plan,
-    saved_bytes,
-    temp_bytes,
-)
+from gobrrr.plan.formulas import evaluate, plan
+from gobrrr.plan.inputs import PRESETS, Batch, Layout, ModelShape, Options
 from gobrrr.plan.machine import machine
+from gobrrr.plan.memory import activation_bytes, model_state_bytes, saved_bytes, temp_bytes
+from gobrrr.plan.timing import comm
 
 REQUIRED = ("dp", "tp", "zero", "recompute", "sequence_parallel", "params", "param_bytes", "grad_bytes",
             "optimizer_bytes", "activation_bytes", "total_bytes", "fits", "comm_bytes_per_step", "step_s",
@@ -90,32 +80,22 @@ def _saved_by_autograd(shape: ModelShape, b: int, s: int, fused_loss=None, amp: 
                                      (ModelShape("wide-vocab", 3, 96, 4, 2048, 32), 2)])
 def test_saved_activations_equal_what_autograd_saves(shape, b):
     measured = _saved_by_autograd(shape, b, shape.seq_len)
-    predicted = saved_bytes(shape, Layout(1, 1), b, shape.seq_len, Options(precision="fp32"))
+    predicted = saved_bytes(shape, Layout(1, 1), b, shape.seq_len, Options(precision="fp32", loss="full"))
     assert measured == pytest.approx(predicted, rel=0.01)
     # amp: fp32 residual stream, bf16 matmul inputs, and the bf16 weight copies autocast keeps
-    amp = Options(precision="amp")
+    amp = Options(precision="amp", loss="full")  # the model's own lm_head + F.cross_entropy
     measured = _saved_by_autograd(shape, b, shape.seq_len, amp=True)
     predicted = saved_bytes(shape, Layout(1, 1), b, shape.seq_len, amp) + temp_bytes(shape, Layout(1, 1), amp)[
         "autocast_bf16_weights"]
     assert measured == pytest.approx(predicted, rel=0.01)
     # amp-res16: the same with the stream between blocks in bf16 (train --bf16-residual)
-    res16 = Options(precision="amp-res16")
+    res16 = Options(precision="amp-res16", loss="full")
     measured = _saved_by_autograd(shape, b, shape.seq_len, amp=True, res16=True)
     predicted = saved_bytes(shape, Layout(1, 1), b, shape.seq_len, res16) + temp_bytes(shape, Layout(1, 1), res16)[
         "autocast_bf16_weights"]
     assert measured == pytest.approx(predicted, rel=0.01)
 
 
-def _no_chunked_loss() -> bool:
-    try:
-        import gobrrr.ops  # noqa: F401
-    except ImportError:
-        return True
-    return not hasattr(GPT(ModelShape("t", 1, 8, 1, 16, 4).gpt_config()), "fused_loss")
-
-
-@pytest.mark.skipif(_no_chunked_loss(), reason="gobrrr.ops' chunked cross-entropy (the train branch) is not in "
-                    "this checkout yet")
 def test_chunked_loss_saves_what_the_plan_says():
     from gobrrr.ops import ChunkedCrossEntropy
 
@@ -250,7 +230,9 @@ def test_cli_table_names_its_sources_and_marks_the_best(no_records, capsys):
     (["--layers", "2", "--width", "100", "--heads", "3", "--gpus", "1"], "not divisible by 3 heads"),
     (["--model", "124m", "--gpus", "8", "--global-batch", "7"], "no layout is possible"),
     (["--model", "124m", "--gpus", "1", "--seq-len", "0"], "must be >= 1"),
-    (["--model", "124m", "--gpus", "1", "--gpu", "TPU"], "unknown GPU"),
+    (["--model", "124m", "--gpus", "1", "--gpu", "TPU"], "GOBRRR_PEAK_FLOPS its peak"),
+    (["--model", "124m", "--gpus", "1", "--top", "0"], "--top must be >= 1"),
+    (["--model", "124m", "--gpus", "1", "--records", "/no/such/folder"], "--records /no/such/folder: no such folder"),
 ])
 def test_cli_bad_input_is_one_line_and_exit_2(no_records, capsys, argv, words):
     assert main(argv) == 2
@@ -258,12 +240,87 @@ def test_cli_bad_input_is_one_line_and_exit_2(no_records, capsys, argv, words):
     err = captured.err.strip()
     assert captured.out == "" and len(err.splitlines()) == 1
     assert err.startswith("gobrrr plan: error: ") and words in err
+    assert "--peak-tflops" not in err  # no such flag
 
 
-def test_nothing_fits_says_what_to_do(no_records, capsys):
-    assert main(["--model", "70b", "--gpus", "2", "--gpu-mem", "80", "--micro-batch", "1"]) == 0
+def test_a_bad_peak_in_the_environment_is_one_line(no_records, capsys, monkeypatch):
+    monkeypatch.setenv("GOBRRR_PEAK_FLOPS", "fast")
+    assert main(["--model", "124m", "--gpus", "1"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "GOBRRR_PEAK_FLOPS='fast' is not a positive number" in line
+
+
+def test_the_peak_from_the_environment_is_used_and_named(no_records, capsys, monkeypatch):
+    """The same override as gobrrr train's and the benches' (machine.peak_flops): one table, one override."""
+    base = machine("H200")
+    monkeypatch.setenv("GOBRRR_PEAK_FLOPS", "2e15")
+    m = machine("H200")
+    assert m.peak_flops == 2e15 and base.peak_flops == 989e12 and "GOBRRR_PEAK_FLOPS" in m.sources["peak"]
+    assert main(["--model", "124m", "--gpus", "1", "--top", "1"]) == 0
+    assert "GOBRRR_PEAK_FLOPS 2000 TFLOP/s" in capsys.readouterr().out
+
+
+def test_top_prints_that_many_rows(no_records, capsys):
+    assert main(["--model", "124m", "--gpus", "4", "--format", "json", "--top", "2"]) == 0
+    assert len(json.loads(capsys.readouterr().out)) == 2
+
+
+@pytest.mark.parametrize("precision,bf16_advice", [("bf16", False), ("amp", True)])
+def test_nothing_fits_says_what_to_do(no_records, capsys, precision, bf16_advice):
+    """70b on one GPU: every ZeRO stage and recompute are in the table already, so the advice is GPUs
+    (enough for the model states under ZeRO-3), a smaller micro-batch, and bf16 only when it is not
+    already the precision (bf16 is the default)."""
+    argv = ["--model", "70b", "--gpus", "1", "--micro-batch", "2"] + (["--precision", precision] if precision != "bf16" else [])
+    assert main(argv) == 0
     out = capsys.readouterr().out
-    assert "nothing fits" in out and " NO " in out
+    (advice,) = [line for line in out.splitlines() if line.startswith("nothing fits")]
+    assert " NO " in out and "--gpus 16" in advice and "need 9 GPUs' memory under ZeRO-3" in advice
+    assert "--micro-batch" in advice
+    assert ("--precision bf16" in advice) == bf16_advice
+    assert "ZeRO-3 and recompute" not in advice  # the rows above already are ZeRO-3 and recompute
+
+
+def _measured_train_peaks() -> dict[tuple[int, bool], float]:
+    """{(B, bf16 residual): peak bytes} of gobrrr train's step for the 124m on an H200, the latest
+    `gobrrr bench train` record of each (bench/results/train.jsonl, committed)."""
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "results" / "train.jsonl"
+    out = {}
+    for line in path.read_text().splitlines():
+        rec = json.loads(line)
+        if rec.get("config", {}).get("model") != "124m" or "H200" not in str(rec.get("device")):
+            continue
+        for row in rec.get("rows", []):
+            peak = row.get("peak_gb", 0) * 1e9 or row.get("peak_gib", 0) * 2**30
+            if row.get("variant") == "gobrrr" and peak:
+                out[(row["B"], bool(rec["config"].get("bf16_residual")))] = peak
+    return out
+
+
+def test_the_default_loss_is_what_gobrrr_train_runs(no_records, capsys):
+    """Issue 30: `gobrrr plan` sized a full (B, T, V) loss by default, 35.1 GB for the 124m at batch 32,
+    against 13.0 GB measured for `gobrrr train`, which runs the chunked loss (vocab-parallel at tp > 1)."""
+    assert Options().loss == "train"
+    assert Options().loss_at(1) == "chunked" and Options().loss_at(2) == "full"
+    assert Options(loss="full").loss_at(1) == "full"
+
+    def first_row(*extra):
+        assert main(["--model", "124m", "--gpus", "1", "--micro-batch", "32", "--format", "json", *extra]) == 0
+        rows = json.loads(capsys.readouterr().out)
+        return next(r for r in rows if (r["dp"], r["tp"], r["zero"], r["recompute"]) == (1, 1, 0, False))
+
+    default, full = first_row(), first_row("--loss", "full")
+    assert default["total_bytes"] == first_row("--loss", "chunked")["total_bytes"]
+    assert default["total_bytes"] / 1e9 == pytest.approx(13.0, rel=0.05)   # the measured peak of issue 30
+    assert full["total_bytes"] / 1e9 == pytest.approx(35.1, rel=0.02)      # what it said before
+    # and against every committed measurement of gobrrr train's step (fp32 weights under autocast: "amp")
+    peaks = _measured_train_peaks()
+    assert len(peaks) >= 4, peaks
+    for (b, res16), measured in peaks.items():
+        precision = "amp-res16" if res16 else "amp"
+        planned = evaluate(PRESETS["124m"], Layout(1, 1), Batch(b, 1024), machine("H200"), Options(precision))
+        assert planned.total_bytes == pytest.approx(measured, rel=0.15), (b, precision)
 
 
 def test_plan_check_needs_a_gpu(capsys):

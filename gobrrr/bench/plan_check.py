@@ -32,8 +32,10 @@ from torch.utils.checkpoint import checkpoint
 
 from gobrrr.bench.common import print_table, record
 from gobrrr.models.gpt import GPT
-from gobrrr.plan.formulas import PRESETS, Batch, Layout, Options, evaluate, temp_bytes
+from gobrrr.plan.formulas import evaluate
+from gobrrr.plan.inputs import PRESETS, Batch, Layout, Options
 from gobrrr.plan.machine import machine
+from gobrrr.plan.memory import temp_bytes
 
 
 def add_recompute(model: GPT) -> None:
@@ -101,7 +103,7 @@ def check(batches: list[int], steps: int, warmup: int, train_steps: int) -> list
     """One row per (B, recompute): the plan's figures beside the measured ones (module docstring)."""
     shape = PRESETS["124m"]
     gpu = torch.cuda.get_device_name()
-    opt = Options(precision="amp")
+    opt = Options(precision="amp", loss="full")  # this loop: the model's own lm_head + F.cross_entropy
     loop_mach = machine(gpu, model="124m", prefer=("ddp",))       # an eager loop, as this one
     print(f"plan for this loop: MFU {loop_mach.mfu:.1%} ({loop_mach.sources['mfu']}); HBM "
           f"{loop_mach.hbm_Bps / 1e12:.2f} TB/s; peak {loop_mach.peak_flops / 1e12:.0f} TFLOP/s")

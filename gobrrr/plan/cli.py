@@ -14,10 +14,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
+from pathlib import Path
 
-from gobrrr.plan.formulas import GB, PRECISIONS, PRESETS, Batch, ModelShape, Options, Plan, plan
+from gobrrr.plan.formulas import Plan, plan
+from gobrrr.plan.inputs import GB, LOSSES, PRECISIONS, PRESETS, Batch, ModelShape, Options
 from gobrrr.plan.machine import GPUS, machine
+
+LOSS_WORDS = {"train": "gobrrr train's loss (chunked at tp 1, vocab-parallel at tp > 1)",
+              "full": "full (B, T, V/tp) logits loss", "chunked": "chunked loss"}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -40,7 +46,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     g.add_argument("--gpus", type=int, required=True, help="GPUs in total")
     g.add_argument("--gpu-mem", type=float, help="GB of memory per GPU (default: the GPU's datasheet)")
     g.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node; tp stays inside one (default 8)")
-    g.add_argument("--gpu", default="H200", help=f"GPU model for peak FLOP/s and defaults: {', '.join(GPUS)}")
+    g.add_argument("--gpu", default="H200", help=f"GPU model for peak FLOP/s and defaults: {', '.join(GPUS)} "
+                   "(gobrrr/plan/machine.py's table; GOBRRR_PEAK_FLOPS overrides the peak)")
     g.add_argument("--mfu", type=float, help="model FLOPs utilisation to assume (default: measured record or 0.40)")
     g.add_argument("--records", help="folder of bench results (default bench/results or $GOBRRR_BENCH_RESULTS)")
     b = p.add_argument_group("training")
@@ -49,11 +56,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     b.add_argument("--precision", choices=list(PRECISIONS), default="bf16",
                    help="bf16: bf16 weights + fp32 master (default); amp: fp32 weights under autocast")
     b.add_argument("--attention", choices=["flash", "eager"], default="flash")
-    b.add_argument("--loss", choices=["full", "chunked"], default="full",
-                   help="full: (B, T, V) logits; chunked: gobrrr.ops.linear_cross_entropy (what gobrrr train uses)")
+    b.add_argument("--loss", choices=list(LOSSES), default="train",
+                   help="train (default): what gobrrr train runs, the chunked loss at tp 1 and F.cross_entropy on "
+                        "vocab-parallel (B, T, V/tp) logits at tp > 1; full: F.cross_entropy on (B, T, V/tp) logits; "
+                        "chunked: gobrrr.ops.linear_cross_entropy")
     b.add_argument("--headroom", type=float, default=0.10, help="fraction of GPU memory kept free (default 0.10)")
     p.add_argument("--format", choices=["table", "json"], default="table")
-    p.add_argument("--top", type=int, default=0, help="print only the first N rows (default all)")
+    p.add_argument("--top", type=int, help="print only the first N rows, N >= 1 (default: all)")
     return p.parse_args(argv)
 
 
@@ -85,6 +94,11 @@ def build(a: argparse.Namespace) -> Plan:
         raise ValueError(f"--gpu-mem must be > 0 GB, got {a.gpu_mem}")
     if a.global_batch is not None and a.global_batch < 1:
         raise ValueError(f"--global-batch must be >= 1, got {a.global_batch}")
+    if a.top is not None and a.top < 1:
+        raise ValueError(f"--top must be >= 1, got {a.top}; leave it out to print every row")
+    if a.records is not None and not Path(a.records).is_dir():
+        raise ValueError(f"--records {a.records}: no such folder; give a folder of bench results (e.g. bench/results) "
+                         "or leave --records out for the defaults")
     mach = machine(a.gpu, a.gpu_mem, a.gpus_per_node, a.mfu, model.name, a.records, a.micro_batch)
     opt = Options(precision=a.precision, attention=a.attention, loss=a.loss, headroom=a.headroom)
     return plan(model, mach, Batch(a.micro_batch, a.seq_len or model.seq_len, a.global_batch), a.gpus, opt)
@@ -97,17 +111,18 @@ def header(p: Plan) -> list[str]:
         f"{m.n_head} heads, vocab {m.vocab_size}, GPT-shaped) on {p.gpus} x {mach.gpu} "
         f"{mach.mem_bytes / GB:.0f} GB ({mach.gpus_per_node} per node)",
         f"  batch: micro {p.batch.micro} x seq {p.batch.seq_len}; precision {o.precision} "
-        f"(p/g/o bytes {'/'.join(map(str, PRECISIONS[o.precision][:3]))}); {o.attention} attention; {o.loss} loss; "
+        f"(p/g/o bytes {'/'.join(map(str, PRECISIONS[o.precision][:3]))}); {o.attention} attention; {LOSS_WORDS[o.loss]}; "
         f"fits = total <= {1 - o.headroom:.0%} of memory ({o.headroom:.0%} headroom)",
         f"  compute: {mach.sources['peak']} x MFU {mach.mfu:.1%} ({mach.sources['mfu']}); "
         f"HBM {mach.hbm_Bps / 1e12:.2f} TB/s ({mach.sources['hbm']})",
         f"  links: in a node {mach.intra.busbw_Bps / 1e9:.0f} GB/s ({mach.intra.source}); "
         f"between nodes {mach.inter.busbw_Bps / 1e9:.0f} GB/s ({mach.inter.source})",
-        "  memory in GB per GPU; comm = GB each GPU's link carries per optimizer step (nccl-tests bus bytes)",
+        "  memory in GB per GPU (GB = 1e9 bytes); comm = GB each GPU's link carries per optimizer step "
+        "(nccl-tests bus bytes)",
     ]
 
 
-def table(p: Plan, top: int = 0) -> str:
+def table(p: Plan, top: int | None = None) -> str:
     rows = p.rows[:top] if top else p.rows
     cols = ["", "dp", "tp", "zero", "rc", "sp", "accum", "params", "grads", "optim", "activ", "temp", "total",
             "fits", "comm", "step_ms", "tokens/s", "MFU", "why"]
@@ -127,8 +142,26 @@ def table(p: Plan, top: int = 0) -> str:
     if p.skipped:
         out += ["", "not considered: " + "; ".join(dict.fromkeys(p.skipped))]
     if not any(r.fits for r in p.rows):
-        out += ["", "nothing fits: add GPUs, lower --micro-batch, or use --precision bf16 with ZeRO-3 and recompute"]
+        out += ["", nothing_fits(p)]
     return "\n".join(out)
+
+
+def nothing_fits(p: Plan) -> str:
+    """What to change when no row fits, naming only what this plan did not already try: the table has
+    every ZeRO stage and recompute for these GPUs, so the way out is more GPUs, a smaller micro-batch,
+    or a precision without autocast's weight copies."""
+    small = min(p.rows, key=lambda r: r.total_bytes)
+    per_param = sum(PRECISIONS[p.options.precision][:3])
+    need = math.ceil(per_param * p.model.params() / small.usable_bytes)  # model states alone, sharded N ways
+    gpus = 2 ** math.ceil(math.log2(max(need, p.gpus + 1)))  # a power of two: tp and dp have room to divide it
+    fixes = [f"--gpus {gpus} (the model states alone, {per_param} bytes x {p.model.params() / 1e9:.3g}e9 "
+             f"parameters, need {need} GPUs' memory under ZeRO-3)"]
+    if p.batch.micro > 1:
+        fixes.append("a smaller --micro-batch")
+    if p.options.precision != "bf16":
+        fixes.append("--precision bf16 (no autocast copies of the weights)")
+    return (f"nothing fits: the smallest row ({small.name()}) needs {small.total_bytes / GB:,.1f} GB of "
+            f"{small.usable_bytes / GB:,.1f} GB usable; try " + ", or ".join(fixes))
 
 
 def main(argv: list[str] | None = None) -> int:

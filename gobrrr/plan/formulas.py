@@ -1,6 +1,6 @@
 """gobrrr plan: memory per GPU, bytes moved and step time of every parallel layout, from formulas.
 
-    from gobrrr.plan.formulas import PRESETS, Batch, plan
+    from gobrrr.plan import PRESETS, Batch, plan
     p = plan(PRESETS["7b"], machine, Batch(micro=1, seq_len=4096), gpus=8)  # machine: gobrrr.plan.machine
     for row in p.rows: print(row.dp, row.tp, row.zero, row.total_bytes, row.fits, row.step_s)
 
@@ -23,7 +23,9 @@ and its source; Ψ = parameters this GPU's tensor-parallel shard holds, N = dp):
                  amp-res16 and bf16: 32·sbh). TP shards 12c of the 2r + 14c; SP also 2r; full recompute
                  keeps only each block's input (r·sbh) plus one block live during its backward.
                  The loss adds (c + 12)·sbV bytes at its backward (logits, fp32 log-softmax, grads),
-                 or one chunk of logits with gobrrr.ops' chunked loss (`head_bytes`).
+                 or one chunk of logits with gobrrr.ops' chunked loss (`head_bytes`). By default the
+                 loss is what `gobrrr train` runs (`Options.loss_at`): chunked at tp 1, vocab-parallel
+                 F.cross_entropy on (B, T, V/tp) logits at tp > 1.
   temporaries    autocast's bf16 weight copies (amp), ZeRO-3's gathered block (this one and the
                  prefetched next), ZeRO's gradient buckets.
   communication  bytes each GPU's link carries per optimizer step, with nccl-tests' bus factors
@@ -42,135 +44,20 @@ Bandwidths, peak FLOP/s and MFU come from a `Machine` (gobrrr/plan/machine.py: m
 when the machine does. `gobrrr plan` is gobrrr/plan/cli.py; `train_row` + `summary` give the one
 line `gobrrr train` prints for its own layout. The plan covers layouts gobrrr itself may not run
 (e.g. ZeRO-3 with tp > 1): it is the formulas, not a list of features.
+
+Files: inputs.py (the shape, presets, precisions, layout, batch, options), memory.py (bytes by part),
+timing.py (bytes moved and what hides them); this file builds, ranks and explains the rows.
+Bytes are decimal (GB = 1e9).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 
-GB = 1e9
+from gobrrr.plan.inputs import GB, PRECISIONS, Batch, Layout, ModelShape, Options
+from gobrrr.plan.memory import activation_bytes, model_state_bytes, temp_bytes
+from gobrrr.plan.timing import comm, exposed
 
-
-# ---------------------------------------------------------------- the model's shape
-
-@dataclass(frozen=True)
-class ModelShape:
-    """A reference-GPT-shaped model (gobrrr/models/gpt.py): learned positions, pre-LN blocks with biases,
-    multi-head attention, GELU MLP of 4x width, the head tied to the token embedding."""
-
-    name: str
-    n_layer: int
-    n_embd: int
-    n_head: int
-    vocab_size: int
-    seq_len: int  # the block size (longest sequence), and the default training length
-
-    def __post_init__(self):
-        for f in ("n_layer", "n_embd", "n_head", "vocab_size", "seq_len"):
-            if getattr(self, f) < 1:
-                raise ValueError(f"model {f} must be >= 1, got {getattr(self, f)}; give a positive size")
-        if self.n_embd % self.n_head:
-            raise ValueError(f"width {self.n_embd} is not divisible by {self.n_head} heads; "
-                             "pick a head count that divides the width")
-
-    def block_params(self) -> int:
-        """One block: qkv 3h^2 + 3h, proj h^2 + h, fc 4h^2 + 4h, proj 4h^2 + h, two LayerNorms 4h."""
-        h = self.n_embd
-        return 12 * h * h + 13 * h
-
-    def params(self) -> int:
-        """Ψ of the whole model: V h + T h + L (12 h^2 + 13 h) + 2 h (the head is tied: counted once)."""
-        h = self.n_embd
-        return self.vocab_size * h + self.seq_len * h + self.n_layer * self.block_params() + 2 * h
-
-    def params_per_tp_rank(self, tp: int) -> int:
-        """Ψ one tensor-parallel rank holds: the block matrices and column-parallel biases (qkv 3h, fc 4h)
-        split tp ways, the vocabulary split tp ways (vocab-parallel embedding = the tied head, padded to a
-        multiple of tp); row-parallel biases (2h), LayerNorms (4h per block + 2h) and positions replicated."""
-        h, L = self.n_embd, self.n_layer
-        block = (12 * h * h + 7 * h) // tp + 6 * h
-        return math.ceil(self.vocab_size / tp) * h + self.seq_len * h + L * block + 2 * h
-
-    def cast_params_per_tp_rank(self, tp: int) -> int:
-        """Parameters autocast copies to bf16 (the inputs of matmuls: linear weights and biases, and the
-        tied head); LayerNorm weights and the position table are not cast."""
-        h, L = self.n_embd, self.n_layer
-        return math.ceil(self.vocab_size / tp) * h + L * ((12 * h * h + 7 * h) // tp + 2 * h)
-
-    def flops_per_token(self, seq_len: int | None = None) -> float:
-        """Training FLOPs per token, as `GPT.flops_per_token`: 6 N (N without positions) + 12 L h T."""
-        T = seq_len or self.seq_len
-        n = self.params() - self.seq_len * self.n_embd
-        return 6.0 * n + 12.0 * self.n_layer * self.n_embd * T
-
-    def gpt_config(self):
-        """The reference GPT's config of this shape (for building it, e.g. on the meta device)."""
-        from gobrrr.models.gpt import GPTConfig
-
-        return GPTConfig(vocab_size=self.vocab_size, block_size=self.seq_len, n_layer=self.n_layer,
-                         n_head=self.n_head, n_embd=self.n_embd, dropout=0.0, bias=True)
-
-
-# GPT-2 shapes up to 1.5b (vocab 50257 padded to 50304, as the reference GPT's 124m). 7b/13b/70b take
-# the depth, width and head count of the common 32/40/80-layer, 4096/5120/8192-wide models (LLaMA's
-# 32k vocabulary and 4096 context) but stay GPT-shaped: multi-head attention (no GQA), a GELU MLP of
-# 4h (no SwiGLU of ~8h/3 x 3 matrices), LayerNorm with biases, learned positions, a tied head. So
-# "70b" here has 64.7e9 parameters, not LLaMA-2-70B's 69e9; the formulas are the reference GPT's.
-PRESETS: dict[str, ModelShape] = {
-    "124m": ModelShape("124m", 12, 768, 12, 50304, 1024),
-    "350m": ModelShape("350m", 24, 1024, 16, 50304, 1024),
-    "1.5b": ModelShape("1.5b", 48, 1600, 25, 50304, 1024),
-    "7b": ModelShape("7b", 32, 4096, 32, 32000, 4096),
-    "13b": ModelShape("13b", 40, 5120, 40, 32000, 4096),
-    "70b": ModelShape("70b", 80, 8192, 64, 32000, 4096),
-}
-
-# bytes per parameter of (parameters, gradients, optimizer state), residual stream, compute dtype
-PRECISIONS: dict[str, tuple[int, int, int, int, int]] = {
-    "fp32": (4, 4, 8, 4, 4),
-    "amp": (4, 4, 8, 4, 2),
-    "amp-res16": (4, 4, 8, 2, 2),
-    "bf16": (2, 2, 12, 2, 2),
-}
-
-
-# ---------------------------------------------------------------- inputs and outputs
-
-@dataclass(frozen=True)
-class Layout:
-    dp: int
-    tp: int
-    zero: int = 0                    # 0 = plain data parallelism (all-reduce), 1-3 = ZeRO stage
-    recompute: bool = False          # full activation recomputation, one checkpoint per block
-    sequence_parallel: bool = False  # Korthikanti et al. 2022; only with tp > 1
-
-
-@dataclass(frozen=True)
-class Batch:
-    micro: int                 # sequences per GPU per micro-step (b)
-    seq_len: int               # tokens per sequence (s)
-    global_batch: int | None = None  # sequences per optimizer step; None = micro x GPUs, so a layout
-                                     # with tp > 1 accumulates tp micro-steps and all see one batch
-
-
-@dataclass(frozen=True)
-class Options:
-    precision: str = "bf16"
-    attention: str = "flash"   # flash: no s x s scores kept; eager: Korthikanti's 5 a s^2 b
-    loss: str = "full"         # full: F.cross_entropy on (B, T, V) logits; chunked: gobrrr.ops.linear_cross_entropy
-    bucket_mb: float = 25.0    # gradient bucket size (gobrrr.parallel.ddp's default)
-    headroom: float = 0.10     # fraction of GPU memory kept free: CUDA context, allocator fragmentation
-
-    def __post_init__(self):
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"unknown precision {self.precision!r}; choose one of {', '.join(PRECISIONS)}")
-        if self.attention not in ("flash", "eager"):
-            raise ValueError(f"unknown attention {self.attention!r}; choose flash or eager")
-        if self.loss not in ("full", "chunked"):
-            raise ValueError(f"unknown loss {self.loss!r}; choose full or chunked")
-        if not 0 <= self.headroom < 1:
-            raise ValueError(f"headroom {self.headroom} must be in [0, 1)")
-
+# ---------------------------------------------------------------- the rows
 
 @dataclass
 class Row:
@@ -228,166 +115,9 @@ class Plan:
     skipped: list[str] = field(default_factory=list)  # layouts not evaluated, and why
 
 
-# ---------------------------------------------------------------- the formulas
-
-def model_state_bytes(model: ModelShape, layout: Layout, precision: str) -> tuple[float, float, float]:
-    """(parameters, gradients, optimizer state) bytes on one GPU: ZeRO's table on this TP shard's Ψ."""
-    p, g, o, _, _ = PRECISIONS[precision]
-    psi, n = model.params_per_tp_rank(layout.tp), layout.dp
-    params = p * psi / n if layout.zero >= 3 else p * psi
-    grads = g * psi / n if layout.zero >= 2 else g * psi
-    opt = o * psi / n if layout.zero >= 1 else o * psi
-    return params, grads, opt
-
-
-def block_activation_bytes(model: ModelShape, layout: Layout, b: int, s: int, opt: Options) -> float:
-    """Bytes one block saves for its backward (no recompute), on one GPU.
-
-    Saved tensors, in units of s·b·h: LayerNorm inputs 2r; qkv input c; q, k, v 3c; attention output
-    c; fc input c; GELU input 4c; the last linear's input 4c; total 2r + 14c. Tensor parallelism
-    shards the 12c that live inside the column/row-parallel pair (heads, the 4h hidden); sequence
-    parallelism also shards the LayerNorm inputs (2r), while the all-gathered inputs of qkv and fc
-    (2c) are kept whole for backward, as gobrrr.parallel.tp and torch's SequenceParallel do
-    (Megatron gathers them again in backward instead, and so shards all 2r + 14c). Flash attention
-    keeps its fp32 log-sum-exp (4·a·s·b bytes, sharded with the heads); eager attention keeps
-    Korthikanti's 5·a·s^2·b instead.
-    """
-    _, _, _, r, c = PRECISIONS[opt.precision]
-    h, a, t = model.n_embd, model.n_head, layout.tp
-    sbh = s * b * h
-    shard = t if layout.sequence_parallel else 1
-    outside, inside = 2 * r * sbh / shard + 2 * c * sbh, 12 * c * sbh
-    attn = 4 * a * s * b if opt.attention == "flash" else 5 * a * s * s * b
-    stats = 2 * 2 * 4 * s * b / shard  # LayerNorm mean and rstd, fp32, two per block
-    return outside + inside / t + attn / t + stats
-
-
-CHUNK_LOGITS = 2**29  # gobrrr.ops.linear_cross_entropy: logits per chunk (1 GiB in bf16)
-
-
-def head_bytes(model: ModelShape, layout: Layout, b: int, s: int, opt: Options) -> tuple[float, float]:
-    """(bytes the head and loss save for backward, bytes live on top of that at their peak), one GPU.
-
-    full (the reference GPT's F.cross_entropy under autocast): saved ln_f's input (r, sharded by SP)
-        and the head's input (c, gathered whole) per sbh, and the fp32 log-softmax output 4·sbV/tp; at the log-softmax
-        backward the logits (c·sbV/tp, still referenced) and two fp32 gradients (8·sbV/tp) are live too.
-    chunked (gobrrr.ops.linear_cross_entropy, gradients computed in forward one chunk of at most
-        2^29 logits at a time): saved ln_f's input (r·sbh), grad_x (c·sbh) and grad_W (c·Vh/tp);
-        live during a chunk: its logits (c per logit; on a GPU the Triton pass gobrrr.ops.ce_rows
-        writes their gradient over them), plus the bf16 copies of x and W. Until that kernel, the
-        gradient took a second buffer and this term read 2c + 4 per logit.
-    """
-    _, _, _, r, c = PRECISIONS[opt.precision]
-    h, Vt = model.n_embd, math.ceil(model.vocab_size / layout.tp)
-    sbh = s * b * h
-    shard = layout.tp if layout.sequence_parallel else 1
-    if opt.loss == "full":
-        return r * sbh / shard + c * sbh + 4 * s * b * Vt, (c + 8) * s * b * Vt
-    rows = s * b
-    per_chunk = max(1, CHUNK_LOGITS // Vt)
-    chunk = math.ceil(rows / math.ceil(rows / per_chunk)) * Vt
-    return r * sbh / shard + c * sbh + c * Vt * h, chunk * c + c * Vt * h + c * sbh
-
-
-def saved_bytes(model: ModelShape, layout: Layout, b: int, s: int, opt: Options) -> float:
-    """Bytes autograd holds at the end of one micro-step's forward, on one GPU (no recompute):
-    L blocks + what the head and the loss save (`head_bytes`)."""
-    return model.n_layer * block_activation_bytes(model, layout, b, s, opt) + head_bytes(model, layout, b, s, opt)[0]
-
-
-def activation_bytes(model: ModelShape, layout: Layout, b: int, s: int, opt: Options) -> float:
-    """Peak activation bytes on one GPU during one micro-step (at the loss).
-
-    no recompute: `saved_bytes` + the loss's live bytes at its peak (`head_bytes`).
-    recompute:    L block inputs (r·sbh, /tp with SP) + the larger of the head and loss's peak and
-                  one block recomputed during its backward plus two fp32 residual gradients.
-    """
-    _, _, _, r, c = PRECISIONS[opt.precision]
-    sbh = s * b * model.n_embd
-    shard = layout.tp if layout.sequence_parallel else 1
-    saved_head, live = head_bytes(model, layout, b, s, opt)
-    if not layout.recompute:
-        return saved_bytes(model, layout, b, s, opt) + live
-    block = block_activation_bytes(model, layout, b, s, opt)
-    return model.n_layer * r * sbh / shard + max(saved_head + live, block + 2 * 4 * sbh / shard)
-
-
-def temp_bytes(model: ModelShape, layout: Layout, opt: Options) -> dict[str, float]:
-    """Buffers beyond model states and activations, by kind."""
-    p, g, _, _, _ = PRECISIONS[opt.precision]
-    out: dict[str, float] = {}
-    if opt.precision.startswith("amp"):  # held from forward to backward by the matmuls that saved them; under
-        # recompute only the head's (outside the checkpoints) and one recomputed block's
-        cast = model.cast_params_per_tp_rank(layout.tp)
-        if layout.recompute:
-            blocks = cast - math.ceil(model.vocab_size / layout.tp) * model.n_embd
-            cast = cast - blocks + blocks / model.n_layer
-        out["autocast_bf16_weights"] = 2.0 * cast
-    if layout.zero >= 3:
-        block = model.block_params() / layout.tp
-        out["zero3_gathered_blocks"] = 2 * p * block + g * block  # this + the prefetched next; its grads
-    if layout.zero >= 1:
-        out["zero_buckets"] = 2 * opt.bucket_mb * 2**20
-    return out
-
-
-def comm(model: ModelShape, layout: Layout, b: int, s: int, accum: int, opt: Options
-         ) -> dict[str, tuple[float, int, str, str]]:
-    """{kind: (bus bytes per optimizer step on one GPU's link, collectives per step, group, hides under)}.
-
-    Bus bytes follow nccl-tests' busbw convention: size x 2(n-1)/n for all-reduce, size x (n-1)/n for
-    all-gather and reduce-scatter, so time = bus bytes / bus bandwidth. "hides under" is what compute
-    can cover it: the last micro-step's backward, every micro-step's backward, the next block's compute
-    (prefetch), or nothing (on the critical path).
-    """
-    p, g, _, _, c = PRECISIONS[opt.precision]
-    n, t, L = layout.dp, layout.tp, model.n_layer
-    psi = model.params_per_tp_rank(t)
-    bucket = opt.bucket_mb * 2**20
-    out: dict[str, tuple[float, int, str, str]] = {}
-    if n > 1:
-        ag, ar = (n - 1) / n, 2 * (n - 1) / n
-        calls = max(1, math.ceil(g * psi / bucket))
-        if layout.zero == 0:    # accumulate locally (no_sync), all-reduce once
-            out["dp_all_reduce"] = (ar * g * psi, calls, "dp", "last_backward")
-        elif layout.zero == 1:  # accumulate unsharded, reduce-scatter once
-            out["zero_reduce_scatter"] = (ag * g * psi, calls, "dp", "last_backward")
-        else:                   # stage 2-3: reduce-scatter every micro-step into the sharded gradient
-            out["zero_reduce_scatter"] = (ag * g * psi * accum, calls * accum, "dp", "each_backward")
-        if layout.zero in (1, 2):  # updated shards back to every rank, after the optimizer step
-            out["zero_all_gather"] = (ag * p * psi, calls, "dp", "none")
-        if layout.zero == 3:    # gathered before forward and again before backward, one block at a time
-            out["zero3_all_gather"] = (2 * ag * p * psi * accum, 2 * (L + 1) * accum, "dp", "prefetch")
-    if t > 1:
-        ar = 2 * (t - 1) / t
-        per_block = 4 + (2 if layout.recompute else 0)  # f and g, forward and backward; recompute repeats g
-        act = c * s * b * model.n_embd
-        sp = layout.sequence_parallel
-        name = "tp_sp_reduce_scatter_all_gather" if sp else "tp_all_reduce"
-        out[name] = (ar * act * per_block * L * accum, per_block * L * accum * (2 if sp else 1), "tp", "none")
-        # vocab-parallel embedding (an fp32 sum forward) and the head's input gradient (backward), plus
-        # the loss's max and sum-of-exponentials and target logit (s·b floats each)
-        out["tp_vocab_parallel"] = (ar * (4 + c + 3 * 4 / model.n_embd) * s * b * model.n_embd * accum,
-                                    5 * accum, "tp", "none")
-    return out
-
-
-def _exposed(hides: str, t_comm: float, calls: int, accum: int, t_fwd: float, t_bwd: float,
-             t_bucket: float) -> float:
-    """The part of a kind's time over all micro-steps that compute cannot hide (module docstring)."""
-    if hides == "last_backward":   # buckets launch during backward; the last one waits at the end
-        return max(0.0, t_comm - t_bwd) + min(t_bucket, t_comm)
-    per_micro = t_comm / accum
-    if hides == "each_backward":
-        return accum * (max(0.0, per_micro - t_bwd) + min(t_bucket, per_micro))
-    if hides == "prefetch":        # the next block's gather under this block's compute; the first waits
-        first = per_micro / max(1, calls // accum)
-        return accum * (max(0.0, per_micro - (t_fwd + t_bwd)) + 2 * first)
-    return t_comm
-
-
-def evaluate(model: ModelShape, layout: Layout, batch: Batch, machine, opt: Options = Options()) -> Row:
-    """The row of one layout: memory, communication and step time on one GPU of `machine`."""
+def evaluate(model: ModelShape, layout: Layout, batch: Batch, machine, opt: Options | None = None) -> Row:
+    """The row of one layout: memory, communication and step time on one GPU of `machine` (opt: Options())."""
+    opt = opt or Options()
     b, s = batch.micro, batch.seq_len
     G = batch.global_batch or b * layout.dp * layout.tp
     if G % (b * layout.dp):
@@ -410,22 +140,22 @@ def evaluate(model: ModelShape, layout: Layout, batch: Batch, machine, opt: Opti
 
     kinds = comm(model, layout, b, s, accum, opt)
     spans_nodes = layout.dp * layout.tp > machine.gpus_per_node
-    by_kind, exposed = {}, {}
+    by_kind, exposed_s = {}, {}
     for kind, (nbytes, calls, group, hides) in kinds.items():
         link = machine.inter if (group == "dp" and spans_nodes) else machine.intra
         t_comm = nbytes / link.busbw_Bps + calls * link.latency_s
         t_bucket = opt.bucket_mb * 2**20 / link.busbw_Bps
         by_kind[kind] = nbytes
-        exposed[kind] = _exposed(hides, t_comm, calls, accum, t_fwd, t_bwd, t_bucket)
-    step = compute + opt_s + sum(exposed.values())
+        exposed_s[kind] = exposed(hides, t_comm, calls, accum, t_fwd, t_bwd, t_bucket)
+    step = compute + opt_s + sum(exposed_s.values())
     tokens = G * s / step
     return Row(dp=layout.dp, tp=layout.tp, zero=layout.zero, recompute=layout.recompute,
                sequence_parallel=layout.sequence_parallel, params=model.params(), micro_batch=b,
                grad_accum=accum, global_batch=G, param_bytes=p_b, grad_bytes=g_b, optimizer_bytes=o_b,
                activation_bytes=act, temp_bytes=sum(temps.values()), total_bytes=total, usable_bytes=usable,
                fits=total <= usable, comm_bytes_per_step=sum(by_kind.values()), comm_by_kind=by_kind,
-               compute_s=compute, optimizer_s=opt_s, exposed_comm_s=sum(exposed.values()),
-               exposed_by_kind=exposed, step_s=step, tokens_per_s=tokens,
+               compute_s=compute, optimizer_s=opt_s, exposed_comm_s=sum(exposed_s.values()),
+               exposed_by_kind=exposed_s, step_s=step, tokens_per_s=tokens,
                mfu=model.flops_per_token(s) * tokens / (layout.dp * layout.tp * machine.peak_flops))
 
 
@@ -450,8 +180,9 @@ def layouts(model: ModelShape, gpus: int, gpus_per_node: int) -> tuple[list[Layo
     return out, skipped
 
 
-def plan(model: ModelShape, machine, batch: Batch, gpus: int, opt: Options = Options()) -> Plan:
-    """Every layout's row, the best few marked (`best`) and every other row's `reason`."""
+def plan(model: ModelShape, machine, batch: Batch, gpus: int, opt: Options | None = None) -> Plan:
+    """Every layout's row, the best few marked (`best`) and every other row's `reason` (opt: Options())."""
+    opt = opt or Options()
     if gpus < 1:
         raise ValueError(f"--gpus must be >= 1, got {gpus}")
     if batch.micro < 1 or batch.seq_len < 1:
@@ -506,7 +237,7 @@ def _why_slower(r: Row, top: Row) -> str:
 def train_row(gpt_config, *, world_size: int, micro_batch: int, seq_len: int, grad_accum: int = 1,
               gpu: str = "H200", gpu_mem_gb: float | None = None, tp: int = 1, zero: int = 0,
               recompute: bool = False, sequence_parallel: bool = False, precision: str = "amp",
-              name: str = "run", gpus_per_node: int | None = None, loss: str = "full") -> Row:
+              name: str = "run", gpus_per_node: int | None = None, loss: str = "train") -> Row:
     """The plan's row for a `gobrrr train` run: its GPT config, world size, batch and precision.
 
     `gpu` is a GPU model name (torch.cuda.get_device_name() works); ValueError if it is unknown.

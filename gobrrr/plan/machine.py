@@ -140,12 +140,26 @@ def gpu_key(name: str) -> str | None:
     return next((k for k in GPUS if k.lower() in name.lower()), None)
 
 
+def env_peak_flops() -> float | None:
+    """GOBRRR_PEAK_FLOPS (FLOP/s, e.g. 2.25e15), which overrides the table's peak everywhere; None when unset."""
+    env = os.environ.get("GOBRRR_PEAK_FLOPS")
+    if not env:
+        return None
+    try:
+        value = float(env)
+    except ValueError:
+        value = float("nan")
+    if not value > 0:
+        raise ValueError(f"GOBRRR_PEAK_FLOPS={env!r} is not a positive number of FLOP/s; set it like 2.25e15, or unset it")
+    return value
+
+
 def peak_flops(device) -> tuple[float | None, str]:
     """(dense bf16 peak FLOP/s, where it comes from) of a torch device; (None, why) when unknown (e.g. a CPU).
     GOBRRR_PEAK_FLOPS overrides, for a GPU the table does not know."""
-    env = os.environ.get("GOBRRR_PEAK_FLOPS")
-    if env:
-        return float(env), "GOBRRR_PEAK_FLOPS"
+    env = env_peak_flops()
+    if env is not None:
+        return env, "GOBRRR_PEAK_FLOPS"
     if getattr(device, "type", device) != "cuda":
         return None, "no peak for a CPU"
     import torch
@@ -165,10 +179,14 @@ def machine(gpu: str = "H200", mem_gb: float | None = None, gpus_per_node: int =
         raise ValueError(f"--gpus-per-node must be >= 1, got {gpus_per_node}")
     key = gpu_key(gpu)
     if key is None:
-        raise ValueError(f"unknown GPU {gpu!r}; choose one of {', '.join(GPUS)} (or give --peak-tflops)")
+        raise ValueError(f"unknown GPU {gpu!r}; choose the closest of {', '.join(GPUS)} "
+                         "(--gpu-mem sets its memory, GOBRRR_PEAK_FLOPS its peak FLOP/s)")
     peak, hbm, mem, nvlink = GPUS[key]
     dirs = results_dirs(records)
     sources = {"peak": f"{key} dense bf16 datasheet {peak / 1e12:.0f} TFLOP/s"}
+    env = env_peak_flops()
+    if env is not None:
+        peak, sources["peak"] = env, f"GOBRRR_PEAK_FLOPS {env / 1e12:.0f} TFLOP/s"
 
     p2p = read_records("p2p", key, dirs)
     hbm_Bps, sources["hbm"] = hbm * HBM_EFFICIENCY, f"default: {HBM_EFFICIENCY:.0%} of {hbm / 1e12:.2f} TB/s datasheet"
