@@ -412,3 +412,15 @@ def test_a_rank_dying_mid_step_is_named(stage):
         assert "CollectiveError" in tb or "CollectiveTimeoutError" in tb, tb
         assert "rank 1 died (process" in tb.lower(), tb
     assert time.monotonic() - t0 < 45  # well before the 60 s collective timeout: nobody waited for it
+
+
+def test_memory_report_is_in_decimal_megabytes_and_says_so():
+    """Issue 30: the table labelled mebibytes "MB"; gobrrr prints bytes in decimal units everywhere (GB = 1e9)."""
+    from gobrrr.parallel.zero.shard import MemoryReport
+
+    held = {"params": 3_000_000, "grads": 1_500_000, "optimizer": 500_000, "total": 5_000_000}
+    rep = MemoryReport(2, 0, 2, 1_000_000, False, held, {k: float(v) for k, v in held.items()}, frozen=250_000)
+    lines = rep.lines()
+    assert lines[0].endswith("MB = 1e6 bytes")
+    assert "held       3.00 MB" in lines[1] and "formula       3.00 MB" in lines[1]
+    assert "held       5.00 MB" in lines[4] and "frozen     held       0.25 MB" in lines[5]

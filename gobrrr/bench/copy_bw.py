@@ -19,7 +19,7 @@ import torch
 from gobrrr.bench.common import Parser, add_results_option, median, parse_device, positive, print_table, record
 
 KINDS = ("h2d_pageable", "h2d_pinned", "d2h_pageable", "d2h_pinned", "d2d")
-MB = 1 << 20
+MiB = 1 << 20  # --sizes are in MiB
 
 
 def _buffers(kind: str, nbytes: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -78,7 +78,7 @@ def run(sizes_mb: list[float], device: torch.device, kinds: tuple[str, ...], rep
     rows = []
     for kind in kinds:
         for size in sizes_mb:
-            nbytes = int(size * MB)
+            nbytes = int(size * MiB)
             ms = measure(kind, nbytes, device, repeats=repeats)
             gbps = nbytes / (ms * 1e6)
             rows.append({"copy": kind, "size_MB": size, "ms": ms, "GB/s": gbps,
@@ -108,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
         print("bench copy: no CUDA device; timing a host memcpy only (the GPU rows need a GPU)")
     rows = run(sizes, device, kinds, repeats)
     print_table(rows, ["copy", "size_MB", "ms", "GB/s", "rw_GB/s", "pct_of_pinned_peak"],
-                title=f"bench copy on {device} (median of {repeats}; GB = 1e9 bytes)")
+                title=f"bench copy on {device} (median of {repeats}; GB = 1e9 bytes; size_MB: the --sizes given, "
+                      "in MiB = 2**20 bytes)")
     pinned = [r["GB/s"] for r in rows if r["copy"] == "h2d_pinned"]
     pageable = [r["GB/s"] for r in rows if r["copy"] == "h2d_pageable"]
     figures = {"h2d_pinned_peak_GBps": max(pinned) if pinned else None,

@@ -17,7 +17,8 @@ GPU). Variants:
   ddp-accumK     K micro-steps per optimizer step under no_sync(): one reduction per step
   ddp-accumK-sync  the same K micro-steps, communicating after every micro-step
 
-Figures: ddp step time / plain step time; tokens/s and MFU; ddp tokens/s over torch-ddp's;
+Figures: ddp step time / plain step time; tokens/s and MFU (of the peak in gobrrr/plan/machine.py's GPUS
+table); ddp tokens/s over torch-ddp's;
 scaling efficiency = ddp tokens/s per GPU over plain tokens/s per GPU measured in the same run
 (every GPU stepping alone at the same moment is the single-GPU baseline; `--baseline-json` adds
 the same ratio against a separate world-size-1 record); accumulation's saving =
@@ -209,7 +210,7 @@ def run_bench(rank, cfg: BenchConfig) -> dict:
     ours = next((v.model for v in variants if v.name == "ddp"), None)
     if ours is not None:
         figures["buckets"] = len(ours.buckets)
-        figures["grad_mb"] = sum(b.nbytes for b in ours.buckets) / 2**20
+        figures["grad_mb"] = sum(b.nbytes for b in ours.buckets) / 1e6  # MB = 1e6 bytes
     if ours is not None and world > 1 and "plain" in step_s:
         t_ar = _allreduce_alone(ours, device, reps=max(2, cfg.rounds))
         figures["allreduce_alone_ms"] = t_ar * 1e3
@@ -264,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=positive(int), default=None, help=f"({d.rounds})")
     p.add_argument("--warmup", type=int, default=None, help=f"({d.warmup})")
     p.add_argument("--grad-accum", type=positive(int), default=None, help=f"K of the accumulation variants ({d.grad_accum})")
-    p.add_argument("--bucket-mb", type=positive(float), default=None, help=f"({d.bucket_mb})")
+    p.add_argument("--bucket-mb", type=positive(float), default=None, help=f"MiB, as torch DDP's bucket_cap_mb ({d.bucket_mb})")
     p.add_argument("--variants", default=None, help=f"comma list from {','.join(d.variants)}")
     p.add_argument("--baseline-json", default=None, help="a world-size-1 ddp.jsonl: scaling efficiency against it")
     p.add_argument("--device", default=None, help="cpu or cuda (default cuda when available; --quick: cpu)")

@@ -10,12 +10,12 @@ Variants (each its own copy of the same initial weights, fed the same batch):
                fused AdamW with nanoGPT's decay groups, clip_grad_norm_(1.0), zero_grad(set_to_none)
   plain-ro     the same with torch.compile(mode="reduce-overhead"): torch's own CUDA graphs (cudagraph
                trees) over the compiled forward and backward; the optimizer step stays eager
-  gobrrr       what `gobrrr train` runs: `gobrrr.train.step.train_step` (the function train.py calls)
+  gobrrr       what `gobrrr train` runs: `gobrrr.train.step.train_step` (the function gobrrr train calls)
                on the model as `setup_model` prepares it for one rank (one whole-model graph, chunked
                cross-entropy, the bias-GELU kernels),
                wrapped in gobrrr ddp (world size 1: collectives are no-ops), train's make_optimizer,
-               and the learning rate set per step as train.py does; on a GPU the whole step is
-               replayed as one CUDA graph (`gobrrr.train.graph.GraphedStep`), as train.py does there
+               and the learning rate set per step as gobrrr train does; on a GPU the whole step is
+               replayed as one CUDA graph (`gobrrr.train.graph.GraphedStep`), as gobrrr train does there
   gobrrr-unfused  the same step with GPT's MLP as written (fc with its bias, then F.gelu) instead of
                gobrrr.ops.bias_gelu's kernels
   gobrrr-nograph  the same step issued kernel by kernel from Python (`--no-cuda-graph`)
@@ -36,7 +36,8 @@ process would share the first one's kernel. Compare two runs for its effect.
 Per batch size, every variant first runs --warmup steps (the first one compiles: its wall time is
 reported as compile_s, never inside tokens/s), then --rounds interleaved rounds of --steps steps
 (order reversed every other round); a variant's step time is the median over rounds, from CUDA
-events. Columns: tokens/s, MFU (GPT.flops_per_token and train.py's peak table), peak memory (GiB:
+events. Columns: tokens/s, MFU (GPT.flops_per_token over the peak in gobrrr/plan/machine.py's GPUS
+table, the one GPU table), peak memory (peak_gb, GB = 1e9 bytes:
 the highest allocation from the variant's build through its warm-up and one more step: weights,
 gradients, AdamW state and the step's activations; a CUDA-graph variant peaks while its step is
 recorded, and its pool keeps about that much afterwards),
@@ -49,13 +50,12 @@ memory-efficient; q, k, v split from one (B, T, 3C) tensor as the model splits t
 gobrrr step's parts (forward+backward, clip + AdamW step). --kernels profiles the gobrrr step
 (issued eagerly: the kernels a replayed graph runs) at the largest batch size and splits its device
 time by kind of kernel (gobrrr/bench/kernels.py): matmul and attention with the rate they ran at, the
-loss's softmax pass, the optimizer, the rest.
+loss's softmax pass, the optimizer, the rest. The variants themselves are built in train_variants.py.
 """
 from __future__ import annotations
 
 import argparse
 import copy
-import functools
 import gc
 import time
 from dataclasses import asdict, dataclass, replace
@@ -65,10 +65,9 @@ import torch
 import torch.nn.functional as F
 
 from gobrrr.bench.common import device_name, median, print_table, record
+from gobrrr.bench.train_variants import ALL, Variant, autocast_ctx, build
 
-GiB = 2**30
-ALL = ("plain", "plain-ro", "gobrrr", "gobrrr-unfused", "gobrrr-nograph", "gobrrr-blocks", "gobrrr-std", "gobrrr-eager",
-       "plain-eager", "gobrrr-mat")
+GB = 1e9  # decimal, as every byte figure gobrrr prints
 
 
 @dataclass
@@ -93,17 +92,6 @@ class BenchConfig:
                            rounds=2, warmup=1, breakdown=True, kernels=True, compile=False)
 
 
-@dataclass
-class Variant:
-    name: str
-    step: Callable[[], None]
-    state_bytes: int                 # weights + AdamW moments (gradients are None between steps)
-    compile_s: float = 0.0
-    times: list[float] | None = None
-    host: list[float] | None = None
-    peak: int = 0
-
-
 def _release(device: torch.device) -> None:
     """Free what earlier variants held (their CUDA graphs' pools sit in reference cycles until a collection)."""
     gc.collect()
@@ -114,112 +102,6 @@ def _release(device: torch.device) -> None:
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)  # sync: benchmark boundary, outside timed work
-
-
-def _autocast(device: torch.device, cudnn_attention: bool | None = None):
-    from gobrrr.train.step import autocast_for
-
-    return autocast_for(device, cudnn_attention)
-
-
-def _plain(base, batch, device, compile: bool, cudnn: bool, mode: str | None = None, tune: bool = False,
-           res16: bool = False) -> Variant:
-    """The baseline loop, written here on purpose (not gobrrr's code); `cudnn`: SDPA's cuDNN kernels first;
-    `tune`: the same inductor options gobrrr's blocks get (not with a mode: torch.compile takes one);
-    `res16`: the same bf16 residual stream gobrrr's variants get (a precision choice, not an optimization)."""
-    from gobrrr.train.step import bf16_residual, compile_options
-
-    if mode and not compile:
-        raise ValueError(f"plain with mode {mode!r} needs torch.compile (drop --no-compile or this variant)")
-    model = copy.deepcopy(base)
-    model.fused_loss = None
-    bf16_residual(model, res16)
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    other = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": other, "weight_decay": 0.0}],
-                            lr=1e-4, betas=(0.9, 0.95), fused=device.type == "cuda")
-    fwd = torch.compile(model, mode=mode, options=None if mode else compile_options(tune)) if compile else model
-    x, y = batch
-    autocast = _autocast(device, cudnn_attention=cudnn and device.type == "cuda")
-
-    def step():
-        with autocast:
-            _, loss = fwd(x, y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    name = ("plain" + ("-ro" if mode == "reduce-overhead" else "")) if compile else "plain-eager"
-    return Variant(name, step, 16 * _numel(model))
-
-
-def _gobrrr(name, base, batch, device, *, compile: bool, scope=None, chunked=True, mode=None,
-            cudnn: bool, graph: bool = False, tune: bool = False, res16: bool = False,
-            fused_mlp: bool | None = None) -> Variant:
-    """gobrrr train's step: the same function and the same preparation train.py uses (by default the
-    compile scope train picks for one rank)."""
-    from gobrrr.parallel import ddp
-    from gobrrr.train.cli import TrainConfig, lr_at, make_optimizer
-    from gobrrr.train.graph import GraphedStep
-    from gobrrr.train.step import compile_scope, prepare_model, train_step
-
-    raw = copy.deepcopy(base)
-    prepare_model(raw, compile=compile, scope=scope or compile_scope(1), chunked_loss=chunked, mode=mode,
-                  tune=tune and not mode, fused_mlp=fused_mlp, residual_bf16=res16)
-    model = ddp(raw)
-    cfg = TrainConfig(model="124m", steps=1000, lr=1e-4, warmup=10)
-    opt = make_optimizer(raw, cfg, device)
-    params = list(raw.parameters())
-    autocast = _autocast(device, cudnn)
-    counter = [0]
-
-    def one(micro):
-        return train_step(model, opt, micro, accum=1, params=params, grad_clip=1.0, autocast=autocast)
-
-    graphed = GraphedStep(one, opt, device) if graph else None
-
-    def step():
-        lr = lr_at(counter[0] % cfg.steps, cfg)
-        if graphed is not None:  # as train.py does it on a GPU at world size 1
-            graphed([batch], lr)
-            if notice := graphed.pop_notice():  # the capture failed: this variant's rows are eager
-                print(f"  {name}: {notice}", flush=True)
-        else:
-            for group in opt.param_groups:
-                group["lr"] = lr
-            one([batch])
-        counter[0] += 1
-
-    return Variant(name, step, 16 * _numel(raw))
-
-
-def _numel(model) -> int:
-    return sum(p.numel() for p in model.parameters())
-
-
-def _build(name: str, base, batch, device, cfg: BenchConfig) -> Variant:
-    c, a = cfg.compile, cfg.attention == "cudnn" and device.type == "cuda"
-    t = cfg.tune and c
-    g = device.type == "cuda"  # train.py's default: the step as one CUDA graph on a GPU at world size 1
-    # what every variant shares: the batch, SDPA's backend order, the residual stream's dtype
-    plain = functools.partial(_plain, base, batch, device, cudnn=a, res16=cfg.bf16_residual)
-    gob = functools.partial(_gobrrr, name, base, batch, device, cudnn=a, res16=cfg.bf16_residual)
-    table = {
-        "plain": lambda: plain(c, tune=t),
-        "plain-ro": lambda: plain(c, mode="reduce-overhead", tune=t),
-        "plain-eager": lambda: plain(False),
-        "gobrrr": lambda: gob(compile=c, graph=g, tune=t),
-        "gobrrr-unfused": lambda: gob(compile=c, graph=g, tune=t, fused_mlp=False),
-        "gobrrr-nograph": lambda: gob(compile=c, tune=t),
-        "gobrrr-blocks": lambda: gob(compile=c, graph=g, scope="blocks", tune=t),
-        "gobrrr-std": lambda: gob(compile=c, chunked=False, tune=t),
-        "gobrrr-eager": lambda: gob(compile=False),
-        "gobrrr-mat": lambda: gob(compile=c, mode="max-autotune-no-cudagraphs"),
-    }
-    if name not in table:
-        raise SystemExit(f"gobrrr bench train: error: unknown variant {name!r}; choose from {', '.join(ALL)}")
-    return table[name]()
 
 
 def _time_steps(v: Variant, n: int, device: torch.device) -> tuple[float, float]:
@@ -258,7 +140,7 @@ def run_batch(cfg: BenchConfig, base, B: int, device: torch.device, flops_tok: f
             before = torch.cuda.memory_allocated(device)
             torch.cuda.reset_peak_memory_stats(device)
         try:
-            v = _build(name, base, batch, device, cfg)
+            v = build(name, base, batch, device, cfg)
             _sync(device)
             t0 = time.perf_counter()
             v.step()  # compiles
@@ -291,7 +173,7 @@ def run_batch(cfg: BenchConfig, base, B: int, device: torch.device, flops_tok: f
         tok = tokens / s
         rows.append({"B": B, "variant": v.name, "ms_per_step": s * 1e3, "tokens_per_s": tok,
                      "mfu": flops_tok * tok / peak_flops if peak_flops else None,
-                     "peak_gib": v.peak / GiB if v.peak else None, "host_ms": median(v.host) * 1e3,
+                     "peak_gb": v.peak / GB if v.peak else None, "host_ms": median(v.host) * 1e3,
                      "compile_s": v.compile_s})
     rows += failed
     plain = next((r for r in rows if r["variant"] == "plain"), None) or next(
@@ -330,7 +212,7 @@ def _part(name: str, N: int, fn: Callable[[], None], device: torch.device) -> di
         raise
     except Exception as e:  # report it and go on with the other parts
         return {"part": name, "N": N, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
-    return {"part": name, "N": N, "ms": ms, "peak_gib": peak / GiB}
+    return {"part": name, "N": N, "ms": ms, "peak_gb": peak / GB}
 
 
 def breakdown(cfg: BenchConfig, base, B: int, device: torch.device) -> list[dict]:
@@ -347,7 +229,7 @@ def breakdown(cfg: BenchConfig, base, B: int, device: torch.device) -> list[dict
     x = torch.randn(N, C, generator=gen).to(device).requires_grad_()            # (N, C)
     w = (torch.randn(V, C, generator=gen) * 0.02).to(device).requires_grad_()   # (V, C)
     t = torch.randint(V, (N,), generator=gen).to(device)                         # (N,)
-    autocast = _autocast(device)
+    autocast = autocast_ctx(device)
 
     def plain_head(x, w, t):
         return F.cross_entropy(F.linear(x, w), t)
@@ -405,9 +287,9 @@ def breakdown(cfg: BenchConfig, base, B: int, device: torch.device) -> list[dict
     fwd_bwd()
     opt_step()
     ms, peak = _timed(fwd_bwd, device)
-    rows.append({"part": "gobrrr step: forward + backward", "N": N, "ms": ms, "peak_gib": peak / GiB})
+    rows.append({"part": "gobrrr step: forward + backward", "N": N, "ms": ms, "peak_gb": peak / GB})
     ms, _ = _timed(opt_step, device)
-    rows.append({"part": "gobrrr step: clip + fused AdamW", "N": N, "ms": ms, "peak_gib": None})
+    rows.append({"part": "gobrrr step: clip + fused AdamW", "N": N, "ms": ms, "peak_gb": None})
     return rows
 
 
@@ -419,7 +301,7 @@ def kernel_table(cfg: BenchConfig, base, B: int, device: torch.device, steps: in
     torch._dynamo.reset()
     _release(device)  # the timed variants' graphs and pools, before another copy of the model is built
     batch = tuple(t.to(device) for t in SyntheticTokens(base.config.vocab_size, cfg.seq_len, B, seed=0).batch(0))
-    v = _build("gobrrr-nograph", base, batch, device, cfg)
+    v = build("gobrrr-nograph", base, batch, device, cfg)
     for _ in range(max(1, cfg.warmup)):
         v.step()   # the first compiles
     kernels = profile_kernels(v.step, steps, device)
@@ -487,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
                  f"{'bf16 residual stream; ' if cfg.bf16_residual else ''}MFU of {peak_src}")
         print(title, flush=True)
         rows, parts, kernels = [], [], []
-        cols = ["B", "variant", "ms_per_step", "tokens_per_s", "mfu", "ratio", "ratio_best", "peak_gib", "host_ms",
+        cols = ["B", "variant", "ms_per_step", "tokens_per_s", "mfu", "ratio", "ratio_best", "peak_gb", "host_ms",
                 "compile_s", "error"]
         for B in cfg.batch_sizes:
             try:
@@ -503,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             if cfg.breakdown:
                 parts = breakdown(cfg, base, largest, rank.device)
-                print_table(parts, ["part", "N", "ms", "peak_gib", "error"], title="what the step spends (largest B):")
+                print_table(parts, ["part", "N", "ms", "peak_gb", "error"], title="what the step spends (largest B):")
             if cfg.kernels:
                 kernels = kernel_table(cfg, base, largest, rank.device)
                 print_table(kernels, ["category", "ms_per_step", "share", "tflops"],

@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 from gobrrr.bench.common import device_name, median, print_table, record
 
-MB = 1 << 20
+MB = 1e6  # decimal megabytes, as every byte figure gobrrr prints
 
 
 @dataclass
@@ -198,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
             gd.shutdown()
     if rank.is_main:
         title = (f"bench zero: GPT {cfg.model}, {rank.world_size} rank(s) on {device_name(rank.device)}, "
-                 f"B={cfg.batch_size} T={cfg.seq_len} per rank, median of {cfg.rounds} rounds x {cfg.steps} steps")
+                 f"B={cfg.batch_size} T={cfg.seq_len} per rank, median of {cfg.rounds} rounds x {cfg.steps} steps; "
+                 "MB = 1e6 bytes")
         print_table(result["rows"], ["variant", "ms_per_step", "tokens_per_s", "over_ddp", "over_fsdp2", "peak_mb",
                                      "formula_mb", "peak_over_formula_plus_act"], title=title)
         act = result["figures"]["activations_mb"]

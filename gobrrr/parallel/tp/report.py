@@ -105,10 +105,10 @@ def totals(rows: list[CommRow]) -> dict[tuple[str, str], tuple[int, int]]:
 
 def format_plan(rows: list[CommRow], n: int) -> str:
     """A table of the rows and the total bytes one rank sends per step."""
-    lines = [f"{'module':<28} {'phase':<9} {'op':<15} {'elements':>12} {'MB on the wire':>15}"]
+    lines = [f"{'module':<28} {'phase':<9} {'op':<15} {'elements':>12} {'MB on the wire':>15}  (MB = 1e6 bytes)"]
     for r in rows:
         lines.append(f"{r.module or '(loss)':<28} {r.phase:<9} {r.op:<15} {r.elements:>12,} "
-                     f"{r.wire_bytes(n) / 2**20:>15.3f}")
+                     f"{r.wire_bytes(n) / 1e6:>15.3f}")
     total = sum(r.wire_bytes(n) for r in rows)
-    lines.append(f"{len(rows)} collectives per step, {total / 2**20:.3f} MB sent per rank (tp={n})")
+    lines.append(f"{len(rows)} collectives per step, {total / 1e6:.3f} MB sent per rank (tp={n})")
     return "\n".join(lines)
