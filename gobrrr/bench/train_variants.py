@@ -9,13 +9,9 @@ from __future__ import annotations
 import copy
 import functools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import Any, Callable
 
 import torch
-
-if TYPE_CHECKING:
-    from gobrrr.bench.train import BenchConfig
-
 
 ALL = ("plain", "plain-ro", "gobrrr", "gobrrr-unfused", "gobrrr-nograph", "gobrrr-blocks", "gobrrr-std", "gobrrr-eager",
        "plain-eager", "gobrrr-mat")
@@ -114,7 +110,8 @@ def _numel(model) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def build(name: str, base, batch, device, cfg: BenchConfig) -> Variant:
+def build(name: str, base, batch, device, cfg: Any) -> Variant:
+    """The variant `name` of ALL; cfg is train.py's BenchConfig (its compile, attention, tune, bf16_residual)."""
     c, a = cfg.compile, cfg.attention == "cudnn" and device.type == "cuda"
     t = cfg.tune and c
     g = device.type == "cuda"  # gobrrr train's default: the step as one CUDA graph on a GPU at world size 1
