@@ -17,8 +17,8 @@ import torch
 
 import gobrrr
 from gobrrr.models.gpt import GPT, GPTConfig
+from gobrrr.models.gpt_plan import GPT_PLAN
 from gobrrr.parallel import clip_grad_norm_, ddp, make_mesh, tp
-from gobrrr.parallel.tp import GPT_PLAN
 from gobrrr.parallel.tp.report import comm_plan, format_plan
 from gobrrr.train.data import CharCorpus
 

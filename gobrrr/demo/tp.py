@@ -29,7 +29,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from gobrrr.models.gpt import GPT, GPTConfig
-from gobrrr.parallel.tp import GPT_PLAN, tp  # GPT_PLAN moves to gobrrr.models.gpt_plan (issue 27)
+from gobrrr.models.gpt_plan import GPT_PLAN
+from gobrrr.parallel.tp import tp
 
 MB = 1e6                                   # decimal megabytes, as everywhere in gobrrr's tables
 TP = 2
