@@ -4,8 +4,9 @@ The graph is built from the source with ast, one node per file (a package is its
 `import a.b` and `from a.b import name` are edges to the file a/b.py (or a/b/__init__.py), and
 `from a import b` is an edge to a/b.py when b is a module there, else to a/__init__.py. A
 package's __init__ running before its submodules is Python's import order, not an import the
-file makes, so it is no edge. A late import inside a function is an edge like any other: it hides
-a cycle from the import-time order, not from the reader.
+file makes, so it is no edge. A late import inside a function, or one under `if TYPE_CHECKING:`, is
+an edge like any other: it hides a cycle from the import-time order, not from the reader (grimp, under
+the import-linter contract in pyproject.toml, counts both too).
 """
 from __future__ import annotations
 
@@ -94,6 +95,10 @@ def test_find_cycle_finds_one():
 
 
 def test_no_import_cycle_between_files():
-    cycle = find_cycle(import_graph())
-    if cycle:
-        pytest.fail("import cycle: " + " -> ".join(cycle) + "; move what both need into a third file")
+    graph, cycles = import_graph(), []
+    while len(cycles) < 10 and (cycle := find_cycle(graph)):  # every cycle, each named once by one of its edges
+        cycles.append(" -> ".join(cycle))
+        graph[cycle[0]].discard(cycle[1])
+    if cycles:
+        pytest.fail("import cycles: " + "; ".join(cycles) + ". Move what both files need into a third file "
+                    "(a TYPE_CHECKING import counts too, as it does for the import-linter contract)")
