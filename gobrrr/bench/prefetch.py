@@ -48,7 +48,7 @@ import signal
 import statistics
 import time
 import traceback
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
 import torch
@@ -56,8 +56,10 @@ from torch.utils.data import DataLoader
 
 from gobrrr.bench.common import add_results_option, print_table, record
 from gobrrr.bench.prefetch_data import (
+    QUICK,
     BatchStream,
     CollateReused,
+    Config,
     CopyReused,
     Frames,
     PreBatched,
@@ -71,28 +73,6 @@ from gobrrr.bench.prefetch_data import (
 )
 from gobrrr.bench.prefetch_state import make_busy, timm_prefetch_loader
 from gobrrr.loader.worker_ring import PinnedWorkerLoader
-
-
-@dataclass
-class Config:
-    batch: int = 256
-    side: int = 160            # images are (3, side, side) float32
-    width: int = 1024          # MLP width; depth comes from the regime
-    workers: int = 6
-    warmup: int = 30          # > every worker's first write to each of its 4 ring slots (batches 0-23)
-    steps: int = 80
-    copy_ms: float = 0.8       # target compute time of the copy-bound regime
-    compute_ms: float = 2.1    # target compute time of the compute-bound regime
-    depths: tuple[int, ...] | None = None  # explicit (copy-bound, compute-bound) depths
-    regimes: tuple[str, ...] = ("copy-bound", "compute-bound")
-    device: str = "cuda"
-    repeats: int = 1           # passes over the rows, interleaved (row order r1 r2 .. r1 r2 ..); median kept
-    kinds: tuple[str, ...] = ("floor", "info", "in-process", "workers", "prebatched")  # which rows (floors always run)
-    busy: bool = True          # then a pass in a busy process: other loaders' workers and pin threads alive
-
-
-QUICK = dict(batch=8, side=16, width=64, workers=2, warmup=2, steps=5, depths=(1, 2), device="cpu")
-
 
 # ---------------------------------------------------------------- the rows
 

@@ -10,15 +10,34 @@ from __future__ import annotations
 import gc
 import multiprocessing
 import time
-from dataclasses import asdict
-from typing import TYPE_CHECKING, Any, Callable
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
 
 import torch
 from torch import nn
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
-if TYPE_CHECKING:
-    from gobrrr.bench.prefetch import Config
+
+@dataclass
+class Config:
+    batch: int = 256
+    side: int = 160            # images are (3, side, side) float32
+    width: int = 1024          # MLP width; depth comes from the regime
+    workers: int = 6
+    warmup: int = 30          # > every worker's first write to each of its 4 ring slots (batches 0-23)
+    steps: int = 80
+    copy_ms: float = 0.8       # target compute time of the copy-bound regime
+    compute_ms: float = 2.1    # target compute time of the compute-bound regime
+    depths: tuple[int, ...] | None = None  # explicit (copy-bound, compute-bound) depths
+    regimes: tuple[str, ...] = ("copy-bound", "compute-bound")
+    device: str = "cuda"
+    repeats: int = 1           # passes over the rows, interleaved (row order r1 r2 .. r1 r2 ..); median kept
+    kinds: tuple[str, ...] = ("floor", "info", "in-process", "workers", "prebatched")  # which rows (floors always run)
+    busy: bool = True          # then a pass in a busy process: other loaders' workers and pin threads alive
+
+
+QUICK = dict(batch=8, side=16, width=64, workers=2, warmup=2, steps=5, depths=(1, 2), device="cpu")
+
 
 class Frames(Dataset):
     """`length` samples (image, label) drawn from a few distinct pageable images, as a decoded dataset."""

@@ -16,7 +16,7 @@ import queue
 import time
 import warnings
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch.utils.data.dataloader import _DatasetKind
@@ -24,9 +24,6 @@ from torch.utils.data.dataloader import _DatasetKind
 from gobrrr.loader.forking import StderrTap, death_message, fork_context, no_collection_in_children
 from gobrrr.loader.ring_worker import Leased, _Ended, _Pickled, _probe_loop, _Source, _worker_loop
 from gobrrr.loader.slots import NoRoom, SlotWriter, is_leaf_ref, leaf_view, map_tree, packed_size
-
-if TYPE_CHECKING:
-    from gobrrr.loader.worker_ring import PinnedWorkerLoader
 
 
 def _shutdown_epoch(workers, index_qs, result_q, ring, outstanding: dict, ready: dict, owner_pid: int) -> None:
@@ -65,7 +62,7 @@ class _RingIter:
     is skipped and its worker leaves the rotation.
     """
 
-    def __init__(self, loader: PinnedWorkerLoader):
+    def __init__(self, loader: Any):  # the PinnedWorkerLoader (worker_ring.py) this epoch belongs to
         self.loader = loader
         self.timeout_s = loader.timeout_s
         # the same order as DataLoader: the sampler's iterator first, then the workers' base seed

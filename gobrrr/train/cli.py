@@ -525,6 +525,7 @@ def parallelize(raw: GPT, cfg: TrainConfig, rank):
     """--tp N: (model, optimizer, raw, dp_rank, dp_size) with tp() over each group of N consecutive ranks of a
     (W/N, N) mesh and ddp over the other dimension, or with --zero 1|2, ZeRO over it (its optimizer clips
     the norm over dp and tp); raw is then the sharded GPT."""
+    from gobrrr.models.gpt_plan import GPT_PLAN
     from gobrrr.parallel.mesh import MeshError, make_mesh
     from gobrrr.parallel.tp.parallelize import TPError, tp
     from gobrrr.parallel.tp.report import comm_plan
@@ -532,12 +533,12 @@ def parallelize(raw: GPT, cfg: TrainConfig, rank):
     raw.fused_loss = None  # the chunked loss reads lm_head.weight whole; under tp the loss runs vocab-parallel
     try:
         mesh = make_mesh(cfg.tp)
-        raw = tp(raw, mesh, sequence_parallel=cfg.sequence_parallel)
+        raw = tp(raw, mesh, GPT_PLAN, sequence_parallel=cfg.sequence_parallel)
     except (MeshError, TPError) as e:
         raise TrainError(str(e)) from None
     if rank.is_main and cfg.progress:  # what TP will cost on the wire, from the formula (tp_report)
         rows = comm_plan(raw, cfg.batch_size, cfg.seq_len, 2 if rank.device.type == "cuda" else 4)
-        mb = sum(r.wire_bytes(cfg.tp) for r in rows) / 2**20
+        mb = sum(r.wire_bytes(cfg.tp) for r in rows) / 1e6  # MB = 1e6 bytes
         print(f"tp {cfg.tp} x dp {mesh['dp'].size()}{' with sequence parallelism' if cfg.sequence_parallel else ''}: "
               f"{len(rows)} tp collectives per micro-step, {mb:.1f} MB sent per rank", file=sys.stderr, flush=True)
     # ddp, or ZeRO stages 1-2 (--zero 3 was refused in TrainConfig), over the dp ranks of the tp model
