@@ -3,9 +3,9 @@
     with gobrrr.watch_syncs() as report: step()     # every host-device sync, by the user's line
     with gobrrr.sync_budget(0): step()              # raises SyncError at the offending line
 
-Open watch.py first (the watcher, reports and budgets). rules.py lists what counts as a sync and
-the fix for each; resume.py lets a budget carry on past a sync it allowed; pytest_plugin.py gives
-tests the `sync_budget` marker and the `watch_syncs` fixture.
+Open watch.py first (the watcher and budgets); report.py is what it found, printed with a fix per
+kind. rules.py lists what counts as a sync; resume.py lets a budget carry on past a sync it
+allowed; pytest_plugin.py gives tests the `sync_budget` marker and the `watch_syncs` fixture.
 """
 __all__ = ["watch_syncs", "sync_budget", "SyncError", "SyncReport"]
 
