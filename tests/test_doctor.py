@@ -11,7 +11,11 @@ from pathlib import Path
 import pytest
 
 from gobrrr import doctor
+import gobrrr.doctor.build  # noqa: F401  (doctor.build._gpu_part below)
 from gobrrr.doctor import DoctorConfig, run_script
+from gobrrr.doctor.overhead import ProfilerSettings
+
+DETECTIVE = ProfilerSettings(detective=True)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -96,7 +100,7 @@ def test_sync_detective_watches_the_recorded_steps_only(tmp_path):
     not after, and its table is in the report (empty on CPU, where nothing syncs)."""
     script = _script(tmp_path, WATCHED)
     flags = tmp_path / "flags.json"
-    cfg = DoctorConfig(steps=3, warmup=2, out_dir=str(tmp_path / "doc"), print_summary=False)
+    cfg = DoctorConfig(steps=3, warmup=2, out_dir=str(tmp_path / "doc"), print_summary=False, settings=DETECTIVE)
     code, report = run_script(str(script), [str(flags)], cfg)
     assert code == 0
     # step 0 is the start-up window (watched, then dropped), steps 1 warmup, 2-4 recorded, then done
@@ -198,7 +202,11 @@ def test_python_api_function_and_block(tmp_path):
         return torch.tanh(w @ w)
 
     report = doctor.profile(step_fn, steps=2, warmup=1, out_dir=str(tmp_path / "fn"), print_summary=False)
-    assert len(calls) == 4 and report["steps"]["recorded"] == 2  # warmup 1 runs as 2 and report["steps"]["source"] == "manual"
+    # warmup 1 runs as 2, then 2 recorded steps, then 5 plain steps timed without the profiler
+    assert len(calls) == 2 + 2 + 5 and report["steps"]["recorded"] == 2 and report["steps"]["source"] == "manual"
+    over = report["overhead"]
+    assert over["plain_steps"] == 5 and over["plain_median_ms"] > 0 and over["ratio"] > 0
+    assert over["ratio"] == pytest.approx(over["recorded_median_ms"] / over["plain_median_ms"], rel=1e-3)
     _check_outputs(tmp_path / "fn")
 
     with doctor.profile(steps=2, warmup=1, out_dir=str(tmp_path / "blk"), print_summary=False) as doc:
@@ -227,7 +235,7 @@ def test_summary_and_side_by_side_text():
         reports[name] = {
             "script": f"{name}.py", "argv": [], "exit_code": 0, "notes": [],
             "steps": {"source": "optimizer", "recorded": 3, "warmup": 2, "median_ms": 1.0},
-            "gpu": doctor.session._gpu_part(d), "host": {"syncs": d["syncs"]},
+            "gpu": doctor.build._gpu_part(d), "host": {"syncs": d["syncs"]},
             "advice": [r.to_dict() for r in recommend(f)], "files": {"report": f"/tmp/{name}/report.json"}}
     text = summary(reports["naive"])
     assert "waiting for data" in text and "record_traces.py:47" in text and "pageable" in text
@@ -331,7 +339,7 @@ print("SCRIPT-AFTER-THE-WINDOW report exists:", os.path.exists(os.path.join(sys.
 def test_summary_comes_when_the_window_closes_and_the_script_carries_on(tmp_path, capsys):
     out = tmp_path / "doc"
     script = _script(tmp_path, CARRIES_ON)
-    cfg = DoctorConfig(steps=2, warmup=2, out_dir=str(out), print_summary=True)
+    cfg = DoctorConfig(steps=2, warmup=2, out_dir=str(out), print_summary=True, plain_steps=2)
     code, report = run_script(str(script), [str(out), "7", "-1"], cfg)
     assert code == 0
     cap = capsys.readouterr()
@@ -349,7 +357,7 @@ def test_a_step_cut_short_by_the_end_of_the_script_is_not_counted(tmp_path):
     report counts 2, says it ended after 2, and leaves the partial step in trace.json only."""
     out = tmp_path / "doc"
     script = _script(tmp_path, CARRIES_ON)
-    cfg = DoctorConfig(steps=3, warmup=2, out_dir=str(out), print_summary=False)
+    cfg = DoctorConfig(steps=3, warmup=2, out_dir=str(out), print_summary=False, settings=DETECTIVE)
     code, report = run_script(str(script), [str(out), "8", "3"], cfg)  # raises after the 4th optimizer step
     assert code == 1 and report["error"]["type"] == "RuntimeError"
     st = report["steps"]

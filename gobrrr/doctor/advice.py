@@ -123,10 +123,14 @@ def recommend(fig: Figures | None, lint_findings: list | None = None,
     # Host-bound: the next launch came late, the host was busy elsewhere.
     # (each line's own; a launch-bound step gets the CUDA-graph advice for its launch gaps on top)
     launch = fig.launch or {}
+    comp = getattr(fig, "compiled", None) or {}
+    compiled = bool(comp.get("compiled"))
     for s in fig.host_bound_sites[:5]:
-        recs.append(Recommendation(host_change(s), s["site"], s.get("code", ""), saved_ms=per_step(s["idle_ms"]),
+        recs.append(Recommendation(host_change(s, compiled), s["site"], s.get("code", ""),
+                                   saved_ms=per_step(s["idle_ms"]),
                                    why=f"the GPU waited for the host here: {s['idle_ms']:.3f} ms empty "
-                                       f"({per_step(s['idle_ms']):.3f} ms/step)"))
+                                       f"({per_step(s['idle_ms']):.3f} ms/step)"
+                                       + ("; this call runs compiled graphs" if s.get("detail") == "compiled" else "")))
     if launch.get("launch_bound"):
         recs.append(Recommendation(
             "capture the step in a CUDA graph (torch.compile(mode='reduce-overhead') or torch.cuda.graphs), "
@@ -136,15 +140,26 @@ def recommend(fig: Figures | None, lint_findings: list | None = None,
     else:
         if br.get("launch_gaps", 0.0) > 0.05 * max(fig.span_ms, 1e-9):
             recs.append(Recommendation(
-                "launch gaps: fewer, larger kernels: torch.compile or CUDA graphs remove the launch gaps",
+                "launch gaps: " + ("the compiled graphs still launch kernel by kernel: capture them in CUDA graphs "
+                                   "(torch.compile(mode='reduce-overhead'))" if compiled else
+                                   "fewer, larger kernels: torch.compile or CUDA graphs remove the launch gaps"),
                 saved_ms=per_step(br["launch_gaps"]),
                 why=f"{br['launch_gaps']:.3f} ms of gaps shorter than a launch between kernels"))
+    for b in comp.get("graph_breaks", []):
+        recs.append(Recommendation(
+            "a graph break: torch.compile runs this function as several graphs with Python between them; "
+            "make the line traceable (or move it out of the compiled function) so it compiles as one graph",
+            b["site"], b.get("code", ""), why=f"dynamo resumes after this line {b['per_step']:g} x per step"
+            + (f" ({'; '.join(comp.get('reasons') or [])[:200]})" if comp.get("reasons") else "")))
 
     recs.sort(key=lambda r: -(r.saved_ms or 0.0))
     return _merge_lint(_merge_detective(_merge_same_site(recs), detective or []), lint_findings or [])
 
 
 LAUNCH_OVERHEAD_FIX = "host launch overhead: try torch.compile or CUDA graphs"
+COMPILED_FIX = ("it already runs compiled (torch.compile): what is left on the host is launching the compiled "
+                "kernels one by one; capture them in CUDA graphs with torch.compile(mode='reduce-overhead') "
+                "(or torch.cuda.graphs), and keep the graph count low (no graph breaks)")
 
 
 def loader_change(name: str, in_process: bool, ours: bool = False) -> str:
@@ -161,11 +176,18 @@ def loader_change(name: str, in_process: bool, ours: bool = False) -> str:
             "to load and copy ahead")
 
 
-def host_change(row: dict) -> str:
-    """The change for host-bound idle time at one line, by what the line calls (timeline_host)."""
+def host_change(row: dict, compiled: bool = False) -> str:
+    """The change for host-bound idle time at one line, by what the line calls (timeline_host).
+    `compiled`: the step runs torch.compile'd code, so torch.compile is never the advice."""
     callee, code = row.get("callee", ""), row.get("code", "")
+    if row.get("detail") == "compiled":
+        what = "backward" if callee == "backward" else "this call"
+        return f"{what}: {COMPILED_FIX}"
     if callee == HOST_OVERHEAD or not row.get("site"):
         where = f" in {row['func']}()" if row.get("func") else ""
+        if compiled:
+            return (f"host launch overhead (the GPU waited for the host's launches{where}): capture the step in CUDA "
+                    "graphs (torch.compile(mode='reduce-overhead') or torch.cuda.graphs)")
         return f"{LAUNCH_OVERHEAD_FIX} (the GPU waited for the host's launches{where})"
     if callee == "__next__" or any(k in code for k in ("next(", "loader", "DataLoader")):
         return loader_change("", False)
@@ -175,21 +197,21 @@ def host_change(row: dict) -> str:
                 "(or gobrrr.parallel.ddp), one process per GPU")
     if callee == "module call":
         return ("host launch overhead in this forward (its kernels launch slower than the GPU runs them): "
-                "try torch.compile or CUDA graphs")
+                + ("capture it in CUDA graphs" if compiled else "try torch.compile or CUDA graphs"))
     if callee == "backward":
-        return ("host launch overhead in backward (many small kernels): try torch.compile (it compiles backward "
-                "too) or CUDA graphs")
+        return ("host launch overhead in backward (many small kernels): "
+                + ("capture it in CUDA graphs" if compiled else "try torch.compile (it compiles backward too) or CUDA graphs"))
     if callee == "step":
-        return ("the optimizer step is Python-bound: pass foreach=True or fused=True to the optimizer, "
-                "or torch.compile the step")
+        return ("the optimizer step is Python-bound: pass foreach=True or fused=True to the optimizer"
+                + ("" if compiled else ", or torch.compile the step"))
     if callee == "zero_grad":
         return ("zero_grad walks every parameter in Python: keep set_to_none=True (the default), and capture "
-                "the step with torch.compile or CUDA graphs")
+                "the step " + ("in CUDA graphs" if compiled else "with torch.compile or CUDA graphs"))
     kind = _CALLEE_KIND.get(callee)
     if kind:
         return HINTS.get(kind, DEFAULT_HINT)
     return ("Python work at this line kept the GPU waiting: move it off the hot path (precompute, batch small "
-            f"ops, or do it in a DataLoader worker), or {LAUNCH_OVERHEAD_FIX.split(': ', 1)[1]}")
+            "ops, or do it in a DataLoader worker)" + ("" if compiled else f", or {LAUNCH_OVERHEAD_FIX.split(': ', 1)[1]}"))
 
 
 def _merge_detective(recs: list[Recommendation], rows: list[dict]) -> list[Recommendation]:
@@ -255,3 +277,35 @@ def lint_script(paths: list[str]) -> tuple[list, str]:
         return list(lint_paths(paths)), ""
     except Exception as e:  # a linter failure must not lose the profile
         return [], f"lint failed on {paths}: {type(e).__name__}: {e}"
+
+
+def ran_in_window(findings: list, tr) -> list:
+    """The lint findings in code that ran in the recorded steps: a finding in a function the trace never
+    entered (the naive loop, when the script ran its other loop) is not about this run. Files the trace
+    holds no frame of (a trace without Python stacks) keep all their findings."""
+    ran = {(Path(f.file).name, f.func) for frames in tr.frames.values() for f in frames}
+    files = {name for name, _ in ran}
+    keep = []
+    for f in findings:
+        d = f.to_dict() if hasattr(f, "to_dict") else dict(f)
+        path, line = str(d.get("path", "")), int(d.get("line", 0))
+        name = Path(path).name
+        if name not in files or (name, _enclosing_function(path, line)) in ran:
+            keep.append(f)
+    return keep
+
+
+def _enclosing_function(path: str, line: int) -> str:
+    """The name of the innermost function whose body holds `line` ("<module>" at the top level)."""
+    import ast
+
+    try:
+        tree = ast.parse(Path(path).read_text())
+    except (OSError, SyntaxError, ValueError):
+        return "<module>"
+    best, best_start = "<module>", -1
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and \
+                node.lineno <= line <= (node.end_lineno or node.lineno) and node.lineno > best_start:
+            best, best_start = node.name, node.lineno
+    return best

@@ -25,6 +25,13 @@ events, recorded with `with_stack=True`), thread by thread:
 
 When no frame of the user's holds the interval (a trace without Python stacks, or a run whose
 every frame is a library's), the cause is named: host launch overhead.
+
+5. Compiled code (torch.compile). Inductor's generated files are never the user's line. When the
+   stack passes through torch.compile's frame evaluation (`torch/_dynamo/eval_frame.py`), the user's
+   frames below it (the model's `forward`, now running as compiled graphs) are not what the host was
+   doing line by line: the site is the user's line that *called* the compiled function
+   (`logits, loss = model(X, Y)`), marked `compiled`. A backward that runs compiled graphs on the
+   autograd thread is charged to the Python thread's `loss.backward()` line, marked the same way.
 """
 from __future__ import annotations
 
@@ -33,7 +40,7 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass
 
-from gobrrr.doctor.sources import Frame, Site, SourceResolver, _is_detective, callee_name, is_library_file, stacks_at
+from gobrrr.doctor.sources import Frame, Site, SourceResolver, _is_detective, callee_name, is_dynamo_frame, is_graph_frame, stacks_at
 from gobrrr.doctor.trace import Trace
 
 HOST_OVERHEAD = "host launch overhead"
@@ -112,6 +119,7 @@ class HostAttribution:
         """For each (tid, a, b): the user's line that held the host over [a, b]; None when no frame of
         the user's did (the caller names the cause). One stack sweep per thread."""
         out: list[Site | None] = [None] * len(queries)
+        self.compiled: dict[int, bool] = {}  # query index -> its stack ran compiled code
         by_thread: dict[int, list[int]] = defaultdict(list)
         for i, (tid, _, _) in enumerate(queries):
             th = self.thread(tid)
@@ -130,14 +138,26 @@ class HostAttribution:
         stacks = stacks_at(self.tr.frames[th], [queries[i][1] for i in idxs])
         for i, stack in zip(idxs, stacks):
             _, a, b = queries[i]
-            out[i] = self._site(th, [f for f in stack if f.end >= b], a, b)
+            enclosing = [f for f in stack if f.end >= b]
+            compiled = self.compiled.get(i, False) or any(is_graph_frame(f) for f in enclosing)
+            if compiled:
+                self.compiled[i] = True  # a retry on the main thread keeps the mark
+            site = self._site(th, enclosing, a, b)
+            if site is not None and compiled:
+                site.detail = "compiled"
+            out[i] = site
 
     # -- one interval ----------------------------------------------------------------------
 
     def _site(self, th: int, enclosing: list[Frame], a: float, b: float) -> Site | None:
-        for k in range(len(enclosing) - 1, -1, -1):
+        # in a compiled graph the user's frames below torch.compile's entry (the model's forward) are not
+        # what the host was doing line by line: start the search above the outermost entry, at the line
+        # that called the compiled function
+        g = next((k for k, f in enumerate(enclosing) if is_graph_frame(f)), len(enclosing))
+        top = next((k for k, f in enumerate(enclosing[:g]) if is_dynamo_frame(f)), g)
+        for k in range(top - 1, -1, -1):
             f = enclosing[k]
-            if is_library_file(f.file):
+            if self.resolver.is_library(f.file):
                 continue
             child = enclosing[k + 1] if k + 1 < len(enclosing) else self._child(th, f, a, b)
             return self._resolve(th, f, child, a, b)

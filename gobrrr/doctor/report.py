@@ -25,25 +25,44 @@ def summary(r: dict) -> str:
     """A few dozen lines: steps, idle and its causes, copies, syncs, kernels, what to fix, files."""
     out = []
     script = r.get("script") or "profile"
-    out.append(f"gobrrr doctor: {script} {' '.join(r.get('argv') or [])}   (exit code {r.get('exit_code')})")
+    code = r.get("exit_code")
+    ranks = r.get("ranks") or {}
+    state = f"exit code {code}" if code is not None else "still running: the exit code comes when it ends"
+    if ranks:
+        state = f"{ranks['world_size']} ranks, {state}"
+    out.append(f"gobrrr doctor: {script} {' '.join(r.get('argv') or [])}   ({state})")
     st = r["steps"]
     if st["source"] == "time-window":
         out.append("  steps: none seen; the figures cover a time window of the run")
     else:
         med = f", median {st['median_ms']:.2f} ms/step" if st.get("median_ms") is not None else ""
+        who = " on rank 0 (every rank recorded the same steps)" if ranks else ""
         out.append(f"  steps: {st['recorded']} recorded after {st['warmup']} warmup "
-                   f"({st['source']} steps){med}")
+                   f"({st['source']} steps){med}{who}")
+    ov = r.get("overhead") or {}
+    marked = bool(ov.get("inflated"))
+    out += _overhead_lines(ov)
     for note in r.get("notes", []):
         out.append(f"  note: {note}")
+    out += _compiled_lines(r.get("compiled"))
+    out += _rank_lines(ranks)
     g = r.get("gpu")
     if g:
         busy = 100 - g["compute_idle_pct"]
+        star = " (*: includes the profiler's own host time, see overhead)" if marked else ""
         out.append(f"  GPU computing {busy:.1f}% of the {g['span_ms']:.2f} ms window; "
-                   f"idle (no kernel running) {g['compute_idle_pct']:.1f}%:")
+                   f"idle (no kernel running) {g['compute_idle_pct']:.1f}%{star}:")
         pct = g["idle_breakdown_pct"]
         for cause in sorted(pct, key=lambda c: -pct[c]):
             if pct[cause] > 0:
-                out.append(f"    {pct[cause]:6.1f}%  {CAUSE_WORDS.get(cause, cause)}")
+                mark = " *" if marked and cause in ("host_bound", "launch_gaps") else ""
+                out.append(f"    {pct[cause]:6.1f}%  {CAUSE_WORDS.get(cause, cause)}{mark}")
+        corr = ov.get("corrected") if marked else None
+        if corr:
+            cp = corr["idle_breakdown_pct"]
+            out.append(f"    without the profiler's {ov['added_ms']:.2f} ms/step (estimate, over a plain step): idle "
+                       f"{corr['compute_idle_pct']:.1f}%, host-bound {cp.get('host_bound', 0):.1f}%, launch gaps "
+                       f"{cp.get('launch_gaps', 0):.1f}%")
         out.append(f"  nothing at all running {g['idle_pct']:.1f}%")
         for row in (g.get("loader_sites") or [])[:2]:
             name = f" `{row['loader']}`" if row.get("loader") else ""
@@ -74,7 +93,9 @@ def summary(r: dict) -> str:
                        f"max {lead['max']:.3f} ms")
         lb = g.get("launch") or {}
         if lb.get("median_kernel_us") is not None:
-            flag = "YES: use CUDA graphs / torch.compile" if lb["launch_bound"] else "no"
+            compiled = bool((r.get("compiled") or {}).get("compiled"))
+            fix = "CUDA graphs (torch.compile(mode='reduce-overhead'))" if compiled else "CUDA graphs / torch.compile"
+            flag = f"YES: use {fix}" if lb["launch_bound"] else "no"
             out.append(f"  launch-bound: {flag} (median kernel {lb['median_kernel_us']:.1f} us, "
                        f"launch {lb['median_launch_us']:.1f} us)")
         for k in g["top_kernels"][:3]:
@@ -99,8 +120,75 @@ def summary(r: dict) -> str:
             out.append(f"   {i}. {saved}  {a['site'] or '(the whole step)'}{rules}  {a['code'][:50]}")
             out.append(f"        -> {a['change']}")
     files = r.get("files") or {}
-    out.append("  files: " + ", ".join(str(v) for v in files.values() if v))
+    out.append("  files: " + ", ".join(str(v) if not isinstance(v, list) else f"{len(v)} rank folders"
+                                       for v in files.values() if v))
     return "\n".join(out)
+
+
+def _overhead_lines(ov: dict) -> list[str]:
+    """The doctor's own cost: recorded vs plain step time (overhead.py)."""
+    if not ov or ov.get("recorded_median_ms") is None:
+        return []
+    sett = ov.get("settings") or {}
+    on = ", ".join(k for k in ("stack", "detective", "shapes", "memory") if sett.get(k)) or "no Python stacks"
+    if ov.get("plain_median_ms") is None:
+        return [f"  overhead: no plain step timed after the recording (profiler settings: {on})"]
+    return [f"  overhead: recorded steps {ov['recorded_median_ms']:.2f} ms, plain steps {ov['plain_median_ms']:.2f} ms "
+            f"({ov['plain_steps']} after the recording, no profiler): {ov['ratio']:.2f}x "
+            f"({ov['added_ms']:+.2f} ms/step; profiler settings: {on})"]
+
+
+def _compiled_lines(c: dict | None) -> list[str]:
+    """What runs compiled (torch.compile) and where its graphs break."""
+    if not c or not c.get("compiled"):
+        return []
+    out = []
+    for row in c.get("calls", [])[:3]:
+        where = f"{row['site']}  {row['code'][:50]}" if row.get("site") else "(no line of yours above it)"
+        out.append(f"  compiled: {where}  runs compiled graphs ({row['calls_per_step']:g} entries/step)")
+    breaks = c.get("graph_breaks", [])
+    for b in breaks[:3]:
+        out.append(f"  graph break: {b['site']}  {b['code'][:50]}  ({b['per_step']:g} x per step)")
+    if not breaks:
+        out.append("  no graph break seen in the recorded steps")
+    return out
+
+
+def _rank_lines(ranks: dict) -> list[str]:
+    """Under torchrun: per rank step times and waits, the straggler, the layout and its exposed communication."""
+    if not ranks:
+        return []
+    out = [f"  ranks: {len(ranks['reported'])} of {ranks['world_size']} reported"
+           + (f" (missing: {', '.join(map(str, ranks['missing']))})" if ranks.get("missing") else "")]
+    out.append("    rank  recorded ms  plain ms  ratio  comm ms/step  exposed ms/step  waited ms/step (share)  by collective")
+    for row in ranks.get("per_rank", []):
+        f = lambda x, w=8, d=2: ("-" if x is None else f"{x:.{d}f}").rjust(w)  # noqa: E731
+        kinds = ", ".join(f"{k} {v:.1f}" for k, v in (row.get("wait_ms_per_step") or {}).items() if v >= 0.05)
+        share = f" ({row['wait_pct']:.0f}%)" if row.get("wait_pct") is not None else ""
+        out.append(f"    {row['rank']:>4}  {f(row.get('recorded_ms'), 11)}  {f(row.get('plain_ms'))}  "
+                   f"{f(row.get('ratio'), 5)}  {f(row.get('comm_ms_per_step'), 12)}  {f(row.get('exposed_ms_per_step'), 15)}"
+                   f"  {f(row.get('wait_total_ms_per_step'), 14)}{share:<8}  {kinds}")
+    st = ranks.get("straggler")
+    if st:
+        where = f"{st['site']}  {st['code'][:50]}" if st.get("site") else "no line of its own stood out"
+        out.append(f"  straggler: rank {st['rank']} arrived last by {st['late_ms_per_step']:.2f} ms/step at "
+                   f"{st['at']} ({st['late_at']} collectives): {where}")
+        waited = ", ".join(f"rank {r} {ms:.2f} ms/step" for r, ms in sorted(st["others_wait_ms_per_step"].items()))
+        out.append(f"    the others waited for it: {waited}")
+    else:
+        out.append("  straggler: none (no rank arrived last by more than 1 ms at a collective)")
+    lay = ranks.get("layout") or {}
+    if lay:
+        comm = "; ".join(f"{k} x{v['per_step']:g}" for k, v in (lay.get("communication") or {}).items())
+        out.append(f"  layout: {lay.get('name')}: {comm or 'no collectives recorded'} (per step, rank 0)")
+        for sched, promise in zip(lay.get("schedule", []), lay.get("promise", [])):
+            out.append(f"    schedule: {sched}; promise: {promise}")
+        if lay.get("expected_exposed_ms_per_step") is not None:
+            out.append(f"    exposed communication {lay['exposed_ms_per_step']:.2f} ms/step of {lay['comm_ms_per_step']:.2f};"
+                       f" the schedule allows {lay['expected_exposed_ms_per_step']:.2f}"
+                       + (f": {lay['exposed_beyond_promise_ms_per_step']:.2f} ms/step more is exposed"
+                          if lay.get("exposed_beyond_promise_ms_per_step") else ": as promised"))
+    return out
 
 
 def _fix_name(a: dict) -> str:
@@ -116,8 +204,14 @@ def side_by_side(reports: dict[str, dict]) -> str:
             x = x.get(k) if isinstance(x, dict) else None
         return "-" if x is None else fmt.format(x) if not isinstance(x, str) else x
 
+    def over(r, key, fmt):
+        v = (r.get("overhead") or {}).get(key)
+        return "-" if v is None else fmt.format(v)
+
     rows = [
-        ("median step (ms)", lambda r: "-" if r["steps"]["median_ms"] is None else f"{r['steps']['median_ms']:.2f}"),
+        ("recorded step (ms)", lambda r: "-" if r["steps"]["median_ms"] is None else f"{r['steps']['median_ms']:.2f}"),
+        ("plain step, no profiler (ms)", lambda r: over(r, "plain_median_ms", "{:.2f}")),
+        ("profiler overhead (x)", lambda r: over(r, "ratio", "{:.2f}")),
         ("GPU idle, no kernel (%)", lambda r: g(r, "compute_idle_pct")),
         ("  waiting for data (%)", lambda r: g(r, "idle_breakdown_pct", "waiting_for_data")),
         ("  the DataLoader (%)", lambda r: g(r, "idle_breakdown_pct", "data_loader")),

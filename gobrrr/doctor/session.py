@@ -12,11 +12,17 @@ The script runs as `__main__` (runpy), with its own argv. The doctor records a b
    dropped; after W warmup steps (1 runs as 2: see Session) N steps are recorded, each marked
    `ProfilerStep#k`, then the profiler stops: the trace covers N steps, not the run. Steps
    that first come after the time window closed are recorded the same way.
-3. When the recording window closes (the N-th recorded step ends, or the time window runs
-   out) the trace goes through gobrrr.doctor.timeline (figures), timeline_plot (timeline.png)
-   and advice (what to fix, merged with gobrrr lint); report.json, timeline.png and trace.json
-   land in DIR and the summary is printed right then, while the script carries on (a real run
-   lasts hours). When the script ends, report.json gets its exit code and one line says so.
+3. When the N-th recorded step ends the profiler stops (the trace is saved) and the next
+   `plain_steps` steps run with no profiler and no sync detective: their median is the plain step
+   time, against which the report sets the recorded one (overhead.py).
+4. Then the trace goes through build.py: gobrrr.doctor.timeline (figures), plot (timeline.png),
+   advice (what to fix, merged with gobrrr lint); report.json, timeline.png and trace.json land in
+   DIR and the summary is printed right then, while the script carries on (a real run lasts hours).
+   A time window (no steps) is analysed as soon as it closes. When the script ends, report.json
+   gets its exit code and one line says so.
+5. Under torchrun (RANK and WORLD_SIZE > 1 in the environment) every rank does all of the above
+   for the same step numbers into DIR/rank-N/; rank 0 then waits for the others' reports, writes
+   the merged report.json and timeline.png into DIR and prints the one summary (ranks.py, merge.py).
 
 The script's exit code is passed through; an exception in the script still writes the report
 of what was recorded up to that point, prints the script's traceback and exits 1. A script that
@@ -31,9 +37,7 @@ loop. Method after Holistic Trace Analysis (Meta, 2023): idle time and its cause
 from __future__ import annotations
 
 import contextvars
-import json
 import signal
-import statistics
 import sys
 import threading
 import time
@@ -42,10 +46,13 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gobrrr.doctor.build import NO_GPU_NOTE, build_report, snapshot, write_json
+from gobrrr.doctor.overhead import ProfilerSettings, make_profiler
+from gobrrr.doctor.quiet import kineto_quiet
+from gobrrr.doctor.ranks import RankInfo, merge_window, rank_from_env, record_exit
 from gobrrr.doctor.report import summary
 
-NO_GPU_NOTE = ("GPU figures need a CUDA GPU: torch.cuda.is_available() is False here, so this report "
-               "has the host timeline, lint and the time per step only.")
+__all__ = ["DoctorConfig", "Session", "active_session", "step", "profile", "NO_GPU_NOTE"]
 
 _ACTIVE: contextvars.ContextVar["Session | None"] = contextvars.ContextVar("gobrrr_doctor", default=None)
 
@@ -59,12 +66,18 @@ class DoctorConfig:
     draw_steps: int = 3         # steps drawn in timeline.png
     print_summary: bool = True
     source_roots: list[str] = field(default_factory=list)
+    plain_steps: int = 5        # steps timed without the profiler after the recording (0: none)
+    settings: ProfilerSettings = field(default_factory=ProfilerSettings)
+    user_paths: list[str] = field(default_factory=list)  # files that count as the user's inside a library
+    rank_wait_s: float = 120.0  # rank 0 waits this long for the other ranks' reports
 
     def __post_init__(self):
         if self.steps < 1:
             raise ValueError(f"--steps must be at least 1, got {self.steps}; pass a positive number of steps")
         if self.warmup < 0:
             raise ValueError(f"--warmup must be 0 or more, got {self.warmup}; pass 0 to record from the start")
+        if self.plain_steps < 0:
+            raise ValueError(f"--plain-steps must be 0 or more, got {self.plain_steps}; pass 0 to skip them")
 
 
 def active_session() -> "Session | None":
@@ -94,7 +107,11 @@ class Session:
         self.warmup = 2 if cfg.warmup == 1 else cfg.warmup
         self.script, self.argv = script, list(argv or [])
         self.cuda = torch.cuda.is_available()
-        self.out = Path(cfg.out_dir)
+        self.rank: RankInfo | None = rank_from_env()
+        self.base_out = Path(cfg.out_dir)
+        self.out = self.rank.out_dir(self.base_out) if self.rank is not None else self.base_out
+        self.plain_ms: list[float] = []    # plain steps after the recording (overhead.py)
+        self._plain_t = 0.0
         # window: recording from the start, no boundary yet; warmup: start-up dropped, waiting for
         # step W; steps: recording steps; done: trace saved; window-closed: time window saved.
         self.mode = "idle"
@@ -126,14 +143,9 @@ class Session:
     # step() that stops another trace: torch 2.13 then crashes now and then, see __init__).
 
     def _new_profiler(self, schedule):
-        torch = self.torch
-        acts = [torch.profiler.ProfilerActivity.CPU]
-        if self.cuda:
-            acts.append(torch.profiler.ProfilerActivity.CUDA)
-        with warnings.catch_warnings():  # "events are cleared at the end of each cycle": we want that
+        prof = make_profiler(self.cfg.settings, cuda=self.cuda, schedule=schedule, on_trace_ready=self._on_trace_ready)
+        with warnings.catch_warnings(), kineto_quiet():  # "events are cleared at the end of each cycle": we want that
             warnings.simplefilter("ignore", UserWarning)
-            prof = torch.profiler.profile(activities=acts, with_stack=True, record_shapes=False,
-                                          schedule=schedule, on_trace_ready=self._on_trace_ready)
             prof.start()
         return prof
 
@@ -166,8 +178,12 @@ class Session:
     # -- lifecycle --------------------------------------------------------------------------
 
     def start(self) -> "Session":
-        for name in ("report.json", "timeline.png", "trace.json"):  # no stale files from an earlier run
+        stale = ["report.json", "timeline.png", "trace.json", "comm.json"]
+        for name in stale:  # no stale files from an earlier run
             (self.out / name).unlink(missing_ok=True)
+        if self.rank is not None and self.rank.is_main:
+            for name in stale:
+                (self.base_out / name).unlink(missing_ok=True)
         self._token = _ACTIVE.set(self)
         self._t_start = time.perf_counter()
         if self.auto_steps:
@@ -207,7 +223,8 @@ class Session:
         self._cancel_alarm()
         if self.mode == "window" and self._prof is not None:
             self._unwatch()  # first: stopping the profiler syncs
-            self._prof.stop()  # saves the window through _on_trace_ready
+            with kineto_quiet():
+                self._prof.stop()  # saves the window through _on_trace_ready
             self._prof = None
             self.mode = "window-closed"
             self._close_window(f"no step in the first {self.cfg.window_s:g} s: recorded that time window")
@@ -230,6 +247,14 @@ class Session:
         k, W, N = self.boundaries, self.warmup, self.cfg.steps
         self._busy = True
         try:
+            if self.mode == "plain":  # a plain step ended: no profiler, no detective
+                now = time.perf_counter()
+                self.plain_ms.append((now - self._plain_t) * 1e3)
+                self._plain_t = now
+                if len(self.plain_ms) >= self.cfg.plain_steps:
+                    self.mode = "done"
+                    self._close_window(f"recorded {N} steps")
+                return
             if self.mode == "window-closed" and k >= max(W, 1):
                 # steps came after the time window closed: record N of them with a fresh profiler
                 self.step_source, self._step0, self.mode = source, k, "steps"
@@ -244,14 +269,18 @@ class Session:
             last = k - self._step0 >= (N if self._step0 else W + N)
             if last:
                 self._unwatch()  # before the profiler stops: saving the trace syncs, and that sync is ours
-            with warnings.catch_warnings():  # "events are cleared at the end of each cycle": we want that
+            with warnings.catch_warnings(), kineto_quiet():  # "events are cleared at the end of each cycle"
                 warnings.simplefilter("ignore", UserWarning)
                 self._prof.step()
-            self._sync_at_step = _snapshot(self.sync_report)  # what the detective saw in the complete steps
+            self._sync_at_step = snapshot(self.sync_report)  # what the detective saw in the complete steps
             if last:
-                self.mode = "done"
                 self._prof = None
-                self._close_window(f"recorded {N} steps")
+                self.plain_ms = []
+                if self.cfg.plain_steps:  # time plain steps from here (the trace is saved: not in them)
+                    self.mode, self._plain_t = "plain", time.perf_counter()
+                else:
+                    self.mode = "done"
+                    self._close_window(f"recorded {N} steps")
             else:
                 self.mode = "warmup" if self._step0 == 0 and k < W else "steps"
                 if self._step0 == 0 and W >= 1 and k == 1:
@@ -262,13 +291,19 @@ class Session:
             self._busy = False
 
     def _close_window(self, what: str) -> None:
-        """The recording window closed: analyse it, write the files and print the summary now."""
+        """The recording window closed (and its plain steps were timed): analyse it, write the files and
+        print the summary now. Under torchrun only rank 0 prints, the merged summary of every rank."""
         self._analyze()
-        if self.cfg.print_summary:
-            print(summary(self.report), flush=True)
-        print(f"gobrrr doctor: {what}; report in {self.out}/ (the script carries on; report.json gets its exit "
-              "code when it ends)", file=sys.stderr, flush=True)
         self._reported = True
+        if self.rank is not None and not self.rank.is_main:
+            return
+        shown, where = self.report, self.out
+        if self.rank is not None:
+            shown, where = merge_window(self.base_out, self.rank, self.report, self.cfg), self.base_out
+        if self.cfg.print_summary:
+            print(summary(shown), flush=True)
+        print(f"gobrrr doctor: {what}; report in {where}/ (the script carries on; report.json gets its exit "
+              "code when it ends)", file=sys.stderr, flush=True)
 
     def finish(self, exit_code: int = 0, error: BaseException | None = None) -> dict:
         """Stop recording (if still on), analyze what was recorded (unless its window already closed and
@@ -280,7 +315,8 @@ class Session:
         self._unwatch()  # first: stopping the profiler syncs
         recording = self._prof is not None
         if recording:
-            self._prof.stop()  # saves what was recorded through _on_trace_ready
+            with kineto_quiet():
+                self._prof.stop()  # saves what was recorded through _on_trace_ready
             self._prof = None
         if self._token is not None:
             _ACTIVE.reset(self._token)
@@ -298,11 +334,29 @@ class Session:
             self.report["notes"].append(f"the script raised {type(error).__name__}: the report covers what "
                                         "was recorded until then")
         self._write_report()
+        if self.rank is not None:
+            return self._finish_ranked(fresh, exit_code)
         if fresh and self.cfg.print_summary:
             print(summary(self.report))
         elif not fresh:
             print(f"gobrrr doctor: the script ended with exit code {exit_code}; {self.out / 'report.json'} "
                   "has it", file=sys.stderr)
+        return self.report
+
+    def _finish_ranked(self, fresh: bool, exit_code: int) -> dict:
+        """Under torchrun: every rank has written its exit code; rank 0 merges (again, if the window was
+        not merged yet) and puts every rank's exit code into the merged report."""
+        if not self.rank.is_main:
+            return self.report
+        merged = merge_window(self.base_out, self.rank, self.report, self.cfg) if fresh else None
+        merged = record_exit(self.base_out, self.rank, self.report, self.cfg, merged)
+        if fresh and self.cfg.print_summary:
+            print(summary(merged))
+        else:
+            codes = merged.get("exit_codes") or {}
+            print(f"gobrrr doctor: the script ended with exit code {merged.get('exit_code')} "
+                  f"(by rank: {', '.join(f'{k}: {v}' for k, v in codes.items())}); "
+                  f"{self.base_out / 'report.json'} has it", file=sys.stderr)
         return self.report
 
     def _complete_steps(self) -> int:
@@ -311,10 +365,13 @@ class Session:
         return max(0, min(self.cfg.steps, self.boundaries - start))
 
     def _watch(self) -> None:
-        """Start the sync detective for a new recording (it replaces an earlier one's report)."""
+        """Start the sync detective for a new recording (it replaces an earlier one's report), when the
+        settings ask for it (--detective)."""
         from gobrrr.syncs.watch import watch_syncs
 
         self._unwatch(keep=False)
+        if not self.cfg.settings.detective:
+            return
         self._detective = watch_syncs("count")
         self.sync_report = self._detective.__enter__()
 
@@ -335,135 +392,33 @@ class Session:
     # -- outputs ----------------------------------------------------------------------------
 
     def _analyze(self) -> None:
-        from gobrrr.doctor import advice, timeline
-        from gobrrr.doctor import plot as timeline_plot
-
-        torch = self.torch
-        self.out.mkdir(parents=True, exist_ok=True)
-        notes: list[str] = [] if self.cuda else [NO_GPU_NOTE]
-        roots = list(self.cfg.source_roots)
-        if self.script:
-            roots.insert(0, str(Path(self.script).resolve().parent))
-        fig = None
-        sync_report = self.sync_report
-        if self._trace_path is not None and self._trace_path.exists():
-            mb = self._trace_path.stat().st_size / 1e6
-            if mb > 50:
-                notes.append(f"trace.json is {mb:.0f} MB: pass fewer --steps for a lighter trace")
-            try:
-                tr = timeline.parse(self._trace_path)
-                complete = self._complete_steps()
-                if 1 <= complete < len(tr.steps) and self.boundaries:
-                    tr.steps = tr.steps[:complete]  # the partial step the script ended in is not a step
-                    sync_report = self._sync_at_step if self._sync_at_step is not None else sync_report
-                    notes.append(f"the script ended inside step {complete + 1} of the recording: that partial "
-                                 "step is left out of the figures (it is in trace.json)")
-                fig = timeline.analyze(tr, source_roots=roots)
-            except Exception as e:  # keep the run's report (steps, exit code, lint) even then
-                notes.append(f"the trace could not be analysed ({type(e).__name__}: {e}); trace.json is kept "
-                             "for Perfetto; please report this")
-        if fig is not None:
-            sites = {k: v.key for k, v in getattr(fig, "call_sites", {}).items()}
-            title = f"gobrrr doctor: {Path(self.script).name if self.script else 'profile'}  -  "
-            try:
-                timeline_plot.plot_timeline(tr, fig, self.out / "timeline.png", max_steps=self.cfg.draw_steps,
-                                            title=title + timeline_plot._default_title(fig), sync_sites=sites)
-            except Exception as e:  # a drawing failure must not lose the figures
-                notes.append(f"timeline.png not drawn: {type(e).__name__}: {e}")
-            if self.cuda and not fig.has_gpu:
-                notes.append("no GPU work was recorded in the window: is the script using the GPU?")
-        elif self._trace_path is None:
-            notes.append("nothing was recorded (the script ended before the profiler started)")
-        if self.warmup != self.cfg.warmup:
-            notes.append(f"--warmup {self.cfg.warmup} ran as {self.warmup}: the profiler cannot "
-                         "stop its start-up trace and start recording in the same step")
-        findings, lint_note = advice.lint_script([self.script]) if self.script else ([], "")
-        if lint_note:
-            notes.append(lint_note)
-        detective = advice.detective_rows(sync_report, roots)
-        recs = advice.recommend(fig, findings, detective)
-        steps_ms = fig.steps_ms if fig else []
-        source = self.step_source
-        if self.boundaries == 0:
-            source, steps_ms = "time-window", []
-            notes.append("no step boundary was seen (no optimizer.step() and no gobrrr.doctor.step()): "
-                         "the report covers a time window of the run")
-        elif self.boundaries < self.warmup:
-            steps_ms = []
-            notes.append(f"the script ended after {self.boundaries} step(s), before the {self.warmup} warmup "
-                         "steps were over: nothing was recorded; rerun with a smaller --warmup")
-        elif self._step0 and self._trace_path is not None:
-            notes.append(f"no step came within the {self.cfg.window_s:g} s time window; steps "
-                         f"{self._step0}..{self._step0 + self.cfg.steps - 1} were recorded when they came")
-        elif self.boundaries < self.warmup + self.cfg.steps:
-            notes.append(f"the script ended after {self.boundaries - self.warmup} recorded step(s) of "
-                         f"{self.cfg.steps}")
-        fig_dict = fig.to_dict() if fig else {}
-        self.report = {
-            "script": self.script, "argv": self.argv, "exit_code": None, "error": None,
-            "cuda": self.cuda, "device": torch.cuda.get_device_name() if self.cuda else "cpu",
-            "torch": torch.__version__,
-            "steps": {"source": source, "requested": self.cfg.steps, "warmup": self.warmup,
-                      "seen": self.boundaries, "recorded": len(steps_ms), "ms": steps_ms,
-                      "median_ms": round(statistics.median(steps_ms), 4) if steps_ms else None},
-            "gpu": _gpu_part(fig_dict) if fig is not None and fig.has_gpu else None,
-            # syncs: blocking CUDA calls seen in the trace; sync_detective: the runtime detective's
-            # sites over the same window (the Python call that synced, its kind and host stall)
-            "host": {"threads": fig_dict.get("host_threads", {}), "syncs": fig_dict.get("syncs", []),
-                     "sync_detective": detective},
-            "advice": [r.to_dict() for r in recs],
-            "lint": [f.to_dict() if hasattr(f, "to_dict") else dict(f) for f in findings],
-            "notes": notes,
-            "files": {"report": str(self.out / "report.json"),
-                      "timeline": str(self.out / "timeline.png") if (self.out / "timeline.png").exists() else None,
-                      "trace": str(self._trace_path) if self._trace_path else None},
-        }
-        self._write_report()
+        self.report = build_report(self)
 
     def _write_report(self) -> None:
-        self.out.mkdir(parents=True, exist_ok=True)
-        with open(self.out / "report.json", "w") as f:
-            json.dump(self.report, f, indent=1, default=str)
-
-
-def _snapshot(report):
-    """A copy of a SyncReport's counts as they stand (the detective keeps adding to the original)."""
-    if report is None:
-        return None
-    from dataclasses import replace
-
-    from gobrrr.syncs.watch import SyncReport
-
-    copy = SyncReport(report.mode)
-    copy._sites = {(s.kind, s.file, s.line): replace(s) for s in report.sites}
-    return copy
-
-
-def _gpu_part(d: dict) -> dict:
-    keys = ("span_ms", "idle_pct", "compute_idle_pct", "idle_breakdown_ms", "idle_breakdown_pct", "top_cause",
-            "copy_overlap_pct", "overlap_pct", "copy_hidden_pct", "h2d_overlap_pct", "copies", "pageable", "h2d_sites",
-            "host_bound_sites", "loader_sites",
-            "queue_lead_ms", "top_kernels", "launch", "streams")
-    return {k: d.get(k) for k in keys}
+        write_json(self.out / "report.json", self.report)
 
 
 def profile(fn=None, *, steps: int = 5, warmup: int = 2, out_dir: str = "gobrrr-doctor",
-            window_s: float = 10.0, print_summary: bool = True):
+            window_s: float = 10.0, print_summary: bool = True, plain_steps: int = 5,
+            settings: ProfilerSettings | None = None):
     """Profile a function called once per step, or (without `fn`) a block whose steps you mark.
 
-        report = gobrrr.doctor.profile(train_step, steps=5)    # calls train_step() warmup + steps times
+        report = gobrrr.doctor.profile(train_step, steps=5)    # train_step() runs warmup + steps + plain_steps times
         with gobrrr.doctor.profile(steps=5) as doc:            # or mark steps yourself
             for batch in loader: train_step(batch); gobrrr.doctor.step()
-        doc.report["gpu"]["compute_idle_pct"]
+        doc.report["gpu"]["compute_idle_pct"], doc.report["overhead"]["ratio"]
+
+    In a process started by torchrun, each rank writes OUT/rank-N/ and rank 0 the merged report.
     """
     cfg = DoctorConfig(steps=steps, warmup=warmup, out_dir=out_dir, window_s=window_s,
-                       print_summary=print_summary)
+                       print_summary=print_summary, plain_steps=plain_steps,
+                       settings=settings if settings is not None else ProfilerSettings())
     if fn is None:
         return Session(cfg, auto_steps=True)
     session = Session(cfg, auto_steps=False)
     session.start()
     try:
-        for _ in range(session.warmup + steps):
+        for _ in range(session.warmup + steps + plain_steps):
             fn()
             session.step(manual=True)
     except BaseException as e:

@@ -53,9 +53,33 @@ class Site:
         return f"{self.file}:{self.line}" if self.line else (self.callee or self.file)
 
 
+def is_generated_file(file: str) -> bool:
+    """Code torch wrote at run time: inductor's output (`/tmp/torchinductor_<user>/xx/cxxxx.py`, or under
+    TORCHINDUCTOR_CACHE_DIR), FX's `<eval_with_key>.N`, Triton's launchers. Never a line to fix."""
+    f = file.replace("\\", "/")
+    if "/torchinductor_" in f or f.startswith("<eval_with_key") or "/.triton/cache/" in f:
+        return True
+    cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    return bool(cache) and f.startswith(cache.replace("\\", "/").rstrip("/") + "/")
+
+
+def is_graph_frame(f: "Frame") -> bool:
+    """A frame that runs a compiled graph: AOTAutograd's runtime (forward and backward of a compiled
+    graph) or inductor's generated code. (torch.compile's frame evaluation, eval_frame.py, also wraps the
+    functions torch marks `_disable_dynamo`, such as `optimizer.zero_grad`: alone it means nothing.)"""
+    file = f.file.replace("\\", "/")
+    return "_functorch/aot_autograd.py" in file or "_functorch/_aot_autograd/" in file or is_generated_file(file)
+
+
+def is_dynamo_frame(f: "Frame") -> bool:
+    """torch.compile's frame evaluation: the wrapper between a caller and the function it compiled."""
+    return f.file.replace("\\", "/").endswith("torch/_dynamo/eval_frame.py")
+
+
 def is_library_file(file: str) -> bool:
-    """True for frames that are not the user's code: torch, the standard library, built-ins, gobrrr."""
-    if file.startswith("<") or "site-packages" in file or "dist-packages" in file:
+    """True for frames that are not the user's code: torch, the standard library, built-ins, gobrrr,
+    and code torch generated (inductor's files)."""
+    if file.startswith("<") or "site-packages" in file or "dist-packages" in file or is_generated_file(file):
         return True
     parts = file.replace("\\", "/").lstrip("/").split("/")
     top = parts[0].removesuffix(".py") if parts else ""
@@ -91,8 +115,10 @@ class SourceResolver:
     """Finds the line, inside a function known by (file, first line or a line of its body), that calls a
     given callee."""
 
-    def __init__(self, roots: Iterable[str | os.PathLike] = ()):
+    def __init__(self, roots: Iterable[str | os.PathLike] = (), user_paths: Iterable[str] = ()):
         self.roots = [Path(r) for r in roots] + [Path.cwd()] + [Path(p) for p in sys.path if p]
+        # files counted as the user's even inside a library (`gobrrr doctor -m gobrrr train`: gobrrr/train/)
+        self.user_paths = ["/" + p.replace("\\", "/").strip("/") + "/" for p in user_paths]
         self._cache: dict[str, tuple[list[str], ast.AST] | None] = {}
         self._lines: dict[tuple, list[int]] = {}  # (what, file, def line, func[, callee]) -> lines: asked per gap
 
@@ -109,6 +135,14 @@ class SourceResolver:
                     continue
             self._cache[file] = found
         return self._cache[file]
+
+    def is_library(self, file: str) -> bool:
+        """`is_library_file`, except for files under one of `user_paths` (those are the user's)."""
+        if self.user_paths:
+            f = "/" + file.replace("\\", "/").lstrip("/")
+            if any(p in f for p in self.user_paths):
+                return False
+        return is_library_file(file)
 
     def code(self, file: str, line: int) -> str:
         src = self._load(file)
@@ -247,7 +281,7 @@ def attribute(stack: list[Frame], resolver: SourceResolver, fallback: str = "") 
     """The user's source line in a Python stack (outermost first): innermost user frame + its callee."""
     for k in range(len(stack) - 1, -1, -1):
         f = stack[k]
-        if is_library_file(f.file):
+        if resolver.is_library(f.file):
             continue
         below = [g for g in stack[k + 1:] if not _is_detective(g.file)]
         callee = callee_name(below[0].raw) if below else ""

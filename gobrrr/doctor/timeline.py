@@ -46,6 +46,7 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Iterable
 
+from gobrrr.doctor.compiled import summary as compiled_summary
 from gobrrr.doctor.host import HOST_OVERHEAD, HostAttribution, loader_ranges
 from gobrrr.doctor.sources import Site, SourceResolver
 from gobrrr.doctor.trace import (  # noqa: F401  (re-exported: the doctor's one import)
@@ -94,6 +95,7 @@ class Figures:
     launch: dict = field(default_factory=dict)
     streams: dict = field(default_factory=dict)      # stream -> {busy_ms, busy_pct, kernels, copies}
     host_threads: dict = field(default_factory=dict)
+    compiled: dict = field(default_factory=dict)     # compiled calls by line, graph breaks (doctor.compiled)
     window_us: tuple = (0.0, 0.0)
 
     def to_dict(self) -> dict:
@@ -104,10 +106,10 @@ CAUSES = ("waiting_for_data", "data_loader", "sync_blocked", "host_bound", "laun
 
 
 def analyze(trace, *, source_roots: Iterable[str] = (), launch_gap_us: float = 20.0,
-            sync_tolerance_us: float = 10.0, top: int = 10) -> Figures:
+            sync_tolerance_us: float = 10.0, top: int = 10, user_paths: Iterable[str] = ()) -> Figures:
     """All figures for one trace (a dict, a parsed `Trace`, or a path to .json / .json.gz)."""
     tr = trace if isinstance(trace, Trace) else parse(trace)
-    resolver = SourceResolver(source_roots)
+    resolver = SourceResolver(source_roots, user_paths)
     steps_ms = [round((e - s) / 1e3, 4) for _, s, e in tr.steps]
     if tr.steps:
         h0, h1 = tr.steps[0][1], tr.steps[-1][2]
@@ -129,6 +131,7 @@ def analyze(trace, *, source_roots: Iterable[str] = (), launch_gap_us: float = 2
     fig.call_sites = site_cache  # (tid, ts) -> Site for syncs and copies; not serialised
     pageable_calls = {g.correlation for g in gpu if g.pageable}
     fig.syncs = _sync_table(calls, site_cache, pageable_calls)
+    fig.compiled = compiled_summary(tr, host, h0, h1, len(steps_ms))
     if not gpu:
         return fig
 
