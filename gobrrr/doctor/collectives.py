@@ -73,6 +73,13 @@ def extract(tr: Trace, fig, *, roots: Iterable[str] = (), user_paths: Iterable[s
                    if n.startswith("gloo:") and canonical(n)), key=lambda x: x[0])
     gloo_tids = {tid for *_, tid in gloo}
     execs = _pair_gloo(issues, gloo)
+    comm_iv = merge([(g.ts, g.end) for g in nccl.values() if h0 <= g.ts <= h1 or not tr.steps] +
+                    [(s, e) for s, e, _, _ in gloo if h0 <= s <= h1])
+    if fig is not None and fig.has_gpu:
+        compute_iv = merge((g.ts, g.end) for g in tr.gpu if g.kind == "kernel" and g.correlation not in nccl)
+    else:
+        compute_iv = merge((s, e) for tid, ol in tr.ops.items() if tid not in gloo_tids
+                           for s, e, n in ol if not n.startswith(("c10d::", "_c10d_functional::")))
     phases = _Phases(tr, host.main)
     rows: list[dict] = []
     ordinal: dict[str, int] = defaultdict(int)
@@ -90,15 +97,10 @@ def extract(tr: Trace, fig, *, roots: Iterable[str] = (), user_paths: Iterable[s
             k["arrival_us"], k["end_us"], k["on"] = ts, max(e, end), "host"
         else:
             k["arrival_us"], k["end_us"], k["on"] = ts, end, "host"
+        # the parts of [arrival, end] with no compute running: where waiting for it cost this rank time
+        k["idle"] = [[a, b] for a, b in subtract([(k["arrival_us"], k["end_us"])], compute_iv)][:50]
         rows.append(k)
-    _line_times(tr, host, rows, h0)
-    comm_iv = merge([(g.ts, g.end) for g in nccl.values() if h0 <= g.ts <= h1 or not tr.steps] +
-                    [(s, e) for s, e, _, _ in gloo if h0 <= s <= h1])
-    if fig is not None and fig.has_gpu:
-        compute_iv = merge((g.ts, g.end) for g in tr.gpu if g.kind == "kernel" and g.correlation not in nccl)
-    else:
-        compute_iv = merge((s, e) for tid, ol in tr.ops.items() if tid not in gloo_tids
-                           for s, e, n in ol if not n.startswith(("c10d::", "_c10d_functional::")))
+    spans = _line_times(tr, host, rows, h0)
     exposed = subtract(comm_iv, compute_iv)
     by_kind: dict[str, dict] = defaultdict(lambda: {"count": 0, "ms": 0.0})
     for r in rows:
@@ -113,7 +115,7 @@ def extract(tr: Trace, fig, *, roots: Iterable[str] = (), user_paths: Iterable[s
         "comm_ms_per_step": round(total(comm_iv) / 1e3 / n_steps, 4),
         "exposed_ms_per_step": round(total(exposed) / 1e3 / n_steps, 4),
         "backend": "nccl" if nccl else "gloo" if gloo else "",
-        "lanes": _lanes(tr, host.main, nccl, gloo, fig, draw_steps),
+        "lanes": _lanes(tr, host.main, nccl, gloo, fig, draw_steps, spans),
     }
 
 
@@ -192,9 +194,10 @@ class _Phases:
         return "other"
 
 
-def _line_times(tr: Trace, host: HostAttribution, rows: list[dict], h0: float) -> None:
+def _line_times(tr: Trace, host: HostAttribution, rows: list[dict], h0: float) -> list[list]:
     """For each collective, the ms each user line held the Python thread since the previous arrival (or the
-    window start): `row["lines"] = {site: ms}`, top TOP_LINES; and `row["since_us"]`."""
+    window start): `row["lines"] = {site: ms}`, top TOP_LINES; and `row["since_us"]`. Returns the calls of
+    those lines that took 1 ms or more, as [start, end, site] (the merged timeline marks the straggler's)."""
     th = host.main
     frames = tr.frames.get(th, []) if th is not None else []
     starts: list[float] = []
@@ -207,6 +210,7 @@ def _line_times(tr: Trace, host: HostAttribution, rows: list[dict], h0: float) -
     acc: list[dict[str, float]] = [defaultdict(float) for _ in rows]
     code: dict[str, str] = {}
     depth: dict[str, int] = {}
+    spans: list[list] = []
     if frames and rows:
         user = [not host.resolver.is_library(f.file) for f in frames]
         nest = [0] * len(frames)  # user frames from the outermost down to this one
@@ -226,6 +230,8 @@ def _line_times(tr: Trace, host: HostAttribution, rows: list[dict], h0: float) -
                         key, first = site.key, False
                         code.setdefault(key, site.code)
                         depth[key] = max(depth.get(key, 0), nest[p])
+                        if g.end - g.ts >= 1000.0:
+                            spans.append([g.ts, g.end, key])
                     acc[i][key] += ov
                 i += 1
     for r, a in zip(rows, acc):
@@ -233,9 +239,10 @@ def _line_times(tr: Trace, host: HostAttribution, rows: list[dict], h0: float) -
         r["lines"] = {k: round(v / 1e3, 4) for k, v in top}
         r["code"] = {k: code.get(k, "") for k, _ in top}
         r["depth"] = {k: depth.get(k, 0) for k, _ in top}
+    return sorted(spans, key=lambda x: x[1] - x[0], reverse=True)[:500]
 
 
-def _lanes(tr: Trace, main: int | None, nccl: dict, gloo: list, fig, draw_steps: int) -> dict:
+def _lanes(tr: Trace, main: int | None, nccl: dict, gloo: list, fig, draw_steps: int, spans: list) -> dict:
     """What the merged timeline draws for this rank (first `draw_steps` steps), as [start, end] us lists."""
     if tr.steps:
         t0, t1 = tr.steps[0][1], tr.steps[min(draw_steps, len(tr.steps)) - 1][2]
@@ -250,6 +257,7 @@ def _lanes(tr: Trace, main: int | None, nccl: dict, gloo: list, fig, draw_steps:
            "comm": clip([(g.ts, g.end) for g in nccl.values()] + [(s, e) for s, e, _, _ in gloo]),
            "compute": clip((g.ts, g.end) for g in tr.gpu if g.kind == "kernel" and g.correlation not in nccl)
            if fig is not None and fig.has_gpu else []}
+    out["lines"] = [x for x in spans if x[1] >= t0 and x[0] <= t1]
     # the view ends with the last step drawn, or with the GPU work it launched
     ends = [e for _, e in out["comm"] + out["compute"]]
     out["t1"] = max([t1] + [e for e in ends if e > t1 and e - t1 < (t1 - t0)]) if tr.steps else t1

@@ -7,8 +7,9 @@ communication the layout's schedule leaves exposed. Plain functions over each ra
 2. Matching. The k-th collective of a kind on every rank is one program point (every rank runs the same
    program); it is compared across all ranks that recorded it. (A collective of a subgroup, e.g. tensor
    parallel within a dp x tp mesh, is compared across the world: its wait then includes other groups'.)
-3. Per collective: the last arrival; each rank's wait = last arrival - its own arrival (not past its end);
-   the straggler is the last to arrive, late by (its arrival - the median arrival of the others).
+3. Per collective: the last arrival; each rank's wait = last arrival - its own arrival (not past its end),
+   counted where nothing else of the rank's ran beside it (`waits`); the last to arrive is charged with
+   the others' wait. The straggler: the rank the others waited for most, over `LATE_MS` per step.
 4. The straggler's cause: over the collectives where a rank arrived last by more than `LATE_MS`, the
    user's line that held its Python thread longer than on the others (time per line since the previous
    arrival, minus the median of the other ranks, summed). The deepest line within 10% of the largest
@@ -22,7 +23,9 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 
-LATE_MS = 1.0  # an arrival later than the others' median by more than this makes a rank the straggler
+from gobrrr.doctor.trace import intersect, merge, total
+
+LATE_MS = 1.0  # a rank the others waited for this long per step (or more) is the straggler
 
 
 def clock_offsets(comms: dict[int, dict]) -> dict[int, float]:
@@ -49,40 +52,61 @@ def _by_point(comms: dict[int, dict]) -> dict[tuple[str, int], dict[int, dict]]:
 
 
 def waits(comms: dict[int, dict]) -> dict:
-    """Per-rank wait by kind (ms per step and share of the step), per-point lateness, and the straggler."""
+    """Per-rank waiting by kind (ms per step), the straggler and its line (see the module docstring).
+
+    A rank *waits* at a collective from its arrival until the last rank arrives (not past the collective's
+    end). Only the part of that with no compute of its own beside it costs the rank time (an async bucket
+    all-reduce waits while backward goes on): `blocked` is the union, over collectives, of the wait
+    intersected with the collective's idle parts (collectives.py), so overlapping waits count once.
+    The straggler is the rank the others spent most blocked time waiting for.
+    """
     offsets = clock_offsets(comms)
     points = _by_point(comms)
     n_steps = {r: max(c.get("n_steps", 1), 1) for r, c in comms.items()}
-    wait = {r: defaultdict(float) for r in comms}
-    late = {r: 0.0 for r in comms}
+    blocked: dict[int, dict[str, list]] = {r: defaultdict(list) for r in comms}
+    point_wait: dict[int, dict[tuple[str, int], float]] = {r: {} for r in comms}
+    caused = {r: 0.0 for r in comms}
     late_points: dict[int, list[tuple[str, int, float]]] = defaultdict(list)
-    for (kind, k), pts in sorted(points.items(), key=lambda kv: min(p["issue_us"] for p in kv[1].values())):
+    for (kind, k), pts in points.items():
         if len(pts) < 2:
             continue
         arr = {r: p["arrival_us"] - offsets[r] for r, p in pts.items()}
         last_r = max(arr, key=arr.get)
         last = arr[last_r]
+        cost = 0.0
         for r, p in pts.items():
-            end = p["end_us"] - offsets[r]
-            wait[r][kind] += max(0.0, min(last, end) - arr[r]) / 1e3
-        others = [a for r, a in arr.items() if r != last_r]
-        lateness = (last - statistics.median(others)) / 1e3
-        if lateness > LATE_MS:
-            late[last_r] += lateness
+            end = min(last, p["end_us"] - offsets[r])
+            if end <= arr[r]:
+                point_wait[r][(kind, k)] = 0.0
+                continue
+            idle = [(a - offsets[r], b - offsets[r]) for a, b in p.get("idle", [[p["arrival_us"], p["end_us"]]])]
+            part = intersect([(arr[r], end)], merge(idle))
+            blocked[r][kind] += part
+            point_wait[r][(kind, k)] = total(part) / 1e3
+            if r != last_r:
+                cost += total(part) / 1e3
+        others = len(pts) - 1
+        lateness = (last - statistics.median(a for r, a in arr.items() if r != last_r)) / 1e3
+        if cost / others > LATE_MS / 10 and lateness > LATE_MS:
+            caused[last_r] += cost / others
             late_points[last_r].append((kind, k, lateness))
     per_rank = {}
     for r in comms:
-        w = {k: round(v / n_steps[r], 4) for k, v in wait[r].items()}
-        per_rank[r] = {"wait_ms_per_step": w, "wait_total_ms_per_step": round(sum(w.values()), 4),
-                       "late_ms_per_step": round(late[r] / n_steps[r], 4), "late_at": len(late_points[r])}
-    straggler = _straggler(comms, points, late, late_points, n_steps, per_rank)
-    return {"per_rank": per_rank, "straggler": straggler, "clock_offsets_us": offsets}
+        w = {kind: round(total(merge(iv)) / 1e3 / n_steps[r], 4) for kind, iv in blocked[r].items()}
+        every = merge(x for iv in blocked[r].values() for x in iv)
+        per_rank[r] = {"wait_ms_per_step": w, "wait_total_ms_per_step": round(total(every) / 1e3 / n_steps[r], 4),
+                       "caused_ms_per_step": round(caused[r] / n_steps[r], 4), "late_at": len(late_points[r])}
+    straggler = _straggler(comms, points, caused, late_points, n_steps, per_rank)
+    return {"per_rank": per_rank, "straggler": straggler, "clock_offsets_us": offsets, "point_wait": point_wait}
 
 
-def _straggler(comms, points, late, late_points, n_steps, per_rank) -> dict | None:
-    if not late or max(late.values()) <= 0:
+def _straggler(comms, points, caused, late_points, n_steps, per_rank) -> dict | None:
+    """The rank the others waited for most, when that is more than LATE_MS per step, and its line."""
+    if not caused:
         return None
-    r = max(late, key=late.get)
+    r = max(caused, key=caused.get)
+    if caused[r] / n_steps[r] <= LATE_MS:
+        return None
     excess: dict[str, float] = defaultdict(float)
     code: dict[str, str] = {}
     kinds: dict[str, int] = defaultdict(int)
@@ -102,7 +126,9 @@ def _straggler(comms, points, late, late_points, n_steps, per_rank) -> dict | No
             close = [key for key, v in excess.items() if v >= 0.9 * best]
             site = max(close, key=lambda key: (_depth(key, comms[r]), excess[key]))
     others_wait = {o: per_rank[o]["wait_total_ms_per_step"] for o in per_rank if o != r}
-    return {"rank": r, "late_ms_per_step": round(late[r] / n, 4), "late_at": len(late_points[r]),
+    late = [x for _, _, x in late_points[r]]
+    return {"rank": r, "late_ms_per_step": round(caused[r] / n, 4), "late_at": len(late_points[r]),
+            "max_late_ms": round(max(late), 4) if late else 0.0,
             "at": max(kinds, key=kinds.get) if kinds else "", "kinds": dict(kinds),
             "site": site or "", "code": code.get(site, "") if site else "",
             "excess_ms_per_step": round(excess[site] / n, 4) if site else None,
@@ -133,26 +159,30 @@ PROMISES = {
 }
 
 
-def layout(comm: dict) -> dict:
+def layout(comm: dict, point_wait: dict[tuple[str, int], float] | None = None) -> dict:
     """Which schedule this rank's collectives follow, what it promises, and how the measurement compares.
 
-    Recognised from (kind, phase) counts: all_gather in forward -> zero-3 (or tensor parallel with sequence
-    parallelism when reduce_scatter also runs in forward); all_reduce in forward -> tensor parallel;
-    reduce_scatter in backward -> zero-1/2; all_reduce in backward -> ddp. Expected exposed ms per step:
+    Recognised from (kind, phase) counts: all_reduce or reduce_scatter in forward -> tensor parallel (its
+    vocab-parallel loss may all-gather too); otherwise all_gather in forward with reduce_scatter in backward
+    -> zero-3; reduce_scatter in backward -> zero-1/2; all_reduce in backward alone -> ddp. Expected exposed ms per step:
     ddp, the last bucket's all-reduce; zero-1/2, the last reduce-scatter plus the all-gathers after the
     step; zero-3, the first gather plus the last reduce-scatter; tensor parallel, all of its collectives.
+    Each counts its transfer only: `point_wait` ((kind, k) -> ms this rank waited for a later rank, from
+    waits()) is no part of any schedule's promise, and is reported beside it.
     """
+    point_wait = point_wait or {}
     rows = comm.get("collectives", [])
     n = max(comm.get("n_steps", 1), 1)
     seen = defaultdict(int)
     for r in rows:
         seen[(r["kind"], r["phase"])] += 1
     names = []
-    if seen[("all_gather", "forward")] and not seen[("reduce_scatter", "forward")]:
+    tp = bool(seen[("all_reduce", "forward")] or seen[("reduce_scatter", "forward")])
+    if seen[("all_gather", "forward")] and seen[("reduce_scatter", "backward")] and not tp:
         names.append("zero-3")
     elif seen[("reduce_scatter", "backward")]:
         names.append("zero-1/2")
-    if seen[("all_reduce", "forward")] or seen[("reduce_scatter", "forward")]:
+    if tp:
         names.append("tensor parallel")
     if seen[("all_reduce", "backward")] and not names:
         names.append("ddp")
@@ -163,26 +193,28 @@ def layout(comm: dict) -> dict:
         comm_table[key]["ms"] += (r["end_us"] - r["arrival_us"]) / 1e3
     communication = {k: {"per_step": round(v["count"] / n, 3), "ms_per_step": round(v["ms"] / n, 4)}
                      for k, v in sorted(comm_table.items(), key=lambda kv: -kv[1]["count"])}
-    expected = _expected_exposed(rows, names, n) if names else None
+    expected = _expected_exposed(rows, names, n, point_wait) if names else None
+    waited = round(sum(point_wait.values()) / n, 4)
     out = {"name": " + ".join(names) or ("collectives outside a known schedule" if rows else "no collectives"),
            "communication": communication,
            "schedule": [PROMISES[x][0] for x in names], "promise": [PROMISES[x][1] for x in names],
            "expected_exposed_ms_per_step": expected,
-           "exposed_ms_per_step": comm.get("exposed_ms_per_step"), "comm_ms_per_step": comm.get("comm_ms_per_step")}
+           "exposed_ms_per_step": comm.get("exposed_ms_per_step"), "comm_ms_per_step": comm.get("comm_ms_per_step"),
+           "waiting_ms_per_step": waited}
     if expected is not None and comm.get("exposed_ms_per_step") is not None:
-        extra = comm["exposed_ms_per_step"] - expected
+        extra = comm["exposed_ms_per_step"] - waited - expected
         out["exposed_beyond_promise_ms_per_step"] = round(max(extra, 0.0), 4)
     return out
 
 
-def _expected_exposed(rows: list[dict], names: list[str], n: int) -> float:
+def _expected_exposed(rows: list[dict], names: list[str], n: int, point_wait: dict) -> float:
     by_step: dict[int, list[dict]] = defaultdict(list)
     for r in rows:
         by_step[r["step"]].append(r)
     total = 0.0
     for step_rows in by_step.values():
         step_rows.sort(key=lambda r: r["issue_us"])
-        dur = lambda r: (r["end_us"] - r["arrival_us"]) / 1e3  # noqa: E731
+        dur = lambda r: max((r["end_us"] - r["arrival_us"]) / 1e3 - point_wait.get((r["kind"], r["n"]), 0.0), 0.0)  # noqa: E731
         if "tensor parallel" in names:
             total += sum(dur(r) for r in step_rows if r["phase"] in ("forward", "backward")
                          and r["kind"] in ("all_reduce", "reduce_scatter", "all_gather") and "zero-3" not in names)

@@ -1,6 +1,7 @@
 """The merged timeline of a torchrun run: a lane group per rank, on one clock.
 
-Per rank, top to bottom: its Python thread (grey: inside a torch op; a tick where it issued a collective),
+Per rank, top to bottom: its Python thread (grey: inside a torch op; a tick where it issued a collective;
+orange on the straggler's: the calls of the line that made it late),
 its communication (purple: a collective running on gloo's thread or NCCL's stream; red over it: the part
 spent waiting for the last rank to arrive) and, on a GPU, its compute kernels (blue). Dashed lines mark
 each rank's step boundaries. The straggler's lane label is red and names the line that made it late.
@@ -12,7 +13,8 @@ from pathlib import Path
 
 from gobrrr.doctor.merge import _by_point
 
-COLORS = {"host": "#c7c7c7", "comm": "#9467bd", "wait": "#d62728", "compute": "#1f77b4", "issue": "#000000"}
+COLORS = {"host": "#c7c7c7", "comm": "#9467bd", "wait": "#d62728", "compute": "#1f77b4", "issue": "#000000",
+          "late": "#ff7f0e"}
 
 
 def _waits(comms: dict[int, dict], offsets: dict[int, float]) -> dict[int, list[tuple[float, float]]]:
@@ -72,6 +74,13 @@ def plot_ranks(comms: dict[int, dict], path: str | Path, *, title: str = "", str
                     ax.plot([ms(x)], [y + 0.42], marker="v", color=COLORS["issue"], markersize=3)
             if late and straggler.get("site"):
                 label += f"  (late: {straggler['site']})"
+                mine = [(a, b) for a, b, key in lanes[r].get("lines", []) if key == straggler["site"]]
+                bars(y, shift(mine), COLORS["late"], h=0.5)
+                shown = [a - off for a, _ in mine if t0 <= a - off <= t1]
+                if shown:
+                    text = f"{straggler['site']}  {straggler.get('code', '')[:40]}"
+                    ax.annotate(text, (ms(min(shown)), y - 0.45), xytext=(2, -9), textcoords="offset points",
+                                fontsize=7, color=COLORS["late"])
         elif kind == "comm":
             label = f"rank {r}: collectives"
             bars(y, shift(lanes[r].get("comm", [])), COLORS["comm"])
@@ -99,10 +108,11 @@ def plot_ranks(comms: dict[int, dict], path: str | Path, *, title: str = "", str
                Patch(color=COLORS["comm"], label="collective running"),
                Patch(color=COLORS["wait"], label="waiting for the last rank"),
                Patch(color=COLORS["compute"], label="GPU compute"),
+               Patch(color=COLORS["late"], label="the straggler's late line"),
                Line2D([0], [0], color=COLORS["issue"], marker="v", linestyle="none", markersize=4,
                       label="collective issued"),
                Line2D([0], [0], color="black", linestyle="--", linewidth=0.8, label="step boundary")]
-    fig.legend(handles=handles, loc="lower center", ncol=6, fontsize=7, frameon=False)
+    fig.legend(handles=handles, loc="lower center", ncol=7, fontsize=7, frameon=False)
     sub = ""
     if straggler is not None:
         sub = (f"  -  straggler: rank {straggler['rank']}, {straggler['late_ms_per_step']:.1f} ms/step late at "

@@ -104,7 +104,8 @@ def merge_window(base: Path, me: RankInfo, own: dict, cfg) -> dict:
     got[me.rank] = (own, own_comm.get("comm") or {})
     merged = copy.deepcopy(own)
     comms = {r: c for r, (_, c) in sorted(got.items()) if c}
-    w = waits(comms) if len(comms) >= 2 else {"per_rank": {}, "straggler": None, "clock_offsets_us": {}}
+    w = waits(comms) if len(comms) >= 2 else {"per_rank": {}, "straggler": None, "clock_offsets_us": {},
+                                              "point_wait": {}}
     missing = [r for r in range(me.world_size) if r not in got]
     per_rank = []
     for r, (rep, c) in sorted(got.items()):
@@ -121,7 +122,8 @@ def merge_window(base: Path, me: RankInfo, own: dict, cfg) -> dict:
         per_rank.append(row)
     merged["ranks"] = {"world_size": me.world_size, "reported": sorted(got), "missing": missing,
                        "per_rank": per_rank, "straggler": w["straggler"],
-                       "layout": layout(own_comm.get("comm") or {}), "clock_offsets_us": w["clock_offsets_us"]}
+                       "layout": layout(own_comm.get("comm") or {}, w["point_wait"].get(me.rank)),
+                       "clock_offsets_us": w["clock_offsets_us"]}
     if missing:
         merged["notes"].append(f"rank(s) {', '.join(map(str, missing))} wrote no report within {cfg.rank_wait_s:g} s "
                                "(a rank died, or it steps differently): the merge covers the others")
@@ -150,8 +152,9 @@ def straggler_advice(st: dict) -> dict:
                       "rank-specific work such as logging, evaluation or checkpoints off the step, balance its "
                       "data, or overlap it)",
             "site": st["site"], "code": st["code"],
-            "why": f"rank {st['rank']} arrived last by {st['late_ms_per_step']:.1f} ms/step at {st['late_at']} "
-                   f"collective(s) ({', '.join(f'{k} x{v}' for k, v in st['kinds'].items())}); {where} took "
+            "why": f"rank {st['rank']} arrived last at {st['late_at']} collective(s) "
+                   f"({', '.join(f'{k} x{v}' for k, v in st['kinds'].items())}), up to {st.get('max_late_ms', 0):.1f} ms "
+                   f"late; {where} took "
                    f"{st['excess_ms_per_step'] or 0:.1f} ms/step more than on the others; the others waited "
                    f"(ms/step): {waited}",
             "saved_ms": max(st["others_wait_ms_per_step"].values(), default=0.0), "source": "ranks", "rules": []}

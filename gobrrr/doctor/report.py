@@ -12,6 +12,7 @@ CAUSE_WORDS = {
     "sync_blocked": "sync-blocked (host waited in a sync, then refilled)",
     "host_bound": "host-bound (next launch came late)",
     "launch_gaps": "launch gaps (< 20 us between kernels)",
+    "communication": "communication alone (a collective, nothing computing)",
     "other_copies": "other copies alone (D2H, D2D, memset)",
     "other": "other (queued work not starting)",
 }
@@ -171,8 +172,8 @@ def _rank_lines(ranks: dict) -> list[str]:
     st = ranks.get("straggler")
     if st:
         where = f"{st['site']}  {st['code'][:50]}" if st.get("site") else "no line of its own stood out"
-        out.append(f"  straggler: rank {st['rank']} arrived last by {st['late_ms_per_step']:.2f} ms/step at "
-                   f"{st['at']} ({st['late_at']} collectives): {where}")
+        out.append(f"  straggler: rank {st['rank']}, last to arrive at {st['late_at']} collective(s) ({st['at']}), up to "
+                   f"{st.get('max_late_ms', 0):.2f} ms late: {where}")
         waited = ", ".join(f"rank {r} {ms:.2f} ms/step" for r, ms in sorted(st["others_wait_ms_per_step"].items()))
         out.append(f"    the others waited for it: {waited}")
     else:
@@ -184,10 +185,12 @@ def _rank_lines(ranks: dict) -> list[str]:
         for sched, promise in zip(lay.get("schedule", []), lay.get("promise", [])):
             out.append(f"    schedule: {sched}; promise: {promise}")
         if lay.get("expected_exposed_ms_per_step") is not None:
-            out.append(f"    exposed communication {lay['exposed_ms_per_step']:.2f} ms/step of {lay['comm_ms_per_step']:.2f};"
-                       f" the schedule allows {lay['expected_exposed_ms_per_step']:.2f}"
-                       + (f": {lay['exposed_beyond_promise_ms_per_step']:.2f} ms/step more is exposed"
-                          if lay.get("exposed_beyond_promise_ms_per_step") else ": as promised"))
+            wait = f", {lay['waiting_ms_per_step']:.2f} of it waiting for a later rank" if lay.get("waiting_ms_per_step") else ""
+            beyond = lay.get("exposed_beyond_promise_ms_per_step") or 0.0
+            out.append(f"    exposed communication (no compute beside it) {lay['exposed_ms_per_step']:.2f} ms/step of "
+                       f"{lay['comm_ms_per_step']:.2f}{wait}; the schedule allows "
+                       f"{lay['expected_exposed_ms_per_step']:.2f} for its transfers"
+                       + (f": {beyond:.2f} ms/step more is exposed than it promises" if beyond > 0.05 else ": as promised"))
     return out
 
 

@@ -15,7 +15,8 @@ and the GPU work it enqueued share a `correlation` id. From these we compute:
   `compute_time_pctg`); this is the headline "GPU idle" and it is broken down, each part in ms
   and % of span, into: `waiting_for_data` (an H2D copy runs while nothing computes and compute
   waits for it: the next kernel is already queued behind it, or the host sits in the copy call,
-  as a pageable `.to()` makes it), `other_copies` (D2H / D2D / memset alone), and the truly empty
+  as a pageable `.to()` makes it), `communication` (an NCCL kernel running alone: exposed communication;
+  NCCL kernels are not compute, as in HTA), `other_copies` (D2H / D2D / memset alone), and the truly empty
   gaps, each classed by what the host was doing: `sync_blocked` (the host sat in a
   synchronising call when the GPU ran dry, attributed to the source line of that call),
   `host_bound` (the next launch came after the GPU ran dry; copies that nobody waited for count
@@ -41,6 +42,7 @@ torch, not the standard library), take the callee just below it (`.item`, `synch
 from __future__ import annotations
 
 import bisect
+import re
 import statistics
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
@@ -102,7 +104,9 @@ class Figures:
         return asdict(self)
 
 
-CAUSES = ("waiting_for_data", "data_loader", "sync_blocked", "host_bound", "launch_gaps", "other_copies", "other")
+CAUSES = ("waiting_for_data", "data_loader", "sync_blocked", "host_bound", "launch_gaps", "communication",
+          "other_copies", "other")
+NCCL_RE = re.compile(r"^nccl.*Kernel")  # communication kernels: not compute (as HTA classes them)
 
 
 def analyze(trace, *, source_roots: Iterable[str] = (), launch_gap_us: float = 20.0,
@@ -140,7 +144,8 @@ def analyze(trace, *, source_roots: Iterable[str] = (), launch_gap_us: float = 2
     fig.window_us = (w0, w1)
     fig.span_ms = span / 1e3
     every = merge((g.ts, g.end) for g in gpu)
-    compute = merge((g.ts, g.end) for g in gpu if g.kind == "kernel")
+    compute = merge((g.ts, g.end) for g in gpu if g.kind == "kernel" and not NCCL_RE.match(g.name))
+    comm = merge((g.ts, g.end) for g in gpu if g.kind == "kernel" and NCCL_RE.match(g.name))
     h2d = merge((g.ts, g.end) for g in gpu if g.kind == "memcpy" and g.direction == "H2D")
     copies = merge((g.ts, g.end) for g in gpu if g.kind == "memcpy")
     empty = complement(every, w0, w1)
@@ -152,7 +157,8 @@ def analyze(trace, *, source_roots: Iterable[str] = (), launch_gap_us: float = 2
     critical = _critical_h2d(gpu, calls, by_corr, no_compute, h2d)
     cause_us["waiting_for_data"] = total(critical)
     cause_us["host_bound"] = total(intersect(no_compute, h2d)) - total(critical)  # copies nobody waited for
-    cause_us["other_copies"] = total(subtract(intersect(no_compute, every), h2d))
+    cause_us["communication"] = total(subtract(intersect(no_compute, comm), h2d))  # a collective alone: exposed
+    cause_us["other_copies"] = total(subtract(subtract(intersect(no_compute, every), h2d), comm))
     syncs = [c for c in calls if c.name in SYNC_CALLS]
     sync_ends = [s.end for s in syncs]
     starts = [g.ts for g in gpu]
