@@ -229,7 +229,8 @@ def side_by_side(reports: dict[str, dict]) -> str:
         ("pageable copies", lambda r: str(sum(p["count"] for p in (r.get("gpu") or {}).get("pageable", [])))
          if r.get("gpu") else "-"),
         ("blocking calls in window", lambda r: str(sum(s["count"] for s in (r.get("host") or {}).get("syncs", [])))),
-        ("syncs (sync detective)", lambda r: str(sum(d["count"] for d in (r.get("host") or {}).get("sync_detective") or []))),
+        ("syncs (sync detective)", lambda r: "-" if (r.get("host") or {}).get("sync_detective") is None
+         else str(sum(d["count"] for d in r["host"]["sync_detective"]))),
         ("top fix", lambda r: (_fix_name(r["advice"][0]) if r.get("advice") else "-")),
     ]
     labels = list(reports)
