@@ -18,7 +18,7 @@ COMMANDS = {
     "train": ("gobrrr.train.cli", "train the reference GPT (works under torchrun)"),
     "plan": ("gobrrr.plan.cli", "memory, communication and step time of every parallel layout, before renting GPUs"),
     "bench": (None, "benchmarks: " + ", ".join(["copy", "prefetch", "syncwatch", "comm", "p2p", "ddp", "train",
-                                                 "zero", "tp", "plan"])),
+                                                 "zero", "tp", "plan", "doctor"])),
 }
 
 # `gobrrr bench NAME` -> module under gobrrr/bench/ (each also runs as `python -m gobrrr.bench.MODULE`)
@@ -34,6 +34,7 @@ BENCHES = {
     "zero": "gobrrr.bench.zero",
     "tp": "gobrrr.bench.tp",
     "plan": "gobrrr.bench.plan_check",
+    "doctor": "gobrrr.bench.doctor",
 }
 
 

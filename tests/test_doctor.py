@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from gobrrr import doctor
 import gobrrr.doctor.build  # noqa: F401  (doctor.build._gpu_part below)
+from gobrrr import doctor
 from gobrrr.doctor import DoctorConfig, run_script
 from gobrrr.doctor.overhead import ProfilerSettings
 

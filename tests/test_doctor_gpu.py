@@ -26,12 +26,14 @@ def _doctor(tmp_path: Path, mode: str) -> dict:
     out = tmp_path / mode
     # seed_loop.py runs 5 warm-up + 10 timed steps and drains the GPU (a sync) at the start of step 5:
     # --warmup 6 starts the recording after that drain, so the window is the loop as written
-    cmd = [sys.executable, "-m", "gobrrr", "doctor", "--steps", "5", "--warmup", "6", "--out", str(out),
-           str(SEED), "--mode", mode, "--steps", "10"]
+    # --detective: these tests also check the runtime sync detective's table (off by default: overhead.py)
+    cmd = [sys.executable, "-m", "gobrrr", "doctor", "--steps", "5", "--warmup", "6", "--plain-steps", "3", "--detective",
+           "--out", str(out), str(SEED), "--mode", mode, "--steps", "10"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=ROOT)
     print(r.stdout[-6000:])
     assert r.returncode == 0, r.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())
+    assert "overhead: recorded steps" in r.stdout and report["overhead"]["plain_steps"] == 3
     assert (out / "timeline.png").stat().st_size > 10_000
     assert "traceEvents" in json.loads((out / "trace.json").read_text())
     return report
@@ -86,8 +88,8 @@ def _imagenet_line(text: str) -> str:
 
 def _doctor_imagenet(tmp_path: Path, name: str, *script_args: str) -> dict:
     out = tmp_path / name
-    cmd = [sys.executable, "-m", "gobrrr", "doctor", "--steps", "3", "--warmup", "3", "--out", str(out),
-           str(IMAGENET), "--steps", "10", "--print-freq", "100", *script_args]
+    cmd = [sys.executable, "-m", "gobrrr", "doctor", "--steps", "3", "--warmup", "3", "--plain-steps", "3", "--detective",
+           "--out", str(out), str(IMAGENET), "--steps", "10", "--print-freq", "100", *script_args]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=170, cwd=ROOT)
     print(r.stdout[-6000:], r.stderr[-3000:])
     assert r.returncode == 0, r.stderr[-3000:]
@@ -126,3 +128,55 @@ def test_imagenet_script_with_too_few_workers_waits_for_the_loader(tmp_path):
     assert g["loader_sites"][0]["site"] == loop and g["loader_sites"][0]["loader"] == "loader", g["loader_sites"]
     top = r["advice"][0]
     assert top["site"] == loop and "num_workers" in top["change"] and "gobrrr.Prefetcher" in top["change"], top
+
+
+NANOGPT = ROOT / "tests" / "data" / "traces" / "nanogpt_like.py"
+NANO_ARGS = ["--iters", "26", "--layers", "6", "--accum", "2"]  # GPT-2 width, T=1024, B=12: a nanoGPT-shaped step
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_nanogpt_like_overhead_and_advice(tmp_path, compiled):
+    """Issue 31 on a GPU: the overhead line, a plain step time within 5% of the script's own timing, recorded
+    steps at most 1.3x a plain one with the default settings, and (compiled) no fix in generated files nor
+    one that says to try torch.compile."""
+    import os
+    import re
+    import shutil
+    import statistics
+
+    out = tmp_path / ("compiled" if compiled else "eager")
+    W, N, P = 3, 5, 8
+    cmd = [sys.executable, "-m", "gobrrr", "doctor", "--steps", str(N), "--warmup", str(W), "--plain-steps", str(P),
+           "--out", str(out), str(NANOGPT), *NANO_ARGS] + (["--compile"] if compiled else [])
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=380, cwd=ROOT)
+    print(r.stdout[-5000:], r.stderr[-2000:])
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    if os.environ.get("GOBRRR_TEST_ARTIFACTS"):  # a lent GPU machine: bring the report and trace back
+        dest = Path(os.environ["GOBRRR_TEST_ARTIFACTS"])
+        dest.mkdir(parents=True, exist_ok=True)
+        for name in ("report.json", "timeline.png"):
+            shutil.copy(out / name, dest / f"nanogpt_{out.name}_{name}")
+        if compiled:  # the compiled trace, for a CPU test of its attribution
+            import gzip
+
+            with open(out / "trace.json", "rb") as src, gzip.open(dest / "nanogpt_compiled_trace.json.gz", "wb") as gz:
+                shutil.copyfileobj(src, gz)
+    over = report["overhead"]
+    assert "overhead: recorded steps" in r.stdout
+    # the script's own timing, outside the doctor's window: iterations after the plain steps were timed
+    own = [float(m.group(2)) for m in re.finditer(r"iter (\d+): loss \S+, time ([\d.]+)ms", r.stdout)
+           if int(m.group(1)) >= W + N + P + 1]
+    assert len(own) >= 5
+    assert over["plain_median_ms"] == pytest.approx(statistics.median(own), rel=0.05), (over, own)
+    assert over["ratio"] <= 1.3, over
+    for a in report["advice"]:
+        assert "torchinductor" not in a["site"] and "/tmp/" not in a["site"], a
+        if compiled:
+            assert "try torch.compile" not in a["change"], a
+    if compiled:
+        calls = [c["site"] for c in report["compiled"]["calls"]]
+        line = next(i for i, t in enumerate(NANOGPT.read_text().splitlines(), 1) if "logits, loss = model(X, Y)" in t)
+        assert f"nanogpt_like.py:{line}" in calls, report["compiled"]

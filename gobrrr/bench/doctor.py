@@ -30,6 +30,20 @@ def load_loop():
     return mod
 
 
+def _variant(loop, la, cuda: bool, steps: int, rounds: int) -> list[dict]:
+    """One variant's rows: its iterations warmed up (compile, autotune, allocator), then every setting."""
+    iteration = loop.make_iteration(la)
+    count = [0]
+
+    def step():
+        iteration(count[0])
+        count[0] += 1
+
+    for _ in range(3):
+        step()
+    return measure_settings(step, cuda=cuda, steps=steps, rounds=rounds)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = Parser(prog="gobrrr bench doctor", description=__doc__.split("\n\n")[0])
     p.add_argument("--variants", default="eager,compiled", help="comma list of eager, compiled (default both)")
@@ -53,19 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     rows, figures = [], {}
     for variant in variants:
         la = loop.parse(extra + (["--compile"] if variant == "compiled" else []))
-        iteration = loop.make_iteration(la)
-        count = [0]
-
-        def step():
-            iteration(count[0])
-            count[0] += 1
-
-        for _ in range(3):  # compile, autotune, allocator: before anything is timed
-            step()
-        for r in measure_settings(step, cuda=cuda, steps=args.steps, rounds=args.rounds):
+        for r in _variant(loop, la, cuda, args.steps, args.rounds):
             rows.append({"variant": variant, **r})
         figures[variant] = {r["setting"]: r["ratio"] for r in rows if r["variant"] == variant}
-        del iteration
         if cuda:
             torch.cuda.empty_cache()
     print_table(rows, ["variant", "setting", "ms", "ratio"],

@@ -40,7 +40,16 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass
 
-from gobrrr.doctor.sources import Frame, Site, SourceResolver, _is_detective, callee_name, is_dynamo_frame, is_graph_frame, stacks_at
+from gobrrr.doctor.sources import (
+    Frame,
+    Site,
+    SourceResolver,
+    _is_detective,
+    callee_name,
+    is_dynamo_frame,
+    is_graph_frame,
+    stacks_at,
+)
 from gobrrr.doctor.trace import Trace
 
 HOST_OVERHEAD = "host launch overhead"

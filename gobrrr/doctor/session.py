@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gobrrr.doctor.build import NO_GPU_NOTE, build_report, snapshot, write_json
+from gobrrr.doctor.compile_watch import CompileWatch
 from gobrrr.doctor.overhead import ProfilerSettings, make_profiler
 from gobrrr.doctor.quiet import kineto_quiet
 from gobrrr.doctor.ranks import RankInfo, merge_window, rank_from_env, record_exit
@@ -133,6 +134,9 @@ class Session:
         self._detective = None
         self.sync_report = None
         self._reported = False      # the summary of the last recording window was printed
+        self._compile_watch: CompileWatch | None = None
+        self._dropping = False      # stopping the start-up recording without saving it
+        self.dropped_for_compile = False
         self._sync_at_step = None   # the detective's counts at the last step boundary
 
     # -- profiler control -------------------------------------------------------------------
@@ -168,6 +172,8 @@ class Session:
         return A.RECORD if k < N - 1 else A.RECORD_AND_SAVE if k == N - 1 else A.NONE
 
     def _on_trace_ready(self, prof) -> None:
+        if self._dropping:
+            return
         W = self.warmup
         if self._step0 == 0 and W >= 1 and 1 <= self.boundaries <= W and self.mode in ("window", "warmup"):
             return  # the start-up window (or a cut-short warmup): superseded by the steps to come
@@ -193,6 +199,9 @@ class Session:
         self.mode = "window"
         self._prof = self._new_profiler(self._schedule)
         self._watch()
+        if self.warmup >= 1:  # torch.compile's first compile is no part of a start-up window worth keeping
+            self._compile_watch = CompileWatch(self._on_compile_start)
+            self._compile_watch.watch()
         if self.cfg.window_s > 0 and threading.current_thread() is threading.main_thread() \
                 and signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, None):
             signal.signal(signal.SIGALRM, self._on_alarm)
@@ -229,6 +238,23 @@ class Session:
             self.mode = "window-closed"
             self._close_window(f"no step in the first {self.cfg.window_s:g} s: recorded that time window")
 
+    def _on_compile_start(self) -> None:
+        """torch.compile starts compiling before the first step: drop the start-up recording (it would trace
+        the compiler's Python call by call) and record the steps with a fresh profiler when they come."""
+        if self.mode != "window" or self.boundaries or self._prof is None or self._busy:
+            return
+        self._cancel_alarm()
+        self._unwatch(keep=False)
+        self._dropping = True
+        try:
+            with warnings.catch_warnings(), kineto_quiet():
+                warnings.simplefilter("ignore", UserWarning)
+                self._prof.stop()
+        finally:
+            self._dropping = False
+        self._prof = None
+        self.mode, self.dropped_for_compile = "compiling", True
+
     def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
         if self.manual:
             return
@@ -255,8 +281,9 @@ class Session:
                     self.mode = "done"
                     self._close_window(f"recorded {N} steps")
                 return
-            if self.mode == "window-closed" and k >= max(W, 1):
-                # steps came after the time window closed: record N of them with a fresh profiler
+            if self.mode in ("window-closed", "compiling") and k >= max(W, 1):
+                # steps came after the time window closed (or after torch.compile's first compile dropped
+                # the start-up recording): record N of them with a fresh profiler
                 self.step_source, self._step0, self.mode = source, k, "steps"
                 self._reported = False  # a new window: its summary comes when it closes
                 self._prof = self._new_profiler(self._schedule_late)
@@ -309,6 +336,9 @@ class Session:
         """Stop recording (if still on), analyze what was recorded (unless its window already closed and
         was reported), then write the exit code and wall time into the report."""
         self._cancel_alarm()
+        if self._compile_watch is not None:
+            self._compile_watch.unwatch()
+            self._compile_watch = None
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
