@@ -131,7 +131,7 @@ def test_imagenet_script_with_too_few_workers_waits_for_the_loader(tmp_path):
 
 
 NANOGPT = ROOT / "tests" / "data" / "traces" / "nanogpt_like.py"
-NANO_ARGS = ["--iters", "26", "--layers", "6", "--accum", "2"]  # GPT-2 width, T=1024, B=12: a nanoGPT-shaped step
+NANO_ARGS = ["--iters", "28", "--layers", "6", "--accum", "2"]  # GPT-2 width, T=1024, B=12: a nanoGPT-shaped step
 
 
 @pytest.mark.gpu
@@ -167,10 +167,12 @@ def test_nanogpt_like_overhead_and_advice(tmp_path, compiled):
     over = report["overhead"]
     assert "overhead: recorded steps" in r.stdout
     # the script's own timing, outside the doctor's window: iterations after the plain steps were timed
+    # (boundary k is iteration k-1's opt.step(); plain steps run from boundary W+N+1 to W+N+1+P, and the
+    # report is built in iteration W+N+P's step)
     own = [float(m.group(2)) for m in re.finditer(r"iter (\d+): loss \S+, time ([\d.]+)ms", r.stdout)
            if int(m.group(1)) >= W + N + P + 1]
     assert len(own) >= 5
-    assert over["plain_median_ms"] == pytest.approx(statistics.median(own), rel=0.05), (over, own)
+    assert over["plain_ms"] == pytest.approx(statistics.fmean(own), rel=0.05), (over, own)
     assert over["ratio"] <= 1.3, over
     for a in report["advice"]:
         assert "torchinductor" not in a["site"] and "/tmp/" not in a["site"], a

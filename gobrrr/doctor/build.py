@@ -92,13 +92,13 @@ def build_report(s) -> dict:
         steps_ms = []
         notes.append(f"the script ended after {s.boundaries} step(s), before the {s.warmup} warmup "
                      "steps were over: nothing was recorded; rerun with a smaller --warmup")
-    elif s._step0 and s._trace_path is not None and s.dropped_for_compile:
+    elif s.late_reason == "compile" and s._trace_path is not None:
         notes.append(f"torch.compile compiled before the first step: that start-up recording was dropped, and "
                      f"steps {s._step0}..{s._step0 + s.cfg.steps - 1} were recorded by a fresh profiler")
-    elif s._step0 and s._trace_path is not None:
+    elif s.late_reason == "window" and s._trace_path is not None:
         notes.append(f"no step came within the {s.cfg.window_s:g} s time window; steps "
                      f"{s._step0}..{s._step0 + s.cfg.steps - 1} were recorded when they came")
-    elif s.boundaries < s.warmup + s.cfg.steps:
+    elif s.boundaries < s.warmup + s.cfg.steps and not s.late_reason:
         notes.append(f"the script ended after {s.boundaries - s.warmup} recorded step(s) of "
                      f"{s.cfg.steps}")
     fig_dict = fig.to_dict() if fig else {}

@@ -170,8 +170,9 @@ def demo_doctor(out_dir) -> dict[str, dict]:
         print(f"gobrrr doctor demo: {seed} is missing; nothing to profile.")
         return {}
     cuda = torch.cuda.is_available()
-    # on a GPU the seed loop drains (syncs) at the start of its step 5: record from step 6 on
-    extra = ["--steps", "12"] if cuda else ["--device", "cpu", "--steps", "6"]
+    # on a GPU the seed loop drains (syncs) at the start of its step 5: record from step 6 on; after the
+    # recorded steps, one settling step and the plain ones (W + N + 1 + P boundaries: 17 on a GPU, 8 on a CPU)
+    extra = ["--steps", "12"] if cuda else ["--device", "cpu", "--steps", "7"]
     steps, warmup, plain = (5, 6, 5) if cuda else (3, 2, 2)
     reports = {}
     for mode in ("naive", "gobrrr"):

@@ -111,7 +111,7 @@ def merge_window(base: Path, me: RankInfo, own: dict, cfg) -> dict:
     for r, (rep, c) in sorted(got.items()):
         over, gpu = rep.get("overhead") or {}, rep.get("gpu") or {}
         row = {"rank": r, "dir": str(me.out_dir(base).parent / f"rank-{r}"),
-               "recorded_ms": (rep.get("steps") or {}).get("median_ms"), "plain_ms": over.get("plain_median_ms"),
+               "recorded_ms": over.get("recorded_ms"), "plain_ms": over.get("plain_ms"),
                "ratio": over.get("ratio"), "compute_idle_pct": gpu.get("compute_idle_pct"),
                "comm_ms_per_step": c.get("comm_ms_per_step"), "exposed_ms_per_step": c.get("exposed_ms_per_step"),
                "kinds": c.get("kinds", {}), "exit_code": rep.get("exit_code")}

@@ -128,13 +128,13 @@ def summary(r: dict) -> str:
 
 def _overhead_lines(ov: dict) -> list[str]:
     """The doctor's own cost: recorded vs plain step time (overhead.py)."""
-    if not ov or ov.get("recorded_median_ms") is None:
+    if not ov or ov.get("recorded_ms") is None:
         return []
     sett = ov.get("settings") or {}
     on = ", ".join(k for k in ("stack", "detective", "shapes", "memory") if sett.get(k)) or "no Python stacks"
-    if ov.get("plain_median_ms") is None:
+    if ov.get("plain_ms") is None:
         return [f"  overhead: no plain step timed after the recording (profiler settings: {on})"]
-    return [f"  overhead: recorded steps {ov['recorded_median_ms']:.2f} ms, plain steps {ov['plain_median_ms']:.2f} ms "
+    return [f"  overhead: recorded steps {ov['recorded_ms']:.2f} ms, plain steps {ov['plain_ms']:.2f} ms "
             f"({ov['plain_steps']} after the recording, no profiler): {ov['ratio']:.2f}x "
             f"({ov['added_ms']:+.2f} ms/step; profiler settings: {on})"]
 
@@ -213,7 +213,7 @@ def side_by_side(reports: dict[str, dict]) -> str:
 
     rows = [
         ("recorded step (ms)", lambda r: "-" if r["steps"]["median_ms"] is None else f"{r['steps']['median_ms']:.2f}"),
-        ("plain step, no profiler (ms)", lambda r: over(r, "plain_median_ms", "{:.2f}")),
+        ("plain step, no profiler (ms)", lambda r: over(r, "plain_ms", "{:.2f}")),
         ("profiler overhead (x)", lambda r: over(r, "ratio", "{:.2f}")),
         ("GPU idle, no kernel (%)", lambda r: g(r, "compute_idle_pct")),
         ("  waiting for data (%)", lambda r: g(r, "idle_breakdown_pct", "waiting_for_data")),

@@ -9,12 +9,13 @@ The script runs as `__main__` (runpy), with its own argv. The doctor records a b
 2. Steps are found where the script steps an optimizer (a global optimizer step post-hook;
    only the first optimizer that steps counts) or where it calls `gobrrr.doctor.step()`
    (manual marks win over optimizer steps). At the first step the start-up recording is
-   dropped; after W warmup steps (1 runs as 2: see Session) N steps are recorded, each marked
-   `ProfilerStep#k`, then the profiler stops: the trace covers N steps, not the run. Steps
-   that first come after the time window closed are recorded the same way.
-3. When the N-th recorded step ends the profiler stops (the trace is saved) and the next
-   `plain_steps` steps run with no profiler and no sync detective: their median is the plain step
-   time, against which the report sets the recorded one (overhead.py).
+   dropped; the warmup steps run with no profiler; at boundary W (1 runs as 2: see Session) a
+   fresh profiler records N steps, each marked `ProfilerStep#k`, then stops: the trace covers N
+   steps, not the run. Steps that first come after the time window closed, or after
+   torch.compile compiled before the first step (compile_watch.py), are recorded the same way.
+3. When the N-th recorded step ends the profiler stops (the trace is saved); one step lets the
+   GPU's queue fill again, then `plain_steps` steps run with no profiler and no sync detective:
+   their mean is the plain step time, against which the report sets the recorded one (overhead.py).
 4. Then the trace goes through build.py: gobrrr.doctor.timeline (figures), plot (timeline.png),
    advice (what to fix, merged with gobrrr lint); report.json, timeline.png and trace.json land in
    DIR and the summary is printed right then, while the script carries on (a real run lasts hours).
@@ -136,47 +137,47 @@ class Session:
         self._reported = False      # the summary of the last recording window was printed
         self._compile_watch: CompileWatch | None = None
         self._dropping = False      # stopping the start-up recording without saving it
-        self.dropped_for_compile = False
+        self.late_reason = ""       # "window" or "compile": why the start-up recording ended before a step
         self._sync_at_step = None   # the detective's counts at the last step boundary
 
     # -- profiler control -------------------------------------------------------------------
     # A torch.profiler.profile is driven by its schedule (the supported way to start and stop
     # tracing from inside a training loop, here from an optimizer hook): step k is the span
-    # after boundary k, step 0 runs from the start to the first boundary. Starting a fresh
-    # profiler happens only at the start or after the time window closed (never in the same
-    # step() that stops another trace: torch 2.13 then crashes now and then, see __init__).
+    # after boundary k, step 0 runs from the start to the first boundary. Two profilers, never
+    # started in the same step() that stops another (torch 2.13 then crashes now and then):
+    # the start-up one records step 0 only (kept if the script never steps) and is done at
+    # boundary 1; a fresh one starts at boundary W and records N steps. The warmup steps in
+    # between run with no profiler at all. (Recording in the start-up profiler's own later cycle
+    # cost a nanoGPT-like step 1.4-1.9x on an H200, against ~1.1x for a profiler of its own.)
 
-    def _new_profiler(self, schedule):
+    def _new_profiler(self, schedule, first_step: int = 0):
         prof = make_profiler(self.cfg.settings, cuda=self.cuda, schedule=schedule, on_trace_ready=self._on_trace_ready)
+        prof.step_num, prof.current_action = first_step, schedule(first_step)  # ProfilerStep#k: k = the boundary
         with warnings.catch_warnings(), kineto_quiet():  # "events are cleared at the end of each cycle": we want that
             warnings.simplefilter("ignore", UserWarning)
             prof.start()
         return prof
 
     def _schedule(self, k: int):
-        """The first profiler: start-up window, then W warmup steps, then N recorded steps."""
-        A = self.torch.profiler.ProfilerAction
-        W, N = self.warmup, self.cfg.steps
-        if W == 0:
-            return A.RECORD if k < N - 1 else A.RECORD_AND_SAVE if k == N - 1 else A.NONE
-        if k == 0:
-            return A.RECORD_AND_SAVE  # the start-up window: kept only if the script never steps
-        if k < W:
-            return A.WARMUP
-        return A.RECORD if k < W + N - 1 else A.RECORD_AND_SAVE if k == W + N - 1 else A.NONE
-
-    def _schedule_late(self, k: int):
-        """A profiler started at a step boundary after the time window closed: N recorded steps."""
+        """The start-up profiler: step 0 (the whole run up to the first boundary), or with --warmup 0 the
+        first N steps."""
         A = self.torch.profiler.ProfilerAction
         N = self.cfg.steps
-        return A.RECORD if k < N - 1 else A.RECORD_AND_SAVE if k == N - 1 else A.NONE
+        if self.warmup == 0:
+            return A.RECORD if k < N - 1 else A.RECORD_AND_SAVE if k == N - 1 else A.NONE
+        return A.RECORD_AND_SAVE if k == 0 else A.NONE
+
+    def _schedule_steps(self, k: int):
+        """A profiler started at boundary `_step0`: it records the N steps after it."""
+        A = self.torch.profiler.ProfilerAction
+        j, N = k - self._step0, self.cfg.steps
+        return A.NONE if j < 0 else A.RECORD if j < N - 1 else A.RECORD_AND_SAVE if j == N - 1 else A.NONE
 
     def _on_trace_ready(self, prof) -> None:
         if self._dropping:
             return
-        W = self.warmup
-        if self._step0 == 0 and W >= 1 and 1 <= self.boundaries <= W and self.mode in ("window", "warmup"):
-            return  # the start-up window (or a cut-short warmup): superseded by the steps to come
+        if self.mode == "window" and self.warmup >= 1 and self.boundaries >= 1:
+            return  # the start-up window: superseded by the steps to come
         self.out.mkdir(parents=True, exist_ok=True)
         self._trace_path = self.out / "trace.json"
         prof.export_chrome_trace(str(self._trace_path))
@@ -235,7 +236,7 @@ class Session:
             with kineto_quiet():
                 self._prof.stop()  # saves the window through _on_trace_ready
             self._prof = None
-            self.mode = "window-closed"
+            self.mode, self.late_reason = "window-closed", "window"
             self._close_window(f"no step in the first {self.cfg.window_s:g} s: recorded that time window")
 
     def _on_compile_start(self) -> None:
@@ -253,7 +254,7 @@ class Session:
         finally:
             self._dropping = False
         self._prof = None
-        self.mode, self.dropped_for_compile = "compiling", True
+        self.mode, self.late_reason = "compiling", "compile"
 
     def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
         if self.manual:
@@ -273,6 +274,9 @@ class Session:
         k, W, N = self.boundaries, self.warmup, self.cfg.steps
         self._busy = True
         try:
+            if self.mode == "settle":  # the step after the trace was saved refilled the GPU's queue: not plain
+                self.mode, self._plain_t = "plain", time.perf_counter()
+                return
             if self.mode == "plain":  # a plain step ended: no profiler, no detective
                 now = time.perf_counter()
                 self.plain_ms.append((now - self._plain_t) * 1e3)
@@ -281,19 +285,30 @@ class Session:
                     self.mode = "done"
                     self._close_window(f"recorded {N} steps")
                 return
-            if self.mode in ("window-closed", "compiling") and k >= max(W, 1):
-                # steps came after the time window closed (or after torch.compile's first compile dropped
-                # the start-up recording): record N of them with a fresh profiler
+            if self.mode in ("warmup", "window-closed", "compiling") and k >= max(W, 1):
+                # the recording starts: a fresh profiler for N steps (after the warmup steps, or after the time
+                # window closed, or after torch.compile's first compile dropped the start-up recording)
+                self._cancel_alarm()
                 self.step_source, self._step0, self.mode = source, k, "steps"
                 self._reported = False  # a new window: its summary comes when it closes
-                self._prof = self._new_profiler(self._schedule_late)
+                self._prof = self._new_profiler(self._schedule_steps, first_step=k)
                 self._watch()
                 return
-            if self.mode not in ("window", "warmup", "steps") or self._prof is None:
+            if self.mode == "window" and W >= 1 and self._prof is not None:
+                # boundary 1: the start-up window ends, dropped (the steps to come replace it)
+                self._cancel_alarm()
+                self.step_source = source
+                with warnings.catch_warnings(), kineto_quiet():
+                    warnings.simplefilter("ignore", UserWarning)
+                    self._prof.step()
+                self._prof, self.mode = None, "warmup"
+                self._unwatch(keep=False)  # its syncs go with it
+                return
+            if self.mode not in ("window", "steps") or self._prof is None:
                 return  # counted, not recorded
             self._cancel_alarm()
             self.step_source = source
-            last = k - self._step0 >= (N if self._step0 else W + N)
+            last = k - self._step0 >= N
             if last:
                 self._unwatch()  # before the profiler stops: saving the trace syncs, and that sync is ours
             with warnings.catch_warnings(), kineto_quiet():  # "events are cleared at the end of each cycle"
@@ -303,17 +318,13 @@ class Session:
             if last:
                 self._prof = None
                 self.plain_ms = []
-                if self.cfg.plain_steps:  # time plain steps from here (the trace is saved: not in them)
-                    self.mode, self._plain_t = "plain", time.perf_counter()
+                if self.cfg.plain_steps:  # one step to settle, then plain steps (the trace is saved: not in them)
+                    self.mode = "settle"
                 else:
                     self.mode = "done"
                     self._close_window(f"recorded {N} steps")
             else:
-                self.mode = "warmup" if self._step0 == 0 and k < W else "steps"
-                if self._step0 == 0 and W >= 1 and k == 1:
-                    self._unwatch(keep=False)  # the start-up window is dropped: so are its syncs
-                if self._step0 == 0 and W >= 1 and k == W:
-                    self._watch()  # recording starts with the step after boundary W
+                self.mode = "steps"
         finally:
             self._busy = False
 
@@ -433,7 +444,7 @@ def profile(fn=None, *, steps: int = 5, warmup: int = 2, out_dir: str = "gobrrr-
             settings: ProfilerSettings | None = None):
     """Profile a function called once per step, or (without `fn`) a block whose steps you mark.
 
-        report = gobrrr.doctor.profile(train_step, steps=5)    # train_step() runs warmup + steps + plain_steps times
+        report = gobrrr.doctor.profile(train_step, steps=5)    # train_step() runs warmup + steps + 1 + plain_steps times
         with gobrrr.doctor.profile(steps=5) as doc:            # or mark steps yourself
             for batch in loader: train_step(batch); gobrrr.doctor.step()
         doc.report["gpu"]["compute_idle_pct"], doc.report["overhead"]["ratio"]
@@ -448,7 +459,7 @@ def profile(fn=None, *, steps: int = 5, warmup: int = 2, out_dir: str = "gobrrr-
     session = Session(cfg, auto_steps=False)
     session.start()
     try:
-        for _ in range(session.warmup + steps + plain_steps):
+        for _ in range(session.warmup + steps + (1 + plain_steps if plain_steps else 0)):  # +1: the settling step
             fn()
             session.step(manual=True)
     except BaseException as e:
