@@ -4,6 +4,7 @@ into generated files and none suggests torch.compile for what already runs compi
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -86,3 +87,42 @@ def test_compiled_loop_is_charged_to_the_calling_line(tmp_path):
     lines = {(s.key, s.detail) for s in sites if s is not None}
     assert lines <= {(call, "compiled"), (f"comp.py:{_line('loss.backward()')}", "compiled")}, lines
     assert (call, "compiled") in lines
+
+
+# -- a compiled nanoGPT-like loop recorded by the doctor on an H200 -------------------------------------------
+
+DATA = Path(__file__).parent / "data" / "traces"
+LOOP = DATA / "nanogpt_like.py"
+LOOP_SHA256 = "a29a42b0486b45c922ace27e750e7e2e50882a24fd98b5133b2c52bab2002e32"  # when nanogpt_compiled was recorded
+
+
+def _loop_line(text: str) -> str:
+    n = next(i for i, t in enumerate(LOOP.read_text().splitlines(), 1) if text in t)
+    return f"nanogpt_like.py:{n}"
+
+
+def test_the_loop_is_the_recorded_one():
+    import hashlib
+
+    assert hashlib.sha256(LOOP.read_bytes()).hexdigest() == LOOP_SHA256, (
+        "tests/data/traces/nanogpt_like.py changed since nanogpt_compiled.json.gz was recorded from it: record it "
+        "again (traces.json says how) and update LOOP_SHA256")
+
+
+def test_recorded_compiled_loop_names_the_calling_lines_never_generated_code():
+    from gobrrr.doctor import timeline
+    from gobrrr.doctor.advice import recommend
+
+    fig = timeline.analyze(DATA / "nanogpt_compiled.json.gz", source_roots=[DATA])
+    assert fig.has_gpu and fig.compiled["compiled"]
+    call, back = _loop_line("logits, loss = model(X, Y)"), _loop_line("loss.backward()")
+    assert {call, back} <= {c["site"] for c in fig.compiled["calls"]}, fig.compiled
+    sites = {row["site"]: row for row in fig.host_bound_sites}
+    assert call in sites and back in sites, list(sites)
+    assert sites[call]["detail"] == "compiled" and sites[back]["detail"] == "compiled"
+    for row in fig.host_bound_sites:  # a line of the loop, or a named cause: never torch's generated files
+        assert row["site"].startswith("nanogpt_like.py:") or row["cause"] == "host launch overhead", row
+    recs = recommend(fig)
+    assert recs and recs[0].site in (call, back)
+    for r in recs:
+        assert "torchinductor" not in r.site and "try torch.compile" not in r.change, r

@@ -310,7 +310,7 @@ def _hta(path: Path, tmp_path: Path) -> dict:
 
 
 @pytest.mark.filterwarnings("ignore")  # HTA 0.5.0 warns about pandas deprecations
-@pytest.mark.parametrize("name", ["handmade.json"] + [f"{n}.json.gz" for n in GPU_TRACES])
+@pytest.mark.parametrize("name", ["handmade.json", "nanogpt_compiled.json.gz"] + [f"{n}.json.gz" for n in GPU_TRACES])
 def test_agrees_with_hta(name, tmp_path, monkeypatch):
     # HTA by default rounds every event inward to whole microseconds (ceil start, floor end),
     # which gives sub-microsecond kernels a zero or negative duration: on launch_bound its own

@@ -115,8 +115,8 @@ def plot_ranks(comms: dict[int, dict], path: str | Path, *, title: str = "", str
     fig.legend(handles=handles, loc="lower center", ncol=7, fontsize=7, frameon=False)
     sub = ""
     if straggler is not None:
-        sub = (f"  -  straggler: rank {straggler['rank']}, {straggler['late_ms_per_step']:.1f} ms/step late at "
-               f"{straggler['at']}" + (f" ({straggler['site']})" if straggler.get("site") else ""))
+        sub = (f"  -  straggler: rank {straggler['rank']} (the others waited {straggler['late_ms_per_step']:.1f} ms/step "
+               f"at {straggler['at']})" + (f", late at {straggler['site']}" if straggler.get("site") else ""))
     ax.set_title((title or "gobrrr doctor: ranks") + sub, fontsize=10)
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout(rect=(0, 0.35 / height, 1, 1))
