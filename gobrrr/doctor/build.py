@@ -8,11 +8,10 @@ way becomes a note: a report is always written.
 """
 from __future__ import annotations
 
-import json
-import os
 import statistics
 from pathlib import Path
 
+from gobrrr.doctor.files import write_json
 from gobrrr.doctor.overhead import overhead_figures
 
 NO_GPU_NOTE = ("GPU figures need a CUDA GPU: torch.cuda.is_available() is False here, so this report "
@@ -134,15 +133,6 @@ def build_report(s) -> dict:
         collectives.write(s.out / "comm.json", comm, report)
     write_json(s.out / "report.json", report)
     return report
-
-
-def write_json(path: Path, data: dict) -> None:
-    """Write atomically (a temporary file, then a rename): another rank may be reading it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=1, default=str)
-    os.replace(tmp, path)
 
 
 def snapshot(report):

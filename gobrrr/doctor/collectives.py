@@ -121,7 +121,7 @@ def extract(tr: Trace, fig, *, roots: Iterable[str] = (), user_paths: Iterable[s
 
 def write(path: Path, comm: dict | None, report: dict) -> None:
     """This rank's collectives beside its report (rank 0 merges them)."""
-    from gobrrr.doctor.build import write_json
+    from gobrrr.doctor.files import write_json
 
     write_json(path, {"rank": report.get("rank"), "comm": comm})
 

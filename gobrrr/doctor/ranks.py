@@ -95,7 +95,7 @@ def collect(base: Path, me: RankInfo, timeout_s: float, *, need_exit: bool = Fal
 
 def merge_window(base: Path, me: RankInfo, own: dict, cfg) -> dict:
     """Rank 0: wait for the other ranks' reports of this window, write and return the merged report."""
-    from gobrrr.doctor.build import write_json
+    from gobrrr.doctor.files import write_json
     from gobrrr.doctor.merge import layout, waits
 
     base = Path(base)
@@ -162,7 +162,7 @@ def straggler_advice(st: dict) -> dict:
 
 def record_exit(base: Path, me: RankInfo, own: dict, cfg, merged: dict | None) -> dict:
     """Rank 0 at the end: every rank's exit code into the merged report (after a short wait for them)."""
-    from gobrrr.doctor.build import write_json
+    from gobrrr.doctor.files import write_json
 
     base = Path(base)
     if merged is None:

@@ -47,8 +47,9 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gobrrr.doctor.build import NO_GPU_NOTE, build_report, snapshot, write_json
+from gobrrr.doctor.build import NO_GPU_NOTE, build_report, snapshot
 from gobrrr.doctor.compile_watch import CompileWatch
+from gobrrr.doctor.files import write_json
 from gobrrr.doctor.overhead import ProfilerSettings, make_profiler
 from gobrrr.doctor.quiet import kineto_quiet
 from gobrrr.doctor.ranks import RankInfo, merge_window, rank_from_env, record_exit
