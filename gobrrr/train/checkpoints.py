@@ -42,6 +42,7 @@ Run folders of gobrrr 0.1: checkpoint.pt (a ddp run) is read when resuming witho
 the run's next checkpoint goes to checkpoints/ and checkpoint.pt is removed then. zero_checkpoints/
 and tp_latest.pt are refused in one line that says how to go on.
 
+`read(path)` gives a checkpoint to one process as plain tensors, whatever layout wrote it;
 `export(path, file)` streams a checkpoint's model records into one plain torch.save file, tensor by
 tensor (each read by DCP into a memory-mapped temporary file, so the process holds about one tensor).
 """
@@ -283,3 +284,21 @@ def export(path: str | os.PathLike, out_file: str | os.PathLike) -> Path:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return out_file
+
+
+def read(path: str | os.PathLike) -> dict[str, Any]:
+    """One process, no group: a checkpoint (`path`: a run folder, or a step folder) as {"trainer": the trainer's
+    state, "manifest": ..., "model": {name: tensor}, "optim": {name: {key: tensor}}}, tensors in the plain
+    model's shapes, on the CPU, whatever layout wrote them."""
+    folder = step_folder(path)
+    meta = dcp.FileSystemReader(str(folder)).read_metadata().state_dict_metadata
+    state = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in meta.items() if hasattr(m, "size")}
+    with quiet():
+        dcp.load(state, checkpoint_id=str(folder), no_dist=True)
+    optim: dict[str, dict[str, torch.Tensor]] = {}
+    for k, v in state.items():
+        if k.startswith("optim/"):
+            name, key = k[len("optim/"):].rsplit("/", 1)
+            optim.setdefault(name, {})[key] = v
+    return {"trainer": load_checkpoint(folder / TRAINER), "manifest": json.loads((folder / MANIFEST).read_text()),
+            "model": {k[len("model/"):]: v for k, v in state.items() if k.startswith("model/")}, "optim": optim}
