@@ -90,7 +90,7 @@ def _cause(e: BaseException) -> tuple[BaseException, str]:
         r, (e, _) = min(e.failures.items(), key=lambda kv: kv[0])
         rank = f"rank {r}: "
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-    return e, f"{rank}{type(e).__name__}: {clip(lines[0] if lines else '')}"
+    return e, f"{rank}{type(e).__name__}" + (f": {clip(lines[0])}" if lines else "")
 
 
 class Checkpointer:

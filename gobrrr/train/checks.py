@@ -43,6 +43,11 @@ class DivergedError(RuntimeError):
     """The loss or the weights stopped being finite; nothing non-finite was checkpointed (exit 1)."""
 
 
+def error_line(e: BaseException) -> str:
+    """The one line `gobrrr train` ends with."""
+    return f"gobrrr train: error: {e}"
+
+
 def numbers_problem(cfg: Any) -> str | None:
     """Why the numbers of a TrainConfig cannot train (one sentence and the fix), or None."""
     def bad(name: str, rule: str) -> str:

@@ -98,9 +98,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _fail(e: BaseException, code: int) -> int:
-    """Print the error's one line (once under torchrun when every rank raised it alike) and return `code`."""
+    """Print the error's one line (once under torchrun when every rank raised it alike: the loop printed it on rank 0
+    before the ranks left, or, for a flag refused before the ranks met, rank 0 prints it here) and return `code`."""
+    if getattr(e, "printed", False):
+        return code
     if not getattr(e, "all_ranks", False) or os.environ.get("RANK", "0") == "0":
-        print(f"gobrrr train: error: {e}", file=sys.stderr, flush=True)
+        print(checks.error_line(e), file=sys.stderr, flush=True)
     return code
 
 

@@ -59,10 +59,29 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     from gobrrr.comm import session  # the rank runtime
 
     with session(device=device, seed=cfg.seed) as rank:
-        check_world(cfg, rank.world_size)
-        check_folder(cfg)
-        with rundir.claim(cfg.out, rank.is_main, rank.device):
-            return run(cfg, rank)
+        try:
+            check_world(cfg, rank.world_size)
+            check_folder(cfg)
+            with rundir.claim(cfg.out, rank.is_main, rank.device):
+                return run(cfg, rank)
+        except Exception as e:
+            if getattr(e, "all_ranks", False) and rank.world_size > 1:
+                _say_once(e, rank)
+            raise
+
+
+def _say_once(e: Exception, rank) -> None:
+    """An error every rank raised alike: rank 0 prints it, then every rank leaves together. A launcher stops the
+    other ranks as soon as one exits, so the line is printed before any rank may leave (one barrier)."""
+    from gobrrr.comm import collectives as comm
+
+    if rank.is_main:
+        print(checks.error_line(e), file=sys.stderr, flush=True)
+    e.printed = True
+    try:
+        comm.barrier()
+    except Exception:  # a rank that is gone cannot wait: the line is out either way
+        pass
 
 
 def run(cfg: TrainConfig, rank) -> dict[str, Any]:
