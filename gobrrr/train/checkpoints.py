@@ -198,7 +198,7 @@ class Checkpointer:
         error = None
         try:
             with quiet():
-                dcp.load(records, checkpoint_id=str(path))
+                dcp.load(records, checkpoint_id=str(path), no_dist=self.world == 1)
         except (Exception, CheckpointException) as e:
             error = CheckpointError(f"checkpoint {path} could not be read ({_cause(e)[1]}); {damaged}")
         if (error := first_error(error, device=self.device)) is not None:
@@ -226,8 +226,8 @@ class Checkpointer:
                     "records": "model/<name>, optim/<name>/<key> in the plain model's shapes (DCP)",
                     "trainer": TRAINER}
         try:
-            with quiet():
-                dcp.save(built.records(), checkpoint_id=str(tmp))
+            with quiet():  # one process: no collectives at all
+                dcp.save(built.records(), checkpoint_id=str(tmp), no_dist=self.world == 1)
             if self.main:
                 self._publish(tmp, final, state, manifest)
         except (Exception, CheckpointException) as e:

@@ -172,12 +172,11 @@ def record(local: torch.Tensor, split: Split, tpg, ranks: list[int]):
         return local
     from torch.distributed._shard.metadata import ShardMetadata
 
-    shape = list(local.shape)
-    flat = local.view(-1)
+    shape, flat, dev = list(local.shape), local.view(-1), _device(local)
     pairs = []
     for t in range(tpg.size):
         for pc in place(shape, 0, flat.numel(), split, t, tpg.size):
-            m = ShardMetadata(list(pc.offsets), list(pc.sizes), f"rank:{ranks[t]}/{_device(local)}")
+            m = ShardMetadata(list(pc.offsets), list(pc.sizes), f"rank:{ranks[t]}/{dev}")
             pairs.append((m, pc.of(flat) if t == tpg.rank else None))
     return sharded(pairs, global_shape(shape, split, tpg.size), local.dtype, tpg.group)
 
