@@ -161,10 +161,6 @@ def sharded(metas_and_locals: list[tuple[Any, torch.Tensor | None]], size: list[
         return ShardedTensor._init_from_local_shards_and_global_metadata(local, meta, process_group=group)
 
 
-def _device(t: torch.Tensor) -> str:
-    return "cpu" if t.device.type == "cpu" else f"cuda:{t.device.index}"
-
-
 def record(local: torch.Tensor, split: Split, tpg, ranks: list[int]):
     """`local` (this tp rank's block) as a record of the plain tensor: the tensor itself when it is whole,
     else a ShardedTensor of every tp rank's boxes (`ranks`: their global ranks), this rank's being views."""
@@ -172,11 +168,13 @@ def record(local: torch.Tensor, split: Split, tpg, ranks: list[int]):
         return local
     from torch.distributed._shard.metadata import ShardMetadata
 
-    shape, flat, dev = list(local.shape), local.view(-1), _device(local)
+    shape, flat = list(local.shape), local.view(-1)
+    where = local.device  # a torch.device: "cpu" or "cuda:<index>"
+    placements = [f"rank:{r}/{where}" for r in ranks]  # where each tp rank's shards live
     pairs = []
     for t in range(tpg.size):
         for pc in place(shape, 0, flat.numel(), split, t, tpg.size):
-            m = ShardMetadata(list(pc.offsets), list(pc.sizes), f"rank:{ranks[t]}/{dev}")
+            m = ShardMetadata(list(pc.offsets), list(pc.sizes), placements[t])
             pairs.append((m, pc.of(flat) if t == tpg.rank else None))
     return sharded(pairs, global_shape(shape, split, tpg.size), local.dtype, tpg.group)
 
