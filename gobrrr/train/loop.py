@@ -103,6 +103,8 @@ def run(cfg: TrainConfig, rank) -> dict[str, Any]:
     ckpt = Checkpointer(cfg.out, rank)
     state = ckpt.trainer_state(cfg)  # the checkpoint --resume continues, or None
     cfg = replace(cfg, batch_size=_batch_size(B, given, state, W // cfg.tp, lines))  # a resume keeps the global batch
+    if state is None and cfg.resume:
+        lines.append(f"notice: {cfg.out} holds no checkpoint yet; --resume starts at step 1")
     if state is not None:
         check_resume(state, cfg, W // cfg.tp)
         if state["step"] == cfg.steps:
