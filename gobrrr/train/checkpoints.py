@@ -120,7 +120,18 @@ class Checkpointer:
 
     def trainer_state(self, cfg) -> dict[str, Any] | None:
         """The trainer's state of the checkpoint --resume continues (None: a fresh run); refuses a folder that
-        holds a run when --resume is not given, and gobrrr 0.1's sharded checkpoints."""
+        holds a run when --resume is not given, and gobrrr 0.1's sharded checkpoints. Every rank looks, and all
+        agree on the answer before any rank writes into the folder (one all-reduce)."""
+        state, error = None, None
+        try:
+            state = self._look(cfg)
+        except (TrainError, CheckpointError) as e:
+            error = e
+        if (error := first_error(error, device=self.device)) is not None:
+            raise error
+        return state
+
+    def _look(self, cfg) -> dict[str, Any] | None:
         found = self.latest()
         if found is None:
             for name, flag in REFUSED.items():
@@ -145,7 +156,7 @@ class Checkpointer:
             self.path = found
             return load_checkpoint(found / TRAINER)
         except CheckpointError as e:
-            raise mark(e) from None  # every rank read the same file
+            raise mark(e) from None  # every rank read the same file (and agrees in trainer_state)
 
     def _check_manifest(self, folder: Path) -> None:
         try:
