@@ -107,8 +107,10 @@ def _zero(raw: nn.Module, cfg: Any, rank, mesh=None) -> Built:
 
 def _tensor_parallel(raw: nn.Module, cfg: Any, rank):
     """tp() over each group of --tp consecutive ranks of a (W/tp, tp) mesh: (the sharded GPT, the mesh, a line)."""
+    from gobrrr.models.gpt_plan import GPT_PLAN  # the model's own plan: gobrrr.parallel knows no model
     from gobrrr.parallel.mesh import MeshError, make_mesh
-    from gobrrr.parallel.tp.parallelize import GPT_PLAN, TPError, tp
+    from gobrrr.parallel.tp.layers import TPError
+    from gobrrr.parallel.tp.parallelize import tp
     from gobrrr.parallel.tp.report import comm_plan
 
     raw.fused_loss = None  # the chunked loss reads lm_head.weight whole; under tp the loss runs vocab-parallel
@@ -118,7 +120,7 @@ def _tensor_parallel(raw: nn.Module, cfg: Any, rank):
     except (MeshError, TPError) as e:
         raise TrainError(str(e)) from None
     rows = comm_plan(raw, cfg.batch_size, cfg.seq_len, 2 if rank.device.type == "cuda" else 4)  # from the formula
-    mb = sum(r.wire_bytes(cfg.tp) for r in rows) / 2**20
+    mb = sum(r.wire_bytes(cfg.tp) for r in rows) / 1e6  # MB = 1e6 bytes
     line = (f"tp {cfg.tp} x dp {mesh['dp'].size()}{' with sequence parallelism' if cfg.sequence_parallel else ''}: "
             f"{len(rows)} tp collectives per micro-step, {mb:.1f} MB sent per rank")
     return raw, mesh, line

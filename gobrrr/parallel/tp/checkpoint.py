@@ -50,8 +50,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from gobrrr.parallel.tp.layers import Split
 from gobrrr.parallel.tp.ops import TPGroup
-from gobrrr.parallel.tp.parallelize import Split, tp_state
+from gobrrr.parallel.tp.parallelize import tp_state
 
 
 class CheckpointFitError(ValueError):

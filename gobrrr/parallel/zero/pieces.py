@@ -27,7 +27,8 @@ import torch
 import torch.distributed as dist
 
 from gobrrr.parallel.tp.checkpoint import CheckpointFitError, place, sharded
-from gobrrr.parallel.tp.parallelize import Split, tp_state
+from gobrrr.parallel.tp.layers import Split
+from gobrrr.parallel.tp.parallelize import tp_state
 from gobrrr.parallel.zero.shard import Flat
 
 
