@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from gobrrr.train import rundir
-from gobrrr.train.checkpoint_io import load_checkpoint, stale_temporaries
+from gobrrr.train.checkpoints import read
 from gobrrr.train.cli import TrainConfig, lr_at, main, read_metrics, train
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -227,61 +227,94 @@ def test_quick_bench_runs_never_write_the_committed_results(tmp_path, monkeypatc
 
 # ---------------------------------------------------------------- checkpoints that do not fit
 
-def test_resume_refuses_misfit_and_poisoned_checkpoints_in_one_line(tmp_path, capsys):
+def test_resume_refuses_misfit_and_poisoned_checkpoints_in_one_line(tmp_path, capsys, monkeypatch):
+    from gobrrr.models import gpt
+
     out = tmp_path / "run"
     train(TrainConfig(**SMALL, steps=2, ckpt_every=2, out=str(out)))
-    ckpt = out / "checkpoint.pt"
-    good = ckpt.read_bytes()
     args = TINY + ["--steps", "4", "--out", str(out), "--resume"]
+    tiny = gpt._CONFIGS["tiny"]
 
-    state = load_checkpoint(ckpt)
-    del state["model"]["lm_head.weight"]
-    torch.save(state, ckpt)
+    # the checkpoint's records against a model of another shape, or one with more parameters
+    monkeypatch.setitem(gpt._CONFIGS, "tiny", gpt.GPTConfig(**{**tiny.__dict__, "n_embd": 32}))
     assert main(args) == 2
     line = one_error_line(capsys.readouterr().err, "train")
-    assert "does not fit this model" in line and "missing lm_head.weight" in line, line
-
-    ckpt.write_bytes(good)
-    state = load_checkpoint(ckpt)
-    name = next(k for k, v in state["model"].items() if v.dim() == 2)
-    state["model"][name] = torch.zeros(3, 3)
-    torch.save(state, ckpt)
+    assert "does not fit this model" in line and "size mismatch" in line and "model/wte.weight" in line, line
+    monkeypatch.setitem(gpt._CONFIGS, "tiny", gpt.GPTConfig(**{**tiny.__dict__, "n_layer": 3}))
     assert main(args) == 2
     line = one_error_line(capsys.readouterr().err, "train")
-    assert "does not fit" in line and "size mismatch" in line and name in line, line
+    assert "does not fit this model" in line and "missing model/blocks.2." in line, line
+    monkeypatch.setitem(gpt._CONFIGS, "tiny", tiny)
 
-    ckpt.write_bytes(good)
-    state = load_checkpoint(ckpt)
-    state["optimizer"]["param_groups"] = state["optimizer"]["param_groups"][:1]
-    torch.save(state, ckpt)
-    assert main(args) == 2
-    assert "optimizer parameter groups" in one_error_line(capsys.readouterr().err, "train")
-    del state["optimizer"]
-    torch.save(state, ckpt)
-    assert main(args) == 2
-    assert "lacks optimizer" in one_error_line(capsys.readouterr().err, "train")
+    trainer = out / "checkpoints" / "step-00000002" / "trainer.pt"
+    good = trainer.read_bytes()
 
     class Poison:
         def __reduce__(self):
             return (os.system, ("echo pwned",))
 
-    torch.save({"format": "gobrrr-train-v1", "x": Poison()}, ckpt)
+    torch.save({"format": "gobrrr-train-v1", "x": Poison()}, trainer)
     assert main(args) == 2
     line = one_error_line(capsys.readouterr().err, "train")
     assert "do not load it" in line and "weights_only" not in line and "pwned" not in line, line
-    ckpt.write_bytes(good)
-    assert main(args) == 0  # the good file still resumes
+    trainer.write_bytes(good)
+    assert main(args) == 0  # the good files still resume
+
+
+def test_a_run_of_gobrrr_0_1_resumes_from_checkpoint_pt_or_is_refused_in_one_line(tmp_path, capsys):
+    """checkpoint.pt (0.1's ddp run) is read, bit for bit, and replaced by checkpoints/ at the next save;
+    zero_checkpoints/ and tp_latest.pt are refused, saying how to go on. The legacy file is made as 0.1
+    wrote it: a whole state_dict pair and the trainer's state, from the same model at step 2."""
+    from gobrrr.models.gpt import GPT, GPTConfig
+    from gobrrr.train.checkpoint_io import save_checkpoint
+    from gobrrr.train.layout import make_optimizer
+
+    ref, old = tmp_path / "ref", tmp_path / "old"
+    common = dict(SMALL, steps=4, ckpt_every=2, log_every=1)
+    train(TrainConfig(**common, out=str(ref)))
+    rc, text = run_cli(TINY + ["--steps", "4", "--ckpt-every", "2", "--log-every", "1", "--out", str(old),
+                               "--crash-after-step", "3"], tmp_path)  # the same run, killed after step 3
+    assert rc == -signal.SIGKILL, text
+    state = read(old)
+    raw = GPT(GPTConfig.from_name("tiny"))
+    opt = make_optimizer(raw, TrainConfig(**common), torch.device("cpu"))
+    raw.load_state_dict(state["model"], strict=False)  # lm_head.weight: tied to wte.weight, saved once
+    for name, p in raw.named_parameters():
+        opt.state[p] = {k: v.clone() for k, v in state["optim"][name].items()}
+    legacy = {**state["trainer"], "model": raw.state_dict(), "optimizer": opt.state_dict()}
+    import shutil
+
+    shutil.rmtree(old / "checkpoints")
+    save_checkpoint(legacy, old / "checkpoint.pt")
+    assert main(TINY + ["--steps", "4", "--ckpt-every", "2", "--log-every", "1", "--out", str(old), "--zero", "1",
+                        "--resume"]) == 2
+    line = one_error_line(capsys.readouterr().err, "train")
+    assert "gobrrr 0.1's layout (checkpoint.pt)" in line and "without --zero and --tp" in line, line
+    assert main(TINY + ["--steps", "4", "--ckpt-every", "2", "--log-every", "1", "--out", str(old), "--resume"]) == 0
+    assert {s: r["loss"] for s, r in read_metrics(old / "metrics.jsonl").items()} == \
+        {s: r["loss"] for s, r in read_metrics(ref / "metrics.jsonl").items()}  # bitwise, steps 1-4
+    assert not (old / "checkpoint.pt").exists() and read(old)["trainer"]["step"] == 4
+
+    for name, flag in (("zero_checkpoints", "--zero"), ("tp_latest.pt", "--tp")):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / name).mkdir() if name.endswith("s") else (folder / name).write_bytes(b"0.1")
+        for resume in ([], ["--resume"]):
+            assert main(TINY + ["--steps", "4", "--out", str(folder)] + resume) == 2
+            line = one_error_line(capsys.readouterr().err, "train")
+            assert f"holds a {flag} run written by gobrrr 0.1 ({name})" in line, line
+            assert "finish it with gobrrr 0.1, or start this run in another --out" in line, line
 
 
 def test_resume_with_a_longer_schedule_keeps_the_default_warmup(tmp_path, capsys):
     out = tmp_path / "run"
     assert main(TINY + ["--steps", "20", "--ckpt-every", "10", "--log-every", "10", "--out", str(out)]) == 0
-    assert load_checkpoint(out / "checkpoint.pt")["config"]["warmup"] == 2  # min(100, 20 // 10)
+    assert read(out)["trainer"]["config"]["warmup"] == 2  # min(100, 20 // 10)
     assert main(TINY + ["--steps", "24", "--log-every", "4", "--out", str(out), "--resume"]) == 0
     rec = read_metrics(out / "metrics.jsonl")
     assert sorted(rec)[-4:] == [21, 22, 23, 24]
     assert rec[21]["lr"] == pytest.approx(lr_at(20, TrainConfig(steps=24, warmup=2)))
-    assert load_checkpoint(out / "checkpoint.pt")["config"]["warmup"] == 2
+    assert read(out)["trainer"]["config"]["warmup"] == 2
     # a warmup the user does give must still match
     assert main(TINY + ["--steps", "30", "--warmup", "3", "--out", str(out), "--resume"]) == 2
     assert "--warmup 2 -> 3" in one_error_line(capsys.readouterr().err, "train")
@@ -293,8 +326,8 @@ def test_a_diverging_run_stops_and_keeps_the_last_finite_checkpoint(tmp_path, ca
                       "--out", str(out)])
     line = one_error_line(capsys.readouterr().err, "train")
     assert rc == 1 and "diverged" in line and "at step 2" in line, line
-    state = load_checkpoint(out / "checkpoint.pt")
-    assert state["step"] == 1
+    state = read(out)
+    assert state["trainer"]["step"] == 1
     assert all(torch.isfinite(t).all() for t in state["model"].values())
     assert max(read_metrics(out / "metrics.jsonl")) == 2  # the non-finite step is logged, never checkpointed
 
@@ -322,7 +355,7 @@ def test_metrics_log_on_a_full_disk_keeps_whole_records(tmp_path):
 import resource, signal, sys
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))
-from gobrrr.train.rundir import MetricsLog, RunDirError
+from gobrrr.train.metrics import MetricsLog, RunDirError
 log = MetricsLog({str(path)!r})
 try:
     for i in range(100):
@@ -343,17 +376,19 @@ def test_disk_full_during_train_loses_nothing_and_says_so(tmp_path):
     out = tmp_path / "run"
     base = TINY + ["--out", str(out), "--ckpt-every", "2", "--log-every", "1"]
     train(TrainConfig(**SMALL, steps=2, ckpt_every=2, log_every=1, out=str(out)))
-    ckpt_size = (out / "checkpoint.pt").stat().st_size
+    ckpt_size = max(p.stat().st_size for p in (out / "checkpoints" / "step-00000002").iterdir())  # the records
 
     rc, text = run_cli(base + ["--steps", "4", "--resume"], tmp_path, limit_bytes=ckpt_size // 2)
     line = one_error_line(text, "train")
     assert rc == 2 and "could not write checkpoint" in line and "untouched" in line and "ulimit -f" in line, line
-    assert load_checkpoint(out / "checkpoint.pt")["step"] == 2 and not stale_temporaries(out / "checkpoint.pt")
+    assert read(out)["trainer"]["step"] == 2 and (out / "checkpoints" / "latest").read_text() == "step-00000002\n"
     whole_lines(out / "metrics.jsonl")
 
     limit = ckpt_size + 64 * 1024  # room for the checkpoint, not for many more metrics
     metrics = out / "metrics.jsonl"
     pad = json.dumps({"event": "padding", "text": "x" * 200}) + "\n"
+    # the records of steps 3-4 (logged before the failed checkpoint) go first, as the resume would cut them
+    metrics.write_text("".join(ln for ln in metrics.read_text().splitlines(True) if json.loads(ln).get("step", 0) <= 2))
     with open(metrics, "a") as f:
         while metrics.stat().st_size + 2 * len(pad) < limit - 200:
             f.write(pad)
@@ -362,10 +397,12 @@ def test_disk_full_during_train_loses_nothing_and_says_so(tmp_path):
     line = one_error_line(text, "train")
     assert rc == 2 and "could not append" in line and "metrics.jsonl" in line, line
     whole_lines(metrics)
-    assert load_checkpoint(out / "checkpoint.pt")["step"] >= 2
+    assert read(out)["trainer"]["step"] >= 2
 
     rc, text = run_cli(base + ["--steps", "6", "--resume"], tmp_path)
     assert rc == 0, text
+    assert [p.name for p in (out / "checkpoints").iterdir()] == ["latest", "step-00000006"] or \
+        sorted(p.name for p in (out / "checkpoints").iterdir()) == ["latest", "step-00000006"]  # the failed one swept
     assert sorted(read_metrics(metrics))[-1] == 6 and whole_lines(metrics)[-1]["step"] == 6
 
 
@@ -389,7 +426,7 @@ def test_a_second_run_into_a_live_folder_stops_naming_the_first(tmp_path):
         first.wait(timeout=10)
     finally:
         stop(first)
-    step = load_checkpoint(out / "checkpoint.pt")["step"]
+    step = read(out)["trainer"]["step"]
     rc, text = run_cli(base + ["--steps", str(step + 2), "--resume"], tmp_path)
     assert rc == 0, text  # the dead run's lock file is still there, and does not block
     assert max(read_metrics(out / "metrics.jsonl")) == step + 2
@@ -445,7 +482,8 @@ def test_killing_the_torchrun_launcher_ends_its_ranks(tmp_path):
                           "GOBRRR_DIST_CHECK_FIRST": "0"})
     ranks: list[int] = []
     try:
-        wait_for(lambda: logged_steps(out) >= 3 or launcher.poll() is not None, 90, "the ranks to log")
+        wait_for(lambda: (out / "checkpoints" / "latest").exists() or launcher.poll() is not None, 90,
+                 "the ranks to checkpoint")
         assert launcher.poll() is None, (tmp_path / "torchrun.txt").read_text()
         ranks = children(launcher.pid)
         assert len(ranks) == 2, ranks
@@ -462,7 +500,7 @@ def test_killing_the_torchrun_launcher_ends_its_ranks(tmp_path):
     assert gone_after < 5, gone_after
     log = (tmp_path / "torchrun.txt").read_text()
     assert "the launcher (process" in log and "is gone" in log, log
-    state = load_checkpoint(out / "checkpoint.pt")  # intact, and from a whole number of intervals
+    state = read(out)["trainer"]  # intact, and from a whole number of intervals
     assert state["step"] % 3 == 0 and state["step"] >= 3
     whole_lines(out / "metrics.jsonl")
     steps_then = logged_steps(out)
@@ -498,14 +536,15 @@ def test_a_rank_killed_mid_run_is_named_by_the_survivor(tmp_path):
     args = TINY + ["--steps", "100000", "--warmup", "0", "--out", str(out), "--ckpt-every", "2", "--log-every", "2"]
     procs = [start(args, log=tmp_path / f"rank{r}.txt", env={**env, "RANK": str(r)}) for r in (0, 1)]
     try:
-        wait_for(lambda: logged_steps(out) >= 2 or any(p.poll() is not None for p in procs), 90, "both ranks to log")
+        wait_for(lambda: (out / "checkpoints" / "latest").exists() or any(p.poll() is not None for p in procs), 90,
+                 "both ranks to checkpoint")
         procs[1].send_signal(signal.SIGKILL)
         rc = procs[0].wait(timeout=60)
     finally:
         stop(*procs)
     line = one_error_line((tmp_path / "rank0.txt").read_text(), "train")
     assert rc == 1 and "rank 1 died" in line.lower(), line
-    assert load_checkpoint(out / "checkpoint.pt")["step"] % 2 == 0
+    assert read(out)["trainer"]["step"] % 2 == 0
     whole_lines(out / "metrics.jsonl")
 
 

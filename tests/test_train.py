@@ -1,6 +1,6 @@
-"""`gobrrr train` on CPU: the loss goes down, a killed run resumes bit for bit, a kill inside a
-checkpoint write loses nothing, metrics are appended, and 2 gloo ranks under torchrun match
-1 rank over the same global batch."""
+"""`gobrrr train` on CPU: the loss goes down, a killed run resumes bit for bit with each step logged
+once, a kill inside a checkpoint write loses nothing, and 2 gloo ranks under torchrun match 1 rank
+over the same global batch."""
 from __future__ import annotations
 
 import errno
@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from gobrrr.train.checkpoint_io import CheckpointError, load_checkpoint, save_checkpoint, stale_temporaries
+from gobrrr.train.checkpoints import read
 from gobrrr.train.cli import TrainConfig, TrainError, lr_at, main, read_metrics, train
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,10 +58,10 @@ def test_tiny_run_loss_goes_down(tmp_path):
     rec = read_metrics(out / "metrics.jsonl")[40]
     assert rec["tokens_per_s"] > 0 and rec["lr"] == pytest.approx(lr_at(39, TrainConfig(steps=40, lr=3e-3)))
     assert rec["mfu"] is None  # no peak FLOP/s for a CPU
-    assert load_checkpoint(out / "checkpoint.pt")["step"] == 40
+    assert read(out)["trainer"]["step"] == 40 and read(out)["manifest"]["layout"] == "ddp"
 
 
-def test_killed_run_resumes_bitwise_and_metrics_are_appended(tmp_path):
+def test_killed_run_resumes_bitwise_and_logs_each_step_once(tmp_path):
     args = dict(SMALL, steps=12, ckpt_every=4, log_every=2, lr=3e-3)
     ref, crashed = tmp_path / "ref", tmp_path / "crashed"
     train(TrainConfig(**args, out=str(ref)))
@@ -70,8 +71,8 @@ def test_killed_run_resumes_bitwise_and_metrics_are_appended(tmp_path):
                          "--out", str(crashed)]
     proc = cli(argv + ["--crash-after-step", "7"])
     assert proc.returncode == -signal.SIGKILL, proc.stderr
-    assert load_checkpoint(crashed / "checkpoint.pt")["step"] == 4
-    before = (crashed / "metrics.jsonl").read_text()
+    assert read(crashed)["trainer"]["step"] == 4
+    before = (crashed / "metrics.jsonl").read_text().splitlines()
     assert sorted(losses(crashed)) == [1, 2, 3, 4, 5, 6]
 
     with pytest.raises(TrainError, match="pass --resume"):
@@ -79,28 +80,35 @@ def test_killed_run_resumes_bitwise_and_metrics_are_appended(tmp_path):
     result = train(TrainConfig(**args, out=str(crashed), resume=True))
     assert sorted(result["losses"]) == list(range(5, 13))  # it restarted after the step-4 checkpoint
 
-    after = (crashed / "metrics.jsonl").read_text()
-    assert after.startswith(before)  # appended, never truncated
-    events = [json.loads(line) for line in after.splitlines() if '"event"' in line]
-    assert events and events[0]["event"] == "resume" and events[0]["step"] == 4
+    after = [json.loads(line) for line in (crashed / "metrics.jsonl").read_text().splitlines()]
+    assert [json.loads(line) for line in before[:4]] == after[:4]  # steps 1-4 untouched
+    steps = [r["step"] for r in after if "event" not in r]
+    assert steps == list(range(1, 13))  # each step once: 5 and 6 of the killed run were cut on resume
+    events = [r for r in after if "event" in r]
+    assert len(events) == 1 and events[0]["event"] == "resume" and events[0]["step"] == 4
+    assert events[0]["cut_records"] == 2
     assert losses(crashed) == losses(ref)  # bitwise: == on floats, every step 1..12
-    a, b = load_checkpoint(ref / "checkpoint.pt"), load_checkpoint(crashed / "checkpoint.pt")
+    a, b = read(ref), read(crashed)
+    assert a["model"].keys() == b["model"].keys() and a["optim"].keys() == b["optim"].keys()
     for name, t in a["model"].items():
         assert torch.equal(t, b["model"][name]), name
-    for sa, sb in zip(a["optimizer"]["state"].values(), b["optimizer"]["state"].values()):
-        assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    for name, st in a["optim"].items():
+        assert set(st) == {"step", "exp_avg", "exp_avg_sq"}
+        assert all(torch.equal(v, b["optim"][name][k]) for k, v in st.items()), name
 
 
-def test_resume_refuses_changed_settings_and_finished_runs_stay_put(tmp_path):
+def test_resume_refuses_changed_settings_and_finished_runs_stay_put(tmp_path, capsys):
     out = tmp_path / "run"
     train(TrainConfig(**SMALL, steps=3, ckpt_every=3, out=str(out)))
     with pytest.raises(TrainError, match=r"--lr 0.001 -> 0.01"):
         train(TrainConfig(**SMALL, steps=3, out=str(out), resume=True, lr=1e-2))
     with pytest.raises(TrainError, match="global batch"):
         train(TrainConfig(**{**SMALL, "batch_size": 2}, steps=3, out=str(out), resume=True))
-    n_lines = len((out / "metrics.jsonl").read_text().splitlines())
+    metrics = (out / "metrics.jsonl").read_text()
+    capsys.readouterr()
     assert train(TrainConfig(**SMALL, steps=3, out=str(out), resume=True))["losses"] == {}
-    assert len((out / "metrics.jsonl").read_text().splitlines()) == n_lines + 1  # only the resume marker
+    assert capsys.readouterr().err == f"gobrrr train: {out} is already at step 3; pass --steps > 3 to train further\n"
+    assert (out / "metrics.jsonl").read_text() == metrics  # a finished run stays as it was
     assert main(["--out", str(tmp_path / "x"), "--steps", "0"]) == 2
 
 
@@ -169,22 +177,23 @@ def test_two_gloo_ranks_under_torchrun_match_one_rank(tmp_path):
     assert sorted(l2) == list(range(1, 7))
     torch.testing.assert_close(torch.tensor([l2[s] for s in l1]), torch.tensor(list(l1.values())),
                                rtol=1e-5, atol=1e-6)
-    c1, c2 = load_checkpoint(one / "checkpoint.pt"), load_checkpoint(two / "checkpoint.pt")
-    assert c2["world_size"] == 2
+    c1, c2 = read(one), read(two)
+    assert c2["trainer"]["world_size"] == 2 and c2["manifest"]["world_size"] == 2
     for name, t in c1["model"].items():
         torch.testing.assert_close(c2["model"][name], t, rtol=1e-4, atol=1e-5)
 
 
 def test_a_failed_checkpoint_write_stops_the_run_with_a_clear_error(tmp_path, monkeypatch, capsys):
-    import gobrrr.train.cli as train_mod
+    import gobrrr.train.checkpoints as checkpoints
 
     def no_space(state, path):
         raise CheckpointError(f"could not write checkpoint {path}: No space left on device; the previous "
                               "checkpoint (if any) is untouched; the disk is full")
 
-    monkeypatch.setattr(train_mod, "save_checkpoint", no_space)
+    monkeypatch.setattr(checkpoints, "save_checkpoint", no_space)  # trainer.pt, after the records
     argv = SMALL_ARGS + ["--steps", "4", "--ckpt-every", "2", "--out", str(tmp_path / "run")]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "gobrrr train: error:" in err and "No space left on device" in err
     assert sorted(losses(tmp_path / "run")) == [1, 2]  # it stopped at the first checkpoint
+    assert not (tmp_path / "run" / "checkpoints" / "latest").exists()  # and never pointed at a half-made one

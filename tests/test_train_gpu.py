@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from gobrrr.plan.machine import peak_flops
-from gobrrr.train.checkpoint_io import load_checkpoint
+from gobrrr.train.checkpoints import read
 from gobrrr.train.cli import TrainConfig, main, read_metrics, train
 
 pytestmark = pytest.mark.gpu
@@ -40,9 +40,10 @@ def test_tiny_trains_on_cuda_with_bf16_autocast(tmp_path):
     if peak is not None:  # a GPU in the table (H100/H200/A100/L40S): MFU is reported, and is a fraction
         assert result["mfu"] is not None and 0 < result["mfu"] < 1
         assert all(0 < recs[s]["mfu"] < 1 for s in recs)
-    ckpt = load_checkpoint(out / "checkpoint.pt")
-    assert ckpt["step"] == 40 and ckpt["rng"]["cuda"] is not None
-    assert all(t.device.type == "cpu" for t in ckpt["model"].values())  # loaded with map_location="cpu"
+    ckpt = read(out)
+    assert ckpt["trainer"]["step"] == 40 and ckpt["trainer"]["rng"]["cuda"] is not None
+    assert all(t.device.type == "cpu" and torch.isfinite(t).all() for t in ckpt["model"].values())  # read on the CPU
+    assert set(ckpt["optim"]["wte.weight"]) == {"step", "exp_avg", "exp_avg_sq"}  # fused AdamW's step counts too
 
 
 def test_killed_cuda_run_resumes_to_the_same_losses(tmp_path):
@@ -54,7 +55,7 @@ def test_killed_cuda_run_resumes_to_the_same_losses(tmp_path):
                           cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
-    assert load_checkpoint(cut / "checkpoint.pt")["step"] == 6
+    assert read(cut)["trainer"]["step"] == 6
     assert main(argv + ["--out", str(cut), "--resume"]) == 0
     a, b = read_metrics(ref / "metrics.jsonl"), read_metrics(cut / "metrics.jsonl")
     assert sorted(b) == list(range(1, 13))

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gobrrr.train.checkpoint_io import load_checkpoint
+from gobrrr.train.checkpoints import read
 from gobrrr.train.cli import read_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,7 +58,7 @@ def test_two_torchrun_agents_with_c10d_rendezvous_match_one_agent(tmp_path):
     assert sorted(l2) == sorted(l1) == [1, 2, 3]
     torch.testing.assert_close(torch.tensor([l2[s] for s in (1, 2, 3)]), torch.tensor([l1[s] for s in (1, 2, 3)]),
                                rtol=1e-5, atol=1e-6)
-    c2, c1 = load_checkpoint(two / "checkpoint.pt"), load_checkpoint(one / "checkpoint.pt")
-    assert c2["world_size"] == c1["world_size"] == 4
+    c2, c1 = read(two), read(one)
+    assert c2["trainer"]["world_size"] == c1["trainer"]["world_size"] == 4
     for name, t in c1["model"].items():
         torch.testing.assert_close(c2["model"][name], t, rtol=1e-5, atol=1e-6)

@@ -1,7 +1,8 @@
-"""Checkpoints that survive a kill at any moment: write aside, fsync, rename, fsync the folder.
+"""Files that survive a kill at any moment: write aside, fsync, rename, fsync the folder.
 
-    save_checkpoint(state, out / "checkpoint.pt")     # atomic: the old file or the new one, never half
-    state = load_checkpoint(out / "checkpoint.pt")    # torch.load(weights_only=True): no code runs
+    save_checkpoint(state, step_dir / "trainer.pt")   # atomic: the old file or the new one, never half
+    state = load_checkpoint(step_dir / "trainer.pt")  # torch.load(weights_only=True): no code runs
+    write_text_atomic(out / "checkpoints" / "latest", "step-00000100\n")
 
 The write, step by step, and what each step buys:
   1. `torch.save` into a temporary file *in the same folder* (a rename is only atomic within
@@ -22,9 +23,10 @@ and this process's file-size limit.
 Loading refuses anything `weights_only=True` refuses (a pickle that would run code) and says the
 file is not ours; it never suggests `weights_only=False` for a file gobrrr did not write.
 
-What goes in a training checkpoint is the trainer's business (gobrrr/train/cli.py); this module
-only adds `rng_state()` / `set_rng_state()` for the generators every trainer needs, in a form
-`weights_only=True` can load (tensors, numbers, strings, lists, tuples, dicts).
+What goes in a training checkpoint, and in which folder, is gobrrr.train.checkpoints' business; this
+module only adds `rng_state()` / `set_rng_state()` for the generators every trainer needs, in a form
+`weights_only=True` can load (tensors, numbers, strings, lists, tuples, dicts). Messages quote torch's
+own text at most one line and about 200 characters long, cut between words (`clip`).
 """
 from __future__ import annotations
 
@@ -96,7 +98,7 @@ def save_checkpoint(state: dict[str, Any], path: str | os.PathLike) -> Path:
         if isinstance(e, OSError) or (isinstance(e, RuntimeError) and _is_write_failure(e)):
             what = e.strerror if isinstance(e, OSError) and e.strerror else _first_line(e)
             raise CheckpointError(f"could not write checkpoint {path} ({what}); the previous checkpoint "
-                                  f"(if any) is untouched; {_write_hint(folder, e)}") from e
+                                  f"(if any) is untouched; {write_hint(folder, e)}") from e
         raise
     _fsync_dir(folder)
     return path
@@ -115,10 +117,10 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[
         lines = [ln.strip() for ln in str(e).splitlines() if ln.strip() and "weights_only" not in ln]
         if isinstance(e, pickle.UnpicklingError) and any("GLOBAL" in ln for ln in lines):
             why = next(ln for ln in lines if "GLOBAL" in ln)
-            raise CheckpointError(f"checkpoint {path} holds more than tensors and plain containers ({why[:200]}); "
+            raise CheckpointError(f"checkpoint {path} holds more than tensors and plain containers ({clip(why)}); "
                                   "gobrrr never writes such a file, so do not load it: restore your own copy "
                                   "or start the run afresh") from None
-        why = (lines[0] if lines else type(e).__name__)[:200]
+        why = clip(lines[0] if lines else type(e).__name__)
         raise CheckpointError(f"checkpoint {path} could not be read ({type(e).__name__}: {why}); it is damaged "
                               "or not a gobrrr checkpoint; restore a copy or start the run afresh") from None
 
@@ -131,12 +133,37 @@ def _is_write_failure(e: RuntimeError) -> bool:
     return any(s in text for s in ("inline_container", "unexpected pos", "write", "streamwriter"))
 
 
+def clip(text: str, limit: int = 200) -> str:
+    """`text` cut to about `limit` characters at a space (never inside a word), with "..." when cut."""
+    text = " ".join(text.split())
+    if len(text) <= limit:
+        return text
+    cut = text.rfind(" ", 0, limit)
+    return text[:cut if cut > limit // 2 else limit].rstrip(" ,;:") + "..."
+
+
 def _first_line(e: BaseException) -> str:
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-    return (lines[0] if lines else type(e).__name__)[:300]
+    return clip(lines[0] if lines else type(e).__name__, 300)
 
 
-def _write_hint(folder: Path, e: BaseException) -> str:
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Replace the small text file `path` atomically (write aside, fsync, rename, fsync the folder)."""
+    path = Path(path)
+    tmp = path.parent / f"{_tmp_prefix(path)}{os.getpid()}{TMP_SUFFIX}"
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def write_hint(folder: Path, e: BaseException) -> str:
     """What to do after a failed write, from the error's errno, the free space and `ulimit -f`."""
     code = e.errno if isinstance(e, OSError) else None
     try:

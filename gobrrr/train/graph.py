@@ -51,19 +51,20 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from gobrrr.train.layout import layout_of
+
 Batch = tuple[torch.Tensor, torch.Tensor]
 
 
 def graph_blocker(device: torch.device, *, world_size: int = 1, zero: int = 0, tp: int = 1) -> str | None:
-    """Why this run cannot capture its step in a CUDA graph (one line), or None when it can."""
+    """Why this run cannot capture its step in a CUDA graph (one line), or None when it can; the layout's reason
+    comes from gobrrr.train.layout's table."""
     if device.type != "cuda":
         return "CUDA graphs need a GPU"
     if world_size > 1:
         return "not with several ranks yet (ddp's NCCL collectives are untested under graph capture)"
-    if zero:
-        return "not with --zero yet (its hooks start collectives and swap buffers)"
-    if tp > 1:
-        return "not with --tp > 1 yet"
+    if (why := layout_of(tp, zero).cuda_graph) is not None:
+        return why
     if profiler_recording():
         return ("not under a profiler such as gobrrr doctor (it finds steps by the optimizer's step() calls, "
                 "which a replay does not make)")

@@ -1,9 +1,8 @@
-"""A run folder that belongs to one live run, and a metrics log that is never torn.
+"""A run folder that belongs to one live run.
 
     lock = take_run_folder(out)          # creates `out`; RunDirError if another live run holds it
-    log = MetricsLog(out / "metrics.jsonl")
-    log.append([{"step": 1, "loss": 5.2}, {"step": 2, "loss": 5.1}])   # all lines, or none
-    log.close(); lock.release()
+    ...
+    lock.release()
 
 The run folder, step by step:
   1. `prepare_folder`: create the folder (and its parents); a path that is a file, lies under a
@@ -18,34 +17,26 @@ The run folder, step by step:
      filesystem without locks the run goes on unguarded, with a warning.
      The file stays after the run (removing it would race with a run that just opened it);
   3. `claim(out, is_main, device)`: the multi-rank form, as `with`: rank 0 takes the folder and
-     one all-reduce of one number tells every rank whether it could, so all ranks stop together
-     with rank 0's reason.
+     every rank learns whether it could (gobrrr.comm.agree: one all-reduce of one number), so all
+     ranks stop together with rank 0's reason. A folder the claim created and the run left holding
+     nothing but run.lock (it failed before writing anything) is removed again on the way out.
 
-The metrics log (JSON Lines, append only):
-  * `append(records)` (or `write(line)`s then `flush()`, the shape of a file) puts every line of
-    a flush on disk with one `os.write` on an O_APPEND descriptor (more only after a short write).
-    If the write fails or is short (disk full, quota, file-size limit), the file is cut back to
-    its length before the write (`ftruncate`) and `RunDirError` is raised: a record is on disk
-    whole or not at all.
-  * Opening repairs a torn tail (a last line without its newline, left by a kill or power cut in
-    the middle of a write, or by older versions on a full disk): the partial line is cut off and
-    `repaired_bytes` says how many bytes went, so the resume record can say so.
-  * `read_jsonl` skips a torn last line, so a folder written by an older version still reads.
-
-Cost: one write system call per log interval (the trainer flushes every --log-every steps).
+The metrics log that lives in the folder is gobrrr.train.metrics; the checkpoints,
+gobrrr.train.checkpoints.
 """
 from __future__ import annotations
 
 import contextlib
 import errno
 import fcntl
-import json
 import os
 import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterator
+
+from gobrrr.comm.agree import first_error
 
 LOCK_NAME = "run.lock"
 
@@ -54,14 +45,18 @@ class RunDirError(RuntimeError):
     """The run folder cannot be used as asked; the message says what to change."""
 
 
-def _why(e: OSError) -> str:
-    """One clause of advice for an OSError met while writing into a run folder."""
+def _why(e: OSError, started: bool = True) -> str:
+    """One clause of advice for an OSError met while writing into a run folder; `started`: a run is in the
+    folder already, so --resume continues it (not so while the folder is being made)."""
+    then = " and continue with --resume" if started else ""
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
-        return "the disk is full; free space (or point --out at a larger disk) and continue with --resume"
+        return f"the disk is full; free space (or point --out at a larger disk){then}"
     if e.errno == errno.EFBIG:
-        return "the file is larger than this process may write (ulimit -f); raise the limit and continue with --resume"
+        return f"the file is larger than this process may write (ulimit -f); raise the limit{then}"
     if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
         return "the folder is read-only for this process; choose an --out folder you can write to"
+    if not started:
+        return "choose an --out folder in a place you can write to"
     return "check the disk and the folder's permissions, then continue with --resume"
 
 
@@ -78,14 +73,14 @@ def prepare_folder(folder: str | os.PathLike) -> Path:
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise RunDirError(f"cannot create the run folder {folder}: {e.strerror}; {_why(e)}") from e
+        raise RunDirError(f"cannot create the run folder {folder}: {e.strerror}; {_why(e, started=False)}") from e
     probe = folder / f".gobrrr-write-probe.{os.getpid()}"
     try:
         fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.close(fd)
         os.unlink(probe)
     except OSError as e:
-        raise RunDirError(f"cannot write into the run folder {folder}: {e.strerror}; {_why(e)}") from e
+        raise RunDirError(f"cannot write into the run folder {folder}: {e.strerror}; {_why(e, started=False)}") from e
     return folder
 
 
@@ -131,7 +126,7 @@ def take_run_folder(folder: str | os.PathLike) -> RunLock:
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     except OSError as e:
-        raise RunDirError(f"cannot open {path}: {e.strerror}; {_why(e)}") from e
+        raise RunDirError(f"cannot open {path}: {e.strerror}; {_why(e, started=False)}") from e
     try:
         fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:
@@ -155,134 +150,40 @@ def take_run_folder(folder: str | os.PathLike) -> RunLock:
     return RunLock(path, fd)
 
 
-# ---------------------------------------------------------------- the metrics log
-
-def repair_torn_tail(path: str | os.PathLike) -> int:
-    """Cut a last line that lacks its newline off `path`; return the number of bytes removed."""
-    path = Path(path)
-    try:
-        size = path.stat().st_size
-    except FileNotFoundError:
-        return 0
-    if size == 0:
-        return 0
-    with open(path, "rb+") as f:
-        f.seek(size - 1)
-        if f.read(1) == b"\n":
-            return 0
-        keep, chunk = 0, 1 << 16
-        pos = size
-        while pos > 0:  # scan back for the last newline
-            start = max(0, pos - chunk)
-            f.seek(start)
-            block = f.read(pos - start)
-            nl = block.rfind(b"\n")
-            if nl >= 0:
-                keep = start + nl + 1
-                break
-            pos = start
-        f.truncate(keep)
-        f.flush()
-        os.fsync(f.fileno())
-    return size - keep
-
-
-class MetricsLog:
-    """Append-only JSON Lines file; each flush lands whole or not at all (see the module docstring).
-
-    File-like on purpose, so a trainer keeps its `write(line)` ... `flush()` shape: `write` only
-    buffers in memory, `flush` is the one system call."""
-
-    def __init__(self, path: str | os.PathLike):
-        self.path = Path(path)
-        self._buffer: list[str] = []
-        self._fd: int | None = None
-        try:
-            self.repaired_bytes = repair_torn_tail(self.path)
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        except OSError as e:
-            raise RunDirError(f"cannot open {self.path}: {e.strerror}; {_why(e)}") from e
-
-    def write(self, text: str) -> None:
-        self._buffer.append(text)
-
-    def append(self, records: Iterable[dict[str, Any]]) -> None:
-        """Write `records` as one flush."""
-        for r in records:
-            self._buffer.append(json.dumps(r) + "\n")
-        self.flush()
-
-    def flush(self) -> None:
-        data = "".join(self._buffer).encode()
-        self._buffer.clear()
-        if not data:
-            return
-        before = os.fstat(self._fd).st_size
-        try:
-            done = 0
-            while done < len(data):  # a short write means the disk filled up: the next write says why
-                n = os.write(self._fd, data[done:])
-                if n == 0:
-                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-                done += n
-        except OSError as e:
-            try:
-                os.ftruncate(self._fd, before)  # take the partial lines back: whole records only
-            except OSError:
-                pass
-            raise RunDirError(f"could not append to {self.path}: {e.strerror or e}; the records logged so "
-                              f"far are intact; {_why(e)}") from e
-
-    def close(self) -> None:
-        """Close the file; what was written but not flushed is dropped (callers flush what counts)."""
-        self._buffer.clear()
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-
-def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """Every record of a JSON Lines file; a torn last line (no newline, not valid JSON) is skipped."""
-    text = Path(path).read_text()
-    lines = text.split("\n")
-    records = []
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError as e:
-            if i == len(lines) - 1:  # the last line has no newline: a record cut by a kill or a full disk
-                break
-            raise ValueError(f"{path}:{i + 1} is not a JSON record ({e.msg}); the file was edited or damaged") from e
-    return records
-
-
 # ---------------------------------------------------------------- every rank agrees
 
 @contextlib.contextmanager
 def claim(folder: str | os.PathLike, is_main: bool, device: Any) -> Iterator[RunLock | None]:
     """`with claim(out, rank.is_main, rank.device):` rank 0 takes the folder (take_run_folder) and
     every rank learns whether it could, so that all stop together with rank 0's reason. One
-    all-reduce of one number at start (a no-op at world size 1); the lock is dropped on exit."""
-    import torch
-    import torch.distributed as dist
-
-    error, lock = None, None
+    all-reduce of one number at start (a no-op at world size 1); the lock is dropped on exit, and a
+    folder this claim created is removed again when the run failed before writing anything into it."""
+    error, lock, created = None, None, False
     if is_main:
+        created = not Path(folder).exists()
         try:
             lock = take_run_folder(folder)
         except RunDirError as e:
             error = e
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        failed = torch.tensor([0.0 if error is None else 1.0], device=device)
-        dist.all_reduce(failed)
-        if failed.item() and error is None:  # sync: once, at start
-            error = RunDirError(f"rank 0 could not take the run folder {folder}; see its message")
+    error = first_error(error, device=device)  # every rank: rank 0's reason (sync: once, at start)
     if error is not None:
         raise error
     try:
         yield lock
+    except BaseException:
+        if created and lock is not None:
+            _remove_if_untouched(Path(folder), lock)
+        raise
     finally:
         if lock is not None:
             lock.release()
+
+
+def _remove_if_untouched(folder: Path, lock: RunLock) -> None:
+    """The run failed before writing anything: leave no folder holding only run.lock behind."""
+    try:
+        if {p.name for p in folder.iterdir()} == {LOCK_NAME}:
+            lock.path.unlink()
+            folder.rmdir()
+    except OSError:
+        pass  # a folder we cannot tidy is still a correct one

@@ -60,20 +60,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from gobrrr.ops import ChunkedCrossEntropy, bias_gelu
-
-# Combinations that run eagerly for now: (config attribute, value test, why). Checked by
-# `compile_blocker`; the CLI's --help repeats the list.
-NO_COMPILE_YET: list[tuple[str, Any, str]] = [
-    ("tp", lambda v: (v or 1) > 1, "--tp > 1: the tensor-parallel collectives inside a block are not traced yet"),
-    ("zero", lambda v: (v or 0) >= 3, "--zero 3: per-block parameter gathers in hooks are not traced yet"),
-]
+from gobrrr.train.layout import LAYOUTS
 
 
 def compile_blocker(device: torch.device, cfg: Any = None) -> str | None:
-    """Why torch.compile cannot be used for this run (a one-line reason), or None when it can."""
-    for name, test, why in NO_COMPILE_YET:
-        if cfg is not None and test(getattr(cfg, name, None)):
-            return why
+    """Why torch.compile cannot be used for this run (a one-line reason), or None when it can: the layout's
+    (gobrrr.train.layout's table, from cfg.tp and cfg.zero), then the toolchain's."""
+    if cfg is not None:
+        row = LAYOUTS.get(((getattr(cfg, "tp", 1) or 1) > 1, getattr(cfg, "zero", 0) or 0))
+        if row is not None and row.compile is not None:
+            return row.compile
     if device.type == "cuda" and importlib.util.find_spec("triton") is None:
         return "torch.compile needs triton for a GPU and it is not installed"
     if device.type == "cpu" and not (shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")):
