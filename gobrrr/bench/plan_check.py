@@ -88,7 +88,8 @@ def measure(b: int, recompute: bool, steps: int, warmup: int) -> tuple[float, fl
 def train_step_s(b: int, steps: int) -> float | None:
     """Seconds per step of `gobrrr train --model 124m --data synthetic` at batch b, or None if it fails."""
     try:
-        from gobrrr.train.cli import TrainConfig, train
+        from gobrrr.train.config import TrainConfig
+        from gobrrr.train.loop import train
 
         with tempfile.TemporaryDirectory() as out:  # its defaults otherwise (compile, loss path) are what users get
             res = train(TrainConfig(model="124m", steps=steps, out=out, batch_size=b, data="synthetic",

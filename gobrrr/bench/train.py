@@ -220,8 +220,9 @@ def breakdown(cfg: BenchConfig, base, B: int, device: torch.device) -> list[dict
     from gobrrr.ops import ChunkedCrossEntropy
     from gobrrr.ops.linear_ce import CHUNK_ELEMENTS
     from gobrrr.parallel import ddp
-    from gobrrr.train.cli import TrainConfig, make_optimizer
+    from gobrrr.train.config import TrainConfig
     from gobrrr.train.data import SyntheticTokens
+    from gobrrr.train.layout import make_optimizer
     from gobrrr.train.step import compile_scope, prepare_model
 
     N, C, V = B * cfg.seq_len, base.config.n_embd, base.config.vocab_size

@@ -72,8 +72,9 @@ def _gobrrr(name, base, batch, device, *, compile: bool, scope=None, chunked=Tru
     """gobrrr train's step: the same function and the same preparation gobrrr train uses (by default the
     compile scope train picks for one rank)."""
     from gobrrr.parallel import ddp
-    from gobrrr.train.cli import TrainConfig, lr_at, make_optimizer
+    from gobrrr.train.config import TrainConfig, lr_at
     from gobrrr.train.graph import GraphedStep
+    from gobrrr.train.layout import make_optimizer
     from gobrrr.train.step import compile_scope, prepare_model, train_step
 
     raw = copy.deepcopy(base)

@@ -7,8 +7,9 @@
 Open ranks.py first (init, Rank, session, print0, RankSampler), then collectives.py (p2p and
 collectives, one checked wrapper each). Beside them: debug (GOBRRR_DIST_DEBUG: matching checks
 and named-rank diagnostics), monitor (NCCL: exit instead of hanging behind a departed rank),
-lifeline (torchrun: exit when the launcher dies), ring (ring all-reduce from send/recv), testing
-(spawn N ranks in a test). This package was `gobrrr.dist` before 0.2; that name still works.
+lifeline (torchrun: exit when the launcher dies), agree (every rank learns the first rank's error,
+in one all-reduce), ring (ring all-reduce from send/recv), testing (spawn N ranks in a test).
+This package was `gobrrr.dist` before 0.2; that name still works.
 """
 from gobrrr.comm import collectives
 from gobrrr.comm.collectives import (

@@ -19,7 +19,7 @@ is meant to exit early).
 Why this cannot leave a half checkpoint: checkpoints are written aside and renamed into place
 (gobrrr.train.checkpoint_io), so a process that ends at any instant leaves the previous checkpoint or
 the new one, never a mix, and at worst a stale temporary file the next save removes; the
-metrics log is cut back to its last whole record on the next open (gobrrr.train.rundir).
+metrics log is cut back to its last whole record on the next open (gobrrr.train.metrics).
 
 Why polling, not prctl(PR_SET_PDEATHSIG): the death signal fires when the *thread* that forked
 the child exits, not the process, and torch's agent may start ranks from a helper thread; and a
