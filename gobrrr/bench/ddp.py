@@ -294,13 +294,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import gobrrr.comm as gd
 
-    started = not dist.is_initialized()  # shut down only a group we started
-    rank = gd.init(device=device)
-    try:
+    with gd.session(device=device) as rank:  # adopts a live group (and leaves it alive), else makes one and ends it
         result = run_bench(rank, cfg)
-    finally:
-        if started:
-            gd.shutdown()
     if rank.is_main:
         title = (f"bench ddp: GPT {cfg.model}, {rank.world_size} rank(s) on {device_name(rank.device)}, "
                  f"B={cfg.batch_size} T={cfg.seq_len} per rank, median of {cfg.rounds} interleaved rounds")
