@@ -124,3 +124,18 @@ def test_death_message_names_signals_and_causes():
     assert "exited with code 3" in m and "ValueError: bad" in m
     m = death_message("worker 2", 7, -11, ["x"])
     assert "SIGSEGV" in m and "native code" in m
+
+
+def test_the_death_message_leaves_out_faulthandlers_dump():
+    """Under pytest (or -X faulthandler) an aborting worker also prints every frame and extension module:
+    the message keeps what the worker itself said, however long that dump (a full test run loads ~90 modules)."""
+    from gobrrr.loader.forking import death_message
+
+    lines = ["terminate called after throwing an instance of 'c10::AcceleratorError'",
+             "  what():  CUDA error: initialization error", "Fatal Python error: Aborted",
+             "Current thread 0x00007f (most recent call first):"]
+    lines += [f'  File "/x/mod{i}.py", line {i} in f{i}' for i in range(40)]
+    lines += ["Extension modules: " + ", ".join(f"ext{i}" for i in range(90)) + " (total: 90)"]
+    msg = death_message("worker 0", 123, -6, lines)
+    assert "CUDA error: initialization error" in msg and "Likely cause: CUDA was called" in msg
+    assert 'File "/x/mod' not in msg and "Extension modules" not in msg

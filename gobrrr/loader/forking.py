@@ -27,13 +27,17 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import re
 import selectors
 import signal
 import threading
 from collections import deque
 from typing import Iterator
 
-TAIL_BYTES = 8192   # of each worker's stderr, kept for the death message
+TAIL_BYTES = 65536  # of each worker's stderr, kept for the death message (faulthandler's dump alone can fill 8 KB)
+# Python's faulthandler (on under pytest, `-X faulthandler`) prints every frame and every extension module of a
+# process that aborts: not what killed the worker, so the death message leaves those lines out
+_FAULTHANDLER_LINE = re.compile(r'^\s*(File "|Extension modules:|Current thread 0x|Thread 0x|<no Python frame>)')
 
 
 @contextlib.contextmanager
@@ -174,6 +178,7 @@ def death_message(what: str, pid: int | None, exitcode: int | None, last_lines: 
                  "try num_workers=0 through a plain DataLoader to see it.")
     else:
         cause = "Try num_workers=0 through a plain DataLoader to see the error in the main process."
-    shown = ("Its last stderr lines:\n    " + "\n    ".join(last_lines[-12:])) if last_lines else \
+    said = [line for line in last_lines if not _FAULTHANDLER_LINE.match(line)]
+    shown = ("Its last stderr lines:\n    " + "\n    ".join(said[-12:])) if said else \
         "It wrote nothing to stderr."
     return f"{what} (pid {pid}) {how}. {shown}\n{cause}"
