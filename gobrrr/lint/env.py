@@ -70,6 +70,8 @@ class EnvRules:
     def env_loop(self, loop: ast.AST) -> None:
         """After the loop's body was visited: one GB014 per CPU-environment step, absorbing the
         round trip's own findings inside the loop."""
+        if self.silent:
+            return
         for call, targets in env_calls(loop):
             action = call.args[0]
             action_names = _names(action)

@@ -69,7 +69,7 @@ DEVICE_WRAPPERS = {"prepare", "prepare_data_loader", "setup_dataloaders"}   # ac
 LOADERS_PINNED = {"Prefetcher", "PinnedWorkerLoader", "from_dataloader"}
 TENSORISH = {"tensor", "mask", "generated"}   # generated: model.generate()'s tokens, made to be read on the host
 BATCHES = {"batch_host", "batch_pinned", "batch", "batch_tok"}   # batch_tok: a tokenizer's return_tensors="pt" output
-HOSTISH = {"num", "host", "pinned", "numpy", "str", "obj", "hlist", "loader_pinned", "loader_pageable", "loader_device",
+HOSTISH = {"num", "host", "pinned", "numpy", "str", "obj", "hlist", "cpudev", "loader_pinned", "loader_pageable", "loader_device",
            "loader", *BATCHES}
 # what iterating (or unpacking) a value of one kind gives
 ITEM_KIND = {"loader_pageable": "batch_host", "loader_pinned": "batch_pinned", "loader_device": "tensor",
@@ -269,6 +269,8 @@ class Kinds:
                 return self.factory_kind(node)
             if root == "torch" and last in MASK_FUNCS:
                 return "mask"
+            if name == "torch.device" and node.args and self.device_of(node.args[0]) == "cpu":
+                return "cpudev"
             if root == "torch" and (last.startswith("is_") or last in NOT_TENSOR_TORCH):
                 return "num" if last.startswith("is_") or last == "equal" else None
             if root == "torch" and not last[:1].isupper():
@@ -349,7 +351,8 @@ class Kinds:
     def factory_kind(self, node: ast.Call) -> str:
         kw = {k.arg: k.value for k in node.keywords if k.arg}
         if "device" in kw and self.device_of(kw["device"]) != "cpu":
-            return "tensor"
+            dtype = self.dotted(kw["dtype"]) if "dtype" in kw else ""
+            return "mask" if dtype in ("torch.bool", "bool") else "tensor"
         pin = kw.get("pin_memory")
         if pin is not None and not (isinstance(pin, ast.Constant) and not pin.value):
             return "pinned"
@@ -399,8 +402,8 @@ class Kinds:
             tail = name.rsplit(".", 1)[-1].lower()
             if "dtype" in tail or "type" == tail:
                 return None
-            if tail == "cpu":
-                return "cpu"
+            if "cpu" in tail.split("_") or self.kind(node) == "cpudev":
+                return "cpu"   # cpu_device = torch.device("cpu")
             if any(w in tail for w in ("device", "dev", "cuda", "gpu", "rank")) or self.kind(node) in TENSORISH:
                 return "cuda"  # .to(device), .to(x.device), .to(other_tensor)
             return "cuda" if self.kind(node) not in ("num", "str") else None

@@ -4,6 +4,7 @@
     GB005  non_blocking=True from pageable memory (also a pinned tensor that `.to(dtype)` made pageable)
     GB006  a DataLoader without pin_memory=True whose batches go to CUDA
     GB009  a loader's batch copied with a blocking `.to(device)`, every step
+    GB002  a device tensor's `.to('cpu')` / `.to(cpu_device)` in a loop: a read back like `.cpu()`
     GB010  host data copied by a factory or a host tensor's `.to(device)` inside the loop:
            `torch.tensor(data, device=dev)`, `torch.as_tensor(x, device=dev)`, `lr_t.to(dev)`: each a
            blocking copy that waits for the GPU to drain (torch copies from pageable memory and syncs)
@@ -43,10 +44,12 @@ class CopyRules:
                 self.flag(node, "GB001")
             elif nb_true and recv in ("host", "batch_host"):
                 self.flag(node, "GB005")
-            elif recv == "host" and blocking and self.looping() and not self.per_prompt():
-                self.flag(node, "GB010", what=_short(node))
+            elif recv in ("host", "hlist") and blocking and self.looping() and not self.per_prompt():
+                self.flag(node, "GB010", what=_short(node))   # hlist: an item of a list of host tensors
             if recv in BATCHES and blocking and self.looping() and (recv != "batch_tok" or self.updating()):
                 self.flag(node, "GB009", what=_short(node))
+        elif method == "to" and recv in TENSORISH and self.looping() and self.copy_target(node) == "cpu":
+            self.flag(node, "GB002", what="`.to('cpu')`")   # x.to('cpu'), x.to(cpu_device): a read like .cpu()
         elif method == "copy_" and nb_true and node.args and self.kind(node.args[0]) in ("host", "batch_host"):
             self.flag(node, "GB005")
         elif method == "copy_" and blocking and node.args and recv in TENSORISH and self.looping() \
