@@ -208,8 +208,9 @@ class FlowRules:
     def check_condition(self, test: ast.AST, where: str = " inside a loop") -> None:
         parts = test.values if isinstance(test, ast.BoolOp) else [test]
         parts = [p.operand if isinstance(p, ast.UnaryOp) and isinstance(p.op, ast.Not) else p for p in parts]
-        if all(self.kind(p) not in TENSORISH or (isinstance(p, ast.Name) and p.id in self.guesses) for p in parts):
-            return   # `if losses:` on the result of an unknown call: as likely a list as a tensor
+        if all(self.kind(p) not in TENSORISH or (isinstance(p, ast.Name) and (
+                p.id in self.guesses or self.lookup(p.id + "#opt"))) for p in parts):
+            return   # `if losses:` on an unknown call's result, `if not mask:` on an optional parameter
         if self.looping() and self.kind(test) in TENSORISH:
             self.flag(test, "GB007", where=where)
 

@@ -325,14 +325,19 @@ def _default_on_flags(tree: ast.AST) -> tuple[dict[str, set[int]], set[int]]:
 
 
 def _lazy_init(node: ast.If) -> bool:
-    """`if preds is None: preds = ...`, `if self.grid[i].shape != x.shape: self.grid[i] = ...`: runs
-    when a cached value is missing or stale (the first iteration, a new input size), not every step."""
+    """`if preds is None: preds = ...`, `if self.grid[i].shape != x.shape: self.grid[i] = ...`, `if k not
+    in cache: cache[k] = ...`: runs when a cached value is missing or stale (the first iteration, a new
+    input size, a new key), not every step."""
     t = node.test
     assigned = {ast.unparse(x) for s in node.body if isinstance(s, ast.Assign) for x in s.targets
                 if isinstance(x, (ast.Attribute, ast.Subscript))}
     if assigned and any(isinstance(n, (ast.Attribute, ast.Subscript)) and ast.unparse(n) in assigned
                         for n in ast.walk(t)):
         return True
+    if isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], ast.NotIn):
+        key, table = ast.unparse(t.left), ast.unparse(t.comparators[0])   # `if k not in cache: cache[k] = ...`
+        return any(isinstance(x, ast.Subscript) and ast.unparse(x.value) == table and ast.unparse(x.slice) == key
+                   for st in ast.walk(node) if isinstance(st, ast.Assign) for x in st.targets)
     if not (isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], ast.Is)
             and isinstance(t.comparators[0], ast.Constant) and t.comparators[0].value is None):
         return False

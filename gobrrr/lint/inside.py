@@ -35,7 +35,9 @@ class InsideRules:
         if dist:
             self.flag(node, "GB013", what=f"`{dist}(...)` built with argument validation on", fix=_FIX)
             return
-        if method == "log_prob" and isinstance(func.value, ast.Name) and self.lookup(func.value.id + _DIST):
+        v = func.value if method == "log_prob" else None
+        if isinstance(v, ast.Name) and self.lookup(v.id + _DIST) or isinstance(v, ast.Attribute) \
+                and isinstance(v.value, ast.Name) and v.value.id == "self" and v.attr in self.dist_attrs:
             self.flag(node, "GB013", what="`log_prob()` of a distribution built with argument validation on "
                                           "(the sample is checked on the host)", fix=_FIX)
             return
@@ -70,6 +72,8 @@ class InsideRules:
                 for t in node.targets:
                     if isinstance(t, ast.Name):
                         self.scopes[-1][t.id + _DIST] = "dist"
+                    elif isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
+                        self.dist_attrs.add(t.attr)   # self.distribution = Normal(mean, std)
 
     def validation_off(self, kw) -> bool:
         v = kw.get("validate_args")

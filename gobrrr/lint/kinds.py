@@ -77,6 +77,7 @@ ITEM_KIND = {"loader_pageable": "batch_host", "loader_pinned": "batch_pinned", "
              "batch_host": "batch_host", "batch_pinned": "batch_pinned", "batch": "batch", "numpy": "numpy",
              "tlist": "tensor", "hlist": "hlist"}
 _DATA_WORDS = {"data", "dataset", "ds", "batches", "train", "val", "valid", "test", "eval", "dl"}
+_PREDICATE = re.compile(r"^_*(is|has|should|can|needs?|uses?|supports?|check_is)_")
 _TOKENIZER = re.compile(r"tokeni[sz]er|processor|feature_extractor|^tok$", re.I)
 _LOADER_NAME = LOADER_NAME
 
@@ -143,14 +144,19 @@ class Kinds:
         if isinstance(node, ast.Dict):   # {"scores": s, "boxes": b}: a container of device tensors
             values = [self.kind(v) for v in node.values if v is not None]
             return "tlist" if values and all(k in TENSORISH for k in values) else None
-        if isinstance(node, ast.ListComp):
+        if isinstance(node, (ast.ListComp, ast.DictComp)):
             binder = getattr(self, "bind_loop_target", None)
             self.scopes.append({})
             try:
                 for g in node.generators:
                     if binder is not None:
                         binder(g.target, g.iter)
-                return self._list_kind([self.kind(node.elt)])
+                k = self.kind(node.elt if isinstance(node, ast.ListComp) else node.value)
+                # [{"scores": s, "boxes": b} for ...], {img_id: out for ...}: containers of device tensors
+                if isinstance(node, ast.DictComp) and k in BATCHES:
+                    return k   # data = {key: value for key, value in data.items()}: still the batch
+                return "tlist" if k == "tlist" else self._list_kind([k]) if isinstance(node, ast.ListComp) else (
+                    "tlist" if k in TENSORISH else None)
             finally:
                 self.scopes.pop()
         if isinstance(node, ast.UnaryOp):
@@ -225,6 +231,9 @@ class Kinds:
                 _TOKENIZER.search(name_of(func)) or (isinstance(func, ast.Attribute) and _TOKENIZER.search(
                     name_of(func.value)))):
             return "batch_tok"   # tokenizer(texts, return_tensors="pt"): a fresh host batch, pageable
+        if isinstance(func, (ast.Name, ast.Attribute)) and _PREDICATE.match(name_of(func)) \
+                and not (isinstance(func, ast.Attribute) and self.kind(func.value) in TENSORISH):
+            return "num"   # self._is_fp8_param(p), has_nan(x): a predicate answers with a Python bool
         if isinstance(func, ast.Name):
             if func.id in NUM_BUILTINS:
                 return "num"
@@ -301,6 +310,8 @@ class Kinds:
     def method_kind(self, node: ast.Call, func: ast.Attribute) -> str | None:
         recv = self.kind(func.value)
         method = func.attr
+        if method == "type" and node.args and getattr(self, "cuda_type", None) and self.cuda_type(node.args[0]):
+            return "tensor"   # x.type(torch.cuda.FloatTensor)
         if method in NUMBER_METHODS:
             return "num"
         if method in STR_METHODS or recv == "str":

@@ -3,11 +3,12 @@
     GB001  a tensor built on the host, then copied (`torch.randn(..).to(dev)`, `torch.from_numpy(x).cuda()`)
     GB005  non_blocking=True from pageable memory (also a pinned tensor that `.to(dtype)` made pageable)
     GB006  a DataLoader without pin_memory=True whose batches go to CUDA
-    GB009  a loader's batch copied with a blocking `.to(device)`, every step
+    GB009  a loader's batch copied with a blocking `.to(device)` (or `.type(torch.cuda.FloatTensor)`), every step
     GB002  a device tensor's `.to('cpu')` / `.to(cpu_device)` in a loop: a read back like `.cpu()`
     GB010  host data copied by a factory or a host tensor's `.to(device)` inside the loop:
-           `torch.tensor(data, device=dev)`, `torch.as_tensor(x, device=dev)`, `lr_t.to(dev)`: each a
-           blocking copy that waits for the GPU to drain (torch copies from pageable memory and syncs)
+           `torch.tensor(data, device=dev)`, `torch.as_tensor(x, device=dev)`, `lr_t.to(dev)`, a host
+           tensor written into a device one (`gain[2:6] = torch.tensor(shape)`): each a blocking copy
+           that waits for the GPU to drain (torch copies from pageable memory and syncs)
     GB011  a device tensor indexed by host indices (`b_obs[mb_inds]` with a numpy array, a CPU
            `torch.arange`, a `range` or a list): the index is copied to the device, blocking, each time
 
@@ -30,7 +31,9 @@ class CopyRules:
         nb = kw.get("non_blocking", node.args[1] if method == "cuda" and len(node.args) > 1 else None)
         blocking = nb is None or (isinstance(nb, ast.Constant) and not nb.value)
         nb_true = isinstance(nb, ast.Constant) and nb.value is True
-        if method in ("to", "cuda") and self.copy_target(node) == "cuda":
+        if method == "type" and node.args and self.cuda_type(node.args[0]):
+            method = "cuda"   # x.type(torch.cuda.FloatTensor), x.type(Tensor) with Tensor = torch.cuda.FloatTensor
+        if method in ("to", "cuda") and (method == "cuda" or self.copy_target(node) == "cuda"):
             src = func.value   # torch.<factory>(...)[.long()...] on the host, then .to(device)/.cuda()
             while isinstance(src, ast.Call) and isinstance(src.func, ast.Attribute) and (
                     src.func.attr in DTYPE_METHODS | VIEW_METHODS or src.func.attr.endswith("_")
@@ -58,8 +61,16 @@ class CopyRules:
         elif name.startswith("torch.") and name.count(".") == 1 and name[6:] in DATA_FACTORIES and self.looping() \
                 and node.args and not self.per_prompt() and "device" in kw and self.device_of(kw["device"]) == "cuda" \
                 and self.kind(node.args[0]) not in TENSORISH \
+                and not (name == "torch.as_tensor" and self.kind(node.args[0]) is None and not _literal(node.args[0])) \
                 and not (isinstance(node.args[0], (ast.List, ast.Tuple)) and not node.args[0].elts):   # [] copies nothing
             self.flag(node, "GB010", what=_short(node))   # torch.tensor(host_list, device="cuda")
+
+    def cuda_type(self, node: ast.AST) -> bool:
+        """`torch.cuda.FloatTensor`, or a name bound to one (`Tensor = torch.cuda.FloatTensor if cuda else ...`)."""
+        if isinstance(node, ast.Name) and node.id in self.cuda_types:
+            return True
+        name = self.dotted(node) or ""
+        return name.startswith("torch.cuda.") and name.endswith("Tensor")
 
     def per_prompt(self) -> bool:
         """In a loop that runs one generate() per iteration: a small copy per prompt is not worth a finding."""
@@ -92,10 +103,15 @@ class CopyRules:
 
 
     def host_write(self, target: ast.AST, value: ast.AST) -> None:
-        """`cpu_t[i] = cuda_value`: the device value is read back to the host to be stored."""
-        if isinstance(target, ast.Subscript) and self.looping() and self.kind(target.value) in ("host", "pinned") \
-                and self.kind(value) in TENSORISH:
+        """`cpu_t[i] = cuda_value`: the device value is read back to the host to be stored;
+        `cuda_t[2:6] = torch.tensor(shape)`: a host tensor is copied in, blocking."""
+        if not isinstance(target, ast.Subscript) or not self.looping():
+            return
+        into, k = self.kind(target.value), self.kind(value)
+        if into in ("host", "pinned") and k in TENSORISH:
             self.flag(target, "GB002", what="writing a device value into a host tensor")
+        elif into in TENSORISH and k in ("host", "hlist") and not self.per_prompt():
+            self.flag(target, "GB010", what=f"{_short(target, 30)} = <host tensor>")
 
 
 def _moves_to_cuda(loop: ast.AST, checker) -> bool:
@@ -112,6 +128,12 @@ def _moves_to_cuda(loop: ast.AST, checker) -> bool:
                     and not checker.is_model(n.func.value):
                 return True
     return False
+
+
+def _literal(node: ast.AST) -> bool:
+    """Host data by its syntax: a list, tuple or comprehension (as_tensor of anything else may be a
+    tensor already on the device, which it returns without a copy)."""
+    return isinstance(node, (ast.List, ast.Tuple, ast.ListComp, ast.Constant))
 
 
 def _short(node: ast.AST, width: int = 40) -> str:

@@ -86,6 +86,7 @@ TITLES = {"GB001": "a tensor built on the host, then moved to the device", "GB00
 _FORWARD_TENSORS = {"x", "input", "inputs", "outputs", "output", "logits", "targets", "labels", "hidden_states",
                     "y", "src", "tgt", "query", "key", "value", "obs", "observations"}
 _HOOK_TENSORS = {"inputs", "outputs", "output", "x", "y", "logits", "loss", "labels", "targets", "images", "data"}
+_EAGER = {"map", "filter", "sorted", "max", "min", "list", "tuple"}
 _IMAGE_SINKS = ("save_image", "imsave", "imwrite", "fromarray", "imshow", "add_image", "add_images", "add_video",
                 "write_video", "make_grid", "Image", "savefig", "log_image", "log_images")
 
@@ -142,6 +143,9 @@ class Checker(FlowRules, CallRules, SyncRules, CopyRules, InsideRules, EnvRules,
         self.guesses: set[str] = set()          # names bound to an unknown call's result, guessed a tensor
         self.module_scope: dict = {}
         self.silent = False                     # a first pass over a step loop's body: kinds only (flow)
+        self.eager_lambdas: set[int] = set()    # id of lambdas that map()/sorted() call right away
+        self.cuda_types: set[str] = set()       # names bound to torch.cuda.FloatTensor and friends
+        self.dist_attrs: set[str] = set()       # self attributes bound to a validated distribution (inside)
         self.summary_depth = 0                  # > 0 in a scratch walk that only learns what a def returns
         self.collect: ast.AST | None = None     # that def
         self.returns: list = []                 # the kinds of its return values
@@ -237,8 +241,11 @@ class Checker(FlowRules, CallRules, SyncRules, CopyRules, InsideRules, EnvRules,
         params = [*args.posonlyargs, *args.args, *args.kwonlyargs]
         for a in params:
             scope[a.arg] = self.annotation_kind(a.annotation)
-        for a, d in zip(reversed([*args.posonlyargs, *args.args]), reversed(args.defaults)):
-            if scope.get(a.arg) is None and self.kind(d) == "num":
+        for a, d in [*zip(reversed([*args.posonlyargs, *args.args]), reversed(args.defaults)),
+                     *zip(args.kwonlyargs, args.kw_defaults)]:
+            if isinstance(d, ast.Constant) and d.value is None:
+                scope[a.arg + "#opt"] = "opt"   # `x: Tensor | None = None`: `if not x:` tests for None
+            if d is not None and scope.get(a.arg) is None and self.kind(d) == "num":
                 scope[a.arg] = "num"
         if hook:   # a framework (or the step loop) hands the hook device batches, outputs and a model
             for a in params[1:]:
@@ -266,8 +273,8 @@ class Checker(FlowRules, CallRules, SyncRules, CopyRules, InsideRules, EnvRules,
     visit_AsyncFunctionDef = visit_FunctionDef
 
     def visit_Lambda(self, node: ast.Lambda) -> None:
-        saved, self.region = self.region, None
-        self.visit(node.body)
+        saved, self.region = self.region, (self.region if id(node) in self.eager_lambdas else None)
+        self.visit(node.body)   # deferred (a callback, `default(x, lambda: ...)`) unless map() runs it now
         self.region = saved
 
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
@@ -318,6 +325,8 @@ class Checker(FlowRules, CallRules, SyncRules, CopyRules, InsideRules, EnvRules,
             if k == "loader_pageable" and isinstance(t, ast.Name):
                 self.loaders.append({"name": t.id, "node": value, "scope": self.scope_node})
         aliased = value.body if isinstance(value, ast.IfExp) else value  # `a if cuda else noop`
+        if self.cuda_type(aliased) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            self.cuda_types.add(node.targets[0].id)   # Tensor = torch.cuda.FloatTensor if cuda else torch.FloatTensor
         dotted = self.dotted(aliased) if isinstance(aliased, ast.Attribute) else None
         if dotted and dotted.endswith(".synchronize") and len(node.targets) == 1 \
                 and isinstance(node.targets[0], ast.Name):
@@ -361,6 +370,8 @@ class Checker(FlowRules, CallRules, SyncRules, CopyRules, InsideRules, EnvRules,
         method = func.attr if isinstance(func, ast.Attribute) else None
         recv = self.kind(func.value) if method else None
         kw = {k.arg: k.value for k in node.keywords if k.arg}
+        if name in _EAGER and node.args and isinstance(node.args[0], ast.Lambda):
+            self.eager_lambdas.add(id(node.args[0]))   # map(lambda t: t.item(), ts): run here, per item
         self.copy_rules(node, func, name, method, recv, kw)
         if self.looping():
             self.sync_rules(node, func, name, method, recv, kw)
