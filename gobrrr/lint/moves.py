@@ -61,7 +61,7 @@ class CopyRules:
         elif name.startswith("torch.") and name.count(".") == 1 and name[6:] in DATA_FACTORIES and self.looping() \
                 and node.args and not self.per_prompt() and "device" in kw and self.device_of(kw["device"]) == "cuda" \
                 and self.kind(node.args[0]) not in TENSORISH \
-                and not (name == "torch.as_tensor" and self.kind(node.args[0]) is None and not _literal(node.args[0])) \
+                and not (name == "torch.as_tensor" and self._on_its_own_device(node.args[0], kw["device"])) \
                 and not (isinstance(node.args[0], (ast.List, ast.Tuple)) and not node.args[0].elts):   # [] copies nothing
             self.flag(node, "GB010", what=_short(node))   # torch.tensor(host_list, device="cuda")
 
@@ -71,6 +71,19 @@ class CopyRules:
             return True
         name = self.dotted(node) or ""
         return name.startswith("torch.cuda.") and name.endswith("Tensor")
+
+    def _on_its_own_device(self, arg: ast.AST, device: ast.AST) -> bool:
+        """`torch.as_tensor(kp, device=kp.device)` (or a `device` name set from `kp.device`): a tensor
+        already there comes back as is; only host data would be copied, onto the host."""
+        if not isinstance(arg, ast.Name):
+            return False
+        own = f"{arg.id}.device"
+        if ast.unparse(device) == own:
+            return True
+        scope = self.defs[-1] if self.defs else None
+        return isinstance(device, ast.Name) and scope is not None and any(
+            isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == device.id for t in n.targets)
+            and own in ast.unparse(n.value) for n in ast.walk(scope))
 
     def per_prompt(self) -> bool:
         """In a loop that runs one generate() per iteration: a small copy per prompt is not worth a finding."""
@@ -128,12 +141,6 @@ def _moves_to_cuda(loop: ast.AST, checker) -> bool:
                     and not checker.is_model(n.func.value):
                 return True
     return False
-
-
-def _literal(node: ast.AST) -> bool:
-    """Host data by its syntax: a list, tuple or comprehension (as_tensor of anything else may be a
-    tensor already on the device, which it returns without a copy)."""
-    return isinstance(node, (ast.List, ast.Tuple, ast.ListComp, ast.Constant))
 
 
 def _short(node: ast.AST, width: int = 40) -> str:
