@@ -7,7 +7,7 @@
                  a name keeps the kind both ways agree on, the device kind where one way moves it
                  to the device (`if use_cuda: buf = buf.cuda()`: the GPU is assumed), else none
                  (`if cpu_env: a = a.cpu().numpy()` leaves an unknown `a` unknown); a way that
-                 leaves (return, raise, continue, break) does not flow past the `if`
+                 leaves (return, raise, continue) does not flow past the `if`
     error paths  `except` handlers, a raise's exception and an assert's message are 'off'
 
 It relies on the checker's `kind()`, `bind()`, `scopes`, `flag()`, `hotmap`, `region`.
@@ -19,7 +19,7 @@ import ast
 from gobrrr.lint.kinds import BATCHES, ITEM_KIND, TENSORISH
 
 _MISSING = object()
-_LEAVES = (ast.Return, ast.Raise, ast.Continue, ast.Break)
+_LEAVES = (ast.Return, ast.Raise, ast.Continue)   # a break's bindings reach the code after the loop
 
 
 def _leaves(body: list[ast.stmt]) -> bool:

@@ -180,7 +180,11 @@ class Kinds:
             kinds = {self.kind(x) for x in [node.left, *node.comparators]}
             if kinds & {"str", "obj"}:
                 return "num"
-            return "mask" if kinds & TENSORISH else ("num" if kinds <= {"num", "str"} else None)
+            if kinds & TENSORISH:
+                return "mask"
+            if kinds & {"host", "numpy"} and kinds <= {"host", "numpy", "num"}:
+                return "host" if "host" in kinds else "numpy"   # layer_idx = from_which_layer == i: a host mask
+            return "num" if kinds <= {"num", "str"} else None
         if isinstance(node, ast.BoolOp):
             kinds = {self.kind(v) for v in node.values}
             return "mask" if kinds & TENSORISH else ("num" if kinds <= {"num", "str"} else None)
