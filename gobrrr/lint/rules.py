@@ -274,7 +274,10 @@ class Checker(FlowRules, CallRules, SyncRules, CopyRules, InsideRules, EnvRules,
 
     def visit_Lambda(self, node: ast.Lambda) -> None:
         saved, self.region = self.region, (self.region if id(node) in self.eager_lambdas else None)
+        a = node.args
+        self.scopes.append({p.arg: None for p in [*a.posonlyargs, *a.args, *a.kwonlyargs]})
         self.visit(node.body)   # deferred (a callback, `default(x, lambda: ...)`) unless map() runs it now
+        self.scopes.pop()
         self.region = saved
 
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
