@@ -160,7 +160,7 @@ def _closures(sources: list[Source], facts: dict) -> tuple[set[str], set[str]]:
         f.defined = defined
         if "backward" in s.text or "step(" in s.text:   # a def that updates says one of them
             stepping |= stepping_defs(s.nodes, f)
-        forwarding |= forwarding_defs(s.nodes, f)
+        forwarding |= forwarding_defs(s.nodes, f, s.calls)
     trainers = {fn.name for s in sources if "backward" in s.text or "step(" in s.text for fn in s.nodes
                 if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and fn.name in stepping
                 and holds_updating_loop(fn, facts[id(s)])}
@@ -176,7 +176,7 @@ def _closures(sources: list[Source], facts: dict) -> tuple[set[str], set[str]]:
             f = facts[id(s)]
             f.stepping, f.forwarding = set(stepping), set(forwarding)
             more_s = stepping_defs(s.nodes, f, strict=True) - stepping
-            more_f = forwarding_defs(s.nodes, f) - forwarding - more_s
+            more_f = forwarding_defs(s.nodes, f, s.calls) - forwarding - more_s
             stepping |= more_s
             forwarding |= more_f
             grown |= more_s | more_f

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ast
 import re
+from functools import lru_cache
 
 _MODEL_WORDS = {"model", "models", "net", "engine", "encoder", "decoder", "generator", "discriminator", "policy",
                 "actor", "critic", "agent", "classifier", "backbone", "teacher", "student", "transformer", "gpt",
@@ -100,6 +101,7 @@ def dotted(node: ast.AST) -> str:
     return ""
 
 
+@lru_cache(maxsize=65536)
 def is_model_name(name: str) -> bool:
     """`model`, `ddp_model`, `netD`, `resnet`, `model_engine`, `self` (for `self(x)`): a module by its
     name, its head word last. Words, not substrings: `a_factor_of` is no actor; `is_module`,
@@ -301,13 +303,16 @@ def holds_updating_loop(fn: ast.AST, facts: Facts) -> bool:
     return False
 
 
-def forwarding_defs(nodes: list[ast.AST], facts: Facts) -> set[str]:
+def forwarding_defs(nodes: list[ast.AST], facts: Facts, calls: dict[str, set[str]] | None = None) -> set[str]:
     """Names of the defs among `nodes` whose own level runs a module on an input (`res =
-    self.model(input_dict)`, or a call of a def that does), outside loops of their own."""
+    self.model(input_dict)`, or a call of a def that does), outside loops of their own. `calls` (def
+    name -> the names it calls) skips the defs that call nothing module-like."""
     out = set()
     for fn in nodes:
         if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and not fn.name.startswith("__") \
                 and fn.name not in facts.forwarding and fn.name not in HOUSEKEEPING \
+                and (calls is None or any(is_model_name(n) or n in facts.models or n in facts.forwarding
+                                          or n in ("forward", "generate") for n in calls.get(fn.name, ()))) \
                 and any(isinstance(n, ast.Call) and facts.step_kind(n, True) == "forward" for n in own_level(fn.body)):
             out.add(fn.name)
     return out
