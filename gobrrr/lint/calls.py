@@ -36,14 +36,25 @@ class CallRules:
             return self.return_kinds[id(node)]
         self.return_kinds[id(node)] = None   # a recursive call learns nothing
         scope = self.defs[-1] if self.defs else None
-        found = set()
+        found, parts = set(), set()
         for target_src, fn in self.project.resolve(self.src, node, scope, self.types, fallback=False)[:3]:
             kinds, _ = self._arguments(node, fn, target_src, scope)
-            found.add(summarize(type(self), self.project, target_src, fn, kinds, self.summary_depth + 1,
-                                self.project_flags))
+            k, p = summarize(type(self), self.project, target_src, fn, kinds, self.summary_depth + 1, self.project_flags)
+            found.add(k)
+            parts.add(p)
         k = found.pop() if len(found) == 1 else None
         self.return_kinds[id(node)] = k
+        self.return_parts[id(node)] = parts.pop() if len(parts) == 1 else None
         return k
+
+    def unpacked_kinds(self, node: ast.AST, n: int) -> tuple | None:
+        """The kinds of `a, b, c = f(x)` when every return of the project def f is an n-tuple whose
+        items agree position by position (`return obs, rewards.cpu(), dones.cpu(), infos`)."""
+        if not isinstance(node, ast.Call) or not isinstance(node.func, (ast.Name, ast.Attribute)):
+            return None
+        self.return_kind(node)
+        parts = self.return_parts.get(id(node))
+        return parts if parts is not None and len(parts) == n else None
 
     def guessed(self, value: ast.AST) -> bool:
         """A call whose result is a tensor only by the guess that an unknown callable fed a tensor
@@ -60,6 +71,10 @@ class CallRules:
     def visit_Return(self, node: ast.Return) -> None:
         if self.collect is not None and self.defs and self.defs[-1] is self.collect:
             k = self.kind(node.value) if node.value is not None else "num"
+            if isinstance(node.value, ast.Tuple) and not any(isinstance(e, ast.Starred) for e in node.value.elts):
+                self.return_items.append(tuple(self.kind(e) for e in node.value.elts))
+            else:
+                self.return_items.append(None)
             if k is None and isinstance(node.value, (ast.Tuple, ast.List)):
                 k = ""   # a mixed tuple, `x, (h, w)`: known not to be one tensor
             self.returns.append(k)
@@ -93,13 +108,15 @@ class CallRules:
                                  list(self.functions)))
 
 
-def summarize(checker_cls, project: Project, src: Source, fn, kinds: dict, depth: int, flags: dict) -> str | None:
-    """The kind `fn` returns when called with arguments of `kinds`: its return values' kinds if they
-    agree, else None. A scratch walk of its body that reports nothing (region 'off'), cached."""
+def summarize(checker_cls, project: Project, src: Source, fn, kinds: dict, depth: int,
+              flags: dict) -> tuple[str | None, tuple | None]:
+    """(the kind `fn` returns when called with arguments of `kinds`, the kinds of the items of the
+    tuple it returns): its return values' kinds where they agree, else None. A scratch walk of its
+    body that reports nothing (region 'off'), cached."""
     key = (id(fn), tuple(sorted(kinds.items(), key=lambda kv: kv[0])))
     if key in project.summaries:
         return project.summaries[key]
-    project.summaries[key] = None
+    project.summaries[key] = (None, None)
     hotmap = project.hotmaps.get(id(src)) or HotMap(src.tree, str(src.path), src.nodes)
     c = checker_cls(src, project, hotmap, flags)
     c.summary_depth = depth
@@ -110,8 +127,13 @@ def summarize(checker_cls, project: Project, src: Source, fn, kinds: dict, depth
     c.defs = c._enclosing(fn)
     c._function(fn, region="off", chain=("summary",), seed=kinds)
     found = set(c.returns)
-    project.summaries[key] = k = found.pop() if len(found) == 1 else None
-    return k
+    k = found.pop() if len(found) == 1 else None
+    items = set(c.return_items)
+    parts = None
+    if items and None not in items and len({len(t) for t in items}) == 1:
+        parts = tuple(col[0] if len(set(col)) == 1 else None for col in zip(*items))
+    project.summaries[key] = (k, parts)
+    return k, parts
 
 
 __all__ = ["CallRules", "MAX_DEPTH", "summarize"]

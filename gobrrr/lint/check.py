@@ -46,7 +46,7 @@ from gobrrr.lint.files import python_files
 from gobrrr.lint.graph import Project, Source, parse
 from gobrrr.lint.hot import HotMap, may_use_gpu
 from gobrrr.lint.inside import validation_off_globally
-from gobrrr.lint.loops import Facts, looping_closure, stepping_defs
+from gobrrr.lint.loops import Facts, forwarding_defs, holds_updating_loop, looping_closure, stepping_defs
 from gobrrr.lint.rules import RULES, SYNC_RULES, TITLES, Checker, Finding
 
 __all__ = ["RULES", "Finding", "lint_source", "lint_paths", "lint_file", "check_sources", "main"]
@@ -85,19 +85,15 @@ def check_sources(sources: list[Source], assume_gpu: bool = False,
     indexed once; calls from hot code are followed breadth-first, each function walked once."""
     project = Project(sources)
     flags = {"no_validation": any(validation_off_globally(s.text) for s in sources)}
-    facts = {}
-    stepping: set[str] = set()
+    facts = {id(s): Facts(s.nodes, project.module_classes) for s in sources}
+    stepping, forwarding = _closures(sources, facts)
     looping: set[str] = set()
     called: dict[str, set[str]] = {}
-    for s in sources:   # what the project says about names: defs that update, defs that hold a step loop
-        f = facts[id(s)] = Facts(s.nodes, project.module_classes)
-        if "backward" in s.text or "step(" in s.text:   # a def that updates says one of them
-            stepping |= stepping_defs(s.nodes, f)
     hotmaps = {}
     for s in sources:
         f = facts[id(s)]
-        f.stepping |= stepping
-        hotmaps[id(s)] = project.hotmaps[id(s)] = HotMap(s.tree, str(s.path), s.nodes, facts=f)
+        f.stepping, f.forwarding = set(stepping), set(forwarding)
+        hotmaps[id(s)] = project.hotmaps[id(s)] = HotMap(s.tree, str(s.path), s.nodes, project.module_classes, f)
         looping |= hotmaps[id(s)].looping
         for name, names in s.calls.items():
             called.setdefault(name, set()).update(names)
@@ -150,6 +146,42 @@ def check_sources(sources: list[Source], assume_gpu: bool = False,
                 found.append(f)
     skipped = [s for s in sources if not gpu[id(s)] and not any(f.path == str(s.path) for f in found)]
     return sorted(found, key=lambda f: (f.path, f.line, f.col, f.rule)), skipped
+
+
+def _closures(sources: list[Source], facts: dict) -> tuple[set[str], set[str]]:
+    """What the project says about names: the defs that update (backward, an optimizer step) and
+    the defs that run a module, each directly or through the project's defs they call at their own
+    level, to a fixed point (a few rounds: train_actor_critic -> calc_gradients -> backward)."""
+    stepping: set[str] = set()
+    forwarding: set[str] = set()
+    defined = frozenset(name for s in sources for name in s.calls)   # s.calls is keyed by def name
+    for s in sources:
+        f = facts[id(s)]
+        f.defined = defined
+        if "backward" in s.text or "step(" in s.text:   # a def that updates says one of them
+            stepping |= stepping_defs(s.nodes, f)
+        forwarding |= forwarding_defs(s.nodes, f, s.calls)
+    trainers = {fn.name for s in sources if "backward" in s.text or "step(" in s.text for fn in s.nodes
+                if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and fn.name in stepping
+                and holds_updating_loop(fn, facts[id(s)])}
+    stepping -= trainers   # a call of a def with a training loop of its own is an outer loop's, not a step
+    new = stepping | forwarding
+    for _ in range(4):
+        if not new:
+            break
+        grown: set[str] = set()
+        for s in sources:
+            if not any(names & new for names in s.calls.values()):
+                continue
+            f = facts[id(s)]
+            f.stepping, f.forwarding = set(stepping), set(forwarding)
+            more_s = stepping_defs(s.nodes, f, strict=True) - stepping
+            more_f = forwarding_defs(s.nodes, f, s.calls) - forwarding - more_s
+            stepping |= more_s
+            forwarding |= more_f
+            grown |= more_s | more_f
+        new = grown
+    return stepping, forwarding - stepping
 
 
 def _guarded(step, s: Source, errors: list[str] | None) -> None:

@@ -70,6 +70,8 @@ class EnvRules:
     def env_loop(self, loop: ast.AST) -> None:
         """After the loop's body was visited: one GB014 per CPU-environment step, absorbing the
         round trip's own findings inside the loop."""
+        if self.silent:
+            return
         for call, targets in env_calls(loop):
             action = call.args[0]
             action_names = _names(action)
@@ -83,7 +85,7 @@ class EnvRules:
                         obs_names |= got
             host_action = _reads(action) or self.kind(action) in ("num", "numpy") or self.cpu_env(call.func.value) \
                 or any(_reads(n.value) for n in own_level(loop.body) if isinstance(n, ast.Assign)
-                       and set().union(*(_names(t) for t in n.targets)) & _names(action))
+                       and set().union(*(_names(t) for t in n.targets)) & action_names)
             if not host_action:
                 continue
             span = range(loop.lineno, (loop.end_lineno or loop.lineno) + 1)

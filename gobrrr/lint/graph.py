@@ -10,8 +10,11 @@
                  self.m(x)         a method of this class or of a base class (bases in any checked file)
                  Cls.m(x)          a method of a named class
                  obj.m(x), obj(x)  a method of the class assigned to obj (`obj(x)` runs its forward)
-                 anything.m(x)     a method that only one class of the project defines (not a common name)
-               A constructor `Cls(...)` is not followed: objects are built once, not per step.
+                 self.m(x)         also the overrides of m in the project's subclasses (a base class's
+                                   loop calling a hook its subclasses define)
+                 anything.m(x)     a method that only one class of the project defines, or only the
+                                   classes of one hierarchy (all of them; not a common name)
+                 Cls(x)            its __init__: a constructor called in hot code runs every step
 
 A module is matched to a file by its dotted path's tail (`utils`, `pkg.utils` -> .../pkg/utils.py
 or .../utils/__init__.py); an ambiguous name is left alone.
@@ -175,8 +178,17 @@ class Project:
                 for d in cls.body:
                     if isinstance(d, DEFS):
                         self.methods.setdefault(d.name, []).append((s, d))
-        self.module_classes = self._module_classes()
         self._lookups: dict = {}
+        self.module_classes = self._module_classes()
+        self.children: dict[int, list[tuple[Source, ast.ClassDef]]] = {}   # id(class) -> its direct subclasses
+        self.parents: dict[int, list[int]] = {}
+        for s in sources:
+            for cls in s.classes.values():
+                for base in cls.bases:
+                    b = self.class_of(s, base)
+                    if b is not None and b[1] is not cls:
+                        self.children.setdefault(id(b[1]), []).append((s, cls))
+                        self.parents.setdefault(id(cls), []).append(id(b[1]))
         self.summaries: dict = {}   # (id(def), argument kinds) -> the kind it returns (rules.summarize)
         self.hotmaps: dict = {}     # id(Source) -> its HotMap, once built
         self.attr_types: dict[tuple[int, str], list] = {}   # (id(cls), attr) -> classes its constructors were given
@@ -285,6 +297,20 @@ class Project:
                     return hit
         return None
 
+    def _inherited_instances(self, src: Source, cls: ast.ClassDef, attr: str, depth: int = 0) -> list:
+        """`self.diagnostics` set in a base class's __init__ (in any checked file)."""
+        out = list(self.attr_types.get((id(cls), attr), []))
+        for base in cls.bases:
+            b = self.class_of(src, base) if depth < 4 else None
+            if b is None or b[1] is cls:
+                continue
+            made = b[0].instances.get((id(b[1]), attr), [])
+            for m in made:
+                out += [hit for hit in self.classes_of(b[0], m) if hit not in out]
+            if not made:
+                out += [hit for hit in self._inherited_instances(b[0], b[1], attr, depth + 1) if hit not in out]
+        return out
+
     def _module_classes(self) -> set[str]:
         """Names of the project's classes that are torch modules (a base named *Module*, or a base
         that is one of these), by fixed point over the bases."""
@@ -322,6 +348,8 @@ class Project:
             hit = self.lookup(src, f.id)
             if hit and hit[0] == "def":
                 return [(hit[1], hit[2])]
+            if hit and hit[0] == "class":
+                return self._init(hit[1], hit[2])   # Cls(x) in hot code: its __init__ runs every step
             return self._forwards(self.instances_of(src, f, scope, types))   # net(x): its class's forward
         if isinstance(f, ast.Subscript):   # loss_map[name](...) with loss_map = {"a": self.loss_a, ...}
             return [hit for v in self._dict_values(src, f.value, scope)
@@ -333,8 +361,9 @@ class Project:
             cls = self._class_around(src, scope)
             if cls is not None:
                 hit = self.method(src, cls, f.attr)
-                if hit:
-                    return [hit]
+                found = ([hit] if hit else []) + self.overrides(cls, f.attr)
+                if found:
+                    return found
             insts = self.instances_of(src, f, scope, types)   # self.criterion(out, y)
             if insts:
                 return self._forwards(insts)
@@ -342,6 +371,8 @@ class Project:
             hit = self.lookup(src, recv.id)
             if hit and hit[0] == "module":
                 inner = self.lookup(hit[1], f.attr)
+                if inner and inner[0] == "class":
+                    return self._init(inner[1], inner[2])   # mod.Cls(x)
                 return [(inner[1], inner[2])] if inner and inner[0] == "def" else []
             if hit and hit[0] == "class":
                 found = self.method(hit[1], hit[2], f.attr)
@@ -352,7 +383,44 @@ class Project:
         if not fallback or f.attr in GENERIC or f.attr.startswith("__"):
             return []
         only = self.methods.get(f.attr, [])
-        return only[:1] if len(only) == 1 else []
+        if len(only) == 1:
+            return only[:1]
+        return only[:6] if 1 < len(only) <= 6 and self._one_hierarchy(only) else []
+
+    def _init(self, src: Source, cls: ast.ClassDef) -> list:
+        hit = self.method(src, cls, "__init__")
+        return [hit] if hit else []
+
+    def overrides(self, cls: ast.ClassDef, name: str, limit: int = 6) -> list:
+        """(Source, def) of `name` as the project's subclasses of `cls` (at any depth) define it."""
+        out, seen, todo = [], {id(cls)}, list(self.children.get(id(cls), []))
+        while todo and len(out) < limit:
+            s, c = todo.pop(0)
+            if id(c) in seen:
+                continue
+            seen.add(id(c))
+            out += [(s, d) for d in c.body if isinstance(d, DEFS) and d.name == name]
+            todo += self.children.get(id(c), [])
+        return out[:limit]
+
+    def _ancestors(self, cls_id: int) -> set[int]:
+        out, todo = set(), [cls_id]
+        while todo:
+            c = todo.pop()
+            if c not in out:
+                out.add(c)
+                todo += self.parents.get(c, [])
+        return out
+
+    def _one_hierarchy(self, defs) -> bool:
+        """The classes defining these methods share a project base class (an observer and its subclasses)."""
+        owners = [s.owner.get(id(d)) for s, d in defs]
+        if any(o is None for o in owners):
+            return False
+        common = self._ancestors(id(owners[0]))
+        for o in owners[1:]:
+            common &= self._ancestors(id(o))
+        return bool(common)
 
     def _dict_values(self, src: Source, node: ast.AST, scope) -> list[ast.AST]:
         if not isinstance(node, ast.Name) or scope is None:
@@ -391,6 +459,8 @@ class Project:
             if cls is None:
                 return []
             made = src.instances.get((id(cls), node.attr), [])
+            if not made and id(cls) in self.parents:
+                return self._inherited_instances(src, cls, node.attr)
             if not made:
                 return list(self.attr_types.get((id(cls), node.attr), []))
         out = []

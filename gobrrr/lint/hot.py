@@ -71,13 +71,19 @@ _SIMPLE = (ast.Expr, ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Return, ast.I
            ast.Raise, ast.Assert, ast.Delete, ast.Global, ast.Nonlocal, ast.Break, ast.Continue)
 
 
-def _ends_flow(body: list[ast.stmt]) -> bool:
-    """The branch leaves early: raise, break, exit, a return of what is already computed."""
+def _ends_flow(body: list[ast.stmt], in_loop: bool = True) -> bool:
+    """The branch leaves early: raise, break, exit, a return of what is already computed (outside a
+    loop, `result = {...}; return result` computes: one of the def's main paths)."""
     last = body[-1] if body else None
     if isinstance(last, (ast.Raise, ast.Break)):
         return True
-    if isinstance(last, ast.Return):   # `return self.prepare_bbox(preds)` does the work: not an early exit
-        return last.value is None or not any(isinstance(n, ast.Call) for n in ast.walk(last.value))
+    if isinstance(last, ast.Return):   # `return self.prepare_bbox(preds)`, `...; return result` do the work
+        if last.value is None or any(isinstance(n, ast.Call) for n in ast.walk(last.value)):
+            return last.value is None
+        made = {t.id for st in body if isinstance(st, (ast.Assign, ast.AugAssign, ast.AnnAssign))
+                for tgt in (st.targets if isinstance(st, ast.Assign) else [st.target]) for t in ast.walk(tgt)
+                if isinstance(t, ast.Name)}
+        return in_loop or not any(isinstance(n, ast.Name) and n.id in made for n in ast.walk(last.value))
     if isinstance(last, ast.Expr) and isinstance(last.value, ast.Call):
         return name_of(last.value.func) in ("exit", "_exit", "abort")
     return False
@@ -104,19 +110,21 @@ class HotMap:
         self.timed: set[int] = set()             # lines of synchronize() calls used for timing
         self.bench_file = is_bench_name(path)    # benchmarks/..., bench_attention.py, param_bench/...
         self.off_elses: set[int] = set()         # id(If) whose else runs only when scripting/tracing/compiling
-        self.on_flags = _default_on_flags(tree)
+        self.on_flags, self.loop_ifs = _default_on_flags(tree)
         for n in nodes:
             if isinstance(n, ast.If):
-                if self.rare(n) or _graph_mode(n.test):
+                cuda = _cuda_test(n.test)
+                if self.rare(n) or _graph_mode(n.test) or cuda is False:
                     self.off_ifs.add(id(n))
-                elif isinstance(n.test, ast.UnaryOp) and isinstance(n.test.op, ast.Not) and _graph_mode(n.test.operand):
-                    self.off_elses.add(id(n))
+                elif isinstance(n.test, ast.UnaryOp) and isinstance(n.test.op, ast.Not) and _graph_mode(n.test.operand) \
+                        or cuda:
+                    self.off_elses.add(id(n))   # the GPU is assumed: `else:` of `if use_cuda:` is the CPU path
         self.tree = tree
         self.restep()
         self.prompt_loops = {id(n) for n in nodes if isinstance(n, LOOPS) and any(
             isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr == "generate"
             for c in own_level(n.body))}   # one prompt per iteration: `out = model.generate(x)`
-        self._hooks(tree, module_classes)
+        self._hooks(tree, module_classes, nodes)
         self.off_tails = self._off_tails(nodes)  # id(stmt) after `if not should_log(step): return`
         if any(isinstance(n, ast.Attribute) and n.attr == "synchronize" or isinstance(n, ast.Name)
                and n.id == "synchronize" for n in nodes):
@@ -127,9 +135,9 @@ class HotMap:
         self.step_loops, self.update_loops, self.env_loops, self.looping = step_loops(
             self.tree, self.facts, lambda n: id(n) in self.off_ifs)
 
-    def _hooks(self, tree: ast.Module, module_classes) -> None:
+    def _hooks(self, tree: ast.Module, module_classes, nodes) -> None:
         in_loops = None
-        for cls in [None, *(n for n in tree.body if isinstance(n, ast.ClassDef))]:
+        for cls in [None, *(n for n in nodes if isinstance(n, ast.ClassDef))]:   # nested classes too
             body = tree.body if cls is None else cls.body
             bases = [dotted(b) for b in cls.bases] if cls is not None else []
             is_module = cls is not None and (cls.name in module_classes or any(b.endswith("Module") for b in bases))
@@ -154,7 +162,7 @@ class HotMap:
         not hold the optimizer step (`if (i + 1) % accum == 0: opt.step()` is the step itself)."""
         if _mode_switch(node.test):
             return False   # `if self.training: ... return losses`: a forward's main path, not an early exit
-        if _ends_flow(node.body) or _lazy_init(node):
+        if _ends_flow(node.body, id(node) in self.loop_ifs) or _lazy_init(node):
             return True
         if isinstance(node.test, ast.Name) and id(node) in self.on_flags.get(node.test.id, ()):
             return False   # `def loss_labels(..., log=True): ... if log:` runs on every call by default
@@ -258,39 +266,78 @@ def _graph_mode(test: ast.AST) -> bool:
     return isinstance(test, ast.Call) and bool(_GRAPH_MODE.search(dotted(test.func)))
 
 
+_CUDA_FLAGS = {"use_cuda", "cuda", "is_cuda", "on_gpu", "use_gpu", "has_cuda", "cuda_available"}
+
+
+def _cuda_test(test: ast.AST) -> bool | None:
+    """True for a test that holds on the GPU (`torch.cuda.is_available()`, `device_type == "cuda"`,
+    `"cuda" in device`, `use_cuda`, `x.is_cuda`), False for its negation, None for any other test."""
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        inner = _cuda_test(test.operand)
+        return None if inner is None else not inner
+    if isinstance(test, ast.Call):
+        return True if dotted(test.func).endswith("cuda.is_available") else None
+    if isinstance(test, (ast.Name, ast.Attribute)):
+        return True if name_of(test) in _CUDA_FLAGS else None
+    if isinstance(test, ast.Compare) and len(test.ops) == 1:
+        sides = [test.left, test.comparators[0]]
+        if any(isinstance(x, ast.Constant) and x.value == "cuda" for x in sides):
+            if isinstance(test.ops[0], (ast.Eq, ast.In)):
+                return True
+            if isinstance(test.ops[0], (ast.NotEq, ast.NotIn)):
+                return False
+    return None
+
+
+_MODE = re.compile(r"^(is_)?train(ing)?$|^train_mode$|^is_eval(uation)?$|^eval_mode$")
+
+
 def _mode_switch(test: ast.AST) -> bool:
-    """`if self.training:`, `if not self.training:`, `if model.training and ...`: train or eval mode."""
-    return any(isinstance(n, ast.Attribute) and n.attr == "training" for n in ast.walk(test))
+    """`if self.training:`, `if not self.training:`, `if model.training and ...`, `if is_train:`: train
+    or eval mode, two main paths."""
+    return any(isinstance(n, ast.Attribute) and n.attr == "training" or isinstance(n, (ast.Name, ast.Attribute))
+               and bool(_MODE.match(name_of(n))) for n in ast.walk(test))
 
 
-def _default_on_flags(tree: ast.AST) -> dict[str, set[int]]:
-    """flag name -> id of the ifs that test a parameter of their def defaulting to True, in one walk
-    over statements."""
+def _default_on_flags(tree: ast.AST) -> tuple[dict[str, set[int]], set[int]]:
+    """(flag name -> id of the ifs that test a parameter of their def defaulting to True, id of the
+    ifs inside a loop of their def), in one walk over statements."""
     flags: dict[str, set[int]] = {}
-    stack = [(tree, frozenset())]
+    in_loop: set[int] = set()
+    stack = [(tree, frozenset(), False)]
     while stack:
-        node, on = stack.pop()
+        node, on, looping = stack.pop()
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             a = node.args
             pos = [*a.posonlyargs, *a.args]
             pairs = [*zip(pos[len(pos) - len(a.defaults):], a.defaults), *zip(a.kwonlyargs, a.kw_defaults)]
             on = frozenset(p.arg for p, d in pairs if isinstance(d, ast.Constant) and d.value is True)
-        elif isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id in on:
-            flags.setdefault(node.test.id, set()).add(id(node))
+            looping = False
+        elif isinstance(node, ast.If):
+            if looping:
+                in_loop.add(id(node))
+            if isinstance(node.test, ast.Name) and node.test.id in on:
+                flags.setdefault(node.test.id, set()).add(id(node))
+        inner = looping or isinstance(node, LOOPS)
         for field in ("body", "orelse", "finalbody", "handlers", "cases"):
-            stack += [(child, on) for child in getattr(node, field, None) or ()]
-    return flags
+            stack += [(child, on, inner) for child in getattr(node, field, None) or ()]
+    return flags, in_loop
 
 
 def _lazy_init(node: ast.If) -> bool:
-    """`if preds is None: preds = ...`, `if self.grid[i].shape != x.shape: self.grid[i] = ...`: runs
-    when a cached value is missing or stale (the first iteration, a new input size), not every step."""
+    """`if preds is None: preds = ...`, `if self.grid[i].shape != x.shape: self.grid[i] = ...`, `if k not
+    in cache: cache[k] = ...`: runs when a cached value is missing or stale (the first iteration, a new
+    input size, a new key), not every step."""
     t = node.test
     assigned = {ast.unparse(x) for s in node.body if isinstance(s, ast.Assign) for x in s.targets
                 if isinstance(x, (ast.Attribute, ast.Subscript))}
     if assigned and any(isinstance(n, (ast.Attribute, ast.Subscript)) and ast.unparse(n) in assigned
                         for n in ast.walk(t)):
         return True
+    if isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], ast.NotIn):
+        key, table = ast.unparse(t.left), ast.unparse(t.comparators[0])   # `if k not in cache: cache[k] = ...`
+        return any(isinstance(x, ast.Subscript) and ast.unparse(x.value) == table and ast.unparse(x.slice) == key
+                   for st in ast.walk(node) if isinstance(st, ast.Assign) for x in st.targets)
     if not (isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], ast.Is)
             and isinstance(t.comparators[0], ast.Constant) and t.comparators[0].value is None):
         return False

@@ -7,9 +7,12 @@
              constructor checks each parameter's constraint with `.all()` read on the host, and
              `log_prob` checks the sample the same way. `validate_args=False` (or once,
              `torch.distributions.Distribution.set_default_validate_args(False)`) removes them.
+             Also a project subclass of one (`class CategoricalMasked(Categorical)`), and
+             `d.log_prob(x)` of a name bound to such a distribution.
              `torch.normal(mean, std)` with a tensor std: torch checks `std >= 0` on the host.
 
-A mixin of rules.Checker: it relies on `kind()`, `looping()`, `flag()`, `project_flags`.
+A mixin of rules.Checker: it relies on `kind()`, `looping()`, `flag()`, `project_flags`, `project`,
+`src`, `scopes`, `lookup()`.
 """
 from __future__ import annotations
 
@@ -28,13 +31,15 @@ class InsideRules:
         if any(name == b or name.endswith("." + b) for b in _BARRIERS) or method == "wait_for_everyone":
             self.flag(node, "GB012", what=f"`{ast.unparse(func)}()`")
             return
-        if name.startswith("torch.distributions.") and name.rsplit(".", 1)[-1][:1].isupper() \
-                and not name.endswith(("Distribution", "constraints")) and not self.validation_off(kw) \
-                and any(self.kind(a) in TENSORISH for a in [*node.args, *kw.values()]):
-            self.flag(node, "GB013", what=f"`{name.rsplit('.', 1)[-1]}(...)` built with argument validation on",
-                      fix="pass validate_args=False, or call torch.distributions.Distribution."
-                          "set_default_validate_args(False) once at start-up: validation reads each parameter "
-                          "check (and each log_prob sample check) on the host")
+        dist = self.validated_dist(node, name, kw)
+        if dist:
+            self.flag(node, "GB013", what=f"`{dist}(...)` built with argument validation on", fix=_FIX)
+            return
+        v = func.value if method == "log_prob" else None
+        if isinstance(v, ast.Name) and self.lookup(v.id + _DIST) or isinstance(v, ast.Attribute) \
+                and isinstance(v.value, ast.Name) and v.value.id == "self" and v.attr in self.dist_attrs:
+            self.flag(node, "GB013", what="`log_prob()` of a distribution built with argument validation on "
+                                          "(the sample is checked on the host)", fix=_FIX)
             return
         if name == "torch.normal":
             std = kw.get("std", node.args[1] if len(node.args) > 1 else None)
@@ -43,11 +48,74 @@ class InsideRules:
                           fix="sample as mean + std * torch.randn_like(std): torch.normal checks std >= 0 "
                               "on the host before it samples")
 
+    def validated_dist(self, node: ast.Call, name: str, kw) -> str | None:
+        """The class name when this call builds a torch distribution (or a project subclass of one)
+        from device tensors with argument validation on, else None."""
+        if not any(self.kind(a) in TENSORISH for a in [*node.args, *kw.values()]) or self.validation_off(kw):
+            return None
+        last = name.rsplit(".", 1)[-1]
+        if name.startswith("torch.distributions.") and last[:1].isupper() \
+                and not name.endswith(("Distribution", "constraints")):
+            return last
+        if last[:1].isupper() and isinstance(node.func, (ast.Name, ast.Attribute)):
+            hit = self.project.class_of(self.src, node.func)   # class CategoricalMasked(Categorical)
+            if hit is not None and _torch_dist_base(self.project, *hit):
+                return last
+        return None
+
+    def note_distribution(self, node: ast.Assign) -> None:
+        """`d = Normal(mu, std)` with validation on: its `d.log_prob(x)` checks the sample on the host."""
+        v = node.value
+        if isinstance(v, ast.Call) and isinstance(v.func, (ast.Name, ast.Attribute)):
+            kw = {k.arg: k.value for k in v.keywords if k.arg}
+            if self.validated_dist(v, self.dotted(v.func) or "", kw):
+                for t in node.targets:
+                    if isinstance(t, ast.Name):
+                        self.scopes[-1][t.id + _DIST] = "dist"
+                    elif isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
+                        self.dist_attrs.add(t.attr)   # self.distribution = Normal(mean, std)
+
     def validation_off(self, kw) -> bool:
         v = kw.get("validate_args")
         if isinstance(v, ast.Constant):
             return v.value is False or v.value is None and self.project_flags.get("no_validation", False)
         return v is not None or self.project_flags.get("no_validation", False)
+
+
+_DIST = "#dist"   # scope key of a name bound to a validated distribution
+_FIX = ("pass validate_args=False, or call torch.distributions.Distribution.set_default_validate_args(False) once "
+        "at start-up: validation reads each parameter check (and each log_prob sample check) on the host")
+
+
+def _torch_dist_base(project, src, cls, depth: int = 0) -> bool:
+    """A project class whose bases reach a torch.distributions class that checks its arguments
+    (not the abstract Distribution / TransformedDistribution, which check none of their own), and
+    whose __init__ does not turn validation off."""
+    init = project.method(src, cls, "__init__")
+    if init is not None and any(isinstance(k, ast.keyword) and k.arg == "validate_args" and isinstance(k.value, ast.Constant)
+                                and k.value.value is False for k in ast.walk(init[1])):
+        return False
+    for base in cls.bases:
+        full = _qualified(src, base)
+        if full.startswith(("torch.distributions.", "distributions.")):
+            return not full.endswith("Distribution")
+        hit = project.class_of(src, base) if depth < 4 else None
+        if hit is not None and hit[1] is not cls and _torch_dist_base(project, *hit, depth + 1):
+            return True
+    return False
+
+
+def _qualified(src, expr: ast.AST) -> str:
+    """`pyd.Normal` -> 'torch.distributions.Normal' through the file's imports."""
+    parts = []
+    while isinstance(expr, ast.Attribute):
+        parts.append(expr.attr)
+        expr = expr.value
+    if not isinstance(expr, ast.Name):
+        return ""
+    module, attr = src.imports.get(expr.id, (expr.id, None))
+    head = f"{module}.{attr}" if attr else module
+    return ".".join([head, *reversed(parts)])
 
 
 def validation_off_globally(text: str) -> bool:

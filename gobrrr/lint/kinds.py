@@ -69,7 +69,7 @@ DEVICE_WRAPPERS = {"prepare", "prepare_data_loader", "setup_dataloaders"}   # ac
 LOADERS_PINNED = {"Prefetcher", "PinnedWorkerLoader", "from_dataloader"}
 TENSORISH = {"tensor", "mask", "generated"}   # generated: model.generate()'s tokens, made to be read on the host
 BATCHES = {"batch_host", "batch_pinned", "batch", "batch_tok"}   # batch_tok: a tokenizer's return_tensors="pt" output
-HOSTISH = {"num", "host", "pinned", "numpy", "str", "obj", "hlist", "loader_pinned", "loader_pageable", "loader_device",
+HOSTISH = {"num", "host", "pinned", "numpy", "str", "obj", "hlist", "cpudev", "loader_pinned", "loader_pageable", "loader_device",
            "loader", *BATCHES}
 # what iterating (or unpacking) a value of one kind gives
 ITEM_KIND = {"loader_pageable": "batch_host", "loader_pinned": "batch_pinned", "loader_device": "tensor",
@@ -77,6 +77,7 @@ ITEM_KIND = {"loader_pageable": "batch_host", "loader_pinned": "batch_pinned", "
              "batch_host": "batch_host", "batch_pinned": "batch_pinned", "batch": "batch", "numpy": "numpy",
              "tlist": "tensor", "hlist": "hlist"}
 _DATA_WORDS = {"data", "dataset", "ds", "batches", "train", "val", "valid", "test", "eval", "dl"}
+_PREDICATE = re.compile(r"^_*(is|has|should|can|needs?|uses?|supports?|check_is)_")
 _TOKENIZER = re.compile(r"tokeni[sz]er|processor|feature_extractor|^tok$", re.I)
 _LOADER_NAME = LOADER_NAME
 
@@ -143,14 +144,19 @@ class Kinds:
         if isinstance(node, ast.Dict):   # {"scores": s, "boxes": b}: a container of device tensors
             values = [self.kind(v) for v in node.values if v is not None]
             return "tlist" if values and all(k in TENSORISH for k in values) else None
-        if isinstance(node, ast.ListComp):
+        if isinstance(node, (ast.ListComp, ast.DictComp)):
             binder = getattr(self, "bind_loop_target", None)
             self.scopes.append({})
             try:
                 for g in node.generators:
                     if binder is not None:
                         binder(g.target, g.iter)
-                return self._list_kind([self.kind(node.elt)])
+                k = self.kind(node.elt if isinstance(node, ast.ListComp) else node.value)
+                # [{"scores": s, "boxes": b} for ...], {img_id: out for ...}: containers of device tensors
+                if isinstance(node, ast.DictComp) and k in BATCHES:
+                    return k   # data = {key: value for key, value in data.items()}: still the batch
+                return "tlist" if k == "tlist" else self._list_kind([k]) if isinstance(node, ast.ListComp) else (
+                    "tlist" if k in TENSORISH else None)
             finally:
                 self.scopes.pop()
         if isinstance(node, ast.UnaryOp):
@@ -174,7 +180,11 @@ class Kinds:
             kinds = {self.kind(x) for x in [node.left, *node.comparators]}
             if kinds & {"str", "obj"}:
                 return "num"
-            return "mask" if kinds & TENSORISH else ("num" if kinds <= {"num", "str"} else None)
+            if kinds & TENSORISH:
+                return "mask"
+            if kinds & {"host", "numpy"} and kinds <= {"host", "numpy", "num"}:
+                return "host" if "host" in kinds else "numpy"   # layer_idx = from_which_layer == i: a host mask
+            return "num" if kinds <= {"num", "str"} else None
         if isinstance(node, ast.BoolOp):
             kinds = {self.kind(v) for v in node.values}
             return "mask" if kinds & TENSORISH else ("num" if kinds <= {"num", "str"} else None)
@@ -225,6 +235,9 @@ class Kinds:
                 _TOKENIZER.search(name_of(func)) or (isinstance(func, ast.Attribute) and _TOKENIZER.search(
                     name_of(func.value)))):
             return "batch_tok"   # tokenizer(texts, return_tensors="pt"): a fresh host batch, pageable
+        if isinstance(func, (ast.Name, ast.Attribute)) and _PREDICATE.match(name_of(func)) \
+                and not (isinstance(func, ast.Attribute) and self.kind(func.value) in TENSORISH):
+            return "num"   # self._is_fp8_param(p), has_nan(x): a predicate answers with a Python bool
         if isinstance(func, ast.Name):
             if func.id in NUM_BUILTINS:
                 return "num"
@@ -269,6 +282,8 @@ class Kinds:
                 return self.factory_kind(node)
             if root == "torch" and last in MASK_FUNCS:
                 return "mask"
+            if name == "torch.device" and node.args and self.device_of(node.args[0]) == "cpu":
+                return "cpudev"
             if root == "torch" and (last.startswith("is_") or last in NOT_TENSOR_TORCH):
                 return "num" if last.startswith("is_") or last == "equal" else None
             if root == "torch" and not last[:1].isupper():
@@ -299,6 +314,8 @@ class Kinds:
     def method_kind(self, node: ast.Call, func: ast.Attribute) -> str | None:
         recv = self.kind(func.value)
         method = func.attr
+        if method == "type" and node.args and getattr(self, "cuda_type", None) and self.cuda_type(node.args[0]):
+            return "tensor"   # x.type(torch.cuda.FloatTensor)
         if method in NUMBER_METHODS:
             return "num"
         if method in STR_METHODS or recv == "str":
@@ -349,7 +366,8 @@ class Kinds:
     def factory_kind(self, node: ast.Call) -> str:
         kw = {k.arg: k.value for k in node.keywords if k.arg}
         if "device" in kw and self.device_of(kw["device"]) != "cpu":
-            return "tensor"
+            dtype = self.dotted(kw["dtype"]) if "dtype" in kw else ""
+            return "mask" if dtype in ("torch.bool", "bool") else "tensor"
         pin = kw.get("pin_memory")
         if pin is not None and not (isinstance(pin, ast.Constant) and not pin.value):
             return "pinned"
@@ -399,8 +417,8 @@ class Kinds:
             tail = name.rsplit(".", 1)[-1].lower()
             if "dtype" in tail or "type" == tail:
                 return None
-            if tail == "cpu":
-                return "cpu"
+            if "cpu" in tail.split("_") or self.kind(node) == "cpudev":
+                return "cpu"   # cpu_device = torch.device("cpu")
             if any(w in tail for w in ("device", "dev", "cuda", "gpu", "rank")) or self.kind(node) in TENSORISH:
                 return "cuda"  # .to(device), .to(x.device), .to(other_tensor)
             return "cuda" if self.kind(node) not in ("num", "str") else None

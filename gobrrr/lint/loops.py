@@ -5,22 +5,26 @@ branches) does one of:
 
     update     `.backward()`; `.step()` of an optimizer (named like one, or assigned one:
                `q_opt = optim.Adam(...)`, `create_optimizer(...)`); a function of the project
-               that does either (`train_step(batch)`, `agent.learn(batch)`)
+               that does either, directly or through its own calls (`train_step(batch)`,
+               `agent.learn(batch)`, `self.train_actor_critic(mb)` -> calc_gradients -> backward)
     forward    a call of a module: named like one (`model`, `netD`), or assigned one
                (`q = QNetwork(envs).to(device)` where QNetwork is a project nn.Module,
-               `m = resnet50()`, `m = Foo(...).cuda()`, `copy.deepcopy(model)`)
+               `m = resnet50()`, `m = Foo(...).cuda()`, `copy.deepcopy(model)`); a function
+               of the project that calls one (`self.get_action_values(obs)`, `policy.act(obs)`)
     data       a batch taken: the loop iterates a loader (`for x, y in train_loader`, a DataLoader)
                or calls `next(it)` in a `while` loop
-    env        an environment stepped: `.step(action)` on an env-named receiver, or whose result
-               unpacks into four or five names (obs, reward, done, info)
+    env        an environment stepped: `.step(action)` on an env-named receiver, or a `step` /
+               `env_step` call whose result unpacks into four or five names (obs, reward, done, info)
 
-and holds no inner step loop itself unless it updates (an epoch loop that only holds a step loop
-is not one; a loop around gradient-accumulation micro-batches that steps the optimizer is).
+and holds no inner step loop itself unless it updates, takes a batch or steps an environment (an
+epoch loop that only holds a step loop is not one; a loop around gradient-accumulation micro-batches
+that steps the optimizer is, and so is a loop over batches or env steps that holds an update loop).
 """
 from __future__ import annotations
 
 import ast
 import re
+from functools import lru_cache
 
 _MODEL_WORDS = {"model", "models", "net", "engine", "encoder", "decoder", "generator", "discriminator", "policy",
                 "actor", "critic", "agent", "classifier", "backbone", "teacher", "student", "transformer", "gpt",
@@ -61,6 +65,10 @@ _NOT_RUNNING = re.compile(r"^_*(save|load|log|print|set|build|create|get|init|co
                           r"clip|zero|parameters|named|state|describe|check|watch|track)", re.I)
 LOADER_NAME = re.compile(r"loader|dataloader|_dl$|^dl$|batches$", re.I)
 _ENV = re.compile(r"(^|_)(env|envs|environment|environments|venv|vec_?env|sim|simulator|game)(_|$|\d)", re.I)
+_ENV_STEP = re.compile(r"^(step|env_step|step_env|step_envs|envs_step)$")
+# names too common to take a call as a forward because one project def of that name runs a model
+_COMMON = {"forward", "step", "update", "run", "call", "apply", "get", "sample", "predict", "compute", "process",
+           "evaluate", "eval", "train", "test", "generate", "transform", "encode", "decode", "build", "log"}
 LOOPS = (ast.For, ast.AsyncFor, ast.While)
 DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 
@@ -93,6 +101,7 @@ def dotted(node: ast.AST) -> str:
     return ""
 
 
+@lru_cache(maxsize=65536)
 def is_model_name(name: str) -> bool:
     """`model`, `ddp_model`, `netD`, `resnet`, `model_engine`, `self` (for `self(x)`): a module by its
     name, its head word last. Words, not substrings: `a_factor_of` is no actor; `is_module`,
@@ -139,6 +148,8 @@ class Facts:
         self.models: set[str] = set()
         self.optimizers: set[str] = set()
         self.stepping: set[str] = set(stepping)
+        self.forwarding: set[str] = set()   # defs (by name, across the project) that call a module
+        self.defined: frozenset[str] = frozenset()   # every def name of the project (set by the driver)
         self.looping: set[str] = set()      # defs (by name, across the project) that hold a step loop
         self.aliases: dict[str, set[str]] = {}   # sample_fn = d.p_sample_loop if c else d.ddim_sample_loop
         for node in nodes:
@@ -180,10 +191,13 @@ class Facts:
         n = name_of(node) or ""
         return bool(OPTIM.search(n)) or n in self.optimizers
 
-    def step_kind(self, call: ast.Call) -> str | None:
+    def step_kind(self, call: ast.Call, strict: bool = False) -> str | None:
         """'update' for backward / an optimizer step / a function that does one, 'forward' for a
         module's call (`model(x)`, `self.net(x)`, `agent.get_value(obs)`), 'env' for an
-        environment's step, else None."""
+        environment's step, else None. `strict`: only direct evidence (a module called, this object's
+        own defs that update or run one), for the project-wide closures."""
+        if strict:
+            return self._strict_kind(call)
         func = call.func
         if isinstance(func, ast.Attribute):
             if func.attr == "backward":
@@ -194,10 +208,11 @@ class Facts:
                 if call.args and is_env_name(name_of(func.value)):
                     return "env"
             receiver = name_of(func.value)
+            args = bool(call.args or call.keywords)
             if func.attr in self.stepping and func.attr != "step" and (
-                    func.attr not in HOUSEKEEPING or ((call.args or call.keywords)
-                                                      and (is_model_name(receiver) or receiver in self.models))):
-                return "update"   # agent.learn(batch), policy.train(buffer, 256): a project def that updates
+                    func.attr not in HOUSEKEEPING or (args and is_model_name(receiver))
+                    or (args and receiver == "self" and func.attr not in ("train", "eval"))):
+                return "update"   # agent.learn(batch), policy.train(buffer, 256), self.update(i): a def that updates
             if func.attr in HOUSEKEEPING or func.attr.startswith(("register_", "set_", "save", "load")):
                 return None
             if receiver != "self" and (is_model_name(receiver) or receiver in self.models) \
@@ -205,14 +220,42 @@ class Facts:
                 return "forward"  # model.decode(memory, ys), agent.get_action_and_value(obs)
             if (is_model_name(func.attr) or func.attr in self.models) and (call.args or call.keywords):
                 return "forward"
+            if func.attr in self.forwarding and args and (func.attr not in _COMMON or receiver == "self"):
+                return "forward"  # self.get_action_values(obs): a project def that runs the model
             return "forward" if self._runs_model(call, func.attr) else None
         if isinstance(func, ast.Name):
             if func.id in self.stepping:
                 return "update"
             if (is_model_name(func.id) or func.id in self.models) and (call.args or call.keywords):
                 return "forward"   # a module is called on a batch; `item_generator()` is not one
+            if func.id in self.forwarding and (call.args or call.keywords) and func.id not in _COMMON:
+                return "forward"
             return "forward" if self._runs_model(call, func.id) else None
         return None
+
+    def _strict_kind(self, call: ast.Call) -> str | None:
+        func, args = call.func, bool(call.args or call.keywords)
+        if isinstance(func, ast.Attribute):
+            if func.attr == "backward" or func.attr in ("step", "optimizer_step") and self.is_optimizer(func.value):
+                return "update"
+            own = isinstance(func.value, ast.Name) and func.value.id == "self"
+            if own and func.attr in self.stepping and func.attr not in ("train", "eval", "step") \
+                    and (args or func.attr not in HOUSEKEEPING):
+                return "update"   # self.calc_gradients(batch), self.update(step)
+            receiver = name_of(func.value)
+            if args and func.attr not in HOUSEKEEPING and (
+                    self._module(func.attr) or (own and func.attr in self.forwarding)
+                    or func.attr in ("forward", "generate") and (is_model_name(receiver) or receiver in self.models)):
+                return "forward"  # self.model(x), self.actor(obs), self.get_action_values(obs)
+            return None
+        if isinstance(func, ast.Name) and args and (self._module(func.id) or func.id in self.forwarding):
+            return "forward"   # a plain function that updates may run a whole training: not followed here
+        return None
+
+    def _module(self, name: str) -> bool:
+        """A module by its name or assignment, and not a def of the project (`self._runs_model(...)`,
+        `ddp(model, ...)` are functions)."""
+        return (is_model_name(name) or name in self.models) and name not in self.defined
 
     def _runs_model(self, call: ast.Call, callee: str) -> bool:
         """`self.p_sample(model, x, t)`, `criterion(model=net, ...)`: a call handed the model runs it."""
@@ -225,15 +268,19 @@ class Facts:
 
 
 def env_steps(node: ast.AST) -> bool:
-    """`obs, r, done, info = env.step(a)`: a `.step(action)` whose result unpacks into 4-5 names."""
+    """`obs, r, done, info = env.step(a)` (or `self.env_step(a)`): a step call whose result unpacks
+    into 4-5 names."""
     return isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) \
-        and isinstance(node.value.func, ast.Attribute) and node.value.func.attr == "step" and node.value.args \
-        and len(node.targets) == 1 and isinstance(node.targets[0], ast.Tuple) and len(node.targets[0].elts) in (4, 5)
+        and isinstance(node.value.func, (ast.Attribute, ast.Name)) and bool(_ENV_STEP.match(name_of(node.value.func))) \
+        and bool(node.value.args) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Tuple) \
+        and len(node.targets[0].elts) in (4, 5)
 
 
-def stepping_defs(nodes: list[ast.AST], facts: Facts) -> set[str]:
-    """Names of the defs among `nodes` whose own level updates (backward / optimizer step)."""
-    marks = {n.lineno for n in nodes if isinstance(n, ast.Attribute) and n.attr in ("backward", "step", "optimizer_step")
+def stepping_defs(nodes: list[ast.AST], facts: Facts, strict: bool = False) -> set[str]:
+    """Names of the defs among `nodes` whose own level updates (backward / optimizer step, or a call
+    of a def that does)."""
+    marks = {n.lineno for n in nodes if isinstance(n, ast.Attribute) and (
+        n.attr in ("backward", "step", "optimizer_step") or n.attr in facts.stepping)
              or isinstance(n, ast.Name) and n.id in facts.stepping}
     if not marks:
         return set()
@@ -241,7 +288,32 @@ def stepping_defs(nodes: list[ast.AST], facts: Facts) -> set[str]:
     for fn in nodes:
         if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) \
                 and any(fn.lineno <= m <= (fn.end_lineno or fn.lineno) for m in marks) and any(
-                isinstance(n, ast.Call) and facts.step_kind(n) == "update" for n in own_level(fn.body)):
+                isinstance(n, ast.Call) and facts.step_kind(n, strict) == "update" for n in own_level(fn.body)) \
+                and not (strict and holds_updating_loop(fn, facts)):
+            out.add(fn.name)
+    return out
+
+
+def holds_updating_loop(fn: ast.AST, facts: Facts) -> bool:
+    """A def with a loop that updates (a trainer): calling it runs many steps, not one."""
+    for node in ast.walk(fn):
+        if isinstance(node, LOOPS) and any(isinstance(n, ast.Call) and facts.step_kind(n, True) == "update"
+                                           for n in own_level(node.body)):
+            return True
+    return False
+
+
+def forwarding_defs(nodes: list[ast.AST], facts: Facts, calls: dict[str, set[str]] | None = None) -> set[str]:
+    """Names of the defs among `nodes` whose own level runs a module on an input (`res =
+    self.model(input_dict)`, or a call of a def that does), outside loops of their own. `calls` (def
+    name -> the names it calls) skips the defs that call nothing module-like."""
+    out = set()
+    for fn in nodes:
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and not fn.name.startswith("__") \
+                and fn.name not in facts.forwarding and fn.name not in HOUSEKEEPING \
+                and (calls is None or any(is_model_name(n) or n in facts.models or n in facts.forwarding
+                                          or n in ("forward", "generate") for n in calls.get(fn.name, ()))) \
+                and any(isinstance(n, ast.Call) and facts.step_kind(n, True) == "forward" for n in own_level(fn.body)):
             out.add(fn.name)
     return out
 
@@ -275,14 +347,16 @@ def step_loops(tree: ast.AST, facts: Facts, rare) -> tuple[set[int], set[int], s
             kinds.add("env")
         if calls and _takes_batches(node, calls):
             kinds.add("data")
-        inner |= any(looping(n) for n in calls)
+        outer = any(looping(n) for n in calls)   # calls a def that holds a step loop: a loop around runs
         if "update" in kinds:
             updates.add(id(node))
         if "env" in kinds:
             envs.add(id(node))
-        if "update" in kinds or (kinds & {"forward", "data", "env"} and not inner):
-            steps.add(id(node))
+        if "update" in kinds or "env" in kinds or ("data" in kinds and not outer) \
+                or ("forward" in kinds and not (inner or outer)):
+            steps.add(id(node))   # an env stepped or a batch taken is a step, whatever inner loops it holds
             return True
+        inner |= outer
         return inner
 
     known = set(looping_fns)
@@ -330,5 +404,6 @@ def _takes_batches(loop: ast.AST, calls: list[ast.Call]) -> bool:
     return isinstance(it, (ast.Name, ast.Attribute)) and bool(LOADER_NAME.search(name_of(it)))
 
 
-__all__ = ["Facts", "step_loops", "looping_closure", "stepping_defs", "own_level", "name_of", "dotted", "is_model_name",
-           "is_env_name", "env_steps", "statements", "HOUSEKEEPING", "OPTIM", "LOADER_NAME", "LOOPS", "DEFS"]
+__all__ = ["Facts", "step_loops", "looping_closure", "stepping_defs", "forwarding_defs", "holds_updating_loop",
+           "own_level", "name_of", "dotted", "is_model_name", "is_env_name", "env_steps", "statements", "HOUSEKEEPING",
+           "OPTIM", "LOADER_NAME", "LOOPS", "DEFS"]

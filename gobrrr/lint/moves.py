@@ -3,10 +3,12 @@
     GB001  a tensor built on the host, then copied (`torch.randn(..).to(dev)`, `torch.from_numpy(x).cuda()`)
     GB005  non_blocking=True from pageable memory (also a pinned tensor that `.to(dtype)` made pageable)
     GB006  a DataLoader without pin_memory=True whose batches go to CUDA
-    GB009  a loader's batch copied with a blocking `.to(device)`, every step
+    GB009  a loader's batch copied with a blocking `.to(device)` (or `.type(torch.cuda.FloatTensor)`), every step
+    GB002  a device tensor's `.to('cpu')` / `.to(cpu_device)` in a loop: a read back like `.cpu()`
     GB010  host data copied by a factory or a host tensor's `.to(device)` inside the loop:
-           `torch.tensor(data, device=dev)`, `torch.as_tensor(x, device=dev)`, `lr_t.to(dev)`: each a
-           blocking copy that waits for the GPU to drain (torch copies from pageable memory and syncs)
+           `torch.tensor(data, device=dev)`, `torch.as_tensor(x, device=dev)`, `lr_t.to(dev)`, a host
+           tensor written into a device one (`gain[2:6] = torch.tensor(shape)`): each a blocking copy
+           that waits for the GPU to drain (torch copies from pageable memory and syncs)
     GB011  a device tensor indexed by host indices (`b_obs[mb_inds]` with a numpy array, a CPU
            `torch.arange`, a `range` or a list): the index is copied to the device, blocking, each time
 
@@ -29,7 +31,9 @@ class CopyRules:
         nb = kw.get("non_blocking", node.args[1] if method == "cuda" and len(node.args) > 1 else None)
         blocking = nb is None or (isinstance(nb, ast.Constant) and not nb.value)
         nb_true = isinstance(nb, ast.Constant) and nb.value is True
-        if method in ("to", "cuda") and self.copy_target(node) == "cuda":
+        if method == "type" and node.args and self.cuda_type(node.args[0]):
+            method = "cuda"   # x.type(torch.cuda.FloatTensor), x.type(Tensor) with Tensor = torch.cuda.FloatTensor
+        if method in ("to", "cuda") and (method == "cuda" or self.copy_target(node) == "cuda"):
             src = func.value   # torch.<factory>(...)[.long()...] on the host, then .to(device)/.cuda()
             while isinstance(src, ast.Call) and isinstance(src.func, ast.Attribute) and (
                     src.func.attr in DTYPE_METHODS | VIEW_METHODS or src.func.attr.endswith("_")
@@ -43,10 +47,12 @@ class CopyRules:
                 self.flag(node, "GB001")
             elif nb_true and recv in ("host", "batch_host"):
                 self.flag(node, "GB005")
-            elif recv == "host" and blocking and self.looping() and not self.per_prompt():
-                self.flag(node, "GB010", what=_short(node))
+            elif recv in ("host", "hlist") and blocking and self.looping() and not self.per_prompt():
+                self.flag(node, "GB010", what=_short(node))   # hlist: an item of a list of host tensors
             if recv in BATCHES and blocking and self.looping() and (recv != "batch_tok" or self.updating()):
                 self.flag(node, "GB009", what=_short(node))
+        elif method == "to" and recv in TENSORISH and self.looping() and self.copy_target(node) == "cpu":
+            self.flag(node, "GB002", what="`.to('cpu')`")   # x.to('cpu'), x.to(cpu_device): a read like .cpu()
         elif method == "copy_" and nb_true and node.args and self.kind(node.args[0]) in ("host", "batch_host"):
             self.flag(node, "GB005")
         elif method == "copy_" and blocking and node.args and recv in TENSORISH and self.looping() \
@@ -55,8 +61,29 @@ class CopyRules:
         elif name.startswith("torch.") and name.count(".") == 1 and name[6:] in DATA_FACTORIES and self.looping() \
                 and node.args and not self.per_prompt() and "device" in kw and self.device_of(kw["device"]) == "cuda" \
                 and self.kind(node.args[0]) not in TENSORISH \
+                and not (name == "torch.as_tensor" and self._on_its_own_device(node.args[0], kw["device"])) \
                 and not (isinstance(node.args[0], (ast.List, ast.Tuple)) and not node.args[0].elts):   # [] copies nothing
             self.flag(node, "GB010", what=_short(node))   # torch.tensor(host_list, device="cuda")
+
+    def cuda_type(self, node: ast.AST) -> bool:
+        """`torch.cuda.FloatTensor`, or a name bound to one (`Tensor = torch.cuda.FloatTensor if cuda else ...`)."""
+        if isinstance(node, ast.Name) and node.id in self.cuda_types:
+            return True
+        name = self.dotted(node) or ""
+        return name.startswith("torch.cuda.") and name.endswith("Tensor")
+
+    def _on_its_own_device(self, arg: ast.AST, device: ast.AST) -> bool:
+        """`torch.as_tensor(kp, device=kp.device)` (or a `device` name set from `kp.device`): a tensor
+        already there comes back as is; only host data would be copied, onto the host."""
+        if not isinstance(arg, ast.Name):
+            return False
+        own = f"{arg.id}.device"
+        if ast.unparse(device) == own:
+            return True
+        scope = self.defs[-1] if self.defs else None
+        return isinstance(device, ast.Name) and scope is not None and any(
+            isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == device.id for t in n.targets)
+            and own in ast.unparse(n.value) for n in ast.walk(scope))
 
     def per_prompt(self) -> bool:
         """In a loop that runs one generate() per iteration: a small copy per prompt is not worth a finding."""
@@ -89,10 +116,15 @@ class CopyRules:
 
 
     def host_write(self, target: ast.AST, value: ast.AST) -> None:
-        """`cpu_t[i] = cuda_value`: the device value is read back to the host to be stored."""
-        if isinstance(target, ast.Subscript) and self.looping() and self.kind(target.value) in ("host", "pinned") \
-                and self.kind(value) in TENSORISH:
+        """`cpu_t[i] = cuda_value`: the device value is read back to the host to be stored;
+        `cuda_t[2:6] = torch.tensor(shape)`: a host tensor is copied in, blocking."""
+        if not isinstance(target, ast.Subscript) or not self.looping():
+            return
+        into, k = self.kind(target.value), self.kind(value)
+        if into in ("host", "pinned") and k in TENSORISH:
             self.flag(target, "GB002", what="writing a device value into a host tensor")
+        elif into in TENSORISH and k in ("host", "hlist") and not self.per_prompt():
+            self.flag(target, "GB010", what=f"{_short(target, 30)} = <host tensor>")
 
 
 def _moves_to_cuda(loop: ast.AST, checker) -> bool:

@@ -19,10 +19,11 @@ from dataclasses import asdict, dataclass, field
 
 from gobrrr.lint.calls import MAX_DEPTH, CallRules
 from gobrrr.lint.env import EnvRules, env_makers
+from gobrrr.lint.flow import FlowRules
 from gobrrr.lint.graph import Project, Source
 from gobrrr.lint.hot import HotMap, is_model_name
 from gobrrr.lint.inside import InsideRules
-from gobrrr.lint.kinds import BATCHES, DEVICE_WRAPPERS, ITEM_KIND, LOADERS_PINNED, TENSORISH, Kinds
+from gobrrr.lint.kinds import DEVICE_WRAPPERS, LOADERS_PINNED, TENSORISH, Kinds
 from gobrrr.lint.moves import CopyRules
 from gobrrr.lint.sync import SyncRules
 
@@ -83,8 +84,9 @@ TITLES = {"GB001": "a tensor built on the host, then moved to the device", "GB00
           "GB014": "a CPU environment stepped per iteration (one finding per loop)"}
 # a module's forward: parameters that hold tensors (or lists and dicts of them) by their usual names
 _FORWARD_TENSORS = {"x", "input", "inputs", "outputs", "output", "logits", "targets", "labels", "hidden_states",
-                    "y", "src", "tgt", "query", "key", "value"}
+                    "y", "src", "tgt", "query", "key", "value", "obs", "observations"}
 _HOOK_TENSORS = {"inputs", "outputs", "output", "x", "y", "logits", "loss", "labels", "targets", "images", "data"}
+_EAGER = {"map", "filter", "sorted", "max", "min", "list", "tuple"}
 _IMAGE_SINKS = ("save_image", "imsave", "imwrite", "fromarray", "imshow", "add_image", "add_images", "add_video",
                 "write_video", "make_grid", "Image", "savefig", "log_image", "log_images")
 
@@ -110,7 +112,7 @@ class Finding:
             ("" if self.hot else " [not per-step]")
 
 
-class Checker(CallRules, SyncRules, CopyRules, InsideRules, EnvRules, Kinds, ast.NodeVisitor):
+class Checker(FlowRules, CallRules, SyncRules, CopyRules, InsideRules, EnvRules, Kinds, ast.NodeVisitor):
     """One module's findings (see the module doc)."""
 
     def __init__(self, src: Source, project: Project | None = None, hotmap: HotMap | None = None,
@@ -140,14 +142,20 @@ class Checker(CallRules, SyncRules, CopyRules, InsideRules, EnvRules, Kinds, ast
         self.loop_stack: list[int] = []         # id() of the enclosing loops
         self.guesses: set[str] = set()          # names bound to an unknown call's result, guessed a tensor
         self.module_scope: dict = {}
+        self.silent = False                     # a first pass over a step loop's body: kinds only (flow)
+        self.eager_lambdas: set[int] = set()    # id of lambdas that map()/sorted() call right away
+        self.cuda_types: set[str] = set()       # names bound to torch.cuda.FloatTensor and friends
+        self.dist_attrs: set[str] = set()       # self attributes bound to a validated distribution (inside)
         self.summary_depth = 0                  # > 0 in a scratch walk that only learns what a def returns
         self.collect: ast.AST | None = None     # that def
         self.returns: list = []                 # the kinds of its return values
+        self.return_items: list = []            # per return: the kinds of a returned tuple's items, or None
         self.return_kinds: dict[int, str | None] = {}   # id(Call) -> what the project def it runs returns
+        self.return_parts: dict[int, tuple | None] = {}   # id(Call) -> the kinds of the tuple it returns
 
     # -- reporting
     def flag(self, node: ast.AST, rule: str, hot: bool | None = None, fix: str | None = None, **fmt) -> None:
-        if self.region == "off":
+        if self.region == "off" or self.silent:
             return
         hot = self.region == "hot" if hot is None else hot
         message, default_fix = RULES[rule]
@@ -233,8 +241,11 @@ class Checker(CallRules, SyncRules, CopyRules, InsideRules, EnvRules, Kinds, ast
         params = [*args.posonlyargs, *args.args, *args.kwonlyargs]
         for a in params:
             scope[a.arg] = self.annotation_kind(a.annotation)
-        for a, d in zip(reversed([*args.posonlyargs, *args.args]), reversed(args.defaults)):
-            if scope.get(a.arg) is None and self.kind(d) == "num":
+        for a, d in [*zip(reversed([*args.posonlyargs, *args.args]), reversed(args.defaults)),
+                     *zip(args.kwonlyargs, args.kw_defaults)]:
+            if isinstance(d, ast.Constant) and d.value is None:
+                scope[a.arg + "#opt"] = "opt"   # `x: Tensor | None = None`: `if not x:` tests for None
+            if d is not None and scope.get(a.arg) is None and self.kind(d) == "num":
                 scope[a.arg] = "num"
         if hook:   # a framework (or the step loop) hands the hook device batches, outputs and a model
             for a in params[1:]:
@@ -262,8 +273,11 @@ class Checker(CallRules, SyncRules, CopyRules, InsideRules, EnvRules, Kinds, ast
     visit_AsyncFunctionDef = visit_FunctionDef
 
     def visit_Lambda(self, node: ast.Lambda) -> None:
-        saved, self.region = self.region, None
-        self.visit(node.body)
+        saved, self.region = self.region, (self.region if id(node) in self.eager_lambdas else None)
+        a = node.args
+        self.scopes.append({p.arg: None for p in [*a.posonlyargs, *a.args, *a.kwonlyargs]})
+        self.visit(node.body)   # deferred (a callback, `default(x, lambda: ...)`) unless map() runs it now
+        self.scopes.pop()
         self.region = saved
 
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
@@ -273,6 +287,7 @@ class Checker(CallRules, SyncRules, CopyRules, InsideRules, EnvRules, Kinds, ast
 
     def visit_Assign(self, node: ast.Assign) -> None:
         self.visit(node.value)
+        self.note_distribution(node)
         for t in node.targets:
             self.visit_target(t)
             self.host_write(t, node.value)
@@ -293,8 +308,14 @@ class Checker(CallRules, SyncRules, CopyRules, InsideRules, EnvRules, Kinds, ast
         if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr == "step" \
                 and value.args and len(node.targets) == 1 and isinstance(node.targets[0], ast.Tuple) \
                 and len(node.targets[0].elts) in (4, 5):
-            k = self.env_results(node)   # obs, reward, done, info = env.step(action)
-            for t in node.targets[0].elts:
+            k = self.env_results(node)   # obs, reward, done, info = env.step(action): info is a dict
+            for i, t in enumerate(node.targets[0].elts):
+                self.bind(t, None if i == len(node.targets[0].elts) - 1 else k)
+            return
+        if len(node.targets) == 1 and isinstance(node.targets[0], ast.Tuple) \
+                and not any(isinstance(t, ast.Starred) for t in node.targets[0].elts) \
+                and (parts := self.unpacked_kinds(value, len(node.targets[0].elts))) is not None:
+            for t, k in zip(node.targets[0].elts, parts):   # a, b = helper(x): each item as the helper returns it
                 self.bind(t, k)
             return
         k = self.kind(value)
@@ -307,6 +328,8 @@ class Checker(CallRules, SyncRules, CopyRules, InsideRules, EnvRules, Kinds, ast
             if k == "loader_pageable" and isinstance(t, ast.Name):
                 self.loaders.append({"name": t.id, "node": value, "scope": self.scope_node})
         aliased = value.body if isinstance(value, ast.IfExp) else value  # `a if cuda else noop`
+        if self.cuda_type(aliased) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            self.cuda_types.add(node.targets[0].id)   # Tensor = torch.cuda.FloatTensor if cuda else torch.FloatTensor
         dotted = self.dotted(aliased) if isinstance(aliased, ast.Attribute) else None
         if dotted and dotted.endswith(".synchronize") and len(node.targets) == 1 \
                 and isinstance(node.targets[0], ast.Name):
@@ -333,142 +356,15 @@ class Checker(CallRules, SyncRules, CopyRules, InsideRules, EnvRules, Kinds, ast
                 self.visit(t.slice)
 
     def visit_Expr(self, node: ast.Expr) -> None:
-        v = node.value   # losses.append(loss): a list of device tensors
+        v = node.value   # losses.append(loss): a list of device tensors; xs.append(x.cpu()): of host ones
         if isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and v.func.attr == "append" \
-                and isinstance(v.func.value, ast.Name) and len(v.args) == 1 and self.kind(v.args[0]) in TENSORISH \
-                and self.lookup(v.func.value.id) in (None, "tlist"):
-            self.bind(v.func.value, "tlist")
+                and isinstance(v.func.value, ast.Name) and len(v.args) == 1:
+            k, old = self.kind(v.args[0]), self.lookup(v.func.value.id)
+            if k in TENSORISH and old in (None, "tlist"):
+                self.bind(v.func.value, "tlist")
+            elif k == "host" and old in (None, "hlist"):
+                self.bind(v.func.value, "hlist")
         self.generic_visit(node)
-
-    # -- loops, branches, error paths
-    def bind_loop_target(self, target: ast.AST, it: ast.AST) -> None:
-        fname = it.func.id if isinstance(it, ast.Call) and isinstance(it.func, ast.Name) else None
-        if fname == "range":
-            return self.bind(target, "num")
-        if fname == "enumerate" and it.args and isinstance(target, ast.Tuple) and len(target.elts) == 2:
-            self.bind(target.elts[0], "num")
-            return self.bind_loop_target(target.elts[1], it.args[0])
-        if fname == "zip" and isinstance(target, ast.Tuple) and len(target.elts) == len(it.args):
-            for t, a in zip(target.elts, it.args):
-                self.bind_loop_target(t, a)
-            return
-        if isinstance(it, ast.Call) and isinstance(it.func, ast.Attribute):
-            method, recv = it.func.attr, self.kind(it.func.value)
-            if method in ("parameters", "buffers"):
-                return self.bind(target, "tensor")
-            if method in ("named_parameters", "named_buffers", "items") and isinstance(target, ast.Tuple) \
-                    and len(target.elts) == 2:
-                self.bind(target.elts[0], "str")
-                value = recv if recv in BATCHES else "tensor" if method != "items" or recv in TENSORISH | {"tlist"} \
-                    else None
-                return self.bind(target.elts[1], value)
-            if method == "values" and recv in BATCHES | TENSORISH:
-                return self.bind(target, recv)
-        k = self.iter_kind(it, unpacked=isinstance(target, ast.Tuple))
-        if k and k.startswith("enum_") and isinstance(target, ast.Tuple) and len(target.elts) == 2:
-            self.bind(target.elts[0], "num")   # for i, batch in pbar (pbar = tqdm(enumerate(loader)))
-            return self.bind(target.elts[1], ITEM_KIND.get(k[5:]))
-        self.bind(target, {"loader_pageable": "batch_host", "loader_pinned": "batch_pinned", "loader": "batch",
-                           "loader_device": "tensor", "tlist": "tensor"}.get(
-            k, k if k in ("numpy", "host", "pinned", "tensor", "mask", "hlist", *BATCHES) else None))
-
-    def visit_For(self, node) -> None:
-        self.visit(node.iter)  # evaluated once: set-up code
-        if isinstance(node.iter, ast.Call) and self.kind(node.iter) == "loader_pageable":
-            self.loaders.append({"name": None, "node": node.iter, "loop": node})
-        self.bind_loop_target(node.target, node.iter)
-        self.visit_loop_body(node)
-
-    visit_AsyncFor = visit_For
-
-    def visit_loop_body(self, node, *every_iteration: ast.AST) -> None:
-        """Visit what runs every iteration (`every_iteration`, then the body) in the loop's region;
-        `else:` runs once, after the loop."""
-        saved = self.region
-        if saved != "hot" and saved != "off":
-            self.region = "hot" if id(node) in self.hotmap.step_loops else "cold"
-        self.loop_stack.append(id(node))
-        for part in (*every_iteration, *node.body):
-            self.visit(part)
-        if self.region == "hot" and id(node) in self.hotmap.step_loops:
-            self.env_loop(node)
-        self.loop_stack.pop()
-        self.region = saved
-        for stmt in node.orelse:
-            self.visit(stmt)
-
-    def visit_While(self, node: ast.While) -> None:
-        saved = self.region
-        if saved != "hot" and saved != "off":
-            # while delta > tol: a loop on a device value syncs every iteration, however often it runs
-            tensor_test = self.kind(node.test) in TENSORISH
-            self.region = "hot" if id(node) in self.hotmap.step_loops or tensor_test else "cold"
-        if self.kind(node.test) in TENSORISH:
-            self.flag(node.test, "GB007", where=" in a while loop")
-        self.region = saved
-        self.visit_loop_body(node, node.test)  # the test is evaluated every iteration
-
-    def visit_If(self, node: ast.If) -> None:
-        self.check_condition(node.test)
-        self.visit(node.test)
-        if id(node) in self.hotmap.off_ifs:
-            self.visit_off(*node.body)
-        else:
-            for stmt in node.body:
-                self.visit(stmt)
-        if id(node) in self.hotmap.off_elses:
-            self.visit_off(*node.orelse)   # `if not torch.jit.is_scripting(): ... else:` never runs eagerly
-        else:
-            for stmt in node.orelse:
-                self.visit(stmt)
-
-    def visit_IfExp(self, node: ast.IfExp) -> None:
-        self.check_condition(node.test)
-        self.generic_visit(node)
-
-    def visit_Assert(self, node: ast.Assert) -> None:
-        self.check_condition(node.test, " in an assert")
-        self.visit(node.test)
-        self.visit_off(node.msg)  # the message is built only on failure
-
-    def visit_Raise(self, node: ast.Raise) -> None:
-        self.visit_off(node.exc, node.cause)
-
-    def visit_Try(self, node) -> None:
-        for stmt in node.body:
-            self.visit(stmt)
-        self.visit_off(*node.handlers)
-        for stmt in [*node.orelse, *node.finalbody]:
-            self.visit(stmt)
-
-    visit_TryStar = visit_Try
-
-    def _comprehension(self, node) -> None:
-        gens = node.generators
-        self.visit(gens[0].iter)  # the first iterable is evaluated once
-        saved = self.region
-        self.region = saved if saved in ("hot", "off") else "cold"
-        self.scopes.append({})
-        for i, g in enumerate(gens):
-            if i:
-                self.visit(g.iter)
-            self.bind_loop_target(g.target, g.iter)
-            for cond in g.ifs:
-                self.visit(cond)
-        for part in ([node.key, node.value] if isinstance(node, ast.DictComp) else [node.elt]):
-            self.visit(part)
-        self.scopes.pop()
-        self.region = saved
-
-    visit_ListComp = visit_SetComp = visit_GeneratorExp = visit_DictComp = _comprehension
-
-    def check_condition(self, test: ast.AST, where: str = " inside a loop") -> None:
-        parts = test.values if isinstance(test, ast.BoolOp) else [test]
-        parts = [p.operand if isinstance(p, ast.UnaryOp) and isinstance(p.op, ast.Not) else p for p in parts]
-        if all(self.kind(p) not in TENSORISH or (isinstance(p, ast.Name) and p.id in self.guesses) for p in parts):
-            return   # `if losses:` on the result of an unknown call: as likely a list as a tensor
-        if self.looping() and self.kind(test) in TENSORISH:
-            self.flag(test, "GB007", where=where)
 
     # -- the rules on expressions
     def visit_Call(self, node: ast.Call) -> None:
@@ -477,11 +373,13 @@ class Checker(CallRules, SyncRules, CopyRules, InsideRules, EnvRules, Kinds, ast
         method = func.attr if isinstance(func, ast.Attribute) else None
         recv = self.kind(func.value) if method else None
         kw = {k.arg: k.value for k in node.keywords if k.arg}
+        if name in _EAGER and node.args and isinstance(node.args[0], ast.Lambda):
+            self.eager_lambdas.add(id(node.args[0]))   # map(lambda t: t.item(), ts): run here, per item
         self.copy_rules(node, func, name, method, recv, kw)
         if self.looping():
             self.sync_rules(node, func, name, method, recv, kw)
             self.inside_rules(node, func, name, method, kw)
-        if self.region == "hot":
+        if self.region == "hot" and not self.silent:
             self.follow(node)
         # calls that hand a pageable loader to gobrrr (which pins): not a GB006 any more
         if isinstance(func, (ast.Name, ast.Attribute)) and name.rsplit(".", 1)[-1] in LOADERS_PINNED:

@@ -1,0 +1,218 @@
+"""How `gobrrr lint` walks loops, branches and error paths (a mixin of rules.Checker).
+
+    loops        a loop's body runs in the loop's region: 'hot' for a step loop (hot.HotMap) or a
+                 `while` on a device value, 'cold' for other loops; its target is bound from what
+                 it iterates (a loader's batches, a model's parameters, a dict's items)
+    branches     an `if` whose body is rare (hot.HotMap.off_ifs) is walked 'off'; after an `if`,
+                 a name keeps the kind both ways agree on, the device kind where one way moves it
+                 to the device (`if use_cuda: buf = buf.cuda()`: the GPU is assumed), else none
+                 (`if cpu_env: a = a.cpu().numpy()` leaves an unknown `a` unknown); a way that
+                 leaves (return, raise, continue) does not flow past the `if`
+    error paths  `except` handlers, a raise's exception and an assert's message are 'off'
+
+It relies on the checker's `kind()`, `bind()`, `scopes`, `flag()`, `hotmap`, `region`.
+"""
+from __future__ import annotations
+
+import ast
+
+from gobrrr.lint.kinds import BATCHES, ITEM_KIND, TENSORISH
+
+_MISSING = object()
+_LEAVES = (ast.Return, ast.Raise, ast.Continue)   # a break's bindings reach the code after the loop
+
+
+def _leaves(body: list[ast.stmt]) -> bool:
+    return bool(body) and isinstance(body[-1], _LEAVES)
+
+
+class FlowRules:
+    """Loops, branches and error paths."""
+
+    def bind_loop_target(self, target: ast.AST, it: ast.AST) -> None:
+        fname = it.func.id if isinstance(it, ast.Call) and isinstance(it.func, ast.Name) else None
+        if fname == "range":
+            return self.bind(target, "num")
+        if fname == "enumerate" and it.args and isinstance(target, ast.Tuple) and len(target.elts) == 2:
+            self.bind(target.elts[0], "num")
+            return self.bind_loop_target(target.elts[1], it.args[0])
+        if fname == "zip" and isinstance(target, ast.Tuple) and len(target.elts) == len(it.args):
+            for t, a in zip(target.elts, it.args):
+                self.bind_loop_target(t, a)
+            return
+        if isinstance(it, ast.Call) and isinstance(it.func, ast.Attribute):
+            method, recv = it.func.attr, self.kind(it.func.value)
+            if method in ("parameters", "buffers"):
+                return self.bind(target, "tensor")
+            if method in ("named_parameters", "named_buffers", "items") and isinstance(target, ast.Tuple) \
+                    and len(target.elts) == 2:
+                self.bind(target.elts[0], "str")
+                value = recv if recv in BATCHES else "tensor" if method != "items" or recv in TENSORISH | {"tlist"} \
+                    else None
+                return self.bind(target.elts[1], value)
+            if method == "values" and recv in BATCHES | TENSORISH:
+                return self.bind(target, recv)
+        k = self.iter_kind(it, unpacked=isinstance(target, ast.Tuple))
+        if k and k.startswith("enum_") and isinstance(target, ast.Tuple) and len(target.elts) == 2:
+            self.bind(target.elts[0], "num")   # for i, batch in pbar (pbar = tqdm(enumerate(loader)))
+            return self.bind(target.elts[1], ITEM_KIND.get(k[5:]))
+        self.bind(target, {"loader_pageable": "batch_host", "loader_pinned": "batch_pinned", "loader": "batch",
+                           "loader_device": "tensor", "tlist": "tensor"}.get(
+            k, k if k in ("numpy", "host", "pinned", "tensor", "mask", "hlist", *BATCHES) else None))
+
+    def visit_For(self, node) -> None:
+        self.visit(node.iter)  # evaluated once: set-up code
+        if isinstance(node.iter, ast.Call) and self.kind(node.iter) == "loader_pageable":
+            self.loaders.append({"name": None, "node": node.iter, "loop": node})
+        self.bind_loop_target(node.target, node.iter)
+        self.visit_loop_body(node)
+
+    visit_AsyncFor = visit_For
+
+    def visit_loop_body(self, node, *every_iteration: ast.AST) -> None:
+        """Visit what runs every iteration (`every_iteration`, then the body) in the loop's region;
+        `else:` runs once, after the loop."""
+        saved = self.region
+        if saved != "hot" and saved != "off":
+            if id(node) in self.hotmap.step_loops:
+                self._carried(node, every_iteration)
+            self.region = "hot" if id(node) in self.hotmap.step_loops else "cold"
+        self.loop_stack.append(id(node))
+        for part in (*every_iteration, *node.body):
+            self.visit(part)
+        if self.region == "hot" and id(node) in self.hotmap.step_loops:
+            self.env_loop(node)
+        self.loop_stack.pop()
+        self.region = saved
+        for stmt in node.orelse:
+            self.visit(stmt)
+
+    def _carried(self, node, every_iteration) -> None:
+        """One silent pass over a step loop's body first: what an iteration leaves behind is what the
+        next one starts from (`xs.append(x.cpu())` at the end makes `xs[-1].cuda()` at the top a copy)."""
+        scope = self.scopes[-1]
+        before = dict(scope)
+        saved, self.silent = self.silent, True   # walked as hot code, reporting and following nothing
+        saved_region, self.region = self.region, "hot"
+        self.loop_stack.append(id(node))
+        for part in (*every_iteration, *node.body):
+            self.visit(part)
+        self.loop_stack.pop()
+        self.silent, self.region = saved, saved_region
+        after = dict(scope)
+        scope.clear()
+        scope.update(before)
+        fresh = {n.id for n in ast.walk(node.target) if isinstance(n, ast.Name)} if hasattr(node, "target") else set()
+        for name, k in after.items():
+            b = before.get(name, _MISSING)
+            if name in fresh:
+                continue   # the loop target is bound anew each iteration
+            if b is _MISSING or b is None or b == k:
+                scope[name] = k
+            elif (b in TENSORISH) != (k in TENSORISH):
+                scope[name] = b if b in TENSORISH else k
+            else:
+                scope[name] = ("mask" if "mask" in (b, k) else "tensor") if b in TENSORISH else None
+
+    def visit_While(self, node: ast.While) -> None:
+        saved = self.region
+        if saved != "hot" and saved != "off":
+            # while delta > tol: a loop on a device value syncs every iteration, however often it runs
+            tensor_test = self.kind(node.test) in TENSORISH
+            self.region = "hot" if id(node) in self.hotmap.step_loops or tensor_test else "cold"
+        if self.kind(node.test) in TENSORISH:
+            self.flag(node.test, "GB007", where=" in a while loop")
+        self.region = saved
+        self.visit_loop_body(node, node.test)  # the test is evaluated every iteration
+
+    def visit_If(self, node: ast.If) -> None:
+        self.check_condition(node.test)
+        self.visit(node.test)
+        scope = self.scopes[-1]
+        before = dict(scope)
+        if id(node) in self.hotmap.off_ifs:
+            self.visit_off(*node.body)
+        else:
+            for stmt in node.body:
+                self.visit(stmt)
+        body = dict(scope)
+        scope.clear()
+        scope.update(before)
+        if id(node) in self.hotmap.off_elses:
+            self.visit_off(*node.orelse)   # `if not torch.jit.is_scripting(): ... else:` never runs eagerly
+        else:
+            for stmt in node.orelse:
+                self.visit(stmt)
+        self._merge(scope, before, body, _leaves(node.body), _leaves(node.orelse))
+
+    @staticmethod
+    def _merge(scope: dict, before: dict, body: dict, body_leaves: bool, else_leaves: bool) -> None:
+        """The kinds after an if: a way that leaves does not count; where both go on, a name keeps a
+        kind both agree on (or the one way's, for a name the other never bound)."""
+        orelse = dict(scope)
+        if body_leaves and not else_leaves:
+            return   # scope already holds the else way
+        if else_leaves and not body_leaves:
+            scope.clear()
+            scope.update(body)
+            return
+        for name in set(body) | set(orelse):
+            a, b = body.get(name, _MISSING), orelse.get(name, _MISSING)
+            if a is _MISSING or b is _MISSING or a == b:
+                scope[name] = b if a is _MISSING else a
+            elif (a in TENSORISH) != (b in TENSORISH):
+                scope[name] = a if a in TENSORISH else b   # `if use_cuda: buf = buf.cuda()`: the GPU is assumed
+            else:   # `if m.dtype != torch.bool: m = m.bool()`: a mask either way
+                scope[name] = ("mask" if "mask" in (a, b) else "tensor") if a in TENSORISH else None
+
+    def visit_IfExp(self, node: ast.IfExp) -> None:
+        self.check_condition(node.test)
+        self.generic_visit(node)
+
+    def visit_Assert(self, node: ast.Assert) -> None:
+        self.check_condition(node.test, " in an assert")
+        self.visit(node.test)
+        self.visit_off(node.msg)  # the message is built only on failure
+
+    def visit_Raise(self, node: ast.Raise) -> None:
+        self.visit_off(node.exc, node.cause)
+
+    def visit_Try(self, node) -> None:
+        for stmt in node.body:
+            self.visit(stmt)
+        self.visit_off(*node.handlers)
+        for stmt in [*node.orelse, *node.finalbody]:
+            self.visit(stmt)
+
+    visit_TryStar = visit_Try
+
+    def _comprehension(self, node) -> None:
+        gens = node.generators
+        self.visit(gens[0].iter)  # the first iterable is evaluated once
+        saved = self.region
+        self.region = saved if saved in ("hot", "off") else "cold"
+        self.scopes.append({})
+        for i, g in enumerate(gens):
+            if i:
+                self.visit(g.iter)
+            self.bind_loop_target(g.target, g.iter)
+            for cond in g.ifs:
+                self.visit(cond)
+        for part in ([node.key, node.value] if isinstance(node, ast.DictComp) else [node.elt]):
+            self.visit(part)
+        self.scopes.pop()
+        self.region = saved
+
+    visit_ListComp = visit_SetComp = visit_GeneratorExp = visit_DictComp = _comprehension
+
+    def check_condition(self, test: ast.AST, where: str = " inside a loop") -> None:
+        parts = test.values if isinstance(test, ast.BoolOp) else [test]
+        parts = [p.operand if isinstance(p, ast.UnaryOp) and isinstance(p.op, ast.Not) else p for p in parts]
+        if all(self.kind(p) not in TENSORISH or (isinstance(p, ast.Name) and (
+                p.id in self.guesses or self.lookup(p.id + "#opt"))) for p in parts):
+            return   # `if losses:` on an unknown call's result, `if not mask:` on an optional parameter
+        if self.looping() and self.kind(test) in TENSORISH:
+            self.flag(test, "GB007", where=where)
+
+
+__all__ = ["FlowRules"]
