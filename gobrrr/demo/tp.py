@@ -208,8 +208,8 @@ def _train_beside_one_process(mesh, sp: bool, dev) -> dict:
     losses, losses_one = [], []
     for step in range(STEPS):
         gx, gy = _batch(step, dp)
-        _, loss = model(gx[mine].to(dev), gy[mine].to(dev))
-        _, loss_one = ref(gx.to(dev), gy.to(dev))
+        _, loss = model(gx[mine].to(dev), gy[mine].to(dev))  # sync: the check's host-made batch, copied per step
+        _, loss_one = ref(gx.to(dev), gy.to(dev))  # sync: the same batch for the one-process reference
         loss.backward()
         loss_one.backward()
         with torch.no_grad():
