@@ -99,8 +99,8 @@ def test_load_judgement_rejects_an_unknown_verdict(tmp_path):
 def test_real_judgements_are_well_formed():
     files = sorted((ROOT / "tests" / "data" / "lint_judged").glob("*.json"))
     docs = [lint_score.load_judgement(p) for p in files]
-    assert len(docs) == 12
-    assert sorted(d["set"] for d in docs) == ["dev"] * 4 + ["dev2"] * 4 + ["heldout"] * 4
+    assert len(docs) == 16
+    assert sorted(d["set"] for d in docs) == ["dev"] * 4 + ["dev2"] * 4 + ["heldout"] * 4 + ["heldout2"] * 4
     assert len({d["domain"] for d in docs}) == 4
     for d in docs:
         assert len(d["commit"]) == 40 and d["url"].startswith("https://github.com/")
