@@ -69,13 +69,14 @@ def test_compiled_loop_is_charged_to_the_calling_line(tmp_path):
     assert code == 0, r.get("error")
     call, brk = f"comp.py:{_line('# CALL')}", f"comp.py:{_line('# BREAK')}"
     c = r["compiled"]
-    # a site names the script as the trace does: relative where it can, else the whole path (both are the user's line)
+    # a site names the script as the trace does: torch's profiler writes it relative to a sys.path entry while the
+    # script's folder is on sys.path, else whole (when the recording ends after the script): both are the user's line
     assert c["compiled"] and any(row["site"].endswith(call) for row in c["calls"]), c
     assert [b["site"].rsplit("/", 1)[-1] for b in c["graph_breaks"]] == [brk], c
     assert "graph_break" in c["graph_breaks"][0]["code"], c
     for a in r["advice"]:
         assert "torchinductor" not in a["site"] and "try torch.compile" not in a["change"], a
-    assert any(a["site"] == brk and "graph break" in a["change"] for a in r["advice"]), r["advice"]
+    assert any(a["site"].rsplit("/", 1)[-1] == brk and "graph break" in a["change"] for a in r["advice"]), r["advice"]
 
     # the host time inside the compiled graphs (generated code) is the calling line's, marked compiled
     from gobrrr.doctor.trace import parse
