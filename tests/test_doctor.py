@@ -274,7 +274,7 @@ def test_report_from_a_recorded_gpu_trace(tmp_path, capsys):
     from gobrrr.doctor.report import summary
 
     data = ROOT / "tests" / "data"
-    s = Session(DoctorConfig(out_dir=str(tmp_path), print_summary=False), script=str(data / "record_traces.py"))
+    s = Session(DoctorConfig(warmup=2, out_dir=str(tmp_path), print_summary=False), script=str(data / "record_traces.py"))
     s._trace_path = data / "traces" / "naive.json.gz"
     s.boundaries, s.step_source = 5, "optimizer"
     s._analyze()

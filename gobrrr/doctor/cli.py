@@ -91,8 +91,9 @@ def main(argv: list[str] | None = None) -> int:
         prog="gobrrr doctor", description="Run a script under the profiler and show where the GPU waits "
         "(under torchrun: every rank, merged by rank 0).")
     p.add_argument("--steps", type=int, default=5, help="steps to record (default 5)")
-    p.add_argument("--warmup", type=int, default=2,
-                   help="steps to run before recording (default 2; 1 runs as 2; 0 records from the start)")
+    p.add_argument("--warmup", type=int, default=3,
+                   help="steps to run before recording (default 3: the last warms the profiler up; 1 runs as 2; 0 records "
+                        "from the start)")
     p.add_argument("--plain-steps", type=int, default=5,
                    help="steps timed without the profiler after the recording, for its overhead (default 5; 0: none)")
     p.add_argument("--out", default="gobrrr-doctor", help="output directory (default ./gobrrr-doctor)")
@@ -171,9 +172,9 @@ def demo_doctor(out_dir) -> dict[str, dict]:
         return {}
     cuda = torch.cuda.is_available()
     # on a GPU the seed loop drains (syncs) at the start of its step 5: record from step 6 on; after the
-    # recorded steps, one settling step and the plain ones (W + N + 1 + P boundaries: 17 on a GPU, 8 on a CPU)
-    extra = ["--steps", "12"] if cuda else ["--device", "cpu", "--steps", "7"]
-    steps, warmup, plain = (5, 6, 5) if cuda else (3, 2, 2)
+    # recorded steps, one settling step and the plain ones (W + N + 1 + P boundaries: 17 on a GPU, 9 on a CPU)
+    extra = ["--steps", "12"] if cuda else ["--device", "cpu", "--steps", "8"]
+    steps, warmup, plain = (5, 6, 5) if cuda else (3, 3, 2)
     reports = {}
     for mode in ("naive", "gobrrr"):
         cfg = DoctorConfig(steps=steps, warmup=warmup, out_dir=str(Path(out_dir) / mode), print_summary=False,

@@ -9,9 +9,10 @@ The script runs as `__main__` (runpy), with its own argv. The doctor records a b
 2. Steps are found where the script steps an optimizer (a global optimizer step post-hook;
    only the first optimizer that steps counts) or where it calls `gobrrr.doctor.step()`
    (manual marks win over optimizer steps). At the first step the start-up recording is
-   dropped; the warmup steps run with no profiler; at boundary W (1 runs as 2: see Session) a
-   fresh profiler records N steps, each marked `ProfilerStep#k`, then stops: the trace covers N
-   steps, not the run. Steps that first come after the time window closed, or after
+   dropped; the warmup steps run with no profiler, except the last when W >= 3 (default 3), in
+   which a fresh profiler warms up (torch's WARMUP action: kineto set up, nothing kept, so its
+   start-up cost is in no recorded step); from boundary W (1 runs as 2: see Session) it records N
+   steps, each marked `ProfilerStep#k`, then stops: the trace covers N steps, not the run. Steps that first come after the time window closed, or after
    torch.compile compiled before the first step (compile_watch.py), are recorded the same way.
 3. When the N-th recorded step ends the profiler stops (the trace is saved); one step lets the
    GPU's queue fill again, then `plain_steps` steps run with no profiler and no sync detective:
@@ -63,7 +64,7 @@ _ACTIVE: contextvars.ContextVar["Session | None"] = contextvars.ContextVar("gobr
 @dataclass
 class DoctorConfig:
     steps: int = 5              # steps recorded
-    warmup: int = 2             # steps run before recording starts
+    warmup: int = 3             # steps run before recording starts (the last one warms the profiler up)
     out_dir: str = "gobrrr-doctor"
     window_s: float = 10.0      # time window when the script never steps
     draw_steps: int = 3         # steps drawn in timeline.png
@@ -108,6 +109,10 @@ class Session:
         # start-up trace and starts the recording, so recording starts at boundary 2 at the
         # earliest; warmup 0 records from the start instead (no restart at all).
         self.warmup = 2 if cfg.warmup == 1 else cfg.warmup
+        # With 3 or more warmup steps the recording profiler starts one step early, in torch's WARMUP action
+        # (kineto set up, nothing kept): its start-up cost lands in a warmup step, not in the first recorded one
+        # (on a CPU that step took 240 ms against 3-4 ms for the next). Fewer, and it would start at boundary 1.
+        self.profiler_warmup = 1 if self.warmup >= 3 else 0
         self.script, self.argv = script, list(argv or [])
         self.cuda = torch.cuda.is_available()
         self.rank: RankInfo | None = rank_from_env()
@@ -147,9 +152,10 @@ class Session:
     # after boundary k, step 0 runs from the start to the first boundary. Two profilers, never
     # started in the same step() that stops another (torch 2.13 then crashes now and then):
     # the start-up one records step 0 only (kept if the script never steps) and is done at
-    # boundary 1; a fresh one starts at boundary W and records N steps. The warmup steps in
-    # between run with no profiler at all. (Recording in the start-up profiler's own later cycle
-    # cost a nanoGPT-like step 1.4-1.9x on an H200, against ~1.1x for a profiler of its own.)
+    # boundary 1; a fresh one starts at boundary W - 1 (W >= 3: one step of torch's WARMUP first)
+    # or W, and records N steps from W. The warmup steps before it run with no profiler at all.
+    # (Recording in the start-up profiler's own later cycle cost a nanoGPT-like step 1.4-1.9x on
+    # an H200, against ~1.1x for a profiler of its own.)
 
     def _new_profiler(self, schedule, first_step: int = 0):
         prof = make_profiler(self.cfg.settings, cuda=self.cuda, schedule=schedule, on_trace_ready=self._on_trace_ready)
@@ -169,10 +175,13 @@ class Session:
         return A.RECORD_AND_SAVE if k == 0 else A.NONE
 
     def _schedule_steps(self, k: int):
-        """A profiler started at boundary `_step0`: it records the N steps after it."""
+        """A profiler that records the N steps after boundary `_step0`, warming up in the step before it
+        (`profiler_warmup`; torch.profiler.schedule's warmup)."""
         A = self.torch.profiler.ProfilerAction
         j, N = k - self._step0, self.cfg.steps
-        return A.NONE if j < 0 else A.RECORD if j < N - 1 else A.RECORD_AND_SAVE if j == N - 1 else A.NONE
+        if j < 0:
+            return A.WARMUP if j >= -self.profiler_warmup else A.NONE
+        return A.RECORD if j < N - 1 else A.RECORD_AND_SAVE if j == N - 1 else A.NONE
 
     def _on_trace_ready(self, prof) -> None:
         if self._dropping:
@@ -286,14 +295,16 @@ class Session:
                     self.mode = "done"
                     self._close_window(f"recorded {N} steps")
                 return
-            if self.mode in ("warmup", "window-closed", "compiling") and k >= max(W, 1):
+            if self.mode in ("warmup", "window-closed", "compiling") and k >= max(W - self.profiler_warmup, 1):
                 # the recording starts: a fresh profiler for N steps (after the warmup steps, or after the time
-                # window closed, or after torch.compile's first compile dropped the start-up recording)
+                # window closed, or after torch.compile's first compile dropped the start-up recording); it
+                # warms up in the step before the first recorded one when there is a warmup step to spare
                 self._cancel_alarm()
-                self.step_source, self._step0, self.mode = source, k, "steps"
+                self.step_source, self._step0, self.mode = source, k + self.profiler_warmup, "steps"
                 self._reported = False  # a new window: its summary comes when it closes
                 self._prof = self._new_profiler(self._schedule_steps, first_step=k)
-                self._watch()
+                if not self.profiler_warmup:
+                    self._watch()
                 return
             if self.mode == "window" and W >= 1 and self._prof is not None:
                 # boundary 1: the start-up window ends, dropped (the steps to come replace it)
@@ -309,6 +320,8 @@ class Session:
                 return  # counted, not recorded
             self._cancel_alarm()
             self.step_source = source
+            if k == self._step0 and self.profiler_warmup:
+                self._watch()  # the detective covers the recorded steps, not the profiler's warm-up one
             last = k - self._step0 >= N
             if last:
                 self._unwatch()  # before the profiler stops: saving the trace syncs, and that sync is ours
@@ -440,7 +453,7 @@ class Session:
         write_json(self.out / "report.json", self.report)
 
 
-def profile(fn=None, *, steps: int = 5, warmup: int = 2, out_dir: str = "gobrrr-doctor",
+def profile(fn=None, *, steps: int = 5, warmup: int = 3, out_dir: str = "gobrrr-doctor",
             window_s: float = 10.0, print_summary: bool = True, plain_steps: int = 5,
             settings: ProfilerSettings | None = None):
     """Profile a function called once per step, or (without `fn`) a block whose steps you mark.
