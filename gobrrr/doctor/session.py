@@ -12,8 +12,9 @@ The script runs as `__main__` (runpy), with its own argv. The doctor records a b
    dropped; the warmup steps run with no profiler, except the last when W >= 3 (default 3), in
    which a fresh profiler warms up (torch's WARMUP action: kineto set up, nothing kept, so its
    start-up cost is in no recorded step); from boundary W (1 runs as 2: see Session) it records N
-   steps, each marked `ProfilerStep#k`, then stops: the trace covers N steps, not the run. Steps that first come after the time window closed, or after
-   torch.compile compiled before the first step (compile_watch.py), are recorded the same way.
+   steps, each marked `ProfilerStep#k`, then stops: the trace covers N steps, not the run. Steps
+   that first come after the time window closed, or after torch.compile compiled before the first
+   step (compile_watch.py), are recorded the same way.
 3. When the N-th recorded step ends the profiler stops (the trace is saved); one step lets the
    GPU's queue fill again, then `plain_steps` steps run with no profiler and no sync detective:
    their mean is the plain step time, against which the report sets the recorded one (overhead.py).
