@@ -164,9 +164,10 @@ def test_ddp_overlap_on_and_off_differ_in_exposed_communication_by_the_step_time
     assert saved > 0 and 0.5 * saved <= less_exposed <= 2.0 * saved, (step, exposed)
 
 
-LAYOUTS = {  # gobrrr train flags -> the layout the doctor names, and a collective it must list
+# gobrrr train flags -> the layout the doctor names, and a collective it must list (--zero 1 communicates as
+# --zero 2 does, and is named by the same rule; left out to keep CI's 2 cores under budget)
+LAYOUTS = {
     "": ("ddp", "all_reduce in backward"),
-    "--zero 1": ("zero-1/2", "reduce_scatter in backward"),
     "--zero 2": ("zero-1/2", "reduce_scatter in backward"),
     "--zero 3": ("zero-3", "all_gather in forward"),
     "--tp 2": ("tensor parallel", "all_reduce in forward"),
