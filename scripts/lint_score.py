@@ -274,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repos", type=Path, required=True, help="folder with one checkout per judged repo, by name")
     ap.add_argument("--mirror", type=Path, help="folder of bare mirrors (<owner>+<repo>/repo) to build missing checkouts")
     ap.add_argument("--data", type=Path, default=DATA, help="folder of judged JSON files")
-    ap.add_argument("--set", choices=["dev", "dev2", "heldout", "heldout2", "all"], default="all")
+    ap.add_argument("--set", default="all", help="score one set (dev, dev2, dev3, heldout, heldout2, heldout3, ...) or all")
     ap.add_argument("--all-loops", action="store_true", help="pass --all to the lint (not the scored default)")
     ap.add_argument("--missed", action="store_true", help="also list the per-step lines no finding reached")
     ap.add_argument("--json", type=Path, help="write per-repo and per-set numbers here")
