@@ -86,13 +86,15 @@ class CallRules:
         if params and params[0] in ("self", "cls") and target_src.owner.get(id(fn)) is not None:
             params = params[1:]   # a method: its first parameter is the object
         kinds, types = {}, {}
-        for p, a in [*zip(params, node.args), *((k.arg, k.value) for k in node.keywords if k.arg)]:
+        pairs = [*zip(params, node.args), *((k.arg, k.value) for k in node.keywords if k.arg)]
+        for p, a in pairs:
             if isinstance(a, ast.Starred):
                 continue
             kinds[p] = self.kind(a)
             insts = self.project.instances_of(self.src, a, scope, self.types)
             if insts:
                 types[p] = insts
+        kinds.update(_constants(fn, dict(pairs), node))
         return kinds, types
 
     def follow(self, node: ast.Call) -> None:
@@ -106,6 +108,23 @@ class CallRules:
             kinds, types = self._arguments(node, fn, target_src, scope)
             self.pending.append((target_src, fn, kinds, types, (*self.chain, f"{self.src.name}:{node.lineno}"),
                                  list(self.functions)))
+
+
+def _constants(fn, passed: dict, call: ast.Call) -> dict[str, str]:
+    """`param#val` -> repr of the constant a parameter holds in this call: the literal passed, or
+    the default of one not passed (`mode="gpu"`, `mask=None`); nothing when `*args`/`**kwargs`
+    may carry it. flow.static_truth reads them to skip a branch this call never takes."""
+    if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
+        return {}
+    a = fn.args
+    out = {}
+    pos = [*a.posonlyargs, *a.args]
+    defaults = [*zip(pos[len(pos) - len(a.defaults):], a.defaults), *zip(a.kwonlyargs, a.kw_defaults)]
+    for p, d in defaults:
+        v = passed.get(p.arg, d)
+        if isinstance(v, ast.Constant) and isinstance(v.value, (str, bool, int, float, type(None))):
+            out[p.arg + "#val"] = repr(v.value)
+    return out
 
 
 def summarize(checker_cls, project: Project, src: Source, fn, kinds: dict, depth: int,

@@ -126,11 +126,14 @@ class FlowRules:
         self.visit_loop_body(node, node.test)  # the test is evaluated every iteration
 
     def visit_If(self, node: ast.If) -> None:
-        self.check_condition(node.test)
-        self.visit(node.test)
+        test = self.evaluated(node.test)
+        if test is not None:
+            self.check_condition(test)
+            self.visit(test)
         scope = self.scopes[-1]
         before = dict(scope)
-        if id(node) in self.hotmap.off_ifs:
+        truth = self.static_truth(node.test)
+        if id(node) in self.hotmap.off_ifs or truth is False:
             self.visit_off(*node.body)
         else:
             for stmt in node.body:
@@ -138,7 +141,7 @@ class FlowRules:
         body = dict(scope)
         scope.clear()
         scope.update(before)
-        if id(node) in self.hotmap.off_elses:
+        if id(node) in self.hotmap.off_elses or truth is True:
             self.visit_off(*node.orelse)   # `if not torch.jit.is_scripting(): ... else:` never runs eagerly
         else:
             for stmt in node.orelse:
@@ -164,6 +167,55 @@ class FlowRules:
                 scope[name] = a if a in TENSORISH else b   # `if use_cuda: buf = buf.cuda()`: the GPU is assumed
             else:   # `if m.dtype != torch.bool: m = m.bool()`: a mask either way
                 scope[name] = ("mask" if "mask" in (a, b) else "tensor") if a in TENSORISH else None
+
+    def static_truth(self, test: ast.AST) -> bool | None:
+        """True / False when the test only compares parameters with the constants this call gives
+        them (calls._constants: `if mode == "cpu":` called with the default "gpu", `if mask is not
+        None:` with no mask passed); None when it depends on anything else."""
+        if isinstance(test, ast.BoolOp):
+            parts = [self.static_truth(v) for v in test.values]
+            stop = isinstance(test.op, ast.Or)   # `or` is decided by a True part, `and` by a False one
+            return stop if stop in parts else (not stop if all(p is not None for p in parts) else None)
+        if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+            t = self.static_truth(test.operand)
+            return None if t is None else not t
+        if isinstance(test, ast.Name):
+            v = self.constant(test)
+            return None if v is _MISSING else bool(v)
+        if isinstance(test, ast.Compare) and len(test.ops) == 1:
+            a, b = self.constant(test.left), self.constant(test.comparators[0])
+            if a is _MISSING or b is _MISSING:
+                return None
+            op = test.ops[0]
+            if isinstance(op, (ast.Eq, ast.Is)):
+                return a == b
+            if isinstance(op, (ast.NotEq, ast.IsNot)):
+                return a != b
+        return None
+
+    def evaluated(self, test: ast.AST) -> ast.AST | None:
+        """The part of a condition that runs: `mask is not None and x.any()` with no mask passed
+        stops before `x.any()` (None when nothing of it runs that could sync)."""
+        if not isinstance(test, ast.BoolOp):
+            return test
+        stop = isinstance(test.op, ast.Or)
+        for i, v in enumerate(test.values):
+            if self.static_truth(v) is stop:
+                rest = test.values[:i]
+                return None if not rest else rest[0] if len(rest) == 1 else ast.copy_location(ast.BoolOp(test.op, rest), test)
+        return test
+
+    def constant(self, node: ast.AST):
+        if isinstance(node, ast.Constant):
+            return node.value
+        if isinstance(node, ast.Name):
+            v = self.lookup(node.id + "#val")
+            if v is not None:
+                try:
+                    return ast.literal_eval(v)
+                except ValueError:
+                    return _MISSING
+        return _MISSING
 
     def visit_IfExp(self, node: ast.IfExp) -> None:
         self.check_condition(node.test)

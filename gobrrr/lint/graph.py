@@ -377,6 +377,8 @@ class Project:
             if hit and hit[0] == "class":
                 found = self.method(hit[1], hit[2], f.attr)
                 return [found] if found else []
+            if hit is None and recv.id in src.imports and src.imports[recv.id][1] is None:
+                return []   # torch.min(a, b), np.max(x): a module from outside the project
         insts = self.instances_of(src, recv, scope, types)     # obj.m(x), self.obj.m(x)
         if insts:
             return [hit for inst in insts if (hit := self.method(*inst, f.attr))]

@@ -101,6 +101,7 @@ class Kinds:
     def bind(self, target: ast.AST, kind: str | None) -> None:
         if isinstance(target, ast.Name):
             self.scopes[-1][target.id] = kind
+            self.scopes[-1].pop(target.id + "#val", None)   # no longer the constant the call passed
         elif isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self":
             # one kind per attribute name in the file; two different kinds leave it unknown
             old = self.self_attrs.get(target.attr, kind)
@@ -325,6 +326,8 @@ class Kinds:
         if method in ("cuda", "to"):
             if recv == "obj" or (recv is None and self.is_model(func.value)):
                 return "obj"  # model.to(device) is still a module
+            if recv is None and _loaded_module(func.value):
+                return "obj"  # pickle.load(f)['ema'].to(device), torch.load(...)['model'].cuda(): a module moved
             target = self.copy_target(node)
             if target == "cuda":
                 return "tensor"
@@ -363,8 +366,14 @@ class Kinds:
             return "tensor"  # utils.reduce(loss), self.fc(x): fed a device tensor, gives one
         return None
 
-    def factory_kind(self, node: ast.Call) -> str:
+    def factory_kind(self, node: ast.Call) -> str | None:
         kw = {k.arg: k.value for k in node.keywords if k.arg}
+        name = self.dotted(node.func) or ""
+        if name.endswith(".as_tensor") and "device" not in kw and node.args \
+                and self.kind(node.args[0]) in TENSORISH:
+            return "tensor"   # torch.as_tensor(sigma) of a device tensor is that tensor, where it is
+        if "device" not in kw and any(k.arg is None for k in node.keywords):
+            return None   # torch.randint(*args, **kwargs): the device may be in kwargs
         if "device" in kw and self.device_of(kw["device"]) != "cpu":
             dtype = self.dotted(kw["dtype"]) if "dtype" in kw else ""
             return "mask" if dtype in ("torch.bool", "bool") else "tensor"
@@ -446,6 +455,12 @@ class Kinds:
         if re.search(r"Module|Optimizer", text):
             return "obj"
         return "str" if text == "str" else None
+
+
+def _loaded_module(node: ast.AST) -> bool:
+    """`pickle.load(f)['ema']`, `torch.load(path)['model']`: a module taken from what was loaded."""
+    return isinstance(node, ast.Subscript) and isinstance(node.value, ast.Call) \
+        and isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str) and is_model_name(node.slice.value)
 
 
 def _arg(node: ast.Call, pos: int, name: str) -> ast.AST | None:

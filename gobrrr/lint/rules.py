@@ -245,7 +245,8 @@ class Checker(FlowRules, CallRules, SyncRules, CopyRules, InsideRules, EnvRules,
                      *zip(args.kwonlyargs, args.kw_defaults)]:
             if isinstance(d, ast.Constant) and d.value is None:
                 scope[a.arg + "#opt"] = "opt"   # `x: Tensor | None = None`: `if not x:` tests for None
-            if d is not None and scope.get(a.arg) is None and self.kind(d) == "num":
+            if d is not None and scope.get(a.arg) is None and self.kind(d) == "num" \
+                    and not (isinstance(d, ast.Constant) and d.value is None):   # `labels=None`: a tensor or nothing
                 scope[a.arg] = "num"
         if hook:   # a framework (or the step loop) hands the hook device batches, outputs and a model
             for a in params[1:]:

@@ -1,0 +1,121 @@
+"""gobrrr lint, issue 29's fourth round: shapes met while reading the dev3 repositories (a diffusion
+sampler library, single-file RL scripts, a detector's label assignment, an LLM fine-tuning loop),
+each from a minimal example; and the false positives they showed, which must stay quiet."""
+from __future__ import annotations
+
+import textwrap
+
+from gobrrr.lint.check import lint_source
+
+HEAD = "import torch\nimport numpy as np\nimport torch.nn as nn\nimport torch.nn.functional as F\nDEVICE = 'cuda'\n"
+
+
+def default(body: str, **kw) -> list[tuple[str, int]]:
+    """(rule, line) of the default run on a snippet; line 1 is the snippet's first line."""
+    out = lint_source(HEAD + textwrap.dedent(body), "train.py", **kw)
+    return sorted((f.rule, f.line - HEAD.count("\n")) for f in out)
+
+
+# -- what a parameter holds
+def test_a_forward_parameter_defaulting_to_none_is_still_a_tensor():
+    body = """
+    class Head(nn.Module):
+        def forward(self, x, labels=None):
+            n = (labels.sum(dim=2) > 0).sum(dim=1)
+            for i in range(x.shape[0]):
+                k = int(n[i])
+            return x
+    """
+    assert ("GB002", 6) in default(body)   # `labels=None` is a tensor or nothing, not a number
+
+
+def test_as_tensor_of_a_device_tensor_stays_on_the_device():
+    body = """
+    class Precond(nn.Module):
+        def forward(self, x, sigma):
+            sigma = sigma.reshape(-1, 1)
+            return self.round_sigma(sigma) * x
+
+        def round_sigma(self, sigma):
+            sigma = torch.as_tensor(sigma)
+            return sigma.to(self.u.device).round().to(sigma.device)
+    """
+    assert default(body) == []   # neither a host copy nor a read back: sigma never left the device
+
+
+def test_a_module_taken_from_a_loaded_pickle_is_no_tensor():
+    body = """
+    import pickle
+    def generate(f, seeds, device):
+        net = pickle.load(f)['ema'].to(device)
+        for s in seeds:
+            x = torch.randn(4, device=device)
+            if net.label_dim:
+                x = x + 1
+            net(x)
+    """
+    assert default(body) == []
+
+
+def test_a_factory_with_kwargs_may_name_its_device_there():
+    body = """
+    class Rng:
+        def randint(self, *args, **kwargs):
+            return torch.stack([torch.randint(*args, **kwargs) for _ in range(2)])
+
+    def generate(net, seeds, device):
+        for s in seeds:
+            rnd = Rng()
+            labels = torch.eye(10, device=device)[rnd.randint(10, size=[4], device=device)]
+            net(labels)
+    """
+    assert default(body) == []   # no host index: the device came in **kwargs
+
+
+def test_a_method_of_torch_is_not_a_project_method_of_that_name():
+    body = """
+    class MinTree:
+        def min(self, start=0, end=None):
+            if end < 0:
+                end = 1
+            return end
+
+    def train(model, loader, opt):
+        for x, y in loader:
+            q1, q2 = model(x)
+            loss = torch.min(q1, q2).mean()
+            loss.backward()
+            opt.step()
+    """
+    assert default(body) == []   # torch.min never runs MinTree.min
+
+
+# -- branches a call never takes
+def test_a_branch_on_a_parameter_the_call_leaves_at_its_default_is_skipped():
+    body = """
+    class Head(nn.Module):
+        def forward(self, x):
+            return self.assign(x).sum()
+
+        def assign(self, x, mode="gpu", mask=None):
+            if mode == "cpu":
+                x = x.cpu()
+            if mask is not None and x.any():
+                x = x[mask]
+            return x.sum().item()
+    """
+    assert default(body) == [("GB002", 11)]   # only the line that runs on this call
+
+
+def test_a_branch_the_call_takes_is_walked():
+    body = """
+    class Head(nn.Module):
+        def forward(self, x):
+            return self.assign(x, "cpu")
+
+        def assign(self, x, mode="gpu"):
+            if mode == "cpu":
+                x = x.cpu()
+            return x
+    """
+    assert ("GB002", 8) in default(body)
