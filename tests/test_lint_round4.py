@@ -119,3 +119,35 @@ def test_a_branch_the_call_takes_is_walked():
             return x
     """
     assert ("GB002", 8) in default(body)
+
+
+# -- data-dependent shapes
+def test_a_tensor_assigned_through_a_boolean_mask_syncs_a_scalar_does_not():
+    body = """
+    def train(model, loader, opt):
+        for x in loader:
+            out = model(x)
+            fg = out > 0
+            inside = out.sum(0) > 1
+            fg[fg.clone()] = inside
+            out[fg] = 0.0
+            out.mean().backward()
+            opt.step()
+    """
+    assert default(body) == [("GB008", 7)]   # index_put_ with a tensor value takes the nonzero path
+
+
+def test_a_device_scalar_handed_over_as_a_count_or_size():
+    body = """
+    class Assigner(nn.Module):
+        def forward(self, cost, ious):
+            ks = torch.clamp(ious.sum(1).int(), min=1)
+            n = (ious > 0).sum()
+            for g in range(cost.shape[0]):
+                _, pos = torch.topk(cost[g], k=ks[g], largest=False)
+            for j in range(n):
+                pass
+            buf = ks.new_zeros((n, 4))
+            return cost.view(-1, cost.shape[1])
+    """
+    assert default(body) == [("GB002", 7), ("GB002", 8), ("GB002", 10)]

@@ -125,6 +125,10 @@ class CopyRules:
             self.flag(target, "GB002", what="writing a device value into a host tensor")
         elif into in TENSORISH and k in ("host", "hlist") and not self.per_prompt():
             self.flag(target, "GB010", what=f"{_short(target, 30)} = <host tensor>")
+        if into in TENSORISH and k in TENSORISH:
+            parts = target.slice.elts if isinstance(target.slice, ast.Tuple) else [target.slice]
+            if any(self.kind(p) == "mask" for p in parts):   # t[mask] = 0 is a masked_fill; t[mask] = u is not
+                self.flag(target, "GB008", what="assigning a tensor through a boolean mask `x[mask] = y`")
 
 
 def _moves_to_cuda(loop: ast.AST, checker) -> bool:

@@ -11,6 +11,8 @@ from gobrrr.lint.hot import is_bench_name
 from gobrrr.lint.kinds import DATA_DEPENDENT, HOSTISH, TENSORISH
 
 READS = {"item", "cpu", "tolist", "numpy"}
+_SIZED_METHODS = {"new_zeros", "new_ones", "new_empty", "new_full", "view", "reshape", "expand", "repeat", "narrow"}
+_SIZED_FACTORIES = {"zeros", "ones", "empty", "full", "randn", "rand", "arange", "eye", "randperm"}
 _LOGGERS = {"add_scalar", "add_scalars", "add_histogram", "log_metric", "log_metrics"}
 
 
@@ -29,6 +31,9 @@ class SyncRules:
         elif isinstance(func, ast.Name) and func.id in ("float", "int", "bool") and len(node.args) == 1 \
                 and self.kind(node.args[0]) in TENSORISH:
             self.flag(node, "GB002", what=f"`{func.id}()` of a tensor")
+        size = self.size_argument(node, func, name, method, kw)
+        if size is not None:   # topk(k=ks[i]), range(n), x.new_zeros((n, 4)): a device scalar read as an int
+            self.flag(node, "GB002", what=f"a tensor as a count or size (`{ast.unparse(size)[:30]}`)")
         # GB003: printing or formatting a tensor
         if isinstance(func, ast.Name) and func.id in ("print", "str", "repr", "format") \
                 and any(self.kind(a) in TENSORISH for a in node.args):
@@ -51,6 +56,31 @@ class SyncRules:
             self.flag(node, "GB008", what=f"`{name}()`")
         elif method in DATA_DEPENDENT and recv not in HOSTISH and not name.startswith(("torch.", "numpy.", "np.")):
             self.flag(node, "GB008", what=f"`.{method}()`")
+
+    def size_argument(self, node: ast.Call, func, name: str, method, kw) -> ast.AST | None:
+        """The argument of a call that wants a Python int (a count, a size, `k`) and is handed a
+        device tensor: torch reads it with `.item()`. Attributes and parameters are left out (`cfg.n`
+        of an object the kinds took for a tensor, `height` as a caller guessed it)."""
+        last = name.rsplit(".", 1)[-1] if name else (method or "")
+        if isinstance(func, ast.Name) and func.id == "range":
+            args = list(node.args)
+        elif last in ("topk", "kthvalue"):
+            args = [kw["k"]] if "k" in kw else node.args[1:2] if name.startswith("torch.") else node.args[:1]
+        elif method in _SIZED_METHODS and self.kind(func.value) in TENSORISH or \
+                name.startswith("torch.") and name.count(".") == 1 and last in _SIZED_FACTORIES:
+            args = [e for a in node.args for e in (a.elts if isinstance(a, (ast.Tuple, ast.List)) else [a])]
+            if method == "narrow":
+                args = args[1:]
+        else:
+            return None
+        fn = self.defs[-1] if self.defs else None
+        params = {p.arg for p in [*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs]} \
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) else set()
+        for a in args:   # a parameter's kind is the caller's guess: only values made here count
+            if isinstance(a, (ast.Name, ast.Subscript)) and self.kind(a) in TENSORISH \
+                    and not (isinstance(a, ast.Name) and a.id in params):
+                return a
+        return None
 
     def visit_JoinedStr(self, node: ast.JoinedStr) -> None:
         if self.looping() and any(isinstance(v, ast.FormattedValue) and self.kind(v.value) in TENSORISH
