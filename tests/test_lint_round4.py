@@ -151,3 +151,18 @@ def test_a_device_scalar_handed_over_as_a_count_or_size():
             return cost.view(-1, cost.shape[1])
     """
     assert default(body) == [("GB002", 7), ("GB002", 8), ("GB002", 10)]
+
+
+def test_the_kinds_after_a_try_are_the_main_paths_not_the_handlers():
+    body = """
+    def train(model, loader, opt):
+        for x in loader:
+            try:
+                n = int(x.shape[0])
+            except RuntimeError:
+                n = model(x)
+            buf = model(x).new_zeros((n, 4))
+            buf.sum().backward()
+            opt.step()
+    """
+    assert default(body) == []   # the handler's fallback does not make n a tensor

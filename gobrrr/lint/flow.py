@@ -232,7 +232,10 @@ class FlowRules:
     def visit_Try(self, node) -> None:
         for stmt in node.body:
             self.visit(stmt)
+        scope = self.scopes[-1]
+        body = dict(scope)
         self.visit_off(*node.handlers)
+        scope.update(body)   # the main path's kinds: a handler's fallback (the CPU retry) is the rare way
         for stmt in [*node.orelse, *node.finalbody]:
             self.visit(stmt)
 
