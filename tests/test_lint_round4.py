@@ -166,3 +166,37 @@ def test_the_kinds_after_a_try_are_the_main_paths_not_the_handlers():
             opt.step()
     """
     assert default(body) == []   # the handler's fallback does not make n a tensor
+
+
+# -- rare branches
+def test_an_option_named_like_logging_runs_every_step_once_it_is_on():
+    body = """
+    def train(model, loader, opt, cfg, tb_writer=None):
+        for x in loader:
+            loss = model(x).mean()
+            if cfg.save_metrics:
+                step_losses.append(loss.detach().float().item())
+            if tb_writer is not None:
+                print(float(loss))
+            if cfg.save_model:
+                torch.save(model.state_dict(), f"{loss.item()}.pt")
+            if step % cfg.log_every == 0:
+                print(loss.item())
+            loss.backward()
+            opt.step()
+    """
+    assert default(body) == [("GB002", 6), ("GB002", 8)]   # the save and the rate-limited print stay rare
+
+
+def test_a_tracker_logging_a_dict_of_tensors_every_step():
+    body = """
+    def train(model, loader, opt, wandb_run, accelerator):
+        for x in loader:
+            loss = model(x).mean()
+            wandb_run.log({"train/loss": loss.detach().float(), "step": 1})
+            accelerator.log({"loss": loss}, step=1)
+            model.log("loss", loss)
+            loss.backward()
+            opt.step()
+    """
+    assert default(body) == [("GB003", 5), ("GB003", 6)]

@@ -6,13 +6,16 @@
 from __future__ import annotations
 
 import ast
+import re
 
 from gobrrr.lint.hot import is_bench_name
 from gobrrr.lint.kinds import DATA_DEPENDENT, HOSTISH, TENSORISH
+from gobrrr.lint.loops import name_of
 
 READS = {"item", "cpu", "tolist", "numpy"}
 _SIZED_METHODS = {"new_zeros", "new_ones", "new_empty", "new_full", "view", "reshape", "expand", "repeat", "narrow"}
 _SIZED_FACTORIES = {"zeros", "ones", "empty", "full", "randn", "rand", "arange", "eye", "randperm"}
+_TRACKER = re.compile(r"wandb|^run$|_run$|tracker|accelerator|experiment|fabric", re.I)
 _LOGGERS = {"add_scalar", "add_scalars", "add_histogram", "log_metric", "log_metrics"}
 
 
@@ -44,6 +47,10 @@ class SyncRules:
         elif (method in _LOGGERS or name in ("wandb.log", "mlflow.log_metric", "mlflow.log_metrics")) \
                 and any(self.kind(v) in TENSORISH for a in [*node.args, *kw.values()] for v in _values(a)):
             self.flag(node, "GB003", what="logging")  # writer.add_scalar("loss", loss, step) reads it on the host
+        elif method == "log" and node.args and isinstance(node.args[0], ast.Dict) \
+                and _TRACKER.search(name_of(func.value)) \
+                and any(self.kind(v) in TENSORISH for v in _values(node.args[0])):
+            self.flag(node, "GB003", what="logging")  # wandb_run.log({"loss": loss}), accelerator.log({...})
         # GB004: synchronize in a loop, unless it is measuring time or in benchmark code
         if name.endswith("torch.cuda.synchronize") or method == "synchronize":
             if not (self.hotmap.bench_file or node.lineno in self.hotmap.timed
