@@ -97,6 +97,13 @@ def plot_timeline(trace: Trace, figures: Figures, path: str | Path, *, max_steps
     handles.append(Line2D([0], [0], color="black", linestyle="--", linewidth=0.8, label="step boundary"))
     fig.legend(handles=handles, loc="lower center", ncol=9, fontsize=7, frameon=False)
     ax.set_title(title or _default_title(figures), fontsize=10)
+    return save(fig, ax, path, height)
+
+
+def save(fig, ax, path, height: float) -> Path:
+    """Grid, room for the legend below the axes (height in inches), write the PNG and free the figure."""
+    import matplotlib.pyplot as plt
+
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout(rect=(0, 0.35 / height, 1, 1))
     path = Path(path)

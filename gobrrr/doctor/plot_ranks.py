@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gobrrr.doctor.merge import _by_point
+from gobrrr.doctor.plot import save
 
 COLORS = {"host": "#c7c7c7", "comm": "#9467bd", "wait": "#d62728", "compute": "#1f77b4", "issue": "#000000",
           "late": "#ff7f0e"}
@@ -118,9 +119,4 @@ def plot_ranks(comms: dict[int, dict], path: str | Path, *, title: str = "", str
         sub = (f"  -  straggler: rank {straggler['rank']} (the others waited {straggler['late_ms_per_step']:.1f} ms/step "
                f"at {straggler['at']})" + (f", late at {straggler['site']}" if straggler.get("site") else ""))
     ax.set_title((title or "gobrrr doctor: ranks") + sub, fontsize=10)
-    ax.grid(axis="x", alpha=0.3)
-    fig.tight_layout(rect=(0, 0.35 / height, 1, 1))
-    path = Path(path)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return save(fig, ax, path, height)
