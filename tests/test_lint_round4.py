@@ -200,3 +200,33 @@ def test_a_tracker_logging_a_dict_of_tensors_every_step():
             opt.step()
     """
     assert default(body) == [("GB003", 5), ("GB003", 6)]
+
+
+def test_masked_writes_that_take_the_nonzero_path():
+    body = """
+    def train(model, loader, opt):
+        for x in loader:
+            m = model(x)
+            multiple = m.sum(0) > 1
+            m[:, multiple] *= 0
+            m[m.argmin(0), multiple] = 1
+            m[multiple] = 0
+            m[multiple, :] = 0
+            m.mean().backward()
+            opt.step()
+    """
+    assert default(body) == [("GB008", 6), ("GB008", 7)]   # the last two are masked_fill: no sync
+
+
+def test_empty_cache_and_a_device_named_by_an_f_string_in_the_step():
+    body = """
+    def train(model, loader, opt, rank):
+        for batch in loader:
+            for key in batch.keys():
+                batch[key] = batch[key].to(torch.device(f"xpu:{rank}"))
+            loss = model(**batch).loss
+            torch.cuda.empty_cache()
+            loss.backward()
+            opt.step()
+    """
+    assert default(body) == [("GB004", 7), ("GB009", 5)]

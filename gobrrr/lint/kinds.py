@@ -413,6 +413,9 @@ class Kinds:
             if isinstance(node.value, int) and not isinstance(node.value, bool):
                 return "cuda"  # .to(0)
             return None
+        if isinstance(node, ast.JoinedStr) and node.values and isinstance(node.values[0], ast.Constant):
+            head = str(node.values[0].value)   # f"cuda:{rank}", f"xpu:{local_rank}"
+            return "cpu" if head.startswith(("cpu", "meta", "mps")) else "cuda" if ":" in head else None
         if isinstance(node, ast.Call):
             if self.dotted(node.func) == "torch.device":
                 return self.device_of(node.args[0]) if node.args else None

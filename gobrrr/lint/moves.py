@@ -115,9 +115,11 @@ class CopyRules:
         self.loaders = []
 
 
-    def host_write(self, target: ast.AST, value: ast.AST) -> None:
+    def host_write(self, target: ast.AST, value: ast.AST, augmented: bool = False) -> None:
         """`cpu_t[i] = cuda_value`: the device value is read back to the host to be stored;
-        `cuda_t[2:6] = torch.tensor(shape)`: a host tensor is copied in, blocking."""
+        `cuda_t[2:6] = torch.tensor(shape)`: a host tensor is copied in, blocking; `t[mask] = u`
+        with a tensor `u`, `t[i, mask] = 1` or `t[:, mask] *= 0`: the mask goes through nonzero
+        (only `t[mask] = 0` alone is a masked_fill)."""
         if not isinstance(target, ast.Subscript) or not self.looping():
             return
         into, k = self.kind(target.value), self.kind(value)
@@ -125,10 +127,13 @@ class CopyRules:
             self.flag(target, "GB002", what="writing a device value into a host tensor")
         elif into in TENSORISH and k in ("host", "hlist") and not self.per_prompt():
             self.flag(target, "GB010", what=f"{_short(target, 30)} = <host tensor>")
-        if into in TENSORISH and k in TENSORISH:
+        if into in TENSORISH:
             parts = target.slice.elts if isinstance(target.slice, ast.Tuple) else [target.slice]
-            if any(self.kind(p) == "mask" for p in parts):   # t[mask] = 0 is a masked_fill; t[mask] = u is not
-                self.flag(target, "GB008", what="assigning a tensor through a boolean mask `x[mask] = y`")
+            masks = [p for p in parts if self.kind(p) == "mask"]
+            others = [p for p in parts if p not in masks and not isinstance(p, ast.Slice)
+                      and not (isinstance(p, ast.Constant) and p.value in (Ellipsis, None))]
+            if masks and (augmented or k in TENSORISH or others):
+                self.flag(target, "GB008", what="writing through a boolean mask `x[mask] = y`")
 
 
 def _moves_to_cuda(loop: ast.AST, checker) -> bool:

@@ -345,7 +345,7 @@ class Checker(FlowRules, CallRules, SyncRules, CopyRules, InsideRules, EnvRules,
     def visit_AugAssign(self, node: ast.AugAssign) -> None:
         self.visit(node.value)
         self.visit_target(node.target)
-        self.host_write(node.target, node.value)
+        self.host_write(node.target, node.value, augmented=True)
         if isinstance(node.target, ast.Name):
             self.bind(node.target, self.kind(ast.BinOp(node.target, node.op, node.value)))
 

@@ -56,6 +56,8 @@ class SyncRules:
             if not (self.hotmap.bench_file or node.lineno in self.hotmap.timed
                     or any(is_bench_name(f) for f in self.functions)):
                 self.flag(node, "GB004", what=f"`{ast.unparse(func)}()`")
+        if name.endswith("torch.cuda.empty_cache"):   # cudaFree synchronizes the device, then the cache refills
+            self.flag(node, "GB004", what="`torch.cuda.empty_cache()` (it frees with cudaFree, which synchronizes)")
         # GB008: data-dependent output shapes
         last = name.rsplit(".", 1)[-1]
         if (name.startswith("torch.") and name.count(".") == 1 and last in DATA_DEPENDENT) or \
