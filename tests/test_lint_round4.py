@@ -230,3 +230,56 @@ def test_empty_cache_and_a_device_named_by_an_f_string_in_the_step():
             opt.step()
     """
     assert default(body) == [("GB004", 7), ("GB009", 5)]
+
+
+def test_masks_appended_per_image_then_concatenated_are_a_mask():
+    body = """
+    def train(model, loader, opt):
+        for x in loader:
+            out = model(x)
+            fg_masks = []
+            for i in range(out.shape[0]):
+                fg_masks.append(out[i] > 0)
+            fg = torch.cat(fg_masks, 0)
+            loss = out.view(-1)[fg].sum()
+            loss.backward()
+            opt.step()
+    """
+    assert default(body) == [("GB008", 9)]
+
+
+# -- syncs inside torch that a line causes
+def test_a_registered_buffer_is_a_tensor_and_normal_sample_checks_its_std():
+    body = """
+    from torch.distributions import Normal
+
+    class Actor(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("action_scale", torch.ones(3))
+
+        def act(self, x):
+            mean, std = self(x)
+            probs = Normal(mean, std, validate_args=False)
+            return probs.sample(), probs.rsample()
+
+    def rollout(actor, env, obs):
+        for step in range(100):
+            a = actor(obs) + torch.normal(0, actor.action_scale * 0.1)
+            a2, _ = actor.act(obs)
+            obs, r, done, info = env.step(a)
+    """
+    assert default(body) == [("GB013", 12), ("GB013", 16)]   # rsample() checks nothing
+
+
+def test_a_sampler_loop_over_a_wrapped_zip_of_device_steps():
+    body = """
+    def sample(net, latents, S_min, S_max):
+        x = latents
+        t_steps = torch.linspace(1, 0, 18, device=latents.device)
+        for i, (t_cur, t_next) in tqdm.tqdm(list(enumerate(zip(t_steps[:-1], t_steps[1:]))), unit='step'):
+            gamma = 0.1 if S_min <= t_cur <= S_max else 0
+            x = net(x, t_cur + gamma)
+        return x
+    """
+    assert ("GB007", 6) in default(body)

@@ -17,8 +17,10 @@ from __future__ import annotations
 import ast
 
 from gobrrr.lint.kinds import BATCHES, ITEM_KIND, TENSORISH
+from gobrrr.lint.loops import name_of
 
 _MISSING = object()
+_PASS_THROUGH = {"list", "tuple", "tqdm", "reversed", "trange"}   # iterating them gives their argument's items
 _LEAVES = (ast.Return, ast.Raise, ast.Continue)   # a break's bindings reach the code after the loop
 
 
@@ -30,6 +32,9 @@ class FlowRules:
     """Loops, branches and error paths."""
 
     def bind_loop_target(self, target: ast.AST, it: ast.AST) -> None:
+        while isinstance(it, ast.Call) and len(it.args) == 1 \
+                and isinstance(it.func, (ast.Name, ast.Attribute)) and name_of(it.func) in _PASS_THROUGH:
+            it = it.args[0]   # tqdm.tqdm(list(enumerate(zip(a, b)))): the items of the innermost
         fname = it.func.id if isinstance(it, ast.Call) and isinstance(it.func, ast.Name) else None
         if fname == "range":
             return self.bind(target, "num")

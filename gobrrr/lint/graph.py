@@ -180,6 +180,10 @@ class Project:
                         self.methods.setdefault(d.name, []).append((s, d))
         self._lookups: dict = {}
         self.module_classes = self._module_classes()
+        self.buffers = {n.args[0].value for s in sources if "register_buffer" in s.text for n in s.nodes
+                        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                        and n.func.attr == "register_buffer" and n.args and isinstance(n.args[0], ast.Constant)
+                        and isinstance(n.args[0].value, str)}   # self.register_buffer("action_scale", ...)
         self.children: dict[int, list[tuple[Source, ast.ClassDef]]] = {}   # id(class) -> its direct subclasses
         self.parents: dict[int, list[int]] = {}
         for s in sources:

@@ -91,6 +91,7 @@ class Kinds:
         self.models: set[str] = set()           # names assigned a module in this file (from hot)
         self.self_attrs: dict[str, str | None] = {}   # `self.loss = ...` anywhere in the file: attr -> kind
         self.local_defs: dict[str, ast.AST] = {}      # the file's module-level defs (their return annotations)
+        self.buffers: set[str] = set()                # names the project's modules register as buffers
 
     def lookup(self, name: str) -> str | None:
         for scope in reversed(self.scopes):
@@ -197,6 +198,9 @@ class Kinds:
                 return "num"
             if isinstance(node.value, ast.Name) and node.value.id == "self" and node.attr in self.self_attrs:
                 return self.self_attrs[node.attr]
+            if node.attr in self.buffers and (isinstance(node.value, ast.Name) and node.value.id == "self"
+                                              or self.is_model(node.value)):
+                return "tensor"   # actor.action_scale: a buffer the project's module registered
             if node.attr == "grad":
                 return "tensor"  # a parameter's gradient
             k = self.kind(node.value)
@@ -287,6 +291,9 @@ class Kinds:
                 return "cpudev"
             if root == "torch" and (last.startswith("is_") or last in NOT_TENSOR_TORCH):
                 return "num" if last.startswith("is_") or last == "equal" else None
+            if name in ("torch.cat", "torch.stack", "torch.concat") and node.args and isinstance(node.args[0], ast.Name) \
+                    and node.args[0].id in getattr(self, "mask_lists", ()):
+                return "mask"   # torch.cat(fg_masks) of the masks appended per image
             if root == "torch" and not last[:1].isupper():
                 kinds = {self.kind(a) for a in node.args}
                 return "host" if not kinds & TENSORISH and kinds & ({"host", "hlist"} | BATCHES) else "tensor"

@@ -121,6 +121,7 @@ class Checker(FlowRules, CallRules, SyncRules, CopyRules, InsideRules, EnvRules,
         self.src = src
         self.path = str(src.path)
         self.project = project or Project([src])
+        self.buffers = self.project.buffers
         self.hotmap = hotmap or HotMap(src.tree, self.path, src.nodes)
         self.models = self.hotmap.models
         self.project_flags = project_flags or {}
@@ -145,6 +146,7 @@ class Checker(FlowRules, CallRules, SyncRules, CopyRules, InsideRules, EnvRules,
         self.silent = False                     # a first pass over a step loop's body: kinds only (flow)
         self.eager_lambdas: set[int] = set()    # id of lambdas that map()/sorted() call right away
         self.cuda_types: set[str] = set()       # names bound to torch.cuda.FloatTensor and friends
+        self.mask_lists: set[str] = set()       # lists that masks are appended to (torch.cat of them is a mask)
         self.dist_attrs: set[str] = set()       # self attributes bound to a validated distribution (inside)
         self.summary_depth = 0                  # > 0 in a scratch walk that only learns what a def returns
         self.collect: ast.AST | None = None     # that def
@@ -363,6 +365,8 @@ class Checker(FlowRules, CallRules, SyncRules, CopyRules, InsideRules, EnvRules,
             k, old = self.kind(v.args[0]), self.lookup(v.func.value.id)
             if k in TENSORISH and old in (None, "tlist"):
                 self.bind(v.func.value, "tlist")
+                if k == "mask":
+                    self.mask_lists.add(v.func.value.id)   # fg_masks.append(fg_mask)
             elif k == "host" and old in (None, "hlist"):
                 self.bind(v.func.value, "hlist")
         self.generic_visit(node)
