@@ -283,3 +283,48 @@ def test_a_sampler_loop_over_a_wrapped_zip_of_device_steps():
         return x
     """
     assert ("GB007", 6) in default(body)
+
+
+def test_if_x_is_none_with_no_x_passed_runs_on_every_such_call():
+    body = """
+    from torch.distributions import Normal
+    class Agent(nn.Module):
+        def get_action_and_value(self, x, action=None):
+            mean = self.actor(x)
+            probs = Normal(mean, mean.exp(), validate_args=False)
+            if action is None:
+                action = probs.sample()
+            return action
+
+    def rollout(agent, env, obs):
+        for step in range(100):
+            action = agent.get_action_and_value(obs)
+            obs, r, done, info = env.step(action)
+    """
+    assert default(body) == [("GB013", 8)]
+
+
+def test_a_helper_mapped_over_sampled_arrays_and_the_return_its_call_takes():
+    body = """
+    class Buffer:
+        def __init__(self, device):
+            self.device = device
+            self.obs = np.zeros((1000, 4))
+
+        def to_torch(self, array, copy=True):
+            if copy:
+                return torch.tensor(array, device=self.device)
+            return torch.as_tensor(array, device=self.device)
+
+        def sample(self, n):
+            idx = np.random.randint(0, 1000, size=n)
+            return tuple(map(self.to_torch, (self.obs[idx], self.obs[idx])))
+
+    def train(model, opt):
+        rb = Buffer(DEVICE)
+        for step in range(1000):
+            obs, nxt = rb.sample(32)
+            model(obs).mean().backward()
+            opt.step()
+    """
+    assert default(body) == [("GB010", 9)]   # line 10 never runs with copy=True

@@ -101,6 +101,9 @@ class CallRules:
         """Queue the project function this hot call runs, with its parameters' kinds and classes."""
         if len(self.chain) >= MAX_DEPTH:
             return
+        if isinstance(node.func, ast.Name) and node.func.id in ("map", "filter") and len(node.args) == 2 \
+                and isinstance(node.args[0], (ast.Name, ast.Attribute)):
+            node = ast.copy_location(ast.Call(func=node.args[0], args=[], keywords=[]), node)   # map(self.to_torch, data)
         scope = self.defs[-1] if self.defs else None
         for target_src, fn in self.project.resolve(self.src, node, scope, self.types):
             if fn is scope:

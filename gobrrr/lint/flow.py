@@ -138,7 +138,8 @@ class FlowRules:
         scope = self.scopes[-1]
         before = dict(scope)
         truth = self.static_truth(node.test)
-        if id(node) in self.hotmap.off_ifs or truth is False:
+        if id(node) in self.hotmap.off_ifs and truth is not True or truth is False:   # `if action is None:`
+            # with no action passed is no lazy initialisation: it runs on every such call
             self.visit_off(*node.body)
         else:
             for stmt in node.body:
@@ -152,6 +153,9 @@ class FlowRules:
             for stmt in node.orelse:
                 self.visit(stmt)
         self._merge(scope, before, body, _leaves(node.body), _leaves(node.orelse))
+        taken = node.body if truth is True else node.orelse if truth is False else []
+        if taken and isinstance(taken[-1], (ast.Return, ast.Raise)):
+            self.left = True   # `if copy: return th.tensor(...)` with copy=True: the rest of the def never runs
 
     @staticmethod
     def _merge(scope: dict, before: dict, body: dict, body_leaves: bool, else_leaves: bool) -> None:

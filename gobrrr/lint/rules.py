@@ -146,6 +146,7 @@ class Checker(FlowRules, CallRules, SyncRules, CopyRules, InsideRules, EnvRules,
         self.silent = False                     # a first pass over a step loop's body: kinds only (flow)
         self.eager_lambdas: set[int] = set()    # id of lambdas that map()/sorted() call right away
         self.cuda_types: set[str] = set()       # names bound to torch.cuda.FloatTensor and friends
+        self.left = False                       # this call has returned (flow.static_truth): the rest is dead
         self.mask_lists: set[str] = set()       # lists that masks are appended to (torch.cat of them is a mask)
         self.dist_attrs: set[str] = set()       # self attributes bound to a validated distribution (inside)
         self.summary_depth = 0                  # > 0 in a scratch walk that only learns what a def returns
@@ -180,8 +181,8 @@ class Checker(FlowRules, CallRules, SyncRules, CopyRules, InsideRules, EnvRules,
         return bool(self.chain) or not self.loop_stack or self.loop_stack[-1] in self.hotmap.update_loops
 
     def visit(self, node: ast.AST):
-        if self.region != "off" and id(node) in self.hotmap.off_tails:
-            return self.visit_off(node)   # after `if not should_log(step): return`
+        if self.region != "off" and (id(node) in self.hotmap.off_tails or self.left and isinstance(node, ast.stmt)):
+            return self.visit_off(node)   # after `if not should_log(step): return`, or a return this call takes
         return super().visit(node)
 
     def looping(self) -> bool:
@@ -231,7 +232,8 @@ class Checker(FlowRules, CallRules, SyncRules, CopyRules, InsideRules, EnvRules,
         if not chain:
             for d in node.decorator_list:
                 self.visit(d)
-        saved = (self.region, self.loaders, self.scope_node, self.chain, self.types, self.loop_stack)
+        saved = (self.region, self.loaders, self.scope_node, self.chain, self.types, self.loop_stack, self.left)
+        self.left = False
         hook = id(node) in self.hotmap.hooks
         per_step = hook or id(node) in self.hotmap.step_fns
         self.region = region or ("hot" if per_step else None)
@@ -268,7 +270,7 @@ class Checker(FlowRules, CallRules, SyncRules, CopyRules, InsideRules, EnvRules,
         self.scopes.pop()
         self.functions.pop()
         self.defs.pop()
-        self.region, self.loaders, self.scope_node, self.chain, self.types, self.loop_stack = saved
+        self.region, self.loaders, self.scope_node, self.chain, self.types, self.loop_stack, self.left = saved
 
     def visit_FunctionDef(self, node) -> None:
         self._function(node)
