@@ -328,3 +328,26 @@ def test_a_helper_mapped_over_sampled_arrays_and_the_return_its_call_takes():
             opt.step()
     """
     assert default(body) == [("GB010", 9)]   # line 10 never runs with copy=True
+
+
+# -- host data moved per call
+def test_grids_built_on_the_host_then_typed_like_a_device_tensor():
+    body = """
+    def meshgrid(*tensors):
+        return torch.meshgrid(*tensors, indexing="ij")
+
+    class Head(nn.Module):
+        def forward(self, xin):
+            out = self.conv(xin[0])
+            strides = torch.zeros(1, out.shape[1]).fill_(8).type_as(xin[0])
+            return self.decode(out, dtype=xin[0].type())
+
+        def decode(self, out, dtype):
+            grids = []
+            for h, w in self.hw:
+                yv, xv = meshgrid([torch.arange(h), torch.arange(w)])
+                grids.append(torch.stack((xv, yv), 2).view(1, -1, 2))
+            grids = torch.cat(grids, dim=1).type(dtype)
+            return out + grids
+    """
+    assert default(body) == [("GB001", 8), ("GB010", 16)]

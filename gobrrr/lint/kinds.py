@@ -69,7 +69,7 @@ DEVICE_WRAPPERS = {"prepare", "prepare_data_loader", "setup_dataloaders"}   # ac
 LOADERS_PINNED = {"Prefetcher", "PinnedWorkerLoader", "from_dataloader"}
 TENSORISH = {"tensor", "mask", "generated"}   # generated: model.generate()'s tokens, made to be read on the host
 BATCHES = {"batch_host", "batch_pinned", "batch", "batch_tok"}   # batch_tok: a tokenizer's return_tensors="pt" output
-HOSTISH = {"num", "host", "pinned", "numpy", "str", "obj", "hlist", "cpudev", "loader_pinned", "loader_pageable", "loader_device",
+HOSTISH = {"num", "host", "pinned", "numpy", "str", "ttype", "obj", "hlist", "cpudev", "loader_pinned", "loader_pageable", "loader_device",
            "loader", *BATCHES}
 # what iterating (or unpacking) a value of one kind gives
 ITEM_KIND = {"loader_pageable": "batch_host", "loader_pinned": "batch_pinned", "loader_device": "tensor",
@@ -295,7 +295,7 @@ class Kinds:
                     and node.args[0].id in getattr(self, "mask_lists", ()):
                 return "mask"   # torch.cat(fg_masks) of the masks appended per image
             if root == "torch" and not last[:1].isupper():
-                kinds = {self.kind(a) for a in node.args}
+                kinds = {self.kind(a.value if isinstance(a, ast.Starred) else a) for a in node.args}
                 return "host" if not kinds & TENSORISH and kinds & ({"host", "hlist"} | BATCHES) else "tensor"
             if root.startswith("torch.") and root.split(".")[1] in ("nn", "linalg", "fft", "special") \
                     and not last[:1].isupper() and root != "torch.nn" and "init" not in root and "utils" not in root:
@@ -322,8 +322,13 @@ class Kinds:
     def method_kind(self, node: ast.Call, func: ast.Attribute) -> str | None:
         recv = self.kind(func.value)
         method = func.attr
-        if method == "type" and node.args and getattr(self, "cuda_type", None) and self.cuda_type(node.args[0]):
-            return "tensor"   # x.type(torch.cuda.FloatTensor)
+        if method == "type" and node.args and (self.kind(node.args[0]) == "ttype" or getattr(
+                self, "cuda_type", None) and self.cuda_type(node.args[0])):
+            return "tensor"   # x.type(torch.cuda.FloatTensor), x.type(dtype) with dtype = xin[0].type()
+        if method == "type" and not node.args and not node.keywords and recv not in HOSTISH:
+            return "ttype"   # xin[0].type(): 'torch.cuda.FloatTensor', a type name that moves what it is given
+        if method == "type_as" and node.args and self.kind(node.args[0]) in TENSORISH:
+            return "tensor"
         if method in NUMBER_METHODS:
             return "num"
         if method in STR_METHODS or recv == "str":

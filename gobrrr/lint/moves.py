@@ -19,7 +19,7 @@ from __future__ import annotations
 import ast
 
 from gobrrr.lint.hot import iterates, own_nodes, root_name
-from gobrrr.lint.kinds import BATCHES, DATA_FACTORIES, DTYPE_METHODS, FACTORIES, TENSORISH, VIEW_METHODS
+from gobrrr.lint.kinds import BATCHES, DATA_FACTORIES, DTYPE_METHODS, FACTORIES, HOSTISH, TENSORISH, VIEW_METHODS
 
 _HOST_INDEX = {"numpy", "host", "pinned", "hlist"}
 
@@ -31,8 +31,9 @@ class CopyRules:
         nb = kw.get("non_blocking", node.args[1] if method == "cuda" and len(node.args) > 1 else None)
         blocking = nb is None or (isinstance(nb, ast.Constant) and not nb.value)
         nb_true = isinstance(nb, ast.Constant) and nb.value is True
-        if method == "type" and node.args and self.cuda_type(node.args[0]):
-            method = "cuda"   # x.type(torch.cuda.FloatTensor), x.type(Tensor) with Tensor = torch.cuda.FloatTensor
+        if method == "type" and node.args and (self.cuda_type(node.args[0]) or self.kind(node.args[0]) == "ttype") \
+                or method == "type_as" and node.args and self.kind(node.args[0]) not in HOSTISH:
+            method = "cuda"   # x.type(torch.cuda.FloatTensor), x.type(xin.type()), x.type_as(cuda_t): a copy
         if method in ("to", "cuda") and (method == "cuda" or self.copy_target(node) == "cuda"):
             src = func.value   # torch.<factory>(...)[.long()...] on the host, then .to(device)/.cuda()
             while isinstance(src, ast.Call) and isinstance(src.func, ast.Attribute) and (
