@@ -97,7 +97,8 @@ class CallRules:
         extra = node.args[len(params):]
         if fn.args.vararg is not None and extra and not any(isinstance(a, ast.Starred) for a in extra):
             items = {self.kind(a) for a in extra}   # def meshgrid(*tensors) called with host aranges
-            kinds[fn.args.vararg.arg] = "hlist" if items <= {"host", "pinned", "hlist"} else "tlist" if items <= TENSORISH else None
+            kinds[fn.args.vararg.arg] = "hlist" if items <= {"host", "pinned", "hlist"} else \
+                "tlist" if items <= TENSORISH else None
         kinds.update(_constants(fn, dict(pairs), node))
         return kinds, types
 
