@@ -4,8 +4,9 @@ each from a minimal example; and the false positives they showed, which must sta
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
-from gobrrr.lint.check import lint_source
+from gobrrr.lint.check import lint_paths, lint_source
 
 HEAD = "import torch\nimport numpy as np\nimport torch.nn as nn\nimport torch.nn.functional as F\nDEVICE = 'cuda'\n"
 
@@ -351,3 +352,26 @@ def test_grids_built_on_the_host_then_typed_like_a_device_tensor():
             return out + grids
     """
     assert default(body) == [("GB001", 8), ("GB010", 16)]
+
+
+# -- across files
+def test_a_helper_reached_through_a_star_import_of_a_package(tmp_path):
+    pkg = tmp_path / "det" / "utils"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("from .boxes import *\n")
+    (pkg / "boxes.py").write_text(HEAD + textwrap.dedent("""
+        def postprocess(prediction, conf_thre=0.7):
+            out = []
+            for image_pred in prediction:
+                keep = (image_pred[:, 4] >= conf_thre).squeeze()
+                out.append(image_pred[keep])
+            return out
+        """))
+    (tmp_path / "det" / "evaluate.py").write_text(HEAD + textwrap.dedent("""
+        from det.utils import postprocess
+        def evaluate(model, loader):
+            for imgs, ids in loader:
+                outputs = postprocess(model(imgs.to(DEVICE, non_blocking=True)))
+        """))
+    found = {(Path(f.path).name, f.line - HEAD.count("\n"), f.rule) for f in lint_paths([tmp_path])}
+    assert ("boxes.py", 6, "GB008") in found

@@ -76,6 +76,7 @@ class Source:
     ctor_calls: list[tuple[ast.AST | None, ast.Call]] = field(default_factory=list)  # `x = Cls(a, k=b)`, in scope
     param_attrs: dict[tuple[int, str], list[str]] = field(default_factory=dict)  # (id(cls), param) -> self.attrs
     calls: dict[str, set[str]] = field(default_factory=dict)   # def name -> the names it calls
+    stars: list[str] = field(default_factory=list)   # modules imported with `from .boxes import *`
 
     @property
     def name(self) -> str:
@@ -97,6 +98,9 @@ def parse(path: Path, text: str) -> Source:
                 isinstance(node, ast.ImportFrom) and node.level:
             base = ("." * node.level) + (node.module or "")
             for a in node.names:
+                if a.name == "*":
+                    src.stars.append(base)
+                    continue
                 src.imports[a.asname or a.name] = (base, a.name)
         elif isinstance(node, ast.Import):
             for a in node.names:
@@ -238,6 +242,11 @@ class Project:
                 return ("module", m, None)   # from pkg import utils
             m = self.module(module, src)
             return self.lookup(m, attr, depth + 1) if m is not None and m is not src else None
+        for module in src.stars if depth < 3 else ():   # yolox/utils/__init__.py: from .boxes import *
+            m = self.module(module, src)
+            hit = self.lookup(m, name, depth + 1) if m is not None and m is not src else None
+            if hit is not None:
+                return hit
         return None
 
     def class_of(self, src: Source, expr: ast.AST):
