@@ -375,3 +375,31 @@ def test_a_helper_reached_through_a_star_import_of_a_package(tmp_path):
         """))
     found = {(Path(f.path).name, f.line - HEAD.count("\n"), f.rule) for f in lint_paths([tmp_path])}
     assert ("boxes.py", 6, "GB008") in found
+
+
+# -- Python attributes set on tensors
+def test_attributes_guarded_by_hasattr_or_read_with_getattr_are_no_tensors():
+    body = """
+    def param_is_not_shared(param):
+        return not hasattr(param, 'shared') or not param.shared
+
+    def param_is_not_duplicate(param, group=None):
+        if hasattr(param, "tensor_model_parallel") and param.tensor_model_parallel:
+            return True
+        return group.rank() == 0
+
+    def grad_norm(model):
+        total = []
+        for p in model.parameters():
+            is_expert = not getattr(p, 'allreduce', True)
+            if is_expert and param_is_not_shared(p) and param_is_not_duplicate(p):
+                total.append(p.grad.norm())
+        return total
+
+    def train(model, loader, opt):
+        for x in loader:
+            model(x).mean().backward()
+            norms = grad_norm(model)
+            opt.step()
+    """
+    assert default(body) == []

@@ -270,13 +270,26 @@ class FlowRules:
     visit_ListComp = visit_SetComp = visit_GeneratorExp = visit_DictComp = _comprehension
 
     def check_condition(self, test: ast.AST, where: str = " inside a loop") -> None:
-        parts = test.values if isinstance(test, ast.BoolOp) else [test]
-        parts = [p.operand if isinstance(p, ast.UnaryOp) and isinstance(p.op, ast.Not) else p for p in parts]
+        parts = _parts(test)
+        guarded = {(ast.unparse(n.args[0]), n.args[1].value) for n in ast.walk(test) if isinstance(n, ast.Call)
+                   and isinstance(n.func, ast.Name) and n.func.id == "hasattr" and len(n.args) == 2
+                   and isinstance(n.args[1], ast.Constant)}
+        parts = [p for p in parts if not (isinstance(p, ast.Attribute) and (ast.unparse(p.value), p.attr) in guarded)]
         if all(self.kind(p) not in TENSORISH or (isinstance(p, ast.Name) and (
                 p.id in self.guesses or self.lookup(p.id + "#opt"))) for p in parts):
             return   # `if losses:` on an unknown call's result, `if not mask:` on an optional parameter
         if self.looping() and self.kind(test) in TENSORISH:
             self.flag(test, "GB007", where=where)
+
+
+def _parts(test: ast.AST) -> list[ast.AST]:
+    """The operands of a condition through and/or/not: `hasattr(p, 'tp') and p.tp or q` -> the call, p.tp, q.
+    A part guarded by `hasattr(x, 'a')` is a Python attribute someone set, not a tensor op."""
+    if isinstance(test, ast.BoolOp):
+        return [q for v in test.values for q in _parts(v)]
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        return _parts(test.operand)
+    return [test]
 
 
 __all__ = ["FlowRules"]

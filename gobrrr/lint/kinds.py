@@ -78,7 +78,7 @@ ITEM_KIND = {"loader_pageable": "batch_host", "loader_pinned": "batch_pinned", "
              "batch_host": "batch_host", "batch_pinned": "batch_pinned", "batch": "batch", "numpy": "numpy",
              "tlist": "tensor", "hlist": "hlist"}
 _DATA_WORDS = {"data", "dataset", "ds", "batches", "train", "val", "valid", "test", "eval", "dl"}
-_PREDICATE = re.compile(r"^_*(is|has|should|can|needs?|uses?|supports?|check_is)_")
+_PREDICATE = re.compile(r"(^_*|[a-z0-9]_)(is|has|should|can|needs?|uses?|supports?|check_is)_")   # param_is_not_shared
 _TOKENIZER = re.compile(r"tokeni[sz]er|processor|feature_extractor|^tok$", re.I)
 _LOADER_NAME = LOADER_NAME
 
@@ -189,7 +189,11 @@ class Kinds:
                 return "host" if "host" in kinds else "numpy"   # layer_idx = from_which_layer == i: a host mask
             return "num" if kinds <= {"num", "str"} else None
         if isinstance(node, ast.BoolOp):
-            kinds = {self.kind(v) for v in node.values}
+            guarded = {(ast.unparse(v.args[0]), v.args[1].value) for v in node.values if isinstance(v, ast.Call)
+                       and isinstance(v.func, ast.Name) and v.func.id == "hasattr" and len(v.args) == 2
+                       and isinstance(v.args[1], ast.Constant)}   # hasattr(p, "tp") and p.tp: a Python attribute
+            kinds = {self.kind(v) for v in node.values
+                     if not (isinstance(v, ast.Attribute) and (ast.unparse(v.value), v.attr) in guarded)}
             return "mask" if kinds & TENSORISH else ("num" if kinds <= {"num", "str"} else None)
         if isinstance(node, ast.IfExp):
             a, b = self.kind(node.body), self.kind(node.orelse)
@@ -241,12 +245,14 @@ class Kinds:
                 _TOKENIZER.search(name_of(func)) or (isinstance(func, ast.Attribute) and _TOKENIZER.search(
                     name_of(func.value)))):
             return "batch_tok"   # tokenizer(texts, return_tensors="pt"): a fresh host batch, pageable
-        if isinstance(func, (ast.Name, ast.Attribute)) and _PREDICATE.match(name_of(func)) \
+        if isinstance(func, (ast.Name, ast.Attribute)) and _PREDICATE.search(name_of(func)) \
                 and not (isinstance(func, ast.Attribute) and self.kind(func.value) in TENSORISH):
             return "num"   # self._is_fp8_param(p), has_nan(x): a predicate answers with a Python bool
         if isinstance(func, ast.Name):
             if func.id in NUM_BUILTINS:
                 return "num"
+            if func.id == "getattr":   # getattr(param, "is_expert", False): a Python attribute someone set
+                return "num" if len(node.args) > 2 and self.kind(node.args[2]) == "num" else None
             own = self.local_defs.get(func.id)
             if own is not None and own.returns is not None:   # def _avg_emulated(...) -> bool
                 return self.annotation_kind(own.returns)
