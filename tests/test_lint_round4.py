@@ -403,3 +403,26 @@ def test_attributes_guarded_by_hasattr_or_read_with_getattr_are_no_tensors():
             opt.step()
     """
     assert default(body) == []
+
+
+def test_objects_built_from_a_config_are_found_by_their_class_or_keywords():
+    body = """
+    class AugmentPipe:
+        def __call__(self, images):
+            margin = images.flatten(1).max(dim=1).values.ceil().to(torch.int32)
+            m0, m1 = margin[0], margin[1]
+            return F.pad(images, pad=[m0, m1, m0, m1])
+
+    class EDMLoss:
+        def __call__(self, net, images, labels=None, augment_pipe=None):
+            y = augment_pipe(images)
+            return (net(y) - y) ** 2
+
+    def train(ddp, it, opt, loss_fn, augment_pipe):
+        while True:
+            images, labels = next(it)
+            loss = loss_fn(net=ddp, images=images, labels=labels, augment_pipe=augment_pipe)
+            loss.sum().backward()
+            opt.step()
+    """
+    assert default(body) == [("GB002", 6)]   # F.pad reads each 0-d device int of the padding

@@ -363,7 +363,8 @@ class Project:
                 return [(hit[1], hit[2])]
             if hit and hit[0] == "class":
                 return self._init(hit[1], hit[2])   # Cls(x) in hot code: its __init__ runs every step
-            return self._forwards(self.instances_of(src, f, scope, types))   # net(x): its class's forward
+            found = self._forwards(self.instances_of(src, f, scope, types))   # net(x): its class's forward
+            return found or (self._callables(f.id, call) if fallback else [])
         if isinstance(f, ast.Subscript):   # loss_map[name](...) with loss_map = {"a": self.loss_a, ...}
             return [hit for v in self._dict_values(src, f.value, scope)
                     for hit in self.resolve(src, ast.Call(func=v, args=call.args, keywords=call.keywords), scope, types)]
@@ -401,6 +402,20 @@ class Project:
         if len(only) == 1:
             return only[:1]
         return only[:6] if 1 < len(only) <= 6 and self._one_hierarchy(only) else []
+
+    def _callables(self, name: str, call: ast.Call) -> list:
+        """An object built where the lint cannot see (a config names its class) and called:
+        `augment_pipe(images)` runs the project's class AugmentPipe; `loss_fn(net=ddp, images=x,
+        labels=y)` runs the __call__ / forward whose parameters take all of those keywords (at most 6)."""
+        camel = name.replace("_", "").lower()
+        found = [(s, c) for s in self.sources for c in s.classes.values() if c.name.lower() == camel and "_" in name]
+        hits = self._forwards(found)
+        if hits or len([k for k in call.keywords if k.arg]) < 2:
+            return hits
+        keys = {k.arg for k in call.keywords if k.arg}
+        out = [(s, d) for s, d in self.methods.get("__call__", []) + self.methods.get("forward", [])
+               if keys <= {a.arg for a in [*d.args.posonlyargs, *d.args.args, *d.args.kwonlyargs]}]
+        return out if len(out) <= 6 else []
 
     def _init(self, src: Source, cls: ast.ClassDef) -> list:
         hit = self.method(src, cls, "__init__")

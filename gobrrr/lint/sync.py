@@ -73,6 +73,9 @@ class SyncRules:
         last = name.rsplit(".", 1)[-1] if name else (method or "")
         if isinstance(func, ast.Name) and func.id == "range":
             args = list(node.args)
+        elif name in ("torch.nn.functional.pad", "F.pad") and (kw.get("pad") or node.args[1:2]):
+            pad = kw.get("pad") or node.args[1]   # F.pad(x, pad=[mx0, mx1, my0, my1]) with 0-d device ints
+            args = list(pad.elts) if isinstance(pad, (ast.List, ast.Tuple)) else []
         elif last in ("topk", "kthvalue"):
             args = [kw["k"]] if "k" in kw else node.args[1:2] if name.startswith("torch.") else node.args[:1]
         elif method in _SIZED_METHODS and self.kind(func.value) in TENSORISH or \
