@@ -426,3 +426,25 @@ def test_objects_built_from_a_config_are_found_by_their_class_or_keywords():
             opt.step()
     """
     assert default(body) == [("GB002", 6)]   # F.pad reads each 0-d device int of the padding
+
+
+def test_a_delayed_update_made_up_in_a_loop_is_training_not_a_rare_branch():
+    body = """
+    def train(actor, qf, q_opt, actor_opt, rb, args):
+        for global_step in range(args.total):
+            data = rb.sample(256)
+            q_loss = qf(data).mean()
+            q_opt.zero_grad()
+            q_loss.backward()
+            q_opt.step()
+            if global_step % args.policy_frequency == 0:
+                for _ in range(args.policy_frequency):
+                    actor_loss = -qf(actor(data)).mean()
+                    actor_opt.zero_grad()
+                    actor_loss.backward()
+                    actor_opt.step()
+                    alpha = actor_loss.exp().item()
+            if global_step % 100 == 0:
+                print(q_loss.item())
+    """
+    assert default(body) == [("GB002", 15)]

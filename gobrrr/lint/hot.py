@@ -204,6 +204,10 @@ class HotMap:
             for n in own_level([stmt]):
                 if isinstance(n, ast.Call) and self.facts.step_kind(n) == "update":
                     return False
+        for n in (n for stmt in body for n in ast.walk(stmt)):   # a delayed update, made up in a loop:
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and (   # `for _ in range(k): ...
+                    n.func.attr == "backward" or n.func.attr == "step" and self.facts.is_optimizer(n.func.value)):
+                return False   # actor_loss.backward(); actor_opt.step()` every k steps is training, not logging
         return True
 
     def _off_tails(self, nodes: list[ast.AST]) -> set[int]:
