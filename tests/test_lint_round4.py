@@ -448,3 +448,24 @@ def test_a_delayed_update_made_up_in_a_loop_is_training_not_a_rare_branch():
                 print(q_loss.item())
     """
     assert default(body) == [("GB002", 15)]
+
+
+def test_a_library_sampler_learns_its_arguments_from_the_script_that_calls_it(tmp_path):
+    (tmp_path / "sampling.py").write_text(HEAD + textwrap.dedent("""
+        def sample_euler(model, x, sigmas, s_tmin=0.0, s_tmax=float('inf')):
+            for i in range(len(sigmas) - 1):
+                gamma = 0.1 if s_tmin <= sigmas[i] <= s_tmax else 0.0
+                denoised = model(x, sigmas[i] * (gamma + 1))
+                x = x + (sigmas[i + 1] - sigmas[i]) * denoised
+            return x
+        """))
+    (tmp_path / "generate.py").write_text(HEAD + textwrap.dedent("""
+        import sampling
+        def main(model, n_batches):
+            sigmas = torch.linspace(80, 0, 19, device=DEVICE)
+            for b in range(n_batches):
+                x = torch.randn(4, 3, 32, 32, device=DEVICE) * sigmas[0]
+                sampling.sample_euler(model, x, sigmas)
+        """))
+    found = {(Path(f.path).name, f.line - HEAD.count("\n"), f.rule) for f in lint_paths([tmp_path])}
+    assert ("sampling.py", 4, "GB007") in found   # sigmas is a device tensor: each step's condition syncs

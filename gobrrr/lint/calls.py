@@ -118,6 +118,19 @@ class CallRules:
                                  list(self.functions)))
 
 
+    def note_seed(self, node: ast.Call) -> None:
+        """A call (outside hot code) of a project def that holds a step loop: keep the kinds of its
+        arguments, so that the def's loop is walked again knowing them (check.check_sources)."""
+        scope = self.defs[-1] if self.defs else None
+        for target_src, fn in self.project.resolve(self.src, node, scope, self.types, fallback=False)[:3]:
+            if fn is scope or fn.name not in self.project.looping:
+                continue
+            kinds, _ = self._arguments(node, fn, target_src, scope)
+            kinds = {k: v for k, v in kinds.items() if "#" not in k and v is not None}
+            if kinds:
+                self.seeds.append((target_src, fn, kinds))
+
+
 def _constants(fn, passed: dict, call: ast.Call) -> dict[str, str]:
     """`param#val` -> repr of the constant a parameter holds in this call: the literal passed, or
     the default of one not passed (`mode="gpu"`, `mask=None`); nothing when `*args`/`**kwargs`

@@ -103,6 +103,7 @@ def check_sources(sources: list[Source], assume_gpu: bool = False,
         if (looping - hm.looping) & (set(called_names(s)) | {a for v in hm.facts.aliases.values() for a in v}):
             hm.facts.looping |= looping
             hm.restep()
+    project.looping = looping
     gpu = {id(s): assume_gpu or may_use_gpu(s.text) for s in sources}
     gpu_project = any(gpu.values())
     checkers: dict[int, Checker] = {}
@@ -114,6 +115,7 @@ def check_sources(sources: list[Source], assume_gpu: bool = False,
             _hold_back(c, gpu_project)
         queue += c.pending
         c.pending = []
+    queue = _seeded(checkers, sources, gpu, errors) + queue
     seen = {h for c in checkers.values() for h in c.hotmap.hooks}   # step_fns may come again, typed
     while True:
         for c in checkers.values():   # a CPU-only file whose step loop calls into a GPU file runs on the GPU
@@ -146,6 +148,30 @@ def check_sources(sources: list[Source], assume_gpu: bool = False,
                 found.append(f)
     skipped = [s for s in sources if not gpu[id(s)] and not any(f.path == str(s.path) for f in found)]
     return sorted(found, key=lambda f: (f.path, f.line, f.col, f.rule)), skipped
+
+
+def _seeded(checkers: dict, sources: list[Source], gpu: dict, errors) -> list:
+    """Walk again each def holding a step loop that the project calls with known argument kinds
+    (a sampler in a library module, called from a script): the kinds agreed on by its call sites
+    seed its parameters. Returns the hot calls its loops make, to follow first."""
+    seeds: dict[int, tuple] = {}
+    for s in sources:
+        for target, fn, kinds in checkers[id(s)].seeds:
+            old = seeds.setdefault(id(fn), (target, fn, dict(kinds)))[2]
+            for k, v in kinds.items():
+                if old.get(k, v) != v:
+                    old[k] = None   # the call sites disagree: unknown
+                else:
+                    old.setdefault(k, v)
+    queue = []
+    for target, fn, kinds in seeds.values():
+        c = checkers[id(target)]
+        kinds = {k: v for k, v in kinds.items() if v is not None}
+        if kinds and gpu[id(target)]:
+            _guarded(lambda: c.check_seeded(fn, kinds), target, errors)
+            queue += c.pending
+            c.pending = []
+    return queue
 
 
 def _closures(sources: list[Source], facts: dict) -> tuple[set[str], set[str]]:

@@ -198,6 +198,8 @@ class Project:
                         self.children.setdefault(id(b[1]), []).append((s, cls))
                         self.parents.setdefault(id(cls), []).append(id(b[1]))
         self.summaries: dict = {}   # (id(def), argument kinds) -> the kind it returns (rules.summarize)
+        self._by_lower: dict | None = None   # lower-cased class name -> [(Source, ClassDef)], built on first use
+        self.looping: set[str] = set()   # names of the defs that hold a step loop (set by check.check_sources)
         self.hotmaps: dict = {}     # id(Source) -> its HotMap, once built
         self.attr_types: dict[tuple[int, str], list] = {}   # (id(cls), attr) -> classes its constructors were given
         for s in sources:
@@ -407,8 +409,12 @@ class Project:
         """An object built where the lint cannot see (a config names its class) and called:
         `augment_pipe(images)` runs the project's class AugmentPipe; `loss_fn(net=ddp, images=x,
         labels=y)` runs the __call__ / forward whose parameters take all of those keywords (at most 6)."""
-        camel = name.replace("_", "").lower()
-        found = [(s, c) for s in self.sources for c in s.classes.values() if c.name.lower() == camel and "_" in name]
+        if self._by_lower is None:
+            self._by_lower = {}
+            for s in self.sources:
+                for c in s.classes.values():
+                    self._by_lower.setdefault(c.name.lower(), []).append((s, c))
+        found = self._by_lower.get(name.replace("_", "").lower(), []) if "_" in name else []
         hits = self._forwards(found)
         if hits or len([k for k in call.keywords if k.arg]) < 2:
             return hits

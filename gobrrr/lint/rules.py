@@ -24,6 +24,7 @@ from gobrrr.lint.graph import Project, Source
 from gobrrr.lint.hot import HotMap, is_model_name
 from gobrrr.lint.inside import InsideRules
 from gobrrr.lint.kinds import DEVICE_WRAPPERS, LOADERS_PINNED, TENSORISH, Kinds
+from gobrrr.lint.loops import name_of
 from gobrrr.lint.moves import CopyRules
 from gobrrr.lint.sync import SyncRules
 
@@ -146,6 +147,7 @@ class Checker(FlowRules, CallRules, SyncRules, CopyRules, InsideRules, EnvRules,
         self.silent = False                     # a first pass over a step loop's body: kinds only (flow)
         self.eager_lambdas: set[int] = set()    # id of lambdas that map()/sorted() call right away
         self.cuda_types: set[str] = set()       # names bound to torch.cuda.FloatTensor and friends
+        self.seeds: list[tuple] = []            # (Source, def holding a step loop, kinds of its parameters)
         self.left = False                       # this call has returned (flow.static_truth): the rest is dead
         self.mask_lists: set[str] = set()       # lists that masks are appended to (torch.cat of them is a mask)
         self.dist_attrs: set[str] = set()       # self attributes bound to a validated distribution (inside)
@@ -208,6 +210,14 @@ class Checker(FlowRules, CallRules, SyncRules, CopyRules, InsideRules, EnvRules,
         self.functions = list(functions)   # a helper of `def benchmark()` is benchmark code
         self.defs = [d for d in self._enclosing(fn)]
         self._function(fn, region="hot", chain=chain, seed=kinds, types=types)
+
+    def check_seeded(self, fn: ast.AST, kinds: dict) -> None:
+        """Walk a def that holds a step loop again, its parameters typed by the project's calls of it
+        (calls.note_seed); its regions are its own (a library sampler called from a script)."""
+        self.scopes = [self.module_scope]
+        self.defs = [d for d in self._enclosing(fn)]
+        self.functions = [d.name for d in self.defs if hasattr(d, "name")]
+        self._function(fn, seed=kinds)
 
     def _enclosing(self, fn: ast.AST) -> list[ast.AST]:
         out, s = [], self.src.parent.get(id(fn))
@@ -388,6 +398,8 @@ class Checker(FlowRules, CallRules, SyncRules, CopyRules, InsideRules, EnvRules,
             self.inside_rules(node, func, name, method, kw)
         if self.region == "hot" and not self.silent:
             self.follow(node)
+        elif not self.silent and not self.summary_depth and name_of(func) in self.project.looping:
+            self.note_seed(node)   # sample_euler(model, x, sigmas) from a script: its own loop learns the kinds
         # calls that hand a pageable loader to gobrrr (which pins): not a GB006 any more
         if isinstance(func, (ast.Name, ast.Attribute)) and name.rsplit(".", 1)[-1] in LOADERS_PINNED:
             for a in node.args:
