@@ -469,3 +469,30 @@ def test_a_library_sampler_learns_its_arguments_from_the_script_that_calls_it(tm
         """))
     found = {(Path(f.path).name, f.line - HEAD.count("\n"), f.rule) for f in lint_paths([tmp_path])}
     assert ("sampling.py", 4, "GB007") in found   # sigmas is a device tensor: each step's condition syncs
+
+
+def test_a_sampler_called_through_a_package_alias_and_its_schedule_helper(tmp_path):
+    pkg = tmp_path / "kdiff"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("from . import sampling\n")
+    (pkg / "sampling.py").write_text(HEAD + textwrap.dedent("""
+        def get_sigmas(n, device="cpu"):
+            return torch.cat([torch.linspace(80, 0.1, n), torch.zeros(1)]).to(device)
+
+        def sample_euler(model, x, sigmas):
+            for i in range(len(sigmas) - 1):
+                denoised = model(x, sigmas[i])
+                if sigmas[i + 1] > 0:
+                    x = x + (sigmas[i + 1] - sigmas[i]) * denoised
+            return x
+        """))
+    (tmp_path / "sample.py").write_text(HEAD + textwrap.dedent("""
+        import kdiff as K
+        def main(model, n):
+            sigmas = K.sampling.get_sigmas(50, device=DEVICE)
+            for b in range(n):
+                x = torch.randn(4, 3, 32, 32, device=DEVICE) * sigmas[0]
+                K.sampling.sample_euler(model, x, sigmas)
+        """))
+    found = {(Path(f.path).name, f.line - HEAD.count("\n"), f.rule) for f in lint_paths([tmp_path])}
+    assert ("sampling.py", 8, "GB007") in found

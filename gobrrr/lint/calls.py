@@ -29,7 +29,8 @@ class CallRules:
     def return_kind(self, node: ast.Call) -> str | None:
         """What the project def this call runs returns, learnt by walking its body with the call's
         argument kinds (two calls deep, in hot code): a CPU matcher's index list, a helper's tensor."""
-        if (self.region != "hot" and not self.summary_depth) or self.summary_depth >= 2 \
+        if (self.region != "hot" and not self.summary_depth and not self.assigning & self.seeding) \
+                or self.summary_depth >= 2 \
                 or not isinstance(node.func, (ast.Name, ast.Attribute)):
             return None
         if id(node) in self.return_kinds:

@@ -259,8 +259,8 @@ class Project:
     def _named(self, src: Source, expr: ast.AST):
         if isinstance(expr, ast.Name):
             return self.lookup(src, expr.id)
-        if isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name):
-            hit = self.lookup(src, expr.value.id)
+        if isinstance(expr, ast.Attribute) and isinstance(expr.value, (ast.Name, ast.Attribute)):
+            hit = self._named(src, expr.value)   # K.sampling.sample_lms: a module of a module
             if hit and hit[0] == "module":
                 return self.lookup(hit[1], expr.attr)
         return None
@@ -395,6 +395,13 @@ class Project:
                 return [found] if found else []
             if hit is None and recv.id in src.imports and src.imports[recv.id][1] is None:
                 return []   # torch.min(a, b), np.max(x): a module from outside the project
+        if isinstance(recv, ast.Attribute) and isinstance(recv.value, (ast.Name, ast.Attribute)):
+            hit = self._named(src, recv)
+            if hit and hit[0] == "module":   # K.sampling.sample_lms(model, x, sigmas)
+                inner = self.lookup(hit[1], f.attr)
+                if inner and inner[0] == "class":
+                    return self._init(inner[1], inner[2])
+                return [(inner[1], inner[2])] if inner and inner[0] == "def" else []
         insts = self.instances_of(src, recv, scope, types)     # obj.m(x), self.obj.m(x)
         if insts:
             return [hit for inst in insts if (hit := self.method(*inst, f.attr))]

@@ -147,6 +147,8 @@ class Checker(FlowRules, CallRules, SyncRules, CopyRules, InsideRules, EnvRules,
         self.silent = False                     # a first pass over a step loop's body: kinds only (flow)
         self.eager_lambdas: set[int] = set()    # id of lambdas that map()/sorted() call right away
         self.cuda_types: set[str] = set()       # names bound to torch.cuda.FloatTensor and friends
+        self.seeding: set[str] = set()          # names this def hands to a def holding a step loop (note_seed)
+        self.assigning: set[str] = set()        # the names the assignment being walked binds
         self.seeds: list[tuple] = []            # (Source, def holding a step loop, kinds of its parameters)
         self.left = False                       # this call has returned (flow.static_truth): the rest is dead
         self.mask_lists: set[str] = set()       # lists that masks are appended to (torch.cat of them is a mask)
@@ -200,6 +202,8 @@ class Checker(FlowRules, CallRules, SyncRules, CopyRules, InsideRules, EnvRules,
     def check_module(self) -> None:
         """The module as written (its hot code queues the calls it makes in `pending`)."""
         self.scope_node = self.src.tree
+        self.seeding = _seed_names([st for st in self.src.tree.body if not isinstance(
+            st, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))], self.project.looping)
         self.visit(self.src.tree)
         self.check_loaders()
         self.module_scope = self.scopes[0]
@@ -249,6 +253,9 @@ class Checker(FlowRules, CallRules, SyncRules, CopyRules, InsideRules, EnvRules,
         self.region = region or ("hot" if per_step else None)
         self.loaders, self.scope_node, self.chain, self.types, self.loop_stack = [], node, chain, types or {}, []
         self.functions.append(node.name)
+        saved_seeding = self.seeding   # a def that calls a def holding a step loop learns what its helpers return
+        self.seeding = _seed_names(node.body, self.project.looping) \
+            if self.src.calls.get(node.name, set()) & self.project.looping else set()
         self.defs.append(node)
         scope: dict[str, str | None] = {}
         args = node.args
@@ -281,6 +288,7 @@ class Checker(FlowRules, CallRules, SyncRules, CopyRules, InsideRules, EnvRules,
         self.functions.pop()
         self.defs.pop()
         self.region, self.loaders, self.scope_node, self.chain, self.types, self.loop_stack, self.left = saved
+        self.seeding = saved_seeding
 
     def visit_FunctionDef(self, node) -> None:
         self._function(node)
@@ -301,6 +309,13 @@ class Checker(FlowRules, CallRules, SyncRules, CopyRules, InsideRules, EnvRules,
         self.scopes.pop()
 
     def visit_Assign(self, node: ast.Assign) -> None:
+        self.assigning = {t.id for t in node.targets if isinstance(t, ast.Name)} if self.seeding else set()
+        try:
+            self._assign(node)
+        finally:
+            self.assigning = set()
+
+    def _assign(self, node: ast.Assign) -> None:
         self.visit(node.value)
         self.note_distribution(node)
         for t in node.targets:
@@ -409,6 +424,15 @@ class Checker(FlowRules, CallRules, SyncRules, CopyRules, InsideRules, EnvRules,
             self.visit(func)
             return self.visit_off(*node.args, *[k.value for k in node.keywords])
         self.generic_visit(node)
+
+
+def _seed_names(body: list[ast.stmt], looping: set[str]) -> set[str]:
+    """The names passed to calls of defs that hold a step loop (`sample_euler(model, x, sigmas)`):
+    what a helper returns into them is worth learning (calls.return_kind)."""
+    if not looping:
+        return set()
+    return {a.id for st in body for n in ast.walk(st) if isinstance(n, ast.Call) and name_of(n.func) in looping
+            for a in [*n.args, *(k.value for k in n.keywords)] if isinstance(a, ast.Name)}
 
 
 __all__ = ["RULES", "SYNC_RULES", "TITLES", "Finding", "Checker", "MAX_DEPTH"]
