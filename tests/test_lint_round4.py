@@ -496,3 +496,23 @@ def test_a_sampler_called_through_a_package_alias_and_its_schedule_helper(tmp_pa
         """))
     found = {(Path(f.path).name, f.line - HEAD.count("\n"), f.rule) for f in lint_paths([tmp_path])}
     assert ("sampling.py", 8, "GB007") in found
+
+
+def test_a_normal_kept_on_self_is_sampled_every_rollout_step():
+    body = """
+    from torch.distributions import Normal
+    class ActorCritic(nn.Module):
+        def update_distribution(self, obs):
+            mean = self.actor(obs)
+            self.distribution = Normal(mean, mean * 0.0 + self.std, validate_args=False)
+
+        def act(self, obs):
+            self.update_distribution(obs)
+            return self.distribution.sample()
+
+    def rollout(policy, env, obs):
+        for step in range(24):
+            actions = policy.act(obs)
+            obs, rewards, dones, infos = env.step(actions)
+    """
+    assert ("GB013", 10) in default(body)

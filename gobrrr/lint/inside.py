@@ -42,7 +42,9 @@ class InsideRules:
             self.flag(node, "GB013", what="`log_prob()` of a distribution built with argument validation on "
                                           "(the sample is checked on the host)", fix=_FIX)
             return
-        if method == "sample" and isinstance(func.value, ast.Name) and self.lookup(func.value.id + _NORMAL):
+        v = func.value if method == "sample" else None
+        if isinstance(v, ast.Name) and self.lookup(v.id + _NORMAL) or isinstance(v, ast.Attribute) \
+                and isinstance(v.value, ast.Name) and v.value.id == "self" and v.attr in self.normal_attrs:
             self.flag(node, "GB013", what="`Normal.sample()` (torch.normal with a tensor std checks std >= 0 on the host)",
                       fix="draw with .rsample() (loc + scale * randn), which checks nothing on the host")
             return
@@ -78,6 +80,8 @@ class InsideRules:
                 for t in node.targets:   # its .sample() calls torch.normal(loc, scale), validation or not
                     if isinstance(t, ast.Name):
                         self.scopes[-1][t.id + _NORMAL] = "normal"
+                    elif isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
+                        self.normal_attrs.add(t.attr)   # self.distribution = Normal(mean, std)
             if self.validated_dist(v, self.dotted(v.func) or "", kw):
                 for t in node.targets:
                     if isinstance(t, ast.Name):
