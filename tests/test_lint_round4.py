@@ -516,3 +516,26 @@ def test_a_normal_kept_on_self_is_sampled_every_rollout_step():
             obs, rewards, dones, infos = env.step(actions)
     """
     assert ("GB013", 10) in default(body)
+
+
+def test_a_flag_the_project_sets_on_parameters_is_no_tensor():
+    body = """
+    def mark(model):
+        for p in model.parameters():
+            p.sequence_parallel = True
+            setattr(p, "allreduce", False)
+
+    def sync_grads(model):
+        for p in model.parameters():
+            if p.sequence_parallel and p.allreduce:
+                p.grad.mul_(2)
+            if p.grad.isnan().any():
+                p.grad.zero_()
+
+    def train(model, loader, opt):
+        for x in loader:
+            model(x).mean().backward()
+            sync_grads(model)
+            opt.step()
+    """
+    assert default(body) == [("GB007", 11)]   # the nan check is a real sync; the flags are Python bools

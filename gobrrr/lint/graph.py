@@ -198,6 +198,14 @@ class Project:
                         self.children.setdefault(id(b[1]), []).append((s, cls))
                         self.parents.setdefault(id(cls), []).append(id(b[1]))
         self.summaries: dict = {}   # (id(def), argument kinds) -> the kind it returns (rules.summarize)
+        self.python_attrs = {t.attr for s in sources for n in s.nodes if isinstance(n, ast.Assign)
+                             and isinstance(n.value, ast.Constant) and isinstance(n.value.value, (bool, int, str))
+                             for t in n.targets if isinstance(t, ast.Attribute)
+                             and not (isinstance(t.value, ast.Name) and t.value.id == "self")}
+        self.python_attrs |= {n.args[1].value for s in sources if "setattr" in s.text for n in s.nodes
+                              if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "setattr"
+                              and len(n.args) == 3 and isinstance(n.args[1], ast.Constant)
+                              and isinstance(n.args[1].value, str)}   # param.allreduce = False: a flag on a tensor
         self._by_lower: dict | None = None   # lower-cased class name -> [(Source, ClassDef)], built on first use
         self.looping: set[str] = set()   # names of the defs that hold a step loop (set by check.check_sources)
         self.hotmaps: dict = {}     # id(Source) -> its HotMap, once built

@@ -92,6 +92,7 @@ class Kinds:
         self.models: set[str] = set()           # names assigned a module in this file (from hot)
         self.self_attrs: dict[str, str | None] = {}   # `self.loss = ...` anywhere in the file: attr -> kind
         self.local_defs: dict[str, ast.AST] = {}      # the file's module-level defs (their return annotations)
+        self.python_attrs: set[str] = set()           # attributes the project sets to constants on objects
         self.buffers: set[str] = set()                # names the project's modules register as buffers
 
     def lookup(self, name: str) -> str | None:
@@ -209,6 +210,8 @@ class Kinds:
             if node.attr == "grad":
                 return "tensor"  # a parameter's gradient
             k = self.kind(node.value)
+            if k in TENSORISH and node.attr in self.python_attrs:
+                return None   # p.sequence_parallel, set as `param.sequence_parallel = True` somewhere: a flag
             if k in TENSORISH:
                 return "generated" if k == "generated" else "tensor"  # .data, .T, a model output's .loss / .logits
             if k in ("host", "pinned", "numpy") or k in BATCHES:

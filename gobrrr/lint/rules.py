@@ -123,6 +123,7 @@ class Checker(FlowRules, CallRules, SyncRules, CopyRules, InsideRules, EnvRules,
         self.path = str(src.path)
         self.project = project or Project([src])
         self.buffers = self.project.buffers
+        self.python_attrs = self.project.python_attrs
         self.hotmap = hotmap or HotMap(src.tree, self.path, src.nodes)
         self.models = self.hotmap.models
         self.project_flags = project_flags or {}
