@@ -539,3 +539,15 @@ def test_a_flag_the_project_sets_on_parameters_is_no_tensor():
             opt.step()
     """
     assert default(body) == [("GB007", 11)]   # the nan check is a real sync; the flags are Python bools
+
+
+def test_what_a_transform_makes_of_a_numpy_image_is_copied_from_the_host():
+    body = """
+    from PIL import Image
+    def demo(model, transforms, paths, device):
+        for path in paths:
+            image = np.array(Image.open(path).convert("RGB"))
+            images = transforms(image)[0].unsqueeze(0)
+            result = model(images.to(device))[0]
+    """
+    assert default(body) == [("GB010", 7)]

@@ -325,8 +325,11 @@ class Kinds:
             return self.method_kind(node, func)
         if (self.is_model(func) and (node.args or node.keywords)) or re.search(r"loss|criterion", name_of(func), re.I):
             return "tensor"  # a model's forward or a loss
-        if {self.kind(a) for a in node.args} & TENSORISH:
+        kinds = {self.kind(a) for a in node.args}
+        if kinds & TENSORISH:
             return "tensor"  # an unknown callable fed a device tensor (a layer, a loss)
+        if kinds == {"numpy"} and not node.keywords and isinstance(func, ast.Name):
+            return "host"    # transforms(np_image): what it makes of a numpy array is on the host
         return None
 
     def method_kind(self, node: ast.Call, func: ast.Attribute) -> str | None:
