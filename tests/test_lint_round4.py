@@ -551,3 +551,19 @@ def test_what_a_transform_makes_of_a_numpy_image_is_copied_from_the_host():
             result = model(images.to(device))[0]
     """
     assert default(body) == [("GB010", 7)]
+
+
+def test_device_scalars_as_slice_bounds():
+    body = """
+    class PostProcess(nn.Module):
+        def forward(self, outputs):
+            masks = outputs["pred_masks"]
+            sizes = (masks > 0).sum(-1)
+            out = []
+            for i in range(masks.shape[0]):
+                h, w = sizes[i, 0], sizes[i, 1]
+                out.append(masks[i, :h, :w])
+                out.append(masks[i, :4])
+            return out
+    """
+    assert default(body) == [("GB002", 9)]

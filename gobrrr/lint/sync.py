@@ -86,10 +86,20 @@ class SyncRules:
                 args = args[1:]
         else:
             return None
+        return self._made_here(args)
+
+    def slice_bound(self, node: ast.Subscript) -> ast.AST | None:
+        parts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+        bounds = [b for p in parts if isinstance(p, ast.Slice) for b in (p.lower, p.upper, p.step) if b is not None]
+        return self._made_here([b for b in bounds if isinstance(b, (ast.Name, ast.Subscript))])
+
+    def _made_here(self, args: list) -> ast.AST | None:
+        """The first of `args` that is a device tensor made in this def (not a parameter, whose kind
+        is the caller's guess)."""
         fn = self.defs[-1] if self.defs else None
         params = {p.arg for p in [*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs]} \
             if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) else set()
-        for a in args:   # a parameter's kind is the caller's guess: only values made here count
+        for a in args:
             if isinstance(a, (ast.Name, ast.Subscript)) and self.kind(a) in TENSORISH \
                     and not (isinstance(a, ast.Name) and a.id in params):
                 return a
@@ -112,6 +122,10 @@ class SyncRules:
     def visit_Subscript(self, node: ast.Subscript) -> None:
         if isinstance(node.ctx, ast.Load):
             self.index_rule(node)
+        if self.looping() and self.kind(node.value) not in HOSTISH:
+            bound = self.slice_bound(node)
+            if bound is not None:   # x[:, :img_h] with img_h = size[0] on the device: read with .item()
+                self.flag(node, "GB002", what=f"a tensor as a slice bound (`{ast.unparse(bound)[:30]}`)")
         if self.looping() and isinstance(node.ctx, ast.Load) and self.kind(node.value) not in HOSTISH:
             parts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
             if any(self.kind(p) == "mask" for p in parts):
