@@ -567,3 +567,22 @@ def test_device_scalars_as_slice_bounds():
             return out
     """
     assert default(body) == [("GB002", 9)]
+
+
+def test_a_hook_is_walked_again_when_a_call_types_parameters_its_names_did_not():
+    body = """
+    class PostProcess(nn.Module):
+        def forward(self, results, max_target_sizes):
+            for r, t in zip(results, max_target_sizes):
+                h, w = t[0], t[1]
+                r["masks"] = r["masks"][:, :h, :w]
+            return results
+
+    def evaluate(model, loader):
+        post = PostProcess()
+        for samples, targets in loader:
+            outputs = model(samples.to(DEVICE, non_blocking=True))
+            sizes = torch.stack([t["size"] for t in targets], dim=0).to(DEVICE, non_blocking=True)
+            post(outputs, sizes)
+    """
+    assert ("GB002", 6) in default(body)

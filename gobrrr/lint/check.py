@@ -46,8 +46,9 @@ from gobrrr.lint.files import python_files
 from gobrrr.lint.graph import Project, Source, parse
 from gobrrr.lint.hot import HotMap, may_use_gpu
 from gobrrr.lint.inside import validation_off_globally
+from gobrrr.lint.kinds import TENSORISH
 from gobrrr.lint.loops import Facts, forwarding_defs, holds_updating_loop, looping_closure, stepping_defs
-from gobrrr.lint.rules import RULES, SYNC_RULES, TITLES, Checker, Finding
+from gobrrr.lint.rules import HOOK_NAMES, RULES, SYNC_RULES, TITLES, Checker, Finding
 
 __all__ = ["RULES", "Finding", "lint_source", "lint_paths", "lint_file", "check_sources", "main"]
 
@@ -117,6 +118,7 @@ def check_sources(sources: list[Source], assume_gpu: bool = False,
         c.pending = []
     queue = _seeded(checkers, sources, gpu, errors) + queue
     seen = {h for c in checkers.values() for h in c.hotmap.hooks}   # step_fns may come again, typed
+    hooks, typed = set(seen), set()   # a hook walked again once, when a call types a parameter its name did not
     while True:
         for c in checkers.values():   # a CPU-only file whose step loop calls into a GPU file runs on the GPU
             if c.waiting and any(gpu[id(p[0])] for p in c.waiting):
@@ -129,8 +131,9 @@ def check_sources(sources: list[Source], assume_gpu: bool = False,
             break
         nxt = []
         for target, fn, kinds, types, chain, functions in queue:
-            if id(fn) in seen:
+            if id(fn) in seen and not (id(fn) in hooks and id(fn) not in typed and _types_more(fn, kinds)):
                 continue
+            typed.add(id(fn))
             seen.add(id(fn))
             c = checkers[id(target)]
             _guarded(lambda: c.check_hot(fn, kinds, types, chain, functions), target, errors)
@@ -148,6 +151,12 @@ def check_sources(sources: list[Source], assume_gpu: bool = False,
                 found.append(f)
     skipped = [s for s in sources if not gpu[id(s)] and not any(f.path == str(s.path) for f in found)]
     return sorted(found, key=lambda f: (f.path, f.line, f.col, f.rule)), skipped
+
+
+def _types_more(fn, kinds: dict) -> bool:
+    """A call hands a hook device tensors in parameters that its names alone leave unknown
+    (`forward(self, results, outputs, orig_target_sizes, max_target_sizes)`)."""
+    return any(v in TENSORISH and k not in HOOK_NAMES for k, v in kinds.items() if "#" not in k)
 
 
 def _seeded(checkers: dict, sources: list[Source], gpu: dict, errors) -> list:

@@ -87,6 +87,7 @@ TITLES = {"GB001": "a tensor built on the host, then moved to the device", "GB00
 _FORWARD_TENSORS = {"x", "input", "inputs", "outputs", "output", "logits", "targets", "labels", "hidden_states",
                     "y", "src", "tgt", "query", "key", "value", "obs", "observations"}
 _HOOK_TENSORS = {"inputs", "outputs", "output", "x", "y", "logits", "loss", "labels", "targets", "images", "data"}
+HOOK_NAMES = _FORWARD_TENSORS | _HOOK_TENSORS
 _EAGER = {"map", "filter", "sorted", "max", "min", "list", "tuple"}
 _IMAGE_SINKS = ("save_image", "imsave", "imwrite", "fromarray", "imshow", "add_image", "add_images", "add_video",
                 "write_video", "make_grid", "Image", "savefig", "log_image", "log_images")
@@ -437,4 +438,4 @@ def _seed_names(body: list[ast.stmt], looping: set[str]) -> set[str]:
             for a in [*n.args, *(k.value for k in n.keywords)] if isinstance(a, ast.Name)}
 
 
-__all__ = ["RULES", "SYNC_RULES", "TITLES", "Finding", "Checker", "MAX_DEPTH"]
+__all__ = ["RULES", "SYNC_RULES", "TITLES", "HOOK_NAMES", "Finding", "Checker", "MAX_DEPTH"]
