@@ -4,6 +4,9 @@
                   queued in `pending` with the kinds and classes of their arguments and the chain of
                   call sites (`train.py:120`, `utils.py:44`); the driver (check.check_sources) walks
                   each later as hot, breadth-first, each def once, at most MAX_DEPTH calls deep
+    note_seed     a call outside hot code of a def that holds a step loop (a library sampler called
+                  from a script): the kinds of its arguments are kept, and check.check_sources walks
+                  that def again with them (what a helper returns into those arguments is learnt too)
     return_kind   what a project def returns, for the kinds: a scratch walk of its body with the
                   call's argument kinds that reports nothing (`summarize`, cached per def and kinds),
                   two calls deep: a CPU matcher's host index lists, a helper's device tensor

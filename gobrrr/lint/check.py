@@ -5,17 +5,19 @@
 
 GB001  tensor built on the host then moved (`torch.randn(...).to(dev)`)       -> pass device=
 GB002  `.item()/.cpu()/.tolist()/.numpy()`, `float/int/bool(t)` in a loop     -> keep on device, read once
+       (also a device scalar as a count, size or slice bound: `topk(k=ks[i])`, `x[:, :h]`)
 GB003  printing or formatting a tensor in a loop                             -> log every N steps
-GB004  `torch.cuda.synchronize()` / stream or event synchronize in a loop    -> order with events
+GB004  `torch.cuda.synchronize()` / stream or event synchronize, empty_cache() -> order with events
 GB005  `non_blocking=True` copy from pageable (unpinned) host memory         -> pin the source
 GB006  `DataLoader` without `pin_memory=True` whose batches go to CUDA        -> pin_memory=True
 GB007  a tensor as a Python condition in a loop (`if t > 0:`, `while t:`)    -> torch.where on device
-GB008  data-dependent shapes in a loop (nonzero, x[mask], unique, masked_select) -> fixed-shape ops
+GB008  data-dependent shapes in a loop (nonzero, x[mask], x[mask] = t, unique) -> fixed-shape ops
 GB009  blocking `.to(device)` / `.cuda()` of every batch in the step loop       -> pin + non_blocking, Prefetcher
 GB010  host data copied per step (`torch.tensor(x, device=dev)`, `host_t.to(dev)`) -> build it on the device once
 GB011  a device tensor indexed by host indices (numpy, CPU arange, range, list) -> indices on the device
 GB012  `dist.barrier()` / `accelerator.wait_for_everyone()` every step        -> drop it from the step
-GB013  a sync inside torch: distributions with validation, torch.normal(m, t) -> validate_args=False, randn_like
+GB013  a sync inside torch: distributions with validation, torch.normal(m, t), Normal.sample()
+                                                                             -> validate_args=False, rsample
 GB014  a CPU environment stepped per iteration (once per loop)               -> a GPU env or batched envs
 
 Few false positives by design (a finding a user must dismiss costs more than a missed one): a

@@ -3,12 +3,16 @@
     loops        a loop's body runs in the loop's region: 'hot' for a step loop (hot.HotMap) or a
                  `while` on a device value, 'cold' for other loops; its target is bound from what
                  it iterates (a loader's batches, a model's parameters, a dict's items)
-    branches     an `if` whose body is rare (hot.HotMap.off_ifs) is walked 'off'; after an `if`,
+    branches     an `if` whose body is rare (hot.HotMap.off_ifs) is walked 'off', and so is a way
+                 the call never takes (static_truth: `if mode == "cpu":` called with the default
+                 "gpu", `if mask is not None:` with no mask passed; after `if copy: return ...`
+                 taken, the rest of the def); after an `if`,
                  a name keeps the kind both ways agree on, the device kind where one way moves it
                  to the device (`if use_cuda: buf = buf.cuda()`: the GPU is assumed), else none
                  (`if cpu_env: a = a.cpu().numpy()` leaves an unknown `a` unknown); a way that
                  leaves (return, raise, continue) does not flow past the `if`
-    error paths  `except` handlers, a raise's exception and an assert's message are 'off'
+    error paths  `except` handlers, a raise's exception and an assert's message are 'off'; after a
+                 try, names keep the kinds of its main path, not of a handler's fallback
 
 It relies on the checker's `kind()`, `bind()`, `scopes`, `flag()`, `hotmap`, `region`.
 """

@@ -15,6 +15,11 @@
                  anything.m(x)     a method that only one class of the project defines, or only the
                                    classes of one hierarchy (all of them; not a common name)
                  Cls(x)            its __init__: a constructor called in hot code runs every step
+                 pkg.mod.f(x)      through a chain of modules (`import k_diffusion as K; K.sampling.f`)
+                 torch.min(a, b)   nothing: a module from outside the project is never a project method
+                 obj(x), unknown   an object built from a config: the class named like it (augment_pipe ->
+                                   AugmentPipe), or the __call__/forward taking all of the call's keywords
+Names imported with `from .boxes import *` are found in that module.
 
 A module is matched to a file by its dotted path's tail (`utils`, `pkg.utils` -> .../pkg/utils.py
 or .../utils/__init__.py); an ambiguous name is left alone.

@@ -9,8 +9,11 @@ A sync costs something only where it repeats. This pass marks, before any rule r
                    `forward()` (it runs on every batch), an optimizer's `step()`, a method that
                    steps the optimizer itself (`def run_step(self): ... opt.step()`).
     off branches   code that runs rarely even inside a step loop: the body of an `if` that is
-                   rate-limited (`if step % 100 == 0:`, `if step == warmup:`, a log/eval/save flag,
-                   a timer) unless it holds the optimizer step itself (gradient accumulation); a
+                   rate-limited (`if step % 100 == 0:`, `if step == warmup:`, a timer) unless it
+                   holds the optimizer step itself (gradient accumulation, a delayed update made up
+                   in a loop); an option named like logging or saving (`if args.verbose:`,
+                   `if tb_writer is not None:`) only if its branch saves, evaluates or plots (once
+                   on, it runs every step); a
                    branch that ends the loop or the run (`raise`, `break`, `return`); `except`
                    handlers; an assert's message; code after `if not should_log(step): return`.
     timed syncs    a synchronize() next to a timer read (time.perf_counter(), elapsed_time()), or

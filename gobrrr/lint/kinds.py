@@ -4,6 +4,7 @@ Per scope, each name gets one of:
 
     num      a Python number or bool (literals, len(), isinstance(), str.endswith(), .item(), .shape[0])
     str      a string
+    ttype    a tensor's type name (`x.type()`: 'torch.cuda.FloatTensor'); `.type(it)` copies to x's device
     host     a tensor in pageable host memory (torch factories without device=, .cpu(), .to(dtype) of pinned)
     pinned   a tensor in page-locked memory (.pin_memory(), pin_memory=True)
     tensor   a tensor that may live on the GPU (device=..., .to(device), a model's output, a loss, .grad)
@@ -17,7 +18,9 @@ Per scope, each name gets one of:
 
 Evidence is positive: a torch factory or op, a model's call, a loss, a loader's batch; a name that
 is only "near a .to()" stays unknown, and a sync rule on an unknown fires only where the method
-itself is tensor evidence (`.item()`). Modules, strings and Python predicates never count.
+itself is tensor evidence (`.item()`). Modules, strings and Python predicates never count, nor
+attributes the project sets to constants (`param.allreduce = False`), guards with hasattr, or reads
+with getattr: they are flags on an object, not tensor ops.
 """
 from __future__ import annotations
 

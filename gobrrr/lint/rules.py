@@ -81,7 +81,7 @@ TITLES = {"GB001": "a tensor built on the host, then moved to the device", "GB00
           "GB010": "host data copied to the device per step (torch.tensor(x, device=), host.to(dev))",
           "GB011": "a device tensor indexed by host indices (numpy, CPU arange, range, list)",
           "GB012": "a barrier every step (dist.barrier, wait_for_everyone)",
-          "GB013": "a sync inside torch (distributions' validation, torch.normal's std check)",
+          "GB013": "a sync inside torch (distributions' validation, torch.normal's and Normal.sample's std check)",
           "GB014": "a CPU environment stepped per iteration (one finding per loop)"}
 # a module's forward: parameters that hold tensors (or lists and dicts of them) by their usual names
 _FORWARD_TENSORS = {"x", "input", "inputs", "outputs", "output", "logits", "targets", "labels", "hidden_states",
