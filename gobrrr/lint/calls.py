@@ -86,19 +86,29 @@ class CallRules:
         if params and params[0] in ("self", "cls") and target_src.owner.get(id(fn)) is not None:
             params = params[1:]   # a method: its first parameter is the object
         kinds, types = {}, {}
-        for p, a in [*zip(params, node.args), *((k.arg, k.value) for k in node.keywords if k.arg)]:
+        pairs = [*zip(params, node.args), *((k.arg, k.value) for k in node.keywords if k.arg)]
+        for p, a in pairs:
             if isinstance(a, ast.Starred):
                 continue
             kinds[p] = self.kind(a)
             insts = self.project.instances_of(self.src, a, scope, self.types)
             if insts:
                 types[p] = insts
+        extra = node.args[len(params):]
+        if fn.args.vararg is not None and extra and not any(isinstance(a, ast.Starred) for a in extra):
+            items = {self.kind(a) for a in extra}   # def meshgrid(*tensors) called with host aranges
+            kinds[fn.args.vararg.arg] = "hlist" if items <= {"host", "pinned", "hlist"} else \
+                "tlist" if items <= TENSORISH else None
+        kinds.update(_constants(fn, dict(pairs), node))
         return kinds, types
 
     def follow(self, node: ast.Call) -> None:
         """Queue the project function this hot call runs, with its parameters' kinds and classes."""
         if len(self.chain) >= MAX_DEPTH:
             return
+        if isinstance(node.func, ast.Name) and node.func.id in ("map", "filter") and len(node.args) == 2 \
+                and isinstance(node.args[0], (ast.Name, ast.Attribute)):
+            node = ast.copy_location(ast.Call(func=node.args[0], args=[], keywords=[]), node)   # map(self.to_torch, data)
         scope = self.defs[-1] if self.defs else None
         for target_src, fn in self.project.resolve(self.src, node, scope, self.types):
             if fn is scope:
@@ -106,6 +116,23 @@ class CallRules:
             kinds, types = self._arguments(node, fn, target_src, scope)
             self.pending.append((target_src, fn, kinds, types, (*self.chain, f"{self.src.name}:{node.lineno}"),
                                  list(self.functions)))
+
+
+def _constants(fn, passed: dict, call: ast.Call) -> dict[str, str]:
+    """`param#val` -> repr of the constant a parameter holds in this call: the literal passed, or
+    the default of one not passed (`mode="gpu"`, `mask=None`); nothing when `*args`/`**kwargs`
+    may carry it. flow.static_truth reads them to skip a branch this call never takes."""
+    if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
+        return {}
+    a = fn.args
+    out = {}
+    pos = [*a.posonlyargs, *a.args]
+    defaults = [*zip(pos[len(pos) - len(a.defaults):], a.defaults), *zip(a.kwonlyargs, a.kw_defaults)]
+    for p, d in defaults:
+        v = passed.get(p.arg, d)
+        if isinstance(v, ast.Constant) and isinstance(v.value, (str, bool, int, float, type(None))):
+            out[p.arg + "#val"] = repr(v.value)
+    return out
 
 
 def summarize(checker_cls, project: Project, src: Source, fn, kinds: dict, depth: int,

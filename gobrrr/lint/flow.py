@@ -17,8 +17,10 @@ from __future__ import annotations
 import ast
 
 from gobrrr.lint.kinds import BATCHES, ITEM_KIND, TENSORISH
+from gobrrr.lint.loops import name_of
 
 _MISSING = object()
+_PASS_THROUGH = {"list", "tuple", "tqdm", "reversed", "trange"}   # iterating them gives their argument's items
 _LEAVES = (ast.Return, ast.Raise, ast.Continue)   # a break's bindings reach the code after the loop
 
 
@@ -30,6 +32,9 @@ class FlowRules:
     """Loops, branches and error paths."""
 
     def bind_loop_target(self, target: ast.AST, it: ast.AST) -> None:
+        while isinstance(it, ast.Call) and len(it.args) == 1 \
+                and isinstance(it.func, (ast.Name, ast.Attribute)) and name_of(it.func) in _PASS_THROUGH:
+            it = it.args[0]   # tqdm.tqdm(list(enumerate(zip(a, b)))): the items of the innermost
         fname = it.func.id if isinstance(it, ast.Call) and isinstance(it.func, ast.Name) else None
         if fname == "range":
             return self.bind(target, "num")
@@ -126,11 +131,15 @@ class FlowRules:
         self.visit_loop_body(node, node.test)  # the test is evaluated every iteration
 
     def visit_If(self, node: ast.If) -> None:
-        self.check_condition(node.test)
-        self.visit(node.test)
+        test = self.evaluated(node.test)
+        if test is not None:
+            self.check_condition(test)
+            self.visit(test)
         scope = self.scopes[-1]
         before = dict(scope)
-        if id(node) in self.hotmap.off_ifs:
+        truth = self.static_truth(node.test)
+        if id(node) in self.hotmap.off_ifs and truth is not True or truth is False:   # `if action is None:`
+            # with no action passed is no lazy initialisation: it runs on every such call
             self.visit_off(*node.body)
         else:
             for stmt in node.body:
@@ -138,12 +147,15 @@ class FlowRules:
         body = dict(scope)
         scope.clear()
         scope.update(before)
-        if id(node) in self.hotmap.off_elses:
+        if id(node) in self.hotmap.off_elses or truth is True:
             self.visit_off(*node.orelse)   # `if not torch.jit.is_scripting(): ... else:` never runs eagerly
         else:
             for stmt in node.orelse:
                 self.visit(stmt)
         self._merge(scope, before, body, _leaves(node.body), _leaves(node.orelse))
+        taken = node.body if truth is True else node.orelse if truth is False else []
+        if taken and isinstance(taken[-1], (ast.Return, ast.Raise)):
+            self.left = True   # `if copy: return th.tensor(...)` with copy=True: the rest of the def never runs
 
     @staticmethod
     def _merge(scope: dict, before: dict, body: dict, body_leaves: bool, else_leaves: bool) -> None:
@@ -165,6 +177,55 @@ class FlowRules:
             else:   # `if m.dtype != torch.bool: m = m.bool()`: a mask either way
                 scope[name] = ("mask" if "mask" in (a, b) else "tensor") if a in TENSORISH else None
 
+    def static_truth(self, test: ast.AST) -> bool | None:
+        """True / False when the test only compares parameters with the constants this call gives
+        them (calls._constants: `if mode == "cpu":` called with the default "gpu", `if mask is not
+        None:` with no mask passed); None when it depends on anything else."""
+        if isinstance(test, ast.BoolOp):
+            parts = [self.static_truth(v) for v in test.values]
+            stop = isinstance(test.op, ast.Or)   # `or` is decided by a True part, `and` by a False one
+            return stop if stop in parts else (not stop if all(p is not None for p in parts) else None)
+        if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+            t = self.static_truth(test.operand)
+            return None if t is None else not t
+        if isinstance(test, ast.Name):
+            v = self.constant(test)
+            return None if v is _MISSING else bool(v)
+        if isinstance(test, ast.Compare) and len(test.ops) == 1:
+            a, b = self.constant(test.left), self.constant(test.comparators[0])
+            if a is _MISSING or b is _MISSING:
+                return None
+            op = test.ops[0]
+            if isinstance(op, (ast.Eq, ast.Is)):
+                return a == b
+            if isinstance(op, (ast.NotEq, ast.IsNot)):
+                return a != b
+        return None
+
+    def evaluated(self, test: ast.AST) -> ast.AST | None:
+        """The part of a condition that runs: `mask is not None and x.any()` with no mask passed
+        stops before `x.any()` (None when nothing of it runs that could sync)."""
+        if not isinstance(test, ast.BoolOp):
+            return test
+        stop = isinstance(test.op, ast.Or)
+        for i, v in enumerate(test.values):
+            if self.static_truth(v) is stop:
+                rest = test.values[:i]
+                return None if not rest else rest[0] if len(rest) == 1 else ast.copy_location(ast.BoolOp(test.op, rest), test)
+        return test
+
+    def constant(self, node: ast.AST):
+        if isinstance(node, ast.Constant):
+            return node.value
+        if isinstance(node, ast.Name):
+            v = self.lookup(node.id + "#val")
+            if v is not None:
+                try:
+                    return ast.literal_eval(v)
+                except ValueError:
+                    return _MISSING
+        return _MISSING
+
     def visit_IfExp(self, node: ast.IfExp) -> None:
         self.check_condition(node.test)
         self.generic_visit(node)
@@ -180,7 +241,10 @@ class FlowRules:
     def visit_Try(self, node) -> None:
         for stmt in node.body:
             self.visit(stmt)
+        scope = self.scopes[-1]
+        body = dict(scope)
         self.visit_off(*node.handlers)
+        scope.update(body)   # the main path's kinds: a handler's fallback (the CPU retry) is the rare way
         for stmt in [*node.orelse, *node.finalbody]:
             self.visit(stmt)
 
@@ -206,13 +270,26 @@ class FlowRules:
     visit_ListComp = visit_SetComp = visit_GeneratorExp = visit_DictComp = _comprehension
 
     def check_condition(self, test: ast.AST, where: str = " inside a loop") -> None:
-        parts = test.values if isinstance(test, ast.BoolOp) else [test]
-        parts = [p.operand if isinstance(p, ast.UnaryOp) and isinstance(p.op, ast.Not) else p for p in parts]
+        parts = _parts(test)
+        guarded = {(ast.unparse(n.args[0]), n.args[1].value) for n in ast.walk(test) if isinstance(n, ast.Call)
+                   and isinstance(n.func, ast.Name) and n.func.id == "hasattr" and len(n.args) == 2
+                   and isinstance(n.args[1], ast.Constant)}
+        parts = [p for p in parts if not (isinstance(p, ast.Attribute) and (ast.unparse(p.value), p.attr) in guarded)]
         if all(self.kind(p) not in TENSORISH or (isinstance(p, ast.Name) and (
                 p.id in self.guesses or self.lookup(p.id + "#opt"))) for p in parts):
             return   # `if losses:` on an unknown call's result, `if not mask:` on an optional parameter
         if self.looping() and self.kind(test) in TENSORISH:
             self.flag(test, "GB007", where=where)
+
+
+def _parts(test: ast.AST) -> list[ast.AST]:
+    """The operands of a condition through and/or/not: `hasattr(p, 'tp') and p.tp or q` -> the call, p.tp, q.
+    A part guarded by `hasattr(x, 'a')` is a Python attribute someone set, not a tensor op."""
+    if isinstance(test, ast.BoolOp):
+        return [q for v in test.values for q in _parts(v)]
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        return _parts(test.operand)
+    return [test]
 
 
 __all__ = ["FlowRules"]

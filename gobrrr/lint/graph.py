@@ -76,6 +76,7 @@ class Source:
     ctor_calls: list[tuple[ast.AST | None, ast.Call]] = field(default_factory=list)  # `x = Cls(a, k=b)`, in scope
     param_attrs: dict[tuple[int, str], list[str]] = field(default_factory=dict)  # (id(cls), param) -> self.attrs
     calls: dict[str, set[str]] = field(default_factory=dict)   # def name -> the names it calls
+    stars: list[str] = field(default_factory=list)   # modules imported with `from .boxes import *`
 
     @property
     def name(self) -> str:
@@ -97,6 +98,9 @@ def parse(path: Path, text: str) -> Source:
                 isinstance(node, ast.ImportFrom) and node.level:
             base = ("." * node.level) + (node.module or "")
             for a in node.names:
+                if a.name == "*":
+                    src.stars.append(base)
+                    continue
                 src.imports[a.asname or a.name] = (base, a.name)
         elif isinstance(node, ast.Import):
             for a in node.names:
@@ -180,6 +184,10 @@ class Project:
                         self.methods.setdefault(d.name, []).append((s, d))
         self._lookups: dict = {}
         self.module_classes = self._module_classes()
+        self.buffers = {n.args[0].value for s in sources if "register_buffer" in s.text for n in s.nodes
+                        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                        and n.func.attr == "register_buffer" and n.args and isinstance(n.args[0], ast.Constant)
+                        and isinstance(n.args[0].value, str)}   # self.register_buffer("action_scale", ...)
         self.children: dict[int, list[tuple[Source, ast.ClassDef]]] = {}   # id(class) -> its direct subclasses
         self.parents: dict[int, list[int]] = {}
         for s in sources:
@@ -234,6 +242,11 @@ class Project:
                 return ("module", m, None)   # from pkg import utils
             m = self.module(module, src)
             return self.lookup(m, attr, depth + 1) if m is not None and m is not src else None
+        for module in src.stars if depth < 3 else ():   # yolox/utils/__init__.py: from .boxes import *
+            m = self.module(module, src)
+            hit = self.lookup(m, name, depth + 1) if m is not None and m is not src else None
+            if hit is not None:
+                return hit
         return None
 
     def class_of(self, src: Source, expr: ast.AST):
@@ -350,7 +363,8 @@ class Project:
                 return [(hit[1], hit[2])]
             if hit and hit[0] == "class":
                 return self._init(hit[1], hit[2])   # Cls(x) in hot code: its __init__ runs every step
-            return self._forwards(self.instances_of(src, f, scope, types))   # net(x): its class's forward
+            found = self._forwards(self.instances_of(src, f, scope, types))   # net(x): its class's forward
+            return found or (self._callables(f.id, call) if fallback else [])
         if isinstance(f, ast.Subscript):   # loss_map[name](...) with loss_map = {"a": self.loss_a, ...}
             return [hit for v in self._dict_values(src, f.value, scope)
                     for hit in self.resolve(src, ast.Call(func=v, args=call.args, keywords=call.keywords), scope, types)]
@@ -377,6 +391,8 @@ class Project:
             if hit and hit[0] == "class":
                 found = self.method(hit[1], hit[2], f.attr)
                 return [found] if found else []
+            if hit is None and recv.id in src.imports and src.imports[recv.id][1] is None:
+                return []   # torch.min(a, b), np.max(x): a module from outside the project
         insts = self.instances_of(src, recv, scope, types)     # obj.m(x), self.obj.m(x)
         if insts:
             return [hit for inst in insts if (hit := self.method(*inst, f.attr))]
@@ -386,6 +402,20 @@ class Project:
         if len(only) == 1:
             return only[:1]
         return only[:6] if 1 < len(only) <= 6 and self._one_hierarchy(only) else []
+
+    def _callables(self, name: str, call: ast.Call) -> list:
+        """An object built where the lint cannot see (a config names its class) and called:
+        `augment_pipe(images)` runs the project's class AugmentPipe; `loss_fn(net=ddp, images=x,
+        labels=y)` runs the __call__ / forward whose parameters take all of those keywords (at most 6)."""
+        camel = name.replace("_", "").lower()
+        found = [(s, c) for s in self.sources for c in s.classes.values() if c.name.lower() == camel and "_" in name]
+        hits = self._forwards(found)
+        if hits or len([k for k in call.keywords if k.arg]) < 2:
+            return hits
+        keys = {k.arg for k in call.keywords if k.arg}
+        out = [(s, d) for s, d in self.methods.get("__call__", []) + self.methods.get("forward", [])
+               if keys <= {a.arg for a in [*d.args.posonlyargs, *d.args.args, *d.args.kwonlyargs]}]
+        return out if len(out) <= 6 else []
 
     def _init(self, src: Source, cls: ast.ClassDef) -> list:
         hit = self.method(src, cls, "__init__")

@@ -43,6 +43,11 @@ _RARE_WORDS = {"log", "logging", "print", "interval", "every", "freq", "frequenc
                "verbose", "debug", "save", "saving", "ckpt", "checkpoint", "eval", "evaluate", "evaluation", "val",
                "valid", "validate", "validation", "warmup", "report", "display", "show", "visualize", "profile",
                "profiling", "dump", "tensorboard", "wandb", "plot", "plots"}
+_RATE_WORDS = {"interval", "every", "freq", "frequency", "first", "warmup"}   # a rate, not an option
+_TRACKERS = {"wandb", "tensorboard", "writer", "tb", "logger", "run", "tracker"}
+# calls that make a branch rare work whatever guards it: saving, evaluating, plotting, sampling
+_RARE_WORK = re.compile(r"save|dump|checkpoint|ckpt|eval|valid|test|plot|visuali|sample|generate|export|"
+                        r"image|video|histogram|profile", re.I)
 _COUNTER = re.compile(r"^(i|j|k|it|n|step|steps|iter|iters|iteration|idx|batch_idx|batch_i|batch_id|"
                       r"global_step|iter_num|n_iter|epoch|micro_step|completed_steps|num_updates|"
                       r"update|updates)$|_(step|idx|iter|iters|steps|num)$", re.I)
@@ -174,7 +179,10 @@ class HotMap:
                for n in nodes):
             return False   # `iter_num % log_interval == 0` with `log_interval = 1` at the top: every step
         rare = False
+        flags = _option_flags(test)
         for n in nodes:
+            if flags and id(n) in flags:
+                continue   # judged below, by what its branch does
             if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod):
                 rare = True
             elif isinstance(n, ast.Compare) and any(isinstance(op, ast.Eq) for op in n.ops) \
@@ -188,12 +196,18 @@ class HotMap:
                 rare = True
             elif isinstance(n, ast.Call) and _TIMER.search(dotted(n.func)):
                 rare = True
+        if not rare and flags:
+            rare = any(isinstance(n, ast.Call) and _RARE_WORK.search(name_of(n.func) or "") for n in own_level(body))
         if not rare:
             return False
         for stmt in body:   # the accumulation boundary is hot, not rare
             for n in own_level([stmt]):
                 if isinstance(n, ast.Call) and self.facts.step_kind(n) == "update":
                     return False
+        for n in (n for stmt in body for n in ast.walk(stmt)):   # a delayed update, made up in a loop:
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and (   # `for _ in range(k): ...
+                    n.func.attr == "backward" or n.func.attr == "step" and self.facts.is_optimizer(n.func.value)):
+                return False   # actor_loss.backward(); actor_opt.step()` every k steps is training, not logging
         return True
 
     def _off_tails(self, nodes: list[ast.AST]) -> set[int]:
@@ -343,6 +357,24 @@ def _lazy_init(node: ast.If) -> bool:
         return False
     name = ast.unparse(t.left)
     return any(isinstance(s, ast.Assign) and any(ast.unparse(x) == name for x in s.targets) for s in node.body)
+
+
+def _option_flags(test: ast.AST) -> set[int]:
+    """id of the parts of a condition that are options named like logging or saving, and nothing
+    else: `args.verbose`, `train_config.save_metrics`, `wandb_run` (an optional tracker), joined
+    by and/or/not. Such a branch runs every step once the option is on, so it is rare only if it
+    does rare work itself (saves, evaluates, plots); empty if the test is anything else."""
+    parts = test.values if isinstance(test, ast.BoolOp) else [test]
+    out: set[int] = set()
+    for p in parts:
+        p = p.operand if isinstance(p, ast.UnaryOp) and isinstance(p.op, ast.Not) else p
+        if isinstance(p, ast.Compare) and len(p.ops) == 1 and isinstance(p.ops[0], (ast.Is, ast.IsNot)):
+            p = p.left   # `if tb_writer is not None:`
+        tracker = isinstance(p, ast.Name) and _words(p.id) & _TRACKERS
+        if not (isinstance(p, ast.Attribute) or tracker) or not _words(name_of(p)) & (_RARE_WORDS - _RATE_WORDS):
+            return set()
+        out |= {id(n) for n in ast.walk(p)}
+    return out
 
 
 def _words(name: str) -> set[str]:

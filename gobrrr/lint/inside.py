@@ -9,7 +9,8 @@
              `torch.distributions.Distribution.set_default_validate_args(False)`) removes them.
              Also a project subclass of one (`class CategoricalMasked(Categorical)`), and
              `d.log_prob(x)` of a name bound to such a distribution.
-             `torch.normal(mean, std)` with a tensor std: torch checks `std >= 0` on the host.
+             `torch.normal(mean, std)` with a tensor std: torch checks `std >= 0` on the host; so
+             does `d.sample()` of a Normal of device tensors (it calls torch.normal; rsample does not).
 
 A mixin of rules.Checker: it relies on `kind()`, `looping()`, `flag()`, `project_flags`, `project`,
 `src`, `scopes`, `lookup()`.
@@ -41,6 +42,10 @@ class InsideRules:
             self.flag(node, "GB013", what="`log_prob()` of a distribution built with argument validation on "
                                           "(the sample is checked on the host)", fix=_FIX)
             return
+        if method == "sample" and isinstance(func.value, ast.Name) and self.lookup(func.value.id + _NORMAL):
+            self.flag(node, "GB013", what="`Normal.sample()` (torch.normal with a tensor std checks std >= 0 on the host)",
+                      fix="draw with .rsample() (loc + scale * randn), which checks nothing on the host")
+            return
         if name == "torch.normal":
             std = kw.get("std", node.args[1] if len(node.args) > 1 else None)
             if std is not None and self.kind(std) in TENSORISH:
@@ -68,6 +73,11 @@ class InsideRules:
         v = node.value
         if isinstance(v, ast.Call) and isinstance(v.func, (ast.Name, ast.Attribute)):
             kw = {k.arg: k.value for k in v.keywords if k.arg}
+            if (self.dotted(v.func) or "").rsplit(".", 1)[-1] == "Normal" \
+                    and any(self.kind(a) in TENSORISH for a in [*v.args, *kw.values()]):
+                for t in node.targets:   # its .sample() calls torch.normal(loc, scale), validation or not
+                    if isinstance(t, ast.Name):
+                        self.scopes[-1][t.id + _NORMAL] = "normal"
             if self.validated_dist(v, self.dotted(v.func) or "", kw):
                 for t in node.targets:
                     if isinstance(t, ast.Name):
@@ -83,6 +93,7 @@ class InsideRules:
 
 
 _DIST = "#dist"   # scope key of a name bound to a validated distribution
+_NORMAL = "#normal"   # scope key of a name bound to a Normal of device tensors
 _FIX = ("pass validate_args=False, or call torch.distributions.Distribution.set_default_validate_args(False) once "
         "at start-up: validation reads each parameter check (and each log_prob sample check) on the host")
 

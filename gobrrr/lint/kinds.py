@@ -69,7 +69,8 @@ DEVICE_WRAPPERS = {"prepare", "prepare_data_loader", "setup_dataloaders"}   # ac
 LOADERS_PINNED = {"Prefetcher", "PinnedWorkerLoader", "from_dataloader"}
 TENSORISH = {"tensor", "mask", "generated"}   # generated: model.generate()'s tokens, made to be read on the host
 BATCHES = {"batch_host", "batch_pinned", "batch", "batch_tok"}   # batch_tok: a tokenizer's return_tensors="pt" output
-HOSTISH = {"num", "host", "pinned", "numpy", "str", "obj", "hlist", "cpudev", "loader_pinned", "loader_pageable", "loader_device",
+HOSTISH = {"num", "host", "pinned", "numpy", "str", "ttype", "obj", "hlist", "cpudev", "loader_pinned", "loader_pageable",
+           "loader_device",
            "loader", *BATCHES}
 # what iterating (or unpacking) a value of one kind gives
 ITEM_KIND = {"loader_pageable": "batch_host", "loader_pinned": "batch_pinned", "loader_device": "tensor",
@@ -77,7 +78,7 @@ ITEM_KIND = {"loader_pageable": "batch_host", "loader_pinned": "batch_pinned", "
              "batch_host": "batch_host", "batch_pinned": "batch_pinned", "batch": "batch", "numpy": "numpy",
              "tlist": "tensor", "hlist": "hlist"}
 _DATA_WORDS = {"data", "dataset", "ds", "batches", "train", "val", "valid", "test", "eval", "dl"}
-_PREDICATE = re.compile(r"^_*(is|has|should|can|needs?|uses?|supports?|check_is)_")
+_PREDICATE = re.compile(r"(^_*|[a-z0-9]_)(is|has|should|can|needs?|uses?|supports?|check_is)_")   # param_is_not_shared
 _TOKENIZER = re.compile(r"tokeni[sz]er|processor|feature_extractor|^tok$", re.I)
 _LOADER_NAME = LOADER_NAME
 
@@ -91,6 +92,7 @@ class Kinds:
         self.models: set[str] = set()           # names assigned a module in this file (from hot)
         self.self_attrs: dict[str, str | None] = {}   # `self.loss = ...` anywhere in the file: attr -> kind
         self.local_defs: dict[str, ast.AST] = {}      # the file's module-level defs (their return annotations)
+        self.buffers: set[str] = set()                # names the project's modules register as buffers
 
     def lookup(self, name: str) -> str | None:
         for scope in reversed(self.scopes):
@@ -101,6 +103,7 @@ class Kinds:
     def bind(self, target: ast.AST, kind: str | None) -> None:
         if isinstance(target, ast.Name):
             self.scopes[-1][target.id] = kind
+            self.scopes[-1].pop(target.id + "#val", None)   # no longer the constant the call passed
         elif isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self":
             # one kind per attribute name in the file; two different kinds leave it unknown
             old = self.self_attrs.get(target.attr, kind)
@@ -186,7 +189,11 @@ class Kinds:
                 return "host" if "host" in kinds else "numpy"   # layer_idx = from_which_layer == i: a host mask
             return "num" if kinds <= {"num", "str"} else None
         if isinstance(node, ast.BoolOp):
-            kinds = {self.kind(v) for v in node.values}
+            guarded = {(ast.unparse(v.args[0]), v.args[1].value) for v in node.values if isinstance(v, ast.Call)
+                       and isinstance(v.func, ast.Name) and v.func.id == "hasattr" and len(v.args) == 2
+                       and isinstance(v.args[1], ast.Constant)}   # hasattr(p, "tp") and p.tp: a Python attribute
+            kinds = {self.kind(v) for v in node.values
+                     if not (isinstance(v, ast.Attribute) and (ast.unparse(v.value), v.attr) in guarded)}
             return "mask" if kinds & TENSORISH else ("num" if kinds <= {"num", "str"} else None)
         if isinstance(node, ast.IfExp):
             a, b = self.kind(node.body), self.kind(node.orelse)
@@ -196,6 +203,9 @@ class Kinds:
                 return "num"
             if isinstance(node.value, ast.Name) and node.value.id == "self" and node.attr in self.self_attrs:
                 return self.self_attrs[node.attr]
+            if node.attr in self.buffers and (isinstance(node.value, ast.Name) and node.value.id == "self"
+                                              or self.is_model(node.value)):
+                return "tensor"   # actor.action_scale: a buffer the project's module registered
             if node.attr == "grad":
                 return "tensor"  # a parameter's gradient
             k = self.kind(node.value)
@@ -235,12 +245,14 @@ class Kinds:
                 _TOKENIZER.search(name_of(func)) or (isinstance(func, ast.Attribute) and _TOKENIZER.search(
                     name_of(func.value)))):
             return "batch_tok"   # tokenizer(texts, return_tensors="pt"): a fresh host batch, pageable
-        if isinstance(func, (ast.Name, ast.Attribute)) and _PREDICATE.match(name_of(func)) \
+        if isinstance(func, (ast.Name, ast.Attribute)) and _PREDICATE.search(name_of(func)) \
                 and not (isinstance(func, ast.Attribute) and self.kind(func.value) in TENSORISH):
             return "num"   # self._is_fp8_param(p), has_nan(x): a predicate answers with a Python bool
         if isinstance(func, ast.Name):
             if func.id in NUM_BUILTINS:
                 return "num"
+            if func.id == "getattr":   # getattr(param, "is_expert", False): a Python attribute someone set
+                return "num" if len(node.args) > 2 and self.kind(node.args[2]) == "num" else None
             own = self.local_defs.get(func.id)
             if own is not None and own.returns is not None:   # def _avg_emulated(...) -> bool
                 return self.annotation_kind(own.returns)
@@ -286,8 +298,11 @@ class Kinds:
                 return "cpudev"
             if root == "torch" and (last.startswith("is_") or last in NOT_TENSOR_TORCH):
                 return "num" if last.startswith("is_") or last == "equal" else None
+            if name in ("torch.cat", "torch.stack", "torch.concat") and node.args and isinstance(node.args[0], ast.Name) \
+                    and node.args[0].id in getattr(self, "mask_lists", ()):
+                return "mask"   # torch.cat(fg_masks) of the masks appended per image
             if root == "torch" and not last[:1].isupper():
-                kinds = {self.kind(a) for a in node.args}
+                kinds = {self.kind(a.value if isinstance(a, ast.Starred) else a) for a in node.args}
                 return "host" if not kinds & TENSORISH and kinds & ({"host", "hlist"} | BATCHES) else "tensor"
             if root.startswith("torch.") and root.split(".")[1] in ("nn", "linalg", "fft", "special") \
                     and not last[:1].isupper() and root != "torch.nn" and "init" not in root and "utils" not in root:
@@ -314,8 +329,13 @@ class Kinds:
     def method_kind(self, node: ast.Call, func: ast.Attribute) -> str | None:
         recv = self.kind(func.value)
         method = func.attr
-        if method == "type" and node.args and getattr(self, "cuda_type", None) and self.cuda_type(node.args[0]):
-            return "tensor"   # x.type(torch.cuda.FloatTensor)
+        if method == "type" and node.args and (self.kind(node.args[0]) == "ttype" or getattr(
+                self, "cuda_type", None) and self.cuda_type(node.args[0])):
+            return "tensor"   # x.type(torch.cuda.FloatTensor), x.type(dtype) with dtype = xin[0].type()
+        if method == "type" and not node.args and not node.keywords and recv not in HOSTISH:
+            return "ttype"   # xin[0].type(): 'torch.cuda.FloatTensor', a type name that moves what it is given
+        if method == "type_as" and node.args and self.kind(node.args[0]) in TENSORISH:
+            return "tensor"
         if method in NUMBER_METHODS:
             return "num"
         if method in STR_METHODS or recv == "str":
@@ -325,6 +345,8 @@ class Kinds:
         if method in ("cuda", "to"):
             if recv == "obj" or (recv is None and self.is_model(func.value)):
                 return "obj"  # model.to(device) is still a module
+            if recv is None and _loaded_module(func.value):
+                return "obj"  # pickle.load(f)['ema'].to(device), torch.load(...)['model'].cuda(): a module moved
             target = self.copy_target(node)
             if target == "cuda":
                 return "tensor"
@@ -351,8 +373,8 @@ class Kinds:
             return recv
         if method == "bool" or method in MASK_FUNCS:
             return "mask" if recv in TENSORISH else recv
-        if recv in TENSORISH:
-            return "mask" if recv == "mask" and method in ("any", "all") else "tensor"
+        if recv in TENSORISH:   # a mask's views and copies are masks too
+            return "mask" if recv == "mask" and method in {"any", "all", "clone", *VIEW_METHODS} else "tensor"
         if is_model_name(method) and isinstance(func.value, ast.Name) and func.value.id == "self":
             return "tensor"  # self.model(x)
         if method in ("forward", "generate") and self.is_model(func.value):
@@ -363,8 +385,14 @@ class Kinds:
             return "tensor"  # utils.reduce(loss), self.fc(x): fed a device tensor, gives one
         return None
 
-    def factory_kind(self, node: ast.Call) -> str:
+    def factory_kind(self, node: ast.Call) -> str | None:
         kw = {k.arg: k.value for k in node.keywords if k.arg}
+        name = self.dotted(node.func) or ""
+        if name.endswith(".as_tensor") and "device" not in kw and node.args \
+                and self.kind(node.args[0]) in TENSORISH:
+            return "tensor"   # torch.as_tensor(sigma) of a device tensor is that tensor, where it is
+        if "device" not in kw and any(k.arg is None for k in node.keywords):
+            return None   # torch.randint(*args, **kwargs): the device may be in kwargs
         if "device" in kw and self.device_of(kw["device"]) != "cpu":
             dtype = self.dotted(kw["dtype"]) if "dtype" in kw else ""
             return "mask" if dtype in ("torch.bool", "bool") else "tensor"
@@ -404,6 +432,9 @@ class Kinds:
             if isinstance(node.value, int) and not isinstance(node.value, bool):
                 return "cuda"  # .to(0)
             return None
+        if isinstance(node, ast.JoinedStr) and node.values and isinstance(node.values[0], ast.Constant):
+            head = str(node.values[0].value)   # f"cuda:{rank}", f"xpu:{local_rank}"
+            return "cpu" if head.startswith(("cpu", "meta", "mps")) else "cuda" if ":" in head else None
         if isinstance(node, ast.Call):
             if self.dotted(node.func) == "torch.device":
                 return self.device_of(node.args[0]) if node.args else None
@@ -446,6 +477,12 @@ class Kinds:
         if re.search(r"Module|Optimizer", text):
             return "obj"
         return "str" if text == "str" else None
+
+
+def _loaded_module(node: ast.AST) -> bool:
+    """`pickle.load(f)['ema']`, `torch.load(path)['model']`: a module taken from what was loaded."""
+    return isinstance(node, ast.Subscript) and isinstance(node.value, ast.Call) \
+        and isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str) and is_model_name(node.slice.value)
 
 
 def _arg(node: ast.Call, pos: int, name: str) -> ast.AST | None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import ast
 
 from gobrrr.lint.hot import iterates, own_nodes, root_name
-from gobrrr.lint.kinds import BATCHES, DATA_FACTORIES, DTYPE_METHODS, FACTORIES, TENSORISH, VIEW_METHODS
+from gobrrr.lint.kinds import BATCHES, DATA_FACTORIES, DTYPE_METHODS, FACTORIES, HOSTISH, TENSORISH, VIEW_METHODS
 
 _HOST_INDEX = {"numpy", "host", "pinned", "hlist"}
 
@@ -31,8 +31,9 @@ class CopyRules:
         nb = kw.get("non_blocking", node.args[1] if method == "cuda" and len(node.args) > 1 else None)
         blocking = nb is None or (isinstance(nb, ast.Constant) and not nb.value)
         nb_true = isinstance(nb, ast.Constant) and nb.value is True
-        if method == "type" and node.args and self.cuda_type(node.args[0]):
-            method = "cuda"   # x.type(torch.cuda.FloatTensor), x.type(Tensor) with Tensor = torch.cuda.FloatTensor
+        if method == "type" and node.args and (self.cuda_type(node.args[0]) or self.kind(node.args[0]) == "ttype") \
+                or method == "type_as" and node.args and self.kind(node.args[0]) not in HOSTISH:
+            method = "cuda"   # x.type(torch.cuda.FloatTensor), x.type(xin.type()), x.type_as(cuda_t): a copy
         if method in ("to", "cuda") and (method == "cuda" or self.copy_target(node) == "cuda"):
             src = func.value   # torch.<factory>(...)[.long()...] on the host, then .to(device)/.cuda()
             while isinstance(src, ast.Call) and isinstance(src.func, ast.Attribute) and (
@@ -115,9 +116,11 @@ class CopyRules:
         self.loaders = []
 
 
-    def host_write(self, target: ast.AST, value: ast.AST) -> None:
+    def host_write(self, target: ast.AST, value: ast.AST, augmented: bool = False) -> None:
         """`cpu_t[i] = cuda_value`: the device value is read back to the host to be stored;
-        `cuda_t[2:6] = torch.tensor(shape)`: a host tensor is copied in, blocking."""
+        `cuda_t[2:6] = torch.tensor(shape)`: a host tensor is copied in, blocking; `t[mask] = u`
+        with a tensor `u`, `t[i, mask] = 1` or `t[:, mask] *= 0`: the mask goes through nonzero
+        (only `t[mask] = 0` alone is a masked_fill)."""
         if not isinstance(target, ast.Subscript) or not self.looping():
             return
         into, k = self.kind(target.value), self.kind(value)
@@ -125,6 +128,13 @@ class CopyRules:
             self.flag(target, "GB002", what="writing a device value into a host tensor")
         elif into in TENSORISH and k in ("host", "hlist") and not self.per_prompt():
             self.flag(target, "GB010", what=f"{_short(target, 30)} = <host tensor>")
+        if into in TENSORISH:
+            parts = target.slice.elts if isinstance(target.slice, ast.Tuple) else [target.slice]
+            masks = [p for p in parts if self.kind(p) == "mask"]
+            others = [p for p in parts if p not in masks and not isinstance(p, ast.Slice)
+                      and not (isinstance(p, ast.Constant) and p.value in (Ellipsis, None))]
+            if masks and (augmented or k in TENSORISH or others):
+                self.flag(target, "GB008", what="writing through a boolean mask `x[mask] = y`")
 
 
 def _moves_to_cuda(loop: ast.AST, checker) -> bool:

@@ -121,6 +121,7 @@ class Checker(FlowRules, CallRules, SyncRules, CopyRules, InsideRules, EnvRules,
         self.src = src
         self.path = str(src.path)
         self.project = project or Project([src])
+        self.buffers = self.project.buffers
         self.hotmap = hotmap or HotMap(src.tree, self.path, src.nodes)
         self.models = self.hotmap.models
         self.project_flags = project_flags or {}
@@ -145,6 +146,8 @@ class Checker(FlowRules, CallRules, SyncRules, CopyRules, InsideRules, EnvRules,
         self.silent = False                     # a first pass over a step loop's body: kinds only (flow)
         self.eager_lambdas: set[int] = set()    # id of lambdas that map()/sorted() call right away
         self.cuda_types: set[str] = set()       # names bound to torch.cuda.FloatTensor and friends
+        self.left = False                       # this call has returned (flow.static_truth): the rest is dead
+        self.mask_lists: set[str] = set()       # lists that masks are appended to (torch.cat of them is a mask)
         self.dist_attrs: set[str] = set()       # self attributes bound to a validated distribution (inside)
         self.summary_depth = 0                  # > 0 in a scratch walk that only learns what a def returns
         self.collect: ast.AST | None = None     # that def
@@ -178,8 +181,8 @@ class Checker(FlowRules, CallRules, SyncRules, CopyRules, InsideRules, EnvRules,
         return bool(self.chain) or not self.loop_stack or self.loop_stack[-1] in self.hotmap.update_loops
 
     def visit(self, node: ast.AST):
-        if self.region != "off" and id(node) in self.hotmap.off_tails:
-            return self.visit_off(node)   # after `if not should_log(step): return`
+        if self.region != "off" and (id(node) in self.hotmap.off_tails or self.left and isinstance(node, ast.stmt)):
+            return self.visit_off(node)   # after `if not should_log(step): return`, or a return this call takes
         return super().visit(node)
 
     def looping(self) -> bool:
@@ -229,7 +232,8 @@ class Checker(FlowRules, CallRules, SyncRules, CopyRules, InsideRules, EnvRules,
         if not chain:
             for d in node.decorator_list:
                 self.visit(d)
-        saved = (self.region, self.loaders, self.scope_node, self.chain, self.types, self.loop_stack)
+        saved = (self.region, self.loaders, self.scope_node, self.chain, self.types, self.loop_stack, self.left)
+        self.left = False
         hook = id(node) in self.hotmap.hooks
         per_step = hook or id(node) in self.hotmap.step_fns
         self.region = region or ("hot" if per_step else None)
@@ -245,7 +249,8 @@ class Checker(FlowRules, CallRules, SyncRules, CopyRules, InsideRules, EnvRules,
                      *zip(args.kwonlyargs, args.kw_defaults)]:
             if isinstance(d, ast.Constant) and d.value is None:
                 scope[a.arg + "#opt"] = "opt"   # `x: Tensor | None = None`: `if not x:` tests for None
-            if d is not None and scope.get(a.arg) is None and self.kind(d) == "num":
+            if d is not None and scope.get(a.arg) is None and self.kind(d) == "num" \
+                    and not (isinstance(d, ast.Constant) and d.value is None):   # `labels=None`: a tensor or nothing
                 scope[a.arg] = "num"
         if hook:   # a framework (or the step loop) hands the hook device batches, outputs and a model
             for a in params[1:]:
@@ -265,7 +270,7 @@ class Checker(FlowRules, CallRules, SyncRules, CopyRules, InsideRules, EnvRules,
         self.scopes.pop()
         self.functions.pop()
         self.defs.pop()
-        self.region, self.loaders, self.scope_node, self.chain, self.types, self.loop_stack = saved
+        self.region, self.loaders, self.scope_node, self.chain, self.types, self.loop_stack, self.left = saved
 
     def visit_FunctionDef(self, node) -> None:
         self._function(node)
@@ -344,7 +349,7 @@ class Checker(FlowRules, CallRules, SyncRules, CopyRules, InsideRules, EnvRules,
     def visit_AugAssign(self, node: ast.AugAssign) -> None:
         self.visit(node.value)
         self.visit_target(node.target)
-        self.host_write(node.target, node.value)
+        self.host_write(node.target, node.value, augmented=True)
         if isinstance(node.target, ast.Name):
             self.bind(node.target, self.kind(ast.BinOp(node.target, node.op, node.value)))
 
@@ -362,6 +367,8 @@ class Checker(FlowRules, CallRules, SyncRules, CopyRules, InsideRules, EnvRules,
             k, old = self.kind(v.args[0]), self.lookup(v.func.value.id)
             if k in TENSORISH and old in (None, "tlist"):
                 self.bind(v.func.value, "tlist")
+                if k == "mask":
+                    self.mask_lists.add(v.func.value.id)   # fg_masks.append(fg_mask)
             elif k == "host" and old in (None, "hlist"):
                 self.bind(v.func.value, "hlist")
         self.generic_visit(node)

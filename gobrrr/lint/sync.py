@@ -6,11 +6,16 @@
 from __future__ import annotations
 
 import ast
+import re
 
 from gobrrr.lint.hot import is_bench_name
 from gobrrr.lint.kinds import DATA_DEPENDENT, HOSTISH, TENSORISH
+from gobrrr.lint.loops import name_of
 
 READS = {"item", "cpu", "tolist", "numpy"}
+_SIZED_METHODS = {"new_zeros", "new_ones", "new_empty", "new_full", "view", "reshape", "expand", "repeat", "narrow"}
+_SIZED_FACTORIES = {"zeros", "ones", "empty", "full", "randn", "rand", "arange", "eye", "randperm"}
+_TRACKER = re.compile(r"wandb|^run$|_run$|tracker|accelerator|experiment|fabric", re.I)
 _LOGGERS = {"add_scalar", "add_scalars", "add_histogram", "log_metric", "log_metrics"}
 
 
@@ -29,6 +34,9 @@ class SyncRules:
         elif isinstance(func, ast.Name) and func.id in ("float", "int", "bool") and len(node.args) == 1 \
                 and self.kind(node.args[0]) in TENSORISH:
             self.flag(node, "GB002", what=f"`{func.id}()` of a tensor")
+        size = self.size_argument(node, func, name, method, kw)
+        if size is not None:   # topk(k=ks[i]), range(n), x.new_zeros((n, 4)): a device scalar read as an int
+            self.flag(node, "GB002", what=f"a tensor as a count or size (`{ast.unparse(size)[:30]}`)")
         # GB003: printing or formatting a tensor
         if isinstance(func, ast.Name) and func.id in ("print", "str", "repr", "format") \
                 and any(self.kind(a) in TENSORISH for a in node.args):
@@ -39,11 +47,17 @@ class SyncRules:
         elif (method in _LOGGERS or name in ("wandb.log", "mlflow.log_metric", "mlflow.log_metrics")) \
                 and any(self.kind(v) in TENSORISH for a in [*node.args, *kw.values()] for v in _values(a)):
             self.flag(node, "GB003", what="logging")  # writer.add_scalar("loss", loss, step) reads it on the host
+        elif method == "log" and node.args and isinstance(node.args[0], ast.Dict) \
+                and _TRACKER.search(name_of(func.value)) \
+                and any(self.kind(v) in TENSORISH for v in _values(node.args[0])):
+            self.flag(node, "GB003", what="logging")  # wandb_run.log({"loss": loss}), accelerator.log({...})
         # GB004: synchronize in a loop, unless it is measuring time or in benchmark code
         if name.endswith("torch.cuda.synchronize") or method == "synchronize":
             if not (self.hotmap.bench_file or node.lineno in self.hotmap.timed
                     or any(is_bench_name(f) for f in self.functions)):
                 self.flag(node, "GB004", what=f"`{ast.unparse(func)}()`")
+        if name.endswith("torch.cuda.empty_cache"):   # cudaFree synchronizes the device, then the cache refills
+            self.flag(node, "GB004", what="`torch.cuda.empty_cache()` (it frees with cudaFree, which synchronizes)")
         # GB008: data-dependent output shapes
         last = name.rsplit(".", 1)[-1]
         if (name.startswith("torch.") and name.count(".") == 1 and last in DATA_DEPENDENT) or \
@@ -51,6 +65,34 @@ class SyncRules:
             self.flag(node, "GB008", what=f"`{name}()`")
         elif method in DATA_DEPENDENT and recv not in HOSTISH and not name.startswith(("torch.", "numpy.", "np.")):
             self.flag(node, "GB008", what=f"`.{method}()`")
+
+    def size_argument(self, node: ast.Call, func, name: str, method, kw) -> ast.AST | None:
+        """The argument of a call that wants a Python int (a count, a size, `k`) and is handed a
+        device tensor: torch reads it with `.item()`. Attributes and parameters are left out (`cfg.n`
+        of an object the kinds took for a tensor, `height` as a caller guessed it)."""
+        last = name.rsplit(".", 1)[-1] if name else (method or "")
+        if isinstance(func, ast.Name) and func.id == "range":
+            args = list(node.args)
+        elif name in ("torch.nn.functional.pad", "F.pad") and (kw.get("pad") or node.args[1:2]):
+            pad = kw.get("pad") or node.args[1]   # F.pad(x, pad=[mx0, mx1, my0, my1]) with 0-d device ints
+            args = list(pad.elts) if isinstance(pad, (ast.List, ast.Tuple)) else []
+        elif last in ("topk", "kthvalue"):
+            args = [kw["k"]] if "k" in kw else node.args[1:2] if name.startswith("torch.") else node.args[:1]
+        elif method in _SIZED_METHODS and self.kind(func.value) in TENSORISH or \
+                name.startswith("torch.") and name.count(".") == 1 and last in _SIZED_FACTORIES:
+            args = [e for a in node.args for e in (a.elts if isinstance(a, (ast.Tuple, ast.List)) else [a])]
+            if method == "narrow":
+                args = args[1:]
+        else:
+            return None
+        fn = self.defs[-1] if self.defs else None
+        params = {p.arg for p in [*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs]} \
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) else set()
+        for a in args:   # a parameter's kind is the caller's guess: only values made here count
+            if isinstance(a, (ast.Name, ast.Subscript)) and self.kind(a) in TENSORISH \
+                    and not (isinstance(a, ast.Name) and a.id in params):
+                return a
+        return None
 
     def visit_JoinedStr(self, node: ast.JoinedStr) -> None:
         if self.looping() and any(isinstance(v, ast.FormattedValue) and self.kind(v.value) in TENSORISH

@@ -1,0 +1,450 @@
+"""gobrrr lint, issue 29's fourth round: shapes met while reading the dev3 repositories (a diffusion
+sampler library, single-file RL scripts, a detector's label assignment, an LLM fine-tuning loop),
+each from a minimal example; and the false positives they showed, which must stay quiet."""
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+from gobrrr.lint.check import lint_paths, lint_source
+
+HEAD = "import torch\nimport numpy as np\nimport torch.nn as nn\nimport torch.nn.functional as F\nDEVICE = 'cuda'\n"
+
+
+def default(body: str, **kw) -> list[tuple[str, int]]:
+    """(rule, line) of the default run on a snippet; line 1 is the snippet's first line."""
+    out = lint_source(HEAD + textwrap.dedent(body), "train.py", **kw)
+    return sorted((f.rule, f.line - HEAD.count("\n")) for f in out)
+
+
+# -- what a parameter holds
+def test_a_forward_parameter_defaulting_to_none_is_still_a_tensor():
+    body = """
+    class Head(nn.Module):
+        def forward(self, x, labels=None):
+            n = (labels.sum(dim=2) > 0).sum(dim=1)
+            for i in range(x.shape[0]):
+                k = int(n[i])
+            return x
+    """
+    assert ("GB002", 6) in default(body)   # `labels=None` is a tensor or nothing, not a number
+
+
+def test_as_tensor_of_a_device_tensor_stays_on_the_device():
+    body = """
+    class Precond(nn.Module):
+        def forward(self, x, sigma):
+            sigma = sigma.reshape(-1, 1)
+            return self.round_sigma(sigma) * x
+
+        def round_sigma(self, sigma):
+            sigma = torch.as_tensor(sigma)
+            return sigma.to(self.u.device).round().to(sigma.device)
+    """
+    assert default(body) == []   # neither a host copy nor a read back: sigma never left the device
+
+
+def test_a_module_taken_from_a_loaded_pickle_is_no_tensor():
+    body = """
+    import pickle
+    def generate(f, seeds, device):
+        net = pickle.load(f)['ema'].to(device)
+        for s in seeds:
+            x = torch.randn(4, device=device)
+            if net.label_dim:
+                x = x + 1
+            net(x)
+    """
+    assert default(body) == []
+
+
+def test_a_factory_with_kwargs_may_name_its_device_there():
+    body = """
+    class Rng:
+        def randint(self, *args, **kwargs):
+            return torch.stack([torch.randint(*args, **kwargs) for _ in range(2)])
+
+    def generate(net, seeds, device):
+        for s in seeds:
+            rnd = Rng()
+            labels = torch.eye(10, device=device)[rnd.randint(10, size=[4], device=device)]
+            net(labels)
+    """
+    assert default(body) == []   # no host index: the device came in **kwargs
+
+
+def test_a_method_of_torch_is_not_a_project_method_of_that_name():
+    body = """
+    class MinTree:
+        def min(self, start=0, end=None):
+            if end < 0:
+                end = 1
+            return end
+
+    def train(model, loader, opt):
+        for x, y in loader:
+            q1, q2 = model(x)
+            loss = torch.min(q1, q2).mean()
+            loss.backward()
+            opt.step()
+    """
+    assert default(body) == []   # torch.min never runs MinTree.min
+
+
+# -- branches a call never takes
+def test_a_branch_on_a_parameter_the_call_leaves_at_its_default_is_skipped():
+    body = """
+    class Head(nn.Module):
+        def forward(self, x):
+            return self.assign(x).sum()
+
+        def assign(self, x, mode="gpu", mask=None):
+            if mode == "cpu":
+                x = x.cpu()
+            if mask is not None and x.any():
+                x = x[mask]
+            return x.sum().item()
+    """
+    assert default(body) == [("GB002", 11)]   # only the line that runs on this call
+
+
+def test_a_branch_the_call_takes_is_walked():
+    body = """
+    class Head(nn.Module):
+        def forward(self, x):
+            return self.assign(x, "cpu")
+
+        def assign(self, x, mode="gpu"):
+            if mode == "cpu":
+                x = x.cpu()
+            return x
+    """
+    assert ("GB002", 8) in default(body)
+
+
+# -- data-dependent shapes
+def test_a_tensor_assigned_through_a_boolean_mask_syncs_a_scalar_does_not():
+    body = """
+    def train(model, loader, opt):
+        for x in loader:
+            out = model(x)
+            fg = out > 0
+            inside = out.sum(0) > 1
+            fg[fg.clone()] = inside
+            out[fg] = 0.0
+            out.mean().backward()
+            opt.step()
+    """
+    assert default(body) == [("GB008", 7)]   # index_put_ with a tensor value takes the nonzero path
+
+
+def test_a_device_scalar_handed_over_as_a_count_or_size():
+    body = """
+    class Assigner(nn.Module):
+        def forward(self, cost, ious):
+            ks = torch.clamp(ious.sum(1).int(), min=1)
+            n = (ious > 0).sum()
+            for g in range(cost.shape[0]):
+                _, pos = torch.topk(cost[g], k=ks[g], largest=False)
+            for j in range(n):
+                pass
+            buf = ks.new_zeros((n, 4))
+            return cost.view(-1, cost.shape[1])
+    """
+    assert default(body) == [("GB002", 7), ("GB002", 8), ("GB002", 10)]
+
+
+def test_the_kinds_after_a_try_are_the_main_paths_not_the_handlers():
+    body = """
+    def train(model, loader, opt):
+        for x in loader:
+            try:
+                n = int(x.shape[0])
+            except RuntimeError:
+                n = model(x)
+            buf = model(x).new_zeros((n, 4))
+            buf.sum().backward()
+            opt.step()
+    """
+    assert default(body) == []   # the handler's fallback does not make n a tensor
+
+
+# -- rare branches
+def test_an_option_named_like_logging_runs_every_step_once_it_is_on():
+    body = """
+    def train(model, loader, opt, cfg, tb_writer=None):
+        for x in loader:
+            loss = model(x).mean()
+            if cfg.save_metrics:
+                step_losses.append(loss.detach().float().item())
+            if tb_writer is not None:
+                print(float(loss))
+            if cfg.save_model:
+                torch.save(model.state_dict(), f"{loss.item()}.pt")
+            if step % cfg.log_every == 0:
+                print(loss.item())
+            loss.backward()
+            opt.step()
+    """
+    assert default(body) == [("GB002", 6), ("GB002", 8)]   # the save and the rate-limited print stay rare
+
+
+def test_a_tracker_logging_a_dict_of_tensors_every_step():
+    body = """
+    def train(model, loader, opt, wandb_run, accelerator):
+        for x in loader:
+            loss = model(x).mean()
+            wandb_run.log({"train/loss": loss.detach().float(), "step": 1})
+            accelerator.log({"loss": loss}, step=1)
+            model.log("loss", loss)
+            loss.backward()
+            opt.step()
+    """
+    assert default(body) == [("GB003", 5), ("GB003", 6)]
+
+
+def test_masked_writes_that_take_the_nonzero_path():
+    body = """
+    def train(model, loader, opt):
+        for x in loader:
+            m = model(x)
+            multiple = m.sum(0) > 1
+            m[:, multiple] *= 0
+            m[m.argmin(0), multiple] = 1
+            m[multiple] = 0
+            m[multiple, :] = 0
+            m.mean().backward()
+            opt.step()
+    """
+    assert default(body) == [("GB008", 6), ("GB008", 7)]   # the last two are masked_fill: no sync
+
+
+def test_empty_cache_and_a_device_named_by_an_f_string_in_the_step():
+    body = """
+    def train(model, loader, opt, rank):
+        for batch in loader:
+            for key in batch.keys():
+                batch[key] = batch[key].to(torch.device(f"xpu:{rank}"))
+            loss = model(**batch).loss
+            torch.cuda.empty_cache()
+            loss.backward()
+            opt.step()
+    """
+    assert default(body) == [("GB004", 7), ("GB009", 5)]
+
+
+def test_masks_appended_per_image_then_concatenated_are_a_mask():
+    body = """
+    def train(model, loader, opt):
+        for x in loader:
+            out = model(x)
+            fg_masks = []
+            for i in range(out.shape[0]):
+                fg_masks.append(out[i] > 0)
+            fg = torch.cat(fg_masks, 0)
+            loss = out.view(-1)[fg].sum()
+            loss.backward()
+            opt.step()
+    """
+    assert default(body) == [("GB008", 9)]
+
+
+# -- syncs inside torch that a line causes
+def test_a_registered_buffer_is_a_tensor_and_normal_sample_checks_its_std():
+    body = """
+    from torch.distributions import Normal
+
+    class Actor(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("action_scale", torch.ones(3))
+
+        def act(self, x):
+            mean, std = self(x)
+            probs = Normal(mean, std, validate_args=False)
+            return probs.sample(), probs.rsample()
+
+    def rollout(actor, env, obs):
+        for step in range(100):
+            a = actor(obs) + torch.normal(0, actor.action_scale * 0.1)
+            a2, _ = actor.act(obs)
+            obs, r, done, info = env.step(a)
+    """
+    assert default(body) == [("GB013", 12), ("GB013", 16)]   # rsample() checks nothing
+
+
+def test_a_sampler_loop_over_a_wrapped_zip_of_device_steps():
+    body = """
+    def sample(net, latents, S_min, S_max):
+        x = latents
+        t_steps = torch.linspace(1, 0, 18, device=latents.device)
+        for i, (t_cur, t_next) in tqdm.tqdm(list(enumerate(zip(t_steps[:-1], t_steps[1:]))), unit='step'):
+            gamma = 0.1 if S_min <= t_cur <= S_max else 0
+            x = net(x, t_cur + gamma)
+        return x
+    """
+    assert ("GB007", 6) in default(body)
+
+
+def test_if_x_is_none_with_no_x_passed_runs_on_every_such_call():
+    body = """
+    from torch.distributions import Normal
+    class Agent(nn.Module):
+        def get_action_and_value(self, x, action=None):
+            mean = self.actor(x)
+            probs = Normal(mean, mean.exp(), validate_args=False)
+            if action is None:
+                action = probs.sample()
+            return action
+
+    def rollout(agent, env, obs):
+        for step in range(100):
+            action = agent.get_action_and_value(obs)
+            obs, r, done, info = env.step(action)
+    """
+    assert default(body) == [("GB013", 8)]
+
+
+def test_a_helper_mapped_over_sampled_arrays_and_the_return_its_call_takes():
+    body = """
+    class Buffer:
+        def __init__(self, device):
+            self.device = device
+            self.obs = np.zeros((1000, 4))
+
+        def to_torch(self, array, copy=True):
+            if copy:
+                return torch.tensor(array, device=self.device)
+            return torch.as_tensor(array, device=self.device)
+
+        def sample(self, n):
+            idx = np.random.randint(0, 1000, size=n)
+            return tuple(map(self.to_torch, (self.obs[idx], self.obs[idx])))
+
+    def train(model, opt):
+        rb = Buffer(DEVICE)
+        for step in range(1000):
+            obs, nxt = rb.sample(32)
+            model(obs).mean().backward()
+            opt.step()
+    """
+    assert default(body) == [("GB010", 9)]   # line 10 never runs with copy=True
+
+
+# -- host data moved per call
+def test_grids_built_on_the_host_then_typed_like_a_device_tensor():
+    body = """
+    def meshgrid(*tensors):
+        return torch.meshgrid(*tensors, indexing="ij")
+
+    class Head(nn.Module):
+        def forward(self, xin):
+            out = self.conv(xin[0])
+            strides = torch.zeros(1, out.shape[1]).fill_(8).type_as(xin[0])
+            return self.decode(out, dtype=xin[0].type())
+
+        def decode(self, out, dtype):
+            grids = []
+            for h, w in self.hw:
+                yv, xv = meshgrid([torch.arange(h), torch.arange(w)])
+                grids.append(torch.stack((xv, yv), 2).view(1, -1, 2))
+            grids = torch.cat(grids, dim=1).type(dtype)
+            return out + grids
+    """
+    assert default(body) == [("GB001", 8), ("GB010", 16)]
+
+
+# -- across files
+def test_a_helper_reached_through_a_star_import_of_a_package(tmp_path):
+    pkg = tmp_path / "det" / "utils"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("from .boxes import *\n")
+    (pkg / "boxes.py").write_text(HEAD + textwrap.dedent("""
+        def postprocess(prediction, conf_thre=0.7):
+            out = []
+            for image_pred in prediction:
+                keep = (image_pred[:, 4] >= conf_thre).squeeze()
+                out.append(image_pred[keep])
+            return out
+        """))
+    (tmp_path / "det" / "evaluate.py").write_text(HEAD + textwrap.dedent("""
+        from det.utils import postprocess
+        def evaluate(model, loader):
+            for imgs, ids in loader:
+                outputs = postprocess(model(imgs.to(DEVICE, non_blocking=True)))
+        """))
+    found = {(Path(f.path).name, f.line - HEAD.count("\n"), f.rule) for f in lint_paths([tmp_path])}
+    assert ("boxes.py", 6, "GB008") in found
+
+
+# -- Python attributes set on tensors
+def test_attributes_guarded_by_hasattr_or_read_with_getattr_are_no_tensors():
+    body = """
+    def param_is_not_shared(param):
+        return not hasattr(param, 'shared') or not param.shared
+
+    def param_is_not_duplicate(param, group=None):
+        if hasattr(param, "tensor_model_parallel") and param.tensor_model_parallel:
+            return True
+        return group.rank() == 0
+
+    def grad_norm(model):
+        total = []
+        for p in model.parameters():
+            is_expert = not getattr(p, 'allreduce', True)
+            if is_expert and param_is_not_shared(p) and param_is_not_duplicate(p):
+                total.append(p.grad.norm())
+        return total
+
+    def train(model, loader, opt):
+        for x in loader:
+            model(x).mean().backward()
+            norms = grad_norm(model)
+            opt.step()
+    """
+    assert default(body) == []
+
+
+def test_objects_built_from_a_config_are_found_by_their_class_or_keywords():
+    body = """
+    class AugmentPipe:
+        def __call__(self, images):
+            margin = images.flatten(1).max(dim=1).values.ceil().to(torch.int32)
+            m0, m1 = margin[0], margin[1]
+            return F.pad(images, pad=[m0, m1, m0, m1])
+
+    class EDMLoss:
+        def __call__(self, net, images, labels=None, augment_pipe=None):
+            y = augment_pipe(images)
+            return (net(y) - y) ** 2
+
+    def train(ddp, it, opt, loss_fn, augment_pipe):
+        while True:
+            images, labels = next(it)
+            loss = loss_fn(net=ddp, images=images, labels=labels, augment_pipe=augment_pipe)
+            loss.sum().backward()
+            opt.step()
+    """
+    assert default(body) == [("GB002", 6)]   # F.pad reads each 0-d device int of the padding
+
+
+def test_a_delayed_update_made_up_in_a_loop_is_training_not_a_rare_branch():
+    body = """
+    def train(actor, qf, q_opt, actor_opt, rb, args):
+        for global_step in range(args.total):
+            data = rb.sample(256)
+            q_loss = qf(data).mean()
+            q_opt.zero_grad()
+            q_loss.backward()
+            q_opt.step()
+            if global_step % args.policy_frequency == 0:
+                for _ in range(args.policy_frequency):
+                    actor_loss = -qf(actor(data)).mean()
+                    actor_opt.zero_grad()
+                    actor_loss.backward()
+                    actor_opt.step()
+                    alpha = actor_loss.exp().item()
+            if global_step % 100 == 0:
+                print(q_loss.item())
+    """
+    assert default(body) == [("GB002", 15)]
