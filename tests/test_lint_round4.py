@@ -586,3 +586,19 @@ def test_a_hook_is_walked_again_when_a_call_types_parameters_its_names_did_not()
             post(outputs, sizes)
     """
     assert ("GB002", 6) in default(body)
+
+
+def test_a_one_element_tensor_as_an_index():
+    body = """
+    def train(model, loader, opt):
+        for x, labels in loader:
+            scores = model(x)
+            best = scores.argmax()
+            scores[best] = 1
+            top = scores[scores.sum(0).argmax()]
+            row = scores[scores.argmax(dim=1)]
+            labels = labels + top.sum()
+            F.cross_entropy(scores, labels).backward()
+            opt.step()
+    """
+    assert default(body) == [("GB002", 6), ("GB002", 7)]   # argmax(dim=1) is a vector: no .item()

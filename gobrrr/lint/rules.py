@@ -320,6 +320,7 @@ class Checker(FlowRules, CallRules, SyncRules, CopyRules, InsideRules, EnvRules,
 
     def _assign(self, node: ast.Assign) -> None:
         self.visit(node.value)
+        zero_d = self.zero_d(node.value)
         self.note_distribution(node)
         for t in node.targets:
             self.visit_target(t)
@@ -352,6 +353,12 @@ class Checker(FlowRules, CallRules, SyncRules, CopyRules, InsideRules, EnvRules,
                 self.bind(t, k)
             return
         k = self.kind(value)
+        if zero_d:
+            for t in node.targets:
+                if isinstance(t, ast.Name):
+                    self.bind(t, k)
+                    self.scopes[-1][t.id + "#0d"] = "0d"   # best = scores.argmax(): one element, as an index an .item()
+            return
         if k == "tensor" and self.guessed(value):
             if any(isinstance(t, ast.Tuple) for t in node.targets):
                 k = None   # `q, was_thd = helper(q)`: a guess that a call returns a tensor says nothing of its parts
@@ -386,6 +393,7 @@ class Checker(FlowRules, CallRules, SyncRules, CopyRules, InsideRules, EnvRules,
             self.visit(t.value)
             if isinstance(t, ast.Subscript):
                 self.index_rule(t)
+                self.scalar_index(t)
                 self.visit(t.slice)
 
     def visit_Expr(self, node: ast.Expr) -> None:

@@ -13,6 +13,7 @@ from gobrrr.lint.kinds import DATA_DEPENDENT, HOSTISH, TENSORISH
 from gobrrr.lint.loops import name_of
 
 READS = {"item", "cpu", "tolist", "numpy"}
+_REDUCTIONS = {"argmax", "argmin", "sum", "max", "min", "mean", "prod", "amax", "amin"}
 _SIZED_METHODS = {"new_zeros", "new_ones", "new_empty", "new_full", "view", "reshape", "expand", "repeat", "narrow"}
 _SIZED_FACTORIES = {"zeros", "ones", "empty", "full", "randn", "rand", "arange", "eye", "randperm"}
 _TRACKER = re.compile(r"wandb|^run$|_run$|tracker|accelerator|experiment|fabric", re.I)
@@ -88,6 +89,33 @@ class SyncRules:
             return None
         return self._made_here(args)
 
+    def scalar_index(self, node: ast.Subscript) -> None:
+        """GB002 for a device scalar as a slice bound (`x[:, :h]`, h = size[0]) or a one-element
+        tensor as an index (`labels[best] = 1`, best = scores.argmax()): read with .item()."""
+        if not self.looping() or self.kind(node.value) in HOSTISH:
+            return
+        bound = self.slice_bound(node)
+        if bound is not None:
+            self.flag(node, "GB002", what=f"a tensor as a slice bound (`{ast.unparse(bound)[:30]}`)")
+        parts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+        index = next((p for p in parts if self.zero_d(p)), None)
+        if index is not None:
+            self.flag(node, "GB002", what=f"a one-element tensor as an index (`{ast.unparse(index)[:30]}`)")
+
+    def zero_d(self, node: ast.AST) -> bool:
+        """A device tensor that certainly has one element: a full reduction (`t.argmax()`, `t.sum()`,
+        `torch.argmax(t)` with no dim) or a name bound to one in this def."""
+        if isinstance(node, ast.Name):
+            return bool(self.lookup(node.id + "#0d"))
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _REDUCTIONS):
+            return False
+        if any(k.arg in ("dim", "axis") for k in node.keywords):
+            return False
+        name = self.dotted(node.func) or ""
+        if name.startswith("torch."):
+            return len(node.args) == 1 and self.kind(node.args[0]) in TENSORISH
+        return not node.args and self.kind(node.func.value) in TENSORISH
+
     def slice_bound(self, node: ast.Subscript) -> ast.AST | None:
         parts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
         bounds = [b for p in parts if isinstance(p, ast.Slice) for b in (p.lower, p.upper, p.step) if b is not None]
@@ -122,10 +150,7 @@ class SyncRules:
     def visit_Subscript(self, node: ast.Subscript) -> None:
         if isinstance(node.ctx, ast.Load):
             self.index_rule(node)
-        if self.looping() and self.kind(node.value) not in HOSTISH:
-            bound = self.slice_bound(node)
-            if bound is not None:   # x[:, :img_h] with img_h = size[0] on the device: read with .item()
-                self.flag(node, "GB002", what=f"a tensor as a slice bound (`{ast.unparse(bound)[:30]}`)")
+        self.scalar_index(node)
         if self.looping() and isinstance(node.ctx, ast.Load) and self.kind(node.value) not in HOSTISH:
             parts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
             if any(self.kind(p) == "mask" for p in parts):
