@@ -602,3 +602,21 @@ def test_a_one_element_tensor_as_an_index():
             opt.step()
     """
     assert default(body) == [("GB002", 6), ("GB002", 7)]   # argmax(dim=1) is a vector: no .item()
+
+
+def test_ops_that_answer_on_the_host_or_size_their_output_by_the_data():
+    body = """
+    def train(model, loader, opt, prev):
+        for x in loader:
+            out = model(x)
+            cls = out.argmax(1)
+            counts = torch.bincount(cls)
+            same = torch.equal(out, prev)
+            close = out.allclose(prev)
+            rep = out.repeat_interleave(counts.clamp(max=3))
+            rep2 = out.repeat_interleave(2)
+            host = torch.bincount(torch.tensor([1, 2]))
+            out.mean().backward()
+            opt.step()
+    """
+    assert default(body) == [("GB002", 7), ("GB002", 8), ("GB008", 6), ("GB008", 9)]

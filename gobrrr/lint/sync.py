@@ -13,6 +13,7 @@ from gobrrr.lint.kinds import DATA_DEPENDENT, HOSTISH, TENSORISH
 from gobrrr.lint.loops import name_of
 
 READS = {"item", "cpu", "tolist", "numpy"}
+_ANSWERS = {"equal", "allclose", "is_nonzero"}   # torch ops that return a Python bool: read on the host
 _REDUCTIONS = {"argmax", "argmin", "sum", "max", "min", "mean", "prod", "amax", "amin"}
 _SIZED_METHODS = {"new_zeros", "new_ones", "new_empty", "new_full", "view", "reshape", "expand", "repeat", "narrow"}
 _SIZED_FACTORIES = {"zeros", "ones", "empty", "full", "randn", "rand", "arange", "eye", "randperm"}
@@ -67,6 +68,24 @@ class SyncRules:
             self.flag(node, "GB008", what=f"`{name}()`")
         elif method in DATA_DEPENDENT and recv not in HOSTISH and not name.startswith(("torch.", "numpy.", "np.")):
             self.flag(node, "GB008", what=f"`.{method}()`")
+        elif last in ("bincount", "repeat_interleave") and self.sized_by_data(node, name, method, recv, kw):
+            self.flag(node, "GB008", what=f"`{last}()`")   # the output size is the data's max / sum
+        if last in _ANSWERS and (name == f"torch.{last}" and any(self.kind(a) in TENSORISH for a in node.args)
+                                 or method == last and recv in TENSORISH):
+            self.flag(node, "GB002", what=f"`{last}()` (it answers with a Python bool)")
+
+    def sized_by_data(self, node: ast.Call, name: str, method, recv, kw) -> bool:
+        """torch.bincount(t) (its length is t.max() + 1), repeat_interleave with tensor repeats and no
+        output_size: torch reads the size on the host."""
+        torch_fn = name.startswith("torch.") and name.count(".") == 1
+        first = node.args[0] if torch_fn and node.args else func_value(node) if not torch_fn else None
+        if first is None or self.kind(first) not in TENSORISH:
+            return False
+        if name.endswith("bincount"):
+            return True
+        repeats = kw.get("repeats", node.args[1] if torch_fn and len(node.args) > 1 else
+                         node.args[0] if not torch_fn and node.args else None)
+        return repeats is not None and self.kind(repeats) in TENSORISH and "output_size" not in kw
 
     def size_argument(self, node: ast.Call, func, name: str, method, kw) -> ast.AST | None:
         """The argument of a call that wants a Python int (a count, a size, `k`) and is handed a
@@ -156,6 +175,10 @@ class SyncRules:
             if any(self.kind(p) == "mask" for p in parts):
                 self.flag(node, "GB008", what="boolean-mask indexing `x[mask]`")
         self.generic_visit(node)
+
+
+def func_value(node: ast.Call) -> ast.AST | None:
+    return node.func.value if isinstance(node.func, ast.Attribute) else None
 
 
 def _values(node: ast.AST) -> list[ast.AST]:
