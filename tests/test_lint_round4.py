@@ -620,3 +620,35 @@ def test_ops_that_answer_on_the_host_or_size_their_output_by_the_data():
             opt.step()
     """
     assert default(body) == [("GB002", 7), ("GB002", 8), ("GB008", 6), ("GB008", 9)]
+
+
+def test_the_builtin_max_of_device_tensors_compares_on_the_host():
+    body = """
+    def train(model, loader, opt):
+        for x in loader:
+            q1, q2 = model(x)
+            target = max(q1.mean(), q2.mean())
+            floor = max(q1.mean(), 0.0)
+            both = torch.max(q1, q2)
+            n = max(len(x), 1)
+            (target + floor + both.mean() * n).backward()
+            opt.step()
+    """
+    assert default(body) == [("GB002", 5), ("GB002", 6)]
+
+
+def test_numpy_arithmetic_stays_numpy():
+    body = """
+    class Buffer:
+        def update_priorities(self, idx, priorities):
+            priorities = np.abs(priorities) + self.eps
+            self.max_priority = max(self.max_priority, priorities.max())
+
+    def train(model, rb, opt):
+        for step in range(100):
+            loss = model(step).mean()
+            loss.backward()
+            opt.step()
+            rb.update_priorities(None, loss.detach().cpu().numpy())
+    """
+    assert ("GB002", 5) not in default(body)

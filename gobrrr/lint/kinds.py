@@ -180,6 +180,8 @@ class Kinds:
                 return "num"
             if "str" in kinds and isinstance(node.op, (ast.Mod, ast.Add, ast.Mult)):
                 return "str"
+            if "numpy" in kinds and not kinds & ({"host"} | BATCHES):
+                return "numpy"   # np.abs(p) + self.eps: still a numpy array
             return "host" if kinds & ({"host"} | BATCHES) else None
         if isinstance(node, ast.Compare):
             if any(isinstance(op, (ast.Is, ast.IsNot, ast.In, ast.NotIn)) for op in node.ops) \

@@ -36,6 +36,9 @@ class SyncRules:
         elif isinstance(func, ast.Name) and func.id in ("float", "int", "bool") and len(node.args) == 1 \
                 and self.kind(node.args[0]) in TENSORISH:
             self.flag(node, "GB002", what=f"`{func.id}()` of a tensor")
+        elif isinstance(func, ast.Name) and func.id in ("max", "min") and len(node.args) >= 2 and not node.keywords \
+                and any(self.kind(a) in TENSORISH for a in node.args) and self.lookup(func.id) is None:
+            self.flag(node, "GB002", what=f"the builtin `{func.id}()` of tensors (it compares them as Python bools)")
         size = self.size_argument(node, func, name, method, kw)
         if size is not None:   # topk(k=ks[i]), range(n), x.new_zeros((n, 4)): a device scalar read as an int
             self.flag(node, "GB002", what=f"a tensor as a count or size (`{ast.unparse(size)[:30]}`)")
