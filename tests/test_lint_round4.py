@@ -652,3 +652,28 @@ def test_numpy_arithmetic_stays_numpy():
             rb.update_priorities(None, loss.detach().cpu().numpy())
     """
     assert ("GB002", 5) not in default(body)
+
+
+def test_a_branch_one_call_skips_and_another_takes_is_walked():
+    body = """
+    from torch.distributions import Normal
+    class Agent(nn.Module):
+        def get_action_and_value(self, x, action=None):
+            mean = self.actor(x)
+            if action is None:
+                action = mean.detach()
+            else:
+                z = torch.FloatTensor(mean.shape).uniform_(-0.5, 0.5).to(DEVICE)
+                mean = mean + z
+            return action, mean
+
+    def train(agent, env, obs, opt, b_obs, b_actions):
+        for step in range(100):
+            action, _ = agent.get_action_and_value(obs)
+            obs, r, done, info = env.step(action)
+        for epoch in range(4):
+            _, mean = agent.get_action_and_value(b_obs, b_actions)
+            mean.sum().backward()
+            opt.step()
+    """
+    assert ("GB001", 9) in default(body)   # the update's call passes an action: the else way runs there

@@ -120,6 +120,7 @@ def check_sources(sources: list[Source], assume_gpu: bool = False,
         c.pending = []
     queue = _seeded(checkers, sources, gpu, errors) + queue
     seen = {h for c in checkers.values() for h in c.hotmap.hooks}   # step_fns may come again, typed
+    consts: dict[int, dict] = {}      # id(def) -> the parameter constants it was walked with (flow.static_truth)
     hooks, typed = set(seen), set()   # a hook walked again once, when a call types a parameter its name did not
     while True:
         for c in checkers.values():   # a CPU-only file whose step loop calls into a GPU file runs on the GPU
@@ -133,9 +134,13 @@ def check_sources(sources: list[Source], assume_gpu: bool = False,
             break
         nxt = []
         for target, fn, kinds, types, chain, functions in queue:
-            if id(fn) in seen and not (id(fn) in hooks and id(fn) not in typed and _types_more(fn, kinds)):
+            again = _fewer_constants(consts[id(fn)], kinds) if id(fn) in consts else None
+            if again is not None:   # another call passes other constants: walk it with only those both share
+                kinds = {k: v for k, v in kinds.items() if "#val" not in k} | again
+            elif id(fn) in seen and not (id(fn) in hooks and id(fn) not in typed and _types_more(fn, kinds)):
                 continue
             typed.add(id(fn))
+            consts[id(fn)] = {k: v for k, v in kinds.items() if "#val" in k}
             seen.add(id(fn))
             c = checkers[id(target)]
             _guarded(lambda: c.check_hot(fn, kinds, types, chain, functions), target, errors)
@@ -153,6 +158,13 @@ def check_sources(sources: list[Source], assume_gpu: bool = False,
                 found.append(f)
     skipped = [s for s in sources if not gpu[id(s)] and not any(f.path == str(s.path) for f in found)]
     return sorted(found, key=lambda f: (f.path, f.line, f.col, f.rule)), skipped
+
+
+def _fewer_constants(old: dict, kinds: dict) -> dict | None:
+    """The constants two calls of a def agree on, if fewer than the walk used (`f(x)` then `f(x,
+    action)`: the branch on `action is None` goes both ways); None if the walk already covers it."""
+    shared = {k: v for k, v in old.items() if kinds.get(k) == v}
+    return shared if shared != old else None
 
 
 def _types_more(fn, kinds: dict) -> bool:
