@@ -677,3 +677,15 @@ def test_a_branch_one_call_skips_and_another_takes_is_walked():
             opt.step()
     """
     assert ("GB001", 9) in default(body)   # the update's call passes an action: the else way runs there
+
+
+def test_an_optional_parameter_no_caller_typed_is_not_read_back():
+    body = """
+    from torch.nn.utils.rnn import pack_padded_sequence
+    class Encoder(nn.Module):
+        def forward(self, x, lengths=None):
+            if lengths is not None:
+                x = pack_padded_sequence(x, lengths.cpu(), batch_first=True)
+            return self.rnn(x)
+    """
+    assert default(body) == []   # lengths may well be a host tensor: its .cpu() is then free

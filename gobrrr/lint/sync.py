@@ -30,7 +30,9 @@ class SyncRules:
         if method in READS and recv not in HOSTISH and recv != "generated" and not isinstance(func.value, ast.Constant) \
                 and (method != "numpy" or forced) \
                 and (method != "tolist" or recv in TENSORISH) \
-                and not (method == "cpu" and self.is_model(func.value)):
+                and not (method == "cpu" and self.is_model(func.value)) \
+                and not (recv is None and isinstance(func.value, ast.Name) and self.lookup(func.value.id + "#opt")):
+            # (an optional parameter, `lengths=None`, that no caller typed: as likely a host tensor)
             # .numpy() of a CUDA tensor raises unless force=True; .tolist() of an unknown is as likely numpy
             self.flag(node, "GB002", what=f"`.{method}()`")
         elif isinstance(func, ast.Name) and func.id in ("float", "int", "bool") and len(node.args) == 1 \
