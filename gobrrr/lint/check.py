@@ -5,13 +5,14 @@
 
 GB001  tensor built on the host then moved (`torch.randn(...).to(dev)`)       -> pass device=
 GB002  `.item()/.cpu()/.tolist()/.numpy()`, `float/int/bool(t)` in a loop     -> keep on device, read once
-       (also a device scalar as a count, size or slice bound: `topk(k=ks[i])`, `x[:, :h]`)
+       (also a device scalar as a count, size, slice bound or index: `topk(k=ks[i])`, `x[:, :h]`;
+       torch.equal/allclose; the builtin max/min of tensors)
 GB003  printing or formatting a tensor in a loop                             -> log every N steps
 GB004  `torch.cuda.synchronize()` / stream or event synchronize, empty_cache() -> order with events
 GB005  `non_blocking=True` copy from pageable (unpinned) host memory         -> pin the source
 GB006  `DataLoader` without `pin_memory=True` whose batches go to CUDA        -> pin_memory=True
 GB007  a tensor as a Python condition in a loop (`if t > 0:`, `while t:`)    -> torch.where on device
-GB008  data-dependent shapes in a loop (nonzero, x[mask], x[mask] = t, unique) -> fixed-shape ops
+GB008  data-dependent shapes in a loop (nonzero, x[mask], x[mask] = t, unique, bincount) -> fixed-shape ops
 GB009  blocking `.to(device)` / `.cuda()` of every batch in the step loop       -> pin + non_blocking, Prefetcher
 GB010  host data copied per step (`torch.tensor(x, device=dev)`, `host_t.to(dev)`) -> build it on the device once
 GB011  a device tensor indexed by host indices (numpy, CPU arange, range, list) -> indices on the device
