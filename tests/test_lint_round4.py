@@ -689,3 +689,24 @@ def test_an_optional_parameter_no_caller_typed_is_not_read_back():
             return self.rnn(x)
     """
     assert default(body) == []   # lengths may well be a host tensor: its .cpu() is then free
+
+
+def test_samples_of_a_distribution_of_device_tensors_are_device_tensors():
+    body = """
+    from torch.distributions import Categorical
+    class Agent(nn.Module):
+        def act(self, obs):
+            probs = Categorical(logits=self.actor(obs), validate_args=False)
+            action = probs.sample()
+            return action, probs.log_prob(action)
+
+    def rollout(envs, obs):
+        agent = Agent().to(DEVICE)
+        for step in range(16):
+            action, logp = agent.act(obs)
+            obs, reward, done, info = envs.step(action)
+            for i, d in enumerate(done):
+                if d:
+                    print(i)
+    """
+    assert default(body) == [("GB007", 15)]   # a GPU simulator's done flags, read one by one

@@ -58,7 +58,12 @@ class InsideRules:
     def validated_dist(self, node: ast.Call, name: str, kw) -> str | None:
         """The class name when this call builds a torch distribution (or a project subclass of one)
         from device tensors with argument validation on, else None."""
-        if not any(self.kind(a) in TENSORISH for a in [*node.args, *kw.values()]) or self.validation_off(kw):
+        return None if self.validation_off(kw) else self.device_dist(node, name, kw)
+
+    def device_dist(self, node: ast.Call, name: str, kw) -> str | None:
+        """The class name when this call builds a torch distribution (or a project subclass of one)
+        from device tensors, else None."""
+        if not any(self.kind(a) in TENSORISH for a in [*node.args, *kw.values()]):
             return None
         last = name.rsplit(".", 1)[-1]
         if name.startswith("torch.distributions.") and last[:1].isupper() \
@@ -75,8 +80,11 @@ class InsideRules:
         v = node.value
         if isinstance(v, ast.Call) and isinstance(v.func, (ast.Name, ast.Attribute)):
             kw = {k.arg: k.value for k in v.keywords if k.arg}
-            if (self.dotted(v.func) or "").rsplit(".", 1)[-1] == "Normal" \
-                    and any(self.kind(a) in TENSORISH for a in [*v.args, *kw.values()]):
+            made = self.device_dist(v, self.dotted(v.func) or "", kw)
+            for t in node.targets:   # its samples, log_prob and entropy are device tensors
+                if made and isinstance(t, ast.Name):
+                    self.scopes[-1][t.id + _DEVICE_DIST] = "dist"
+            if made == "Normal":
                 for t in node.targets:   # its .sample() calls torch.normal(loc, scale), validation or not
                     if isinstance(t, ast.Name):
                         self.scopes[-1][t.id + _NORMAL] = "normal"
@@ -97,6 +105,7 @@ class InsideRules:
 
 
 _DIST = "#dist"   # scope key of a name bound to a validated distribution
+_DEVICE_DIST = "#ddist"   # scope key of a name bound to a distribution of device tensors
 _NORMAL = "#normal"   # scope key of a name bound to a Normal of device tensors
 _FIX = ("pass validate_args=False, or call torch.distributions.Distribution.set_default_validate_args(False) once "
         "at start-up: validation reads each parameter check (and each log_prob sample check) on the host")

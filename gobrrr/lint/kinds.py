@@ -84,6 +84,7 @@ _DATA_WORDS = {"data", "dataset", "ds", "batches", "train", "val", "valid", "tes
 _PREDICATE = re.compile(r"(^_*|[a-z0-9]_)(is|has|should|can|needs?|uses?|supports?|check_is)_")   # param_is_not_shared
 _TOKENIZER = re.compile(r"tokeni[sz]er|processor|feature_extractor|^tok$", re.I)
 _LOADER_NAME = LOADER_NAME
+_DIST_METHODS = {"sample", "rsample", "log_prob", "entropy", "cdf", "icdf", "sample_n", "mode", "mean", "stddev"}
 
 
 class Kinds:
@@ -367,6 +368,8 @@ class Kinds:
             if recv in ("pinned", "batch_pinned"):
                 return "host" if recv == "pinned" else "batch_host"  # .to(dtype) makes a pageable copy
             return recv
+        if method in _DIST_METHODS and isinstance(func.value, ast.Name) and self.lookup(func.value.id + "#ddist"):
+            return "tensor"   # probs.sample(), probs.log_prob(a) of a distribution of device tensors
         if recv == "obj" or method in NOT_TENSOR_METHODS:
             if method in ("forward", "generate") or (recv == "obj" and is_model_name(method)):
                 return "generated" if method == "generate" else "tensor"
