@@ -212,6 +212,7 @@ class Project:
                               and len(n.args) == 3 and isinstance(n.args[1], ast.Constant)
                               and isinstance(n.args[1].value, str)}   # param.allreduce = False: a flag on a tensor
         self._by_lower: dict | None = None   # lower-cased class name -> [(Source, ClassDef)], built on first use
+        self.per_file: dict[int, dict] = {}   # id(Source) -> what the checkers of that file compute once
         self.looping: set[str] = set()   # names of the defs that hold a step loop (set by check.check_sources)
         self.hotmaps: dict = {}     # id(Source) -> its HotMap, once built
         self.attr_types: dict[tuple[int, str], list] = {}   # (id(cls), attr) -> classes its constructors were given

@@ -128,7 +128,10 @@ class Checker(FlowRules, CallRules, SyncRules, CopyRules, InsideRules, EnvRules,
         self.hotmap = hotmap or HotMap(src.tree, self.path, src.nodes)
         self.models = self.hotmap.models
         self.project_flags = project_flags or {}
-        self.env_makers = env_makers(src.nodes)
+        cache = self.project.per_file.setdefault(id(src), {})
+        if "env_makers" not in cache:   # a summary's scratch checker of the same file reuses it
+            cache["env_makers"] = env_makers(src.nodes)
+        self.env_makers = cache["env_makers"]
         self.local_defs = src.functions
         self.findings: dict[tuple[str, int], Finding] = {}
         self.spans: dict[tuple[str, int], range] = {}   # lines a finding's node covers (for suppression)
@@ -257,8 +260,11 @@ class Checker(FlowRules, CallRules, SyncRules, CopyRules, InsideRules, EnvRules,
         self.loaders, self.scope_node, self.chain, self.types, self.loop_stack = [], node, chain, types or {}, []
         self.functions.append(node.name)
         saved_seeding = self.seeding   # a def that calls a def holding a step loop learns what its helpers return
-        self.seeding = _seed_names(node.body, self.project.looping) \
-            if self.src.calls.get(node.name, set()) & self.project.looping else set()
+        seeds = self.project.per_file.setdefault(id(self.src), {}).setdefault("seed_names", {})
+        if id(node) not in seeds:
+            seeds[id(node)] = _seed_names(node.body, self.project.looping) \
+                if self.src.calls.get(node.name, set()) & self.project.looping else set()
+        self.seeding = seeds[id(node)]
         self.defs.append(node)
         scope: dict[str, str | None] = {}
         args = node.args
