@@ -710,3 +710,18 @@ def test_samples_of_a_distribution_of_device_tensors_are_device_tensors():
                     print(i)
     """
     assert default(body) == [("GB007", 15)]   # a GPU simulator's done flags, read one by one
+
+
+def test_sizes_a_module_hands_back_and_fill_values_are_no_device_counts():
+    body = """
+    class Net(nn.Module):
+        def forward(self, x):
+            x, feat_size = self.patch_embed(x)
+            for stage in self.stages:
+                x, feat_size = stage(x, feat_size)
+                y = x.reshape(x.shape[0], feat_size[0], feat_size[1], -1)
+                fill = y.mean()
+                pad = torch.full((2, 2), fill, device=x.device)
+            return y + pad.sum()
+    """
+    assert default(body) == []

@@ -110,6 +110,7 @@ class Kinds:
             self.scopes[-1][target.id] = kind
             self.scopes[-1].pop(target.id + "#val", None)   # no longer the constant the call passed
             self.scopes[-1].pop(target.id + "#0d", None)
+            self.scopes[-1].pop(target.id + "#part", None)
         elif isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self":
             # one kind per attribute name in the file; two different kinds leave it unknown
             old = self.self_attrs.get(target.attr, kind)

@@ -357,6 +357,8 @@ class Checker(FlowRules, CallRules, SyncRules, CopyRules, InsideRules, EnvRules,
                 and (parts := self.unpacked_kinds(value, len(node.targets[0].elts))) is not None:
             for t, k in zip(node.targets[0].elts, parts):   # a, b = helper(x): each item as the helper returns it
                 self.bind(t, k)
+                if isinstance(t, ast.Name):
+                    self.scopes[-1][t.id + "#part"] = "part"   # a helper's guess: no evidence for a size rule
             return
         k = self.kind(value)
         if zero_d:
@@ -373,6 +375,12 @@ class Checker(FlowRules, CallRules, SyncRules, CopyRules, InsideRules, EnvRules,
             self.bind(t, k)
             if k == "loader_pageable" and isinstance(t, ast.Name):
                 self.loaders.append({"name": t.id, "node": value, "scope": self.scope_node})
+            if isinstance(t, ast.Tuple) and isinstance(value, ast.Call) and not (
+                    isinstance(value.func, ast.Attribute) and self.kind(value.func.value) in TENSORISH
+                    or (self.dotted(value.func) or "").startswith("torch.")):
+                for n in t.elts:   # x, feat_size = stage(x, feat_size): a module's parts may be sizes
+                    if isinstance(n, ast.Name):
+                        self.scopes[-1][n.id + "#part"] = "part"
         aliased = value.body if isinstance(value, ast.IfExp) else value  # `a if cuda else noop`
         if self.cuda_type(aliased) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
             self.cuda_types.add(node.targets[0].id)   # Tensor = torch.cuda.FloatTensor if cuda else torch.FloatTensor

@@ -106,7 +106,8 @@ class SyncRules:
             args = [kw["k"]] if "k" in kw else node.args[1:2] if name.startswith("torch.") else node.args[:1]
         elif method in _SIZED_METHODS and self.kind(func.value) in TENSORISH or \
                 name.startswith("torch.") and name.count(".") == 1 and last in _SIZED_FACTORIES:
-            args = [e for a in node.args for e in (a.elts if isinstance(a, (ast.Tuple, ast.List)) else [a])]
+            given = node.args[:1] if last in ("full", "new_full") else node.args   # full(size, fill_value)
+            args = [e for a in given for e in (a.elts if isinstance(a, (ast.Tuple, ast.List)) else [a])]
             if method == "narrow":
                 args = args[1:]
         else:
@@ -152,8 +153,9 @@ class SyncRules:
         params = {p.arg for p in [*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs]} \
             if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) else set()
         for a in args:
+            root = a.value if isinstance(a, ast.Subscript) else a
             if isinstance(a, (ast.Name, ast.Subscript)) and self.kind(a) in TENSORISH \
-                    and not (isinstance(a, ast.Name) and a.id in params):
+                    and not (isinstance(root, ast.Name) and (root.id in params or self.lookup(root.id + "#part"))):
                 return a
         return None
 
