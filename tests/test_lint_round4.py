@@ -725,3 +725,18 @@ def test_sizes_a_module_hands_back_and_fill_values_are_no_device_counts():
             return y + pad.sum()
     """
     assert default(body) == []
+
+
+def test_empty_cache_in_a_set_up_helper_is_left_alone():
+    body = """
+    def offload(model):
+        model.to("cpu")
+        torch.cuda.empty_cache()
+
+    def train(model, loader, opt):
+        for x in loader:
+            model(x.to(DEVICE, non_blocking=True)).mean().backward()
+            opt.step()
+            offload(model)
+    """
+    assert default(body) == []

@@ -63,8 +63,9 @@ class SyncRules:
             if not (self.hotmap.bench_file or node.lineno in self.hotmap.timed
                     or any(is_bench_name(f) for f in self.functions)):
                 self.flag(node, "GB004", what=f"`{ast.unparse(func)}()`")
-        if name.endswith("torch.cuda.empty_cache") and not (   # cudaFree synchronizes the device; the cache refills
-                self.hotmap.bench_file or any(is_bench_name(f) for f in self.functions)):
+        if name.endswith("torch.cuda.empty_cache") and self.loop_stack and not (   # cudaFree synchronizes the device
+                self.hotmap.bench_file or any(is_bench_name(f) for f in self.functions)):   # (in a loop: set-up and
+            # teardown helpers that hot code seems to reach call it once, to free memory for what comes next)
             self.flag(node, "GB004", what="`torch.cuda.empty_cache()` (it frees with cudaFree, which synchronizes)")
         # GB008: data-dependent output shapes
         last = name.rsplit(".", 1)[-1]
