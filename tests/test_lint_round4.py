@@ -1,6 +1,7 @@
 """gobrrr lint, issue 29's fourth round: shapes met while reading the dev3 repositories (a diffusion
 sampler library, single-file RL scripts, a detector's label assignment, an LLM fine-tuning loop),
-each from a minimal example; and the false positives they showed, which must stay quiet."""
+each from a minimal example in the default run. The false positives they showed, which must stay
+quiet, are in test_lint_round4_quiet.py."""
 from __future__ import annotations
 
 import textwrap
@@ -17,6 +18,7 @@ def default(body: str, **kw) -> list[tuple[str, int]]:
     return sorted((f.rule, f.line - HEAD.count("\n")) for f in out)
 
 
+
 # -- what a parameter holds
 def test_a_forward_parameter_defaulting_to_none_is_still_a_tensor():
     body = """
@@ -28,67 +30,6 @@ def test_a_forward_parameter_defaulting_to_none_is_still_a_tensor():
             return x
     """
     assert ("GB002", 6) in default(body)   # `labels=None` is a tensor or nothing, not a number
-
-
-def test_as_tensor_of_a_device_tensor_stays_on_the_device():
-    body = """
-    class Precond(nn.Module):
-        def forward(self, x, sigma):
-            sigma = sigma.reshape(-1, 1)
-            return self.round_sigma(sigma) * x
-
-        def round_sigma(self, sigma):
-            sigma = torch.as_tensor(sigma)
-            return sigma.to(self.u.device).round().to(sigma.device)
-    """
-    assert default(body) == []   # neither a host copy nor a read back: sigma never left the device
-
-
-def test_a_module_taken_from_a_loaded_pickle_is_no_tensor():
-    body = """
-    import pickle
-    def generate(f, seeds, device):
-        net = pickle.load(f)['ema'].to(device)
-        for s in seeds:
-            x = torch.randn(4, device=device)
-            if net.label_dim:
-                x = x + 1
-            net(x)
-    """
-    assert default(body) == []
-
-
-def test_a_factory_with_kwargs_may_name_its_device_there():
-    body = """
-    class Rng:
-        def randint(self, *args, **kwargs):
-            return torch.stack([torch.randint(*args, **kwargs) for _ in range(2)])
-
-    def generate(net, seeds, device):
-        for s in seeds:
-            rnd = Rng()
-            labels = torch.eye(10, device=device)[rnd.randint(10, size=[4], device=device)]
-            net(labels)
-    """
-    assert default(body) == []   # no host index: the device came in **kwargs
-
-
-def test_a_method_of_torch_is_not_a_project_method_of_that_name():
-    body = """
-    class MinTree:
-        def min(self, start=0, end=None):
-            if end < 0:
-                end = 1
-            return end
-
-    def train(model, loader, opt):
-        for x, y in loader:
-            q1, q2 = model(x)
-            loss = torch.min(q1, q2).mean()
-            loss.backward()
-            opt.step()
-    """
-    assert default(body) == []   # torch.min never runs MinTree.min
 
 
 # -- branches a call never takes
@@ -152,21 +93,6 @@ def test_a_device_scalar_handed_over_as_a_count_or_size():
             return cost.view(-1, cost.shape[1])
     """
     assert default(body) == [("GB002", 7), ("GB002", 8), ("GB002", 10)]
-
-
-def test_the_kinds_after_a_try_are_the_main_paths_not_the_handlers():
-    body = """
-    def train(model, loader, opt):
-        for x in loader:
-            try:
-                n = int(x.shape[0])
-            except RuntimeError:
-                n = model(x)
-            buf = model(x).new_zeros((n, 4))
-            buf.sum().backward()
-            opt.step()
-    """
-    assert default(body) == []   # the handler's fallback does not make n a tensor
 
 
 # -- rare branches
@@ -377,34 +303,6 @@ def test_a_helper_reached_through_a_star_import_of_a_package(tmp_path):
     assert ("boxes.py", 6, "GB008") in found
 
 
-# -- Python attributes set on tensors
-def test_attributes_guarded_by_hasattr_or_read_with_getattr_are_no_tensors():
-    body = """
-    def param_is_not_shared(param):
-        return not hasattr(param, 'shared') or not param.shared
-
-    def param_is_not_duplicate(param, group=None):
-        if hasattr(param, "tensor_model_parallel") and param.tensor_model_parallel:
-            return True
-        return group.rank() == 0
-
-    def grad_norm(model):
-        total = []
-        for p in model.parameters():
-            is_expert = not getattr(p, 'allreduce', True)
-            if is_expert and param_is_not_shared(p) and param_is_not_duplicate(p):
-                total.append(p.grad.norm())
-        return total
-
-    def train(model, loader, opt):
-        for x in loader:
-            model(x).mean().backward()
-            norms = grad_norm(model)
-            opt.step()
-    """
-    assert default(body) == []
-
-
 def test_objects_built_from_a_config_are_found_by_their_class_or_keywords():
     body = """
     class AugmentPipe:
@@ -518,29 +416,6 @@ def test_a_normal_kept_on_self_is_sampled_every_rollout_step():
     assert ("GB013", 10) in default(body)
 
 
-def test_a_flag_the_project_sets_on_parameters_is_no_tensor():
-    body = """
-    def mark(model):
-        for p in model.parameters():
-            p.sequence_parallel = True
-            setattr(p, "allreduce", False)
-
-    def sync_grads(model):
-        for p in model.parameters():
-            if p.sequence_parallel and p.allreduce:
-                p.grad.mul_(2)
-            if p.grad.isnan().any():
-                p.grad.zero_()
-
-    def train(model, loader, opt):
-        for x in loader:
-            model(x).mean().backward()
-            sync_grads(model)
-            opt.step()
-    """
-    assert default(body) == [("GB007", 11)]   # the nan check is a real sync; the flags are Python bools
-
-
 def test_what_a_transform_makes_of_a_numpy_image_is_copied_from_the_host():
     body = """
     from PIL import Image
@@ -637,23 +512,6 @@ def test_the_builtin_max_of_device_tensors_compares_on_the_host():
     assert default(body) == [("GB002", 5), ("GB002", 6)]
 
 
-def test_numpy_arithmetic_stays_numpy():
-    body = """
-    class Buffer:
-        def update_priorities(self, idx, priorities):
-            priorities = np.abs(priorities) + self.eps
-            self.max_priority = max(self.max_priority, priorities.max())
-
-    def train(model, rb, opt):
-        for step in range(100):
-            loss = model(step).mean()
-            loss.backward()
-            opt.step()
-            rb.update_priorities(None, loss.detach().cpu().numpy())
-    """
-    assert ("GB002", 5) not in default(body)
-
-
 def test_a_branch_one_call_skips_and_another_takes_is_walked():
     body = """
     from torch.distributions import Normal
@@ -679,18 +537,6 @@ def test_a_branch_one_call_skips_and_another_takes_is_walked():
     assert ("GB001", 9) in default(body)   # the update's call passes an action: the else way runs there
 
 
-def test_an_optional_parameter_no_caller_typed_is_not_read_back():
-    body = """
-    from torch.nn.utils.rnn import pack_padded_sequence
-    class Encoder(nn.Module):
-        def forward(self, x, lengths=None):
-            if lengths is not None:
-                x = pack_padded_sequence(x, lengths.cpu(), batch_first=True)
-            return self.rnn(x)
-    """
-    assert default(body) == []   # lengths may well be a host tensor: its .cpu() is then free
-
-
 def test_samples_of_a_distribution_of_device_tensors_are_device_tensors():
     body = """
     from torch.distributions import Categorical
@@ -710,33 +556,3 @@ def test_samples_of_a_distribution_of_device_tensors_are_device_tensors():
                     print(i)
     """
     assert default(body) == [("GB007", 15)]   # a GPU simulator's done flags, read one by one
-
-
-def test_sizes_a_module_hands_back_and_fill_values_are_no_device_counts():
-    body = """
-    class Net(nn.Module):
-        def forward(self, x):
-            x, feat_size = self.patch_embed(x)
-            for stage in self.stages:
-                x, feat_size = stage(x, feat_size)
-                y = x.reshape(x.shape[0], feat_size[0], feat_size[1], -1)
-                fill = y.mean()
-                pad = torch.full((2, 2), fill, device=x.device)
-            return y + pad.sum()
-    """
-    assert default(body) == []
-
-
-def test_empty_cache_in_a_set_up_helper_is_left_alone():
-    body = """
-    def offload(model):
-        model.to("cpu")
-        torch.cuda.empty_cache()
-
-    def train(model, loader, opt):
-        for x in loader:
-            model(x.to(DEVICE, non_blocking=True)).mean().backward()
-            opt.step()
-            offload(model)
-    """
-    assert default(body) == []
