@@ -512,7 +512,7 @@ def test_killing_the_torchrun_launcher_ends_its_ranks(tmp_path):
 
 def test_a_wrong_master_port_fails_fast_naming_address_port_and_world_size(tmp_path):
     port = free_port()
-    env = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "GOBRRR_DIST_RENDEZVOUS_TIMEOUT_S": "3",
+    env = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "GOBRRR_DIST_RENDEZVOUS_TIMEOUT_S": "1",
            "TORCH_CPP_LOG_LEVEL": "FATAL"}
     args = TINY + ["--steps", "2", "--out", str(tmp_path / "run")]
     t0 = time.monotonic()
