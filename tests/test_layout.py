@@ -1,4 +1,5 @@
-"""No import cycle between any two files of gobrrr (issue 27), imports inside functions included.
+"""The package's layout (issue 27): no import cycle between any two files of gobrrr, imports inside functions
+included, and no file over 500 lines.
 
 The graph is built from the source with ast, one node per file (a package is its __init__.py):
 `import a.b` and `from a.b import name` are edges to the file a/b.py (or a/b/__init__.py), and
@@ -102,3 +103,9 @@ def test_no_import_cycle_between_files():
     if cycles:
         pytest.fail("import cycles: " + "; ".join(cycles) + ". Move what both files need into a third file "
                     "(a TYPE_CHECKING import counts too, as it does for the import-linter contract)")
+
+
+def test_no_file_of_the_package_is_over_500_lines():
+    """One concept per file, small enough to read at a sitting (issue 27; DESIGN.md): split a file that grows past it."""
+    long = {str(f.relative_to(ROOT)): n for f in PKG.rglob("*.py") if (n := len(f.read_text().splitlines())) > 500}
+    assert not long, f"over 500 lines: {long}; split each by concept"

@@ -18,10 +18,11 @@ from __future__ import annotations
 import ast
 import re
 
-from gobrrr.lint.graph import Project, Source
+from gobrrr.lint.graph import Project
 from gobrrr.lint.hot import HotMap
-from gobrrr.lint.kinds import TENSOR_METHODS, TENSORISH
 from gobrrr.lint.loops import name_of
+from gobrrr.lint.names import TENSOR_METHODS, TENSORISH
+from gobrrr.lint.source import Source
 
 MAX_DEPTH = 4   # calls followed from a hot loop into the project's functions
 

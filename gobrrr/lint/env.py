@@ -19,8 +19,8 @@ from __future__ import annotations
 import ast
 import re
 
-from gobrrr.lint.kinds import TENSORISH
 from gobrrr.lint.loops import env_steps, is_env_name, name_of, own_level
+from gobrrr.lint.names import TENSORISH
 
 _READS = {"cpu", "numpy", "item", "tolist"}
 _ROUND_TRIP = {"GB001", "GB002", "GB005", "GB009", "GB010"}

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import ast
 
-from gobrrr.lint.kinds import BATCHES, ITEM_KIND, TENSORISH
 from gobrrr.lint.loops import name_of
+from gobrrr.lint.names import BATCHES, ITEM_KIND, TENSORISH
 
 _MISSING = object()
 _PASS_THROUGH = {"list", "tuple", "tqdm", "reversed", "trange"}   # iterating them gives their argument's items

@@ -28,7 +28,6 @@ from __future__ import annotations
 import ast
 import re
 
-from gobrrr.lint.graph import walk
 from gobrrr.lint.loops import (
     LOOPS,
     OPTIM,
@@ -40,6 +39,7 @@ from gobrrr.lint.loops import (
     step_loops,
     stepping_defs,
 )
+from gobrrr.lint.source import walk
 
 # names in a condition that make the branch rare: logging, evaluation, saving, the first step
 _RARE_WORDS = {"log", "logging", "print", "interval", "every", "freq", "frequency", "first",
@@ -99,7 +99,7 @@ def _ends_flow(body: list[ast.stmt], in_loop: bool = True) -> bool:
 
 class HotMap:
     """The step loops, hooks, rare branches and timed syncs of one module (see the module doc).
-    `nodes`: the module's nodes in one flat list (graph.walk); `module_classes`: the names of
+    `nodes`: the module's nodes in one flat list (source.walk); `module_classes`: the names of
     the project's nn.Module classes; `facts`: loops.Facts with the project's updating defs."""
 
     def __init__(self, tree: ast.Module, path: str = "", nodes: list[ast.AST] | None = None,

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import ast
 
-from gobrrr.lint.kinds import TENSORISH
+from gobrrr.lint.names import TENSORISH
 
 _BARRIERS = ("torch.distributed.barrier", "dist.barrier", "wait_for_everyone", "xm.rendezvous",
              "torch_xla.core.xla_model.rendezvous")

@@ -19,7 +19,7 @@ from __future__ import annotations
 import ast
 
 from gobrrr.lint.hot import iterates, own_nodes, root_name
-from gobrrr.lint.kinds import BATCHES, DATA_FACTORIES, DTYPE_METHODS, FACTORIES, HOSTISH, TENSORISH, VIEW_METHODS
+from gobrrr.lint.names import BATCHES, DATA_FACTORIES, DTYPE_METHODS, FACTORIES, HOSTISH, TENSORISH, VIEW_METHODS
 
 _HOST_INDEX = {"numpy", "host", "pinned", "hlist"}
 

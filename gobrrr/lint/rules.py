@@ -20,12 +20,14 @@ from dataclasses import asdict, dataclass, field
 from gobrrr.lint.calls import MAX_DEPTH, CallRules
 from gobrrr.lint.env import EnvRules, env_makers
 from gobrrr.lint.flow import FlowRules
-from gobrrr.lint.graph import Project, Source
+from gobrrr.lint.graph import Project
 from gobrrr.lint.hot import HotMap, is_model_name
 from gobrrr.lint.inside import InsideRules
-from gobrrr.lint.kinds import DEVICE_WRAPPERS, LOADERS_PINNED, TENSORISH, Kinds
+from gobrrr.lint.kinds import Kinds
 from gobrrr.lint.loops import name_of
 from gobrrr.lint.moves import CopyRules
+from gobrrr.lint.names import DEVICE_WRAPPERS, LOADERS_PINNED, TENSORISH
+from gobrrr.lint.source import Source
 from gobrrr.lint.sync import SyncRules
 
 RULES = {

@@ -9,8 +9,8 @@ import ast
 import re
 
 from gobrrr.lint.hot import is_bench_name
-from gobrrr.lint.kinds import DATA_DEPENDENT, HOSTISH, TENSORISH
 from gobrrr.lint.loops import name_of
+from gobrrr.lint.names import DATA_DEPENDENT, HOSTISH, TENSORISH
 
 READS = {"item", "cpu", "tolist", "numpy"}
 _ANSWERS = {"equal", "allclose", "is_nonzero"}   # torch ops that return a Python bool: read on the host

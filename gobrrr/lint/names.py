@@ -1,0 +1,66 @@
+"""The names torch, Python and the common training libraries give to what they return, grouped by kind.
+
+kinds.py reads these tables to give a name its kind (what it holds); the rules read the groups of kinds
+(TENSORISH, HOSTISH, BATCHES) to decide what may sync. A table per question:
+
+    FACTORIES, DATA_FACTORIES   torch functions that make a tensor (from nothing / from host data)
+    NUMBER_*, STR_METHODS       attributes and methods that answer with a Python number or string
+    NOT_TENSOR_*                methods and torch functions that never give a tensor
+    MASK_FUNCS, DATA_DEPENDENT  ops that give a boolean mask / a data-dependent shape (nonzero, unique)
+    VIEW_METHODS, DTYPE_METHODS, TENSOR_METHODS    tensor methods that keep the tensor's device
+    DEVICE_WRAPPERS, LOADERS_PINNED                 calls that put a loader's batches on the device / pin them
+    TENSORISH, HOSTISH, BATCHES, ITEM_KIND          groups of kinds, and what iterating a kind gives
+"""
+from __future__ import annotations
+
+FACTORIES = {"randn", "rand", "randint", "randperm", "zeros", "ones", "empty", "full", "arange", "linspace",
+             "logspace", "eye", "tensor", "as_tensor", "normal", "bernoulli", "tril_indices", "triu_indices",
+             "Tensor", "FloatTensor", "LongTensor", "IntTensor", "BoolTensor", "HalfTensor", "DoubleTensor",
+             "ByteTensor"}
+DATA_FACTORIES = {"tensor", "as_tensor", "Tensor", "FloatTensor", "LongTensor", "IntTensor", "BoolTensor",
+                  "HalfTensor", "DoubleTensor", "ByteTensor", "from_numpy"}
+NUMBER_ATTRS = {"shape", "ndim", "dtype", "device", "is_cuda", "requires_grad", "is_leaf", "itemsize", "nbytes",
+                "training", "layout", "is_sparse", "is_quantized", "is_meta", "names"}
+NUMBER_METHODS = {"item", "size", "dim", "numel", "nelement", "ndimension", "element_size", "get_device",
+                  "data_ptr", "is_pinned", "is_contiguous", "is_floating_point", "stride", "storage_offset",
+                  "is_complex", "is_set_to", "is_shared", "is_signed", "is_inference",
+                  "endswith", "startswith", "isdigit", "isalpha", "isalnum", "isspace", "islower", "isupper",
+                  "isidentifier", "isnumeric", "isdecimal", "count", "find", "index", "rfind", "__len__"}
+STR_METHODS = {"batch_decode", "convert_ids_to_tokens", "lower", "upper", "strip", "lstrip", "rstrip", "replace",
+               "join", "format", "capitalize", "title", "removeprefix", "removesuffix", "zfill", "ljust", "rjust",
+               "center", "casefold", "encode", "decode"}
+NOT_TENSOR_METHODS = {"parameters", "named_parameters", "buffers", "named_buffers", "modules", "named_modules",
+                      "children", "named_children", "state_dict", "keys", "items", "values", "get", "train", "eval",
+                      "zero_grad", "register_hook", "register_forward_hook", "apply", "append", "extend", "update",
+                      "type", "tolist", "split_with_sizes", "untyped_storage", "storage", "__class__"}
+MASK_FUNCS = {"isnan", "isinf", "isfinite", "logical_and", "logical_or", "logical_not", "logical_xor",
+              "eq", "ne", "gt", "ge", "lt", "le", "isin", "isclose", "signbit", "isneginf", "isposinf"}
+NUM_BUILTINS = {"len", "int", "float", "bool", "round", "ord", "hash", "isinstance", "issubclass", "hasattr", "type",
+                "callable", "id", "any", "all"}
+NOT_TENSOR_TORCH = {"is_tensor", "is_floating_point", "is_complex", "is_nonzero", "is_storage", "is_grad_enabled",
+                    "is_inference_mode_enabled", "is_autocast_enabled", "numel", "device", "dtype", "no_grad",
+                    "inference_mode", "manual_seed", "seed", "save", "load", "compile", "set_grad_enabled",
+                    "enable_grad", "get_default_dtype", "set_default_dtype", "Generator", "Size", "finfo", "iinfo",
+                    "set_float32_matmul_precision", "use_deterministic_algorithms", "equal", "set_printoptions",
+                    "autocast", "get_rng_state", "set_rng_state", "typename", "result_type", "promote_types",
+                    "can_cast", "get_num_threads", "set_num_threads"}
+VIEW_METHODS = {"view", "reshape", "narrow", "squeeze", "unsqueeze", "flatten", "permute", "transpose", "t",
+                "expand", "select", "split", "chunk", "unbind", "detach", "view_as", "contiguous"}
+DTYPE_METHODS = {"float", "half", "bfloat16", "double", "long", "int", "short", "bool", "byte", "char", "type_as"}
+# methods that name a tensor operation: on an unknown receiver, evidence that it is a tensor
+TENSOR_METHODS = {"any", "all", "sum", "mean", "max", "min", "norm", "argmax", "argmin", "std", "var", "detach", "abs",
+                  "sqrt", "exp", "log", "softmax", "log_softmax", "float", "half", "bfloat16", "clone", "squeeze",
+                  "unsqueeze", "view", "reshape", "argsort", "topk"}
+DATA_DEPENDENT = {"nonzero", "unique", "unique_consecutive", "masked_select", "argwhere"}
+DEVICE_WRAPPERS = {"prepare", "prepare_data_loader", "setup_dataloaders"}   # accelerate / Lightning Fabric
+LOADERS_PINNED = {"Prefetcher", "PinnedWorkerLoader", "from_dataloader"}
+TENSORISH = {"tensor", "mask", "generated"}   # generated: model.generate()'s tokens, made to be read on the host
+BATCHES = {"batch_host", "batch_pinned", "batch", "batch_tok"}   # batch_tok: a tokenizer's return_tensors="pt" output
+HOSTISH = {"num", "host", "pinned", "numpy", "str", "ttype", "obj", "hlist", "cpudev", "loader_pinned", "loader_pageable",
+           "loader_device",
+           "loader", *BATCHES}
+# what iterating (or unpacking) a value of one kind gives
+ITEM_KIND = {"loader_pageable": "batch_host", "loader_pinned": "batch_pinned", "loader_device": "tensor",
+             "loader": "batch", "host": "host", "pinned": "pinned", "tensor": "tensor", "mask": "tensor",
+             "batch_host": "batch_host", "batch_pinned": "batch_pinned", "batch": "batch", "numpy": "numpy",
+             "tlist": "tensor", "hlist": "hlist"}

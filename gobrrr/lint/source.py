@@ -1,0 +1,144 @@
+"""One checked file, parsed and indexed once per run: what the call graph (graph.py) needs of it.
+
+    parse      the file's module-level functions, its classes, its imports (star imports kept
+               apart), the classes assigned to names (`net = QNetwork(...)`, `self.crit =
+               SetCriterion(...)`), constructor calls per scope, and per def its class and the def it
+               is nested in; `self.attr = param` in `__init__` so that a constructor's callers type it
+    walk       every node of a tree in one flat list (cheaper than ast.walk), and per def the names
+               it calls
+"""
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFS = (ast.FunctionDef, ast.AsyncFunctionDef)
+
+
+def walk(tree: ast.AST, calls: dict[str, set[str]] | None = None) -> list[ast.AST]:
+    """Every node below `tree` (itself first), in one flat list: one pass, cheaper than ast.walk.
+    With `calls`, also fill def name -> the names it calls (a nested def's calls are its own)."""
+    out = []
+    stack = [(tree, None)]
+    AST, Call, Def = ast.AST, ast.Call, (ast.FunctionDef, ast.AsyncFunctionDef)
+    while stack:
+        node, owner = stack.pop()
+        out.append(node)
+        if calls is not None:
+            if isinstance(node, Def):
+                owner = calls.setdefault(node.name, set())
+            elif owner is not None and isinstance(node, Call):
+                f = node.func
+                owner.add(f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else "")
+        for name in node._fields:
+            v = getattr(node, name, None)
+            if v.__class__ is list:
+                stack.extend((x, owner) for x in reversed(v) if isinstance(x, AST))
+            elif isinstance(v, AST):
+                stack.append((v, owner))
+    return out
+
+
+@dataclass(eq=False)
+class Source:
+    """One parsed file and what the call graph needs of it."""
+    path: Path
+    text: str
+    tree: ast.Module
+    nodes: list[ast.AST]
+    functions: dict[str, ast.AST] = field(default_factory=dict)     # module-level defs
+    classes: dict[str, ast.ClassDef] = field(default_factory=dict)  # every class of the file, by name
+    imports: dict[str, tuple[str, str | None]] = field(default_factory=dict)   # local -> (module, name or None)
+    owner: dict[int, ast.ClassDef] = field(default_factory=dict)    # id(method) -> its class
+    parent: dict[int, ast.AST] = field(default_factory=dict)        # id(def) -> the def it is nested in
+    instances: dict[tuple[int, str], list[ast.expr]] = field(default_factory=dict)  # (id(scope), name) -> made by
+    ctor_calls: list[tuple[ast.AST | None, ast.Call]] = field(default_factory=list)  # `x = Cls(a, k=b)`, in scope
+    param_attrs: dict[tuple[int, str], list[str]] = field(default_factory=dict)  # (id(cls), param) -> self.attrs
+    calls: dict[str, set[str]] = field(default_factory=dict)   # def name -> the names it calls
+    stars: list[str] = field(default_factory=list)   # modules imported with `from .boxes import *`
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+
+def parse(path: Path, text: str) -> Source:
+    """Parse and index one file; SyntaxError / RecursionError propagate to the caller."""
+    tree = ast.parse(text, filename=str(path))
+    calls: dict[str, set[str]] = {}
+    src = Source(path, text, tree, walk(tree, calls))
+    src.calls = calls
+    src.functions = {s.name: s for s in tree.body if isinstance(s, DEFS)}
+    _index_scopes(src, tree, None, None)
+    for node in src.nodes:
+        if isinstance(node, ast.ClassDef):
+            src.classes.setdefault(node.name, node)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0 or \
+                isinstance(node, ast.ImportFrom) and node.level:
+            base = ("." * node.level) + (node.module or "")
+            for a in node.names:
+                if a.name == "*":
+                    src.stars.append(base)
+                    continue
+                src.imports[a.asname or a.name] = (base, a.name)
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.asname:
+                    src.imports[a.asname] = (a.name, None)
+                else:
+                    src.imports.setdefault(a.name.split(".")[0], (a.name.split(".")[0], None))
+    return src
+
+
+def _index_scopes(src: Source, node: ast.AST, scope: ast.AST | None, cls: ast.ClassDef | None) -> None:
+    """Record each def's class and parent def, and `name = Cls(...)` assignments per scope."""
+    for child in _statements(node):
+        if isinstance(child, DEFS):
+            if cls is not None:
+                src.owner[id(child)] = cls
+            if scope is not None:
+                src.parent[id(child)] = scope
+            _index_scopes(src, child, child, None)
+        elif isinstance(child, ast.ClassDef):
+            _index_scopes(src, child, scope, child)
+        else:
+            if isinstance(child, (ast.Assign, ast.AnnAssign)) and child.value is not None:
+                made = _constructed(child.value)
+                targets = child.targets if isinstance(child, ast.Assign) else [child.target]
+                owner = src.owner.get(id(scope)) if scope is not None else None
+                if made is not None:
+                    if isinstance(made, ast.Call):
+                        src.ctor_calls.append((scope, made))
+                    for t in targets:
+                        if isinstance(t, ast.Name):
+                            src.instances.setdefault((id(scope), t.id), []).append(made)
+                        elif isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self" \
+                                and owner is not None:
+                            src.instances.setdefault((id(owner), t.attr), []).append(made)
+                elif owner is not None and getattr(scope, "name", "") == "__init__" and isinstance(child.value, ast.Name):
+                    for t in targets:   # self.matcher = matcher: typed by the constructor's callers
+                        if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
+                            src.param_attrs.setdefault((id(owner), child.value.id), []).append(t.attr)
+            _index_scopes(src, child, scope, cls)
+
+
+def _statements(node: ast.AST):
+    for name in ("body", "orelse", "finalbody", "handlers", "cases"):
+        for child in getattr(node, name, None) or ():
+            if isinstance(child, ast.AST):
+                yield child
+
+
+def _constructed(value: ast.AST) -> ast.expr | None:
+    """The call that makes an object: `Cls(...)`, `mod.Cls(...)`, `Cls(...).to(dev)`, `build_matcher(args)`
+    (a factory: its returns say the class)."""
+    while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) \
+            and value.func.attr in ("to", "cuda", "eval", "train", "half", "float", "bfloat16"):
+        value = value.func.value
+    if isinstance(value, ast.Call) and isinstance(value.func, (ast.Name, ast.Attribute)):
+        return value
+    return None
+
+
+__all__ = ["DEFS", "Source", "parse", "walk"]
