@@ -556,3 +556,21 @@ def test_samples_of_a_distribution_of_device_tensors_are_device_tensors():
                     print(i)
     """
     assert default(body) == [("GB007", 15)]   # a GPU simulator's done flags, read one by one
+
+
+def test_objects_made_by_one_tuple_assignment_are_followed_into_their_methods():
+    body = """
+    class Actor(nn.Module):
+        def act(self, obs):
+            return self.net(obs).argmax().item()
+    class Critic(nn.Module):
+        def act(self, obs):   # the same method name: only the tuple's pairing says which class `actor` is
+            return self.net(obs)
+    def rollout(env, obs):
+        actor, critic = Actor(), Critic()
+        for step in range(24):
+            obs = torch.as_tensor(obs, device=DEVICE)
+            action = actor.act(obs)
+            obs, reward, done, info = env.step(action)
+    """
+    assert ("GB002", 4) in default(body)   # .item() in Actor.act, reached through `actor` of the tuple

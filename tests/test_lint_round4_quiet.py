@@ -200,3 +200,32 @@ def test_empty_cache_in_a_set_up_helper_is_left_alone():
             offload(model)
     """
     assert default(body) == []
+
+
+def test_a_sibling_class_s_distribution_is_not_the_normal_of_another():
+    """One attribute name, three classes (a Gaussian, a categorical and a Bernoulli action head, as RL libraries
+    write them): only the Gaussian's `self.distribution.sample()` calls torch.normal."""
+    body = """
+    from torch.distributions import Bernoulli, Categorical, Normal
+    class Gaussian:
+        def act(self, mean):
+            self.distribution = Normal(mean, mean.exp(), validate_args=False)
+            return self.distribution.sample()
+    class Cat:
+        def act(self, logits):
+            self.distribution = Categorical(logits=logits, validate_args=False)
+            return self.distribution.sample()
+    class Bits:
+        def act(self, logits):
+            self.distribution = Bernoulli(logits=logits, validate_args=False)
+            return self.distribution.sample()
+    def rollout(policy, env, obs):
+        gauss = Gaussian()
+        cat = Cat()
+        bits = Bits()
+        for step in range(24):
+            mean = policy(obs)
+            actions = (gauss.act(mean), cat.act(mean), bits.act(mean))
+            obs, rewards, dones, infos = env.step(actions)
+    """
+    assert [f for f in default(body) if f[0] == "GB013"] == [("GB013", 6)]   # the Gaussian's sample alone

@@ -44,7 +44,8 @@ class InsideRules:
             return
         v = func.value if method == "sample" else None
         if isinstance(v, ast.Name) and self.lookup(v.id + _NORMAL) or isinstance(v, ast.Attribute) \
-                and isinstance(v.value, ast.Name) and v.value.id == "self" and v.attr in self.normal_attrs:
+                and isinstance(v.value, ast.Name) and v.value.id == "self" \
+                and any((c, v.attr) in self.normal_attrs for c in self.self_classes()):
             self.flag(node, "GB013", what="`Normal.sample()` (torch.normal with a tensor std checks std >= 0 on the host)",
                       fix="draw with .rsample() (loc + scale * randn), which checks nothing on the host")
             return
@@ -89,13 +90,25 @@ class InsideRules:
                     if isinstance(t, ast.Name):
                         self.scopes[-1][t.id + _NORMAL] = "normal"
                     elif isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
-                        self.normal_attrs.add(t.attr)   # self.distribution = Normal(mean, std)
+                        for c in self.self_classes()[:1]:   # self.distribution = Normal(mean, std), in class c
+                            self.normal_attrs.add((c, t.attr))
             if self.validated_dist(v, self.dotted(v.func) or "", kw):
                 for t in node.targets:
                     if isinstance(t, ast.Name):
                         self.scopes[-1][t.id + _DIST] = "dist"
                     elif isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
                         self.dist_attrs.add(t.attr)   # self.distribution = Normal(mean, std)
+
+    def self_classes(self) -> list[str]:
+        """The class of the method being walked, then its bases (by name, as far as this file defines them):
+        `self.distribution` of a Normal in one class is not the Categorical of its sibling."""
+        cls = self.src.owner.get(id(self.defs[-1])) if self.defs else None
+        out: list[str] = []
+        while cls is not None and cls.name not in out:
+            out.append(cls.name)
+            bases = [b.id for b in cls.bases if isinstance(b, ast.Name)]
+            cls = self.src.classes.get(bases[0]) if bases else None
+        return out
 
     def validation_off(self, kw) -> bool:
         v = kw.get("validate_args")

@@ -159,7 +159,7 @@ class Checker(FlowRules, CallRules, SyncRules, CopyRules, InsideRules, EnvRules,
         self.seeds: list[tuple] = []            # (Source, def holding a step loop, kinds of its parameters)
         self.left = False                       # this call has returned (flow.static_truth): the rest is dead
         self.mask_lists: set[str] = set()       # lists that masks are appended to (torch.cat of them is a mask)
-        self.normal_attrs: set[str] = set()     # self attributes bound to a Normal of device tensors (inside)
+        self.normal_attrs: set[tuple[str, str]] = set()   # (class, self attribute) bound to a Normal (inside)
         self.dist_attrs: set[str] = set()       # self attributes bound to a validated distribution (inside)
         self.summary_depth = 0                  # > 0 in a scratch walk that only learns what a def returns
         self.collect: ast.AST | None = None     # that def

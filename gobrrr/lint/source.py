@@ -103,7 +103,11 @@ def _index_scopes(src: Source, node: ast.AST, scope: ast.AST | None, cls: ast.Cl
         elif isinstance(child, ast.ClassDef):
             _index_scopes(src, child, scope, child)
         else:
-            if isinstance(child, (ast.Assign, ast.AnnAssign)) and child.value is not None:
+            if isinstance(child, ast.Assign) and len(child.targets) == 1 and isinstance(child.targets[0], ast.Tuple) \
+                    and isinstance(child.value, ast.Tuple) and len(child.targets[0].elts) == len(child.value.elts):
+                for t, v in zip(child.targets[0].elts, child.value.elts):   # `actor, critic = Actor(), Critic()`
+                    _index_scopes(src, ast.Module(body=[ast.Assign(targets=[t], value=v)], type_ignores=[]), scope, cls)
+            elif isinstance(child, (ast.Assign, ast.AnnAssign)) and child.value is not None:
                 made = _constructed(child.value)
                 targets = child.targets if isinstance(child, ast.Assign) else [child.target]
                 owner = src.owner.get(id(scope)) if scope is not None else None
