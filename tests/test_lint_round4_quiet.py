@@ -229,3 +229,27 @@ def test_a_sibling_class_s_distribution_is_not_the_normal_of_another():
             obs, rewards, dones, infos = env.step(actions)
     """
     assert [f for f in default(body) if f[0] == "GB013"] == [("GB013", 6)]   # the Gaussian's sample alone
+
+
+def test_log_prob_of_a_validated_distribution_is_flagged_in_its_own_class_only():
+    body = """
+    from torch.distributions import Categorical
+    class Checked:
+        def score(self, logits, a):
+            self.distribution = Categorical(logits=logits)
+            return self.distribution.log_prob(a)
+    class Fast:
+        def score(self, logits, a):
+            self.distribution = Categorical(logits=logits, validate_args=False)
+            return self.distribution.log_prob(a)
+    def rollout(policy, env, obs, a):
+        checked = Checked()
+        fast = Fast()
+        for step in range(24):
+            logits = policy(obs)
+            out = (checked.score(logits, a), fast.score(logits, a))
+            obs, rewards, dones, infos = env.step(out)
+    """
+    gb013 = [f for f in default(body) if f[0] == "GB013"]
+    assert ("GB013", 5) in gb013 and ("GB013", 6) in gb013   # the validated build and its log_prob
+    assert not [f for f in gb013 if f[1] >= 8]                # the unvalidated sibling stays quiet

@@ -36,16 +36,11 @@ class InsideRules:
         if dist:
             self.flag(node, "GB013", what=f"`{dist}(...)` built with argument validation on", fix=_FIX)
             return
-        v = func.value if method == "log_prob" else None
-        if isinstance(v, ast.Name) and self.lookup(v.id + _DIST) or isinstance(v, ast.Attribute) \
-                and isinstance(v.value, ast.Name) and v.value.id == "self" and v.attr in self.dist_attrs:
+        if method == "log_prob" and self.bound_to(func.value, _DIST, self.dist_attrs):
             self.flag(node, "GB013", what="`log_prob()` of a distribution built with argument validation on "
                                           "(the sample is checked on the host)", fix=_FIX)
             return
-        v = func.value if method == "sample" else None
-        if isinstance(v, ast.Name) and self.lookup(v.id + _NORMAL) or isinstance(v, ast.Attribute) \
-                and isinstance(v.value, ast.Name) and v.value.id == "self" \
-                and any((c, v.attr) in self.normal_attrs for c in self.self_classes()):
+        if method == "sample" and self.bound_to(func.value, _NORMAL, self.normal_attrs):
             self.flag(node, "GB013", what="`Normal.sample()` (torch.normal with a tensor std checks std >= 0 on the host)",
                       fix="draw with .rsample() (loc + scale * randn), which checks nothing on the host")
             return
@@ -85,19 +80,26 @@ class InsideRules:
             for t in node.targets:   # its samples, log_prob and entropy are device tensors
                 if made and isinstance(t, ast.Name):
                     self.scopes[-1][t.id + _DEVICE_DIST] = "dist"
-            if made == "Normal":
-                for t in node.targets:   # its .sample() calls torch.normal(loc, scale), validation or not
-                    if isinstance(t, ast.Name):
-                        self.scopes[-1][t.id + _NORMAL] = "normal"
-                    elif isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
-                        for c in self.self_classes()[:1]:   # self.distribution = Normal(mean, std), in class c
-                            self.normal_attrs.add((c, t.attr))
+            if made == "Normal":   # its .sample() calls torch.normal(loc, scale), validation or not
+                self.bind_to(node.targets, _NORMAL, self.normal_attrs)
             if self.validated_dist(v, self.dotted(v.func) or "", kw):
-                for t in node.targets:
-                    if isinstance(t, ast.Name):
-                        self.scopes[-1][t.id + _DIST] = "dist"
-                    elif isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
-                        self.dist_attrs.add(t.attr)   # self.distribution = Normal(mean, std)
+                self.bind_to(node.targets, _DIST, self.dist_attrs)
+
+    def bind_to(self, targets, key: str, attrs: set[tuple[str, str]]) -> None:
+        """Mark each target as holding such a distribution: a name in this scope (its key appended), or
+        `self.distribution` in the class of the method being walked."""
+        for t in targets:
+            if isinstance(t, ast.Name):
+                self.scopes[-1][t.id + key] = key[1:]   # "dist" or "normal", as lookup() reads it
+            elif isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
+                attrs.update((c, t.attr) for c in self.self_classes()[:1])
+
+    def bound_to(self, v: ast.AST, key: str, attrs: set[tuple[str, str]]) -> bool:
+        """`v` holds what bind_to marked: a name, or `self.x` set in this method's class or one of its bases."""
+        if isinstance(v, ast.Name):
+            return bool(self.lookup(v.id + key))
+        return isinstance(v, ast.Attribute) and isinstance(v.value, ast.Name) and v.value.id == "self" \
+            and any((c, v.attr) in attrs for c in self.self_classes())
 
     def self_classes(self) -> list[str]:
         """The class of the method being walked, then its bases (by name, as far as this file defines them):

@@ -160,7 +160,7 @@ class Checker(FlowRules, CallRules, SyncRules, CopyRules, InsideRules, EnvRules,
         self.left = False                       # this call has returned (flow.static_truth): the rest is dead
         self.mask_lists: set[str] = set()       # lists that masks are appended to (torch.cat of them is a mask)
         self.normal_attrs: set[tuple[str, str]] = set()   # (class, self attribute) bound to a Normal (inside)
-        self.dist_attrs: set[str] = set()       # self attributes bound to a validated distribution (inside)
+        self.dist_attrs: set[tuple[str, str]] = set()     # (class, self attribute) bound to a validated one
         self.summary_depth = 0                  # > 0 in a scratch walk that only learns what a def returns
         self.collect: ast.AST | None = None     # that def
         self.returns: list = []                 # the kinds of its return values
