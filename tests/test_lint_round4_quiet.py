@@ -3,18 +3,7 @@ and a few large public ones (Megatron-LM, timm, diffusers), each from a minimal 
 stay quiet in the default run. The new shapes it finds are in test_lint_round4.py."""
 from __future__ import annotations
 
-import textwrap
-
-from gobrrr.lint.check import lint_source
-
-HEAD = "import torch\nimport numpy as np\nimport torch.nn as nn\nimport torch.nn.functional as F\nDEVICE = 'cuda'\n"
-
-
-def default(body: str, **kw) -> list[tuple[str, int]]:
-    """(rule, line) of the default run on a snippet; line 1 is the snippet's first line."""
-    out = lint_source(HEAD + textwrap.dedent(body), "train.py", **kw)
-    return sorted((f.rule, f.line - HEAD.count("\n")) for f in out)
-
+from tests.test_lint_round4 import default  # the same snippet harness: HEAD, then the default run
 
 
 def test_as_tensor_of_a_device_tensor_stays_on_the_device():
