@@ -168,6 +168,7 @@ def summarize(checker_cls, project: Project, src: Source, fn, kinds: dict, depth
     for st in src.tree.body:
         if isinstance(st, (ast.Import, ast.ImportFrom)):
             c.visit(st)
+    _class_attrs(c, src.owner.get(id(fn)))
     c.collect, c.region = fn, "off"
     c.defs = c._enclosing(fn)
     c._function(fn, region="off", chain=("summary",), seed=kinds)
@@ -179,6 +180,18 @@ def summarize(checker_cls, project: Project, src: Source, fn, kinds: dict, depth
         parts = tuple(col[0] if len(set(col)) == 1 else None for col in zip(*items))
     project.summaries[key] = (k, parts)
     return k, parts
+
+
+def _class_attrs(c, cls: ast.ClassDef | None) -> None:
+    """What the methods of `fn`'s class assign to self attributes, as the file's full walk learns it
+    (`self._loss_counts = np.zeros(n)`: a numpy array, so `(self._loss_counts == k).all()` is no sync)."""
+    if cls is None:
+        return
+    for d in cls.body:
+        if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for st in ast.walk(d):
+                if isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Attribute):
+                    c.bind(st.targets[0], c.kind(st.value))
 
 
 __all__ = ["CallRules", "MAX_DEPTH", "summarize"]

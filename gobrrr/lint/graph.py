@@ -12,6 +12,8 @@
                                    loop calling a hook its subclasses define)
                  anything.m(x)     a method that only one class of the project defines, or only the
                                    classes of one hierarchy (all of them; not a common name)
+                 buf.m(x), unknown the class buf is named after (`replay_buffer` -> ReplayBuffer) and its
+                                   subclasses, when at most three classes' names end in it
                  Cls(x)            its __init__: a constructor called in hot code runs every step
                  pkg.mod.f(x)      through a chain of modules (`import k_diffusion as K; K.sampling.f`)
                  torch.min(a, b)   nothing: a module from outside the project is never a project method
@@ -37,6 +39,11 @@ GENERIC = {"forward", "step", "update", "reset", "train", "eval", "get", "set", 
            "modules", "children", "register_buffer", "sample", "read", "write", "flush", "join", "split", "strip",
            "encode", "decode", "build", "init", "setup", "prepare", "compute", "process", "transform", "predict",
            "__call__", "__init__", "__getitem__", "__len__", "__iter__", "__next__", "__enter__", "__exit__"}
+
+
+# object names that say nothing of their class (`self.module.step()`, `trainer.fit()`)
+VAGUE = {"module", "modules", "model", "models", "trainer", "wrapper", "object", "config", "handler", "helper",
+         "manager", "runner", "self", "other", "instance", "engine", "worker", "loader", "dataset", "client"}
 
 
 class Project:
@@ -292,7 +299,12 @@ class Project:
         insts = self.instances_of(src, recv, scope, types)     # obj.m(x), self.obj.m(x)
         if insts:
             return [hit for inst in insts if (hit := self.method(*inst, f.attr))]
-        if not fallback or f.attr in GENERIC or f.attr.startswith("__"):
+        if not fallback or f.attr.startswith("__"):
+            return []
+        named = [hit for inst in self._named_like(recv) if (hit := self.method(*inst, f.attr))]
+        if named:   # replay_buffer.sample(n) with replay_buffer a parameter: ReplayBuffer's sample, or a subclass's
+            return (named + [o for inst in self._named_like(recv) for o in self.overrides(inst[1], f.attr)])[:6]
+        if f.attr in GENERIC:
             return []
         only = self.methods.get(f.attr, [])
         if len(only) == 1:
@@ -303,11 +315,7 @@ class Project:
         """An object built where the lint cannot see (a config names its class) and called:
         `augment_pipe(images)` runs the project's class AugmentPipe; `loss_fn(net=ddp, images=x,
         labels=y)` runs the __call__ / forward whose parameters take all of those keywords (at most 6)."""
-        if self._by_lower is None:
-            self._by_lower = {}
-            for s in self.sources:
-                for c in s.classes.values():
-                    self._by_lower.setdefault(c.name.lower(), []).append((s, c))
+        self._classes_by_lower()
         found = self._by_lower.get(name.replace("_", "").lower(), []) if "_" in name else []
         hits = self._forwards(found)
         if hits or len([k for k in call.keywords if k.arg]) < 2:
@@ -316,6 +324,26 @@ class Project:
         out = [(s, d) for s, d in self.methods.get("__call__", []) + self.methods.get("forward", [])
                if keys <= {a.arg for a in [*d.args.posonlyargs, *d.args.args, *d.args.kwonlyargs]}]
         return out if len(out) <= 6 else []
+
+    def _named_like(self, recv: ast.AST) -> list:
+        """The project classes an object of unknown origin is named after (`replay_buffer`, `self.rollout_buffer`
+        -> ReplayBuffer, DictRolloutBuffer): the class name, lower-cased, equals or ends with the object's
+        last name without underscores; names under six letters (`env`, `net`, `model`) and more than three
+        classes are too vague to pin."""
+        name = recv.id if isinstance(recv, ast.Name) else recv.attr if isinstance(recv, ast.Attribute) else ""
+        key = name.replace("_", "").lower()
+        if len(key) < 6 or key in VAGUE:
+            return []
+        self._classes_by_lower()
+        found = [c for low, cs in self._by_lower.items() if low.endswith(key) for c in cs]
+        return found if len(found) <= 3 else []
+
+    def _classes_by_lower(self) -> None:
+        if self._by_lower is None:
+            self._by_lower = {}
+            for s in self.sources:
+                for c in s.classes.values():
+                    self._by_lower.setdefault(c.name.lower(), []).append((s, c))
 
     def _init(self, src: Source, cls: ast.ClassDef) -> list:
         hit = self.method(src, cls, "__init__")

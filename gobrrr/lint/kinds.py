@@ -161,7 +161,7 @@ class Kinds:
                 return "num"
             if kinds & TENSORISH:
                 return "mask"
-            if kinds & {"host", "numpy"} and kinds <= {"host", "numpy", "num"}:
+            if kinds & {"host", "numpy"} and kinds <= {"host", "numpy", "num", None}:   # counts == self.k: numpy
                 return "host" if "host" in kinds else "numpy"   # layer_idx = from_which_layer == i: a host mask
             return "num" if kinds <= {"num", "str"} else None
         if isinstance(node, ast.BoolOp):

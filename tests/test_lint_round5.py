@@ -1,0 +1,81 @@
+"""gobrrr lint, issue 29's fifth round: shapes met in the misses of the heldout3 and heldout4 sets
+(which this round tuned on; heldout5 is the set it was measured on), each from a minimal example in the
+default run, with the false-positive shape that came with it kept quiet."""
+from __future__ import annotations
+
+from tests.test_lint_round4 import default
+
+
+def test_an_object_handed_in_as_a_parameter_runs_the_class_it_is_named_after():
+    """`replay_buffer.sample(n)` in an agent's update: `sample` is too common a name to pin by itself,
+    but `replay_buffer` names the project's ReplayBuffer (and its subclasses)."""
+    body = """
+    class ReplayBuffer:
+        def __init__(self, n, device):
+            self.obs = np.zeros((n, 4), dtype=np.float32)
+            self.device = device
+
+        def sample(self, k):
+            idx = np.random.randint(0, len(self.obs), size=k)
+            return torch.as_tensor(self.obs[idx], device=self.device)
+
+    class PrioritizedReplayBuffer(ReplayBuffer):
+        def sample(self, k):
+            w = self.weights()
+            return torch.tensor(w).to(self.device)
+
+    class Agent:
+        def update(self, replay_buffer, model, opt):
+            obs = replay_buffer.sample(256)
+            loss = model(obs).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+
+    def train(agent, buffer, model, opt):
+        for step in range(1000):
+            agent.update(buffer, model, opt)
+    """
+    found = default(body)
+    assert ("GB010", 9) in found, found       # the base class's sample: numpy rows copied to the device
+    assert any(line == 14 for _, line in found), found   # a subclass's sample is followed too
+
+
+def test_a_name_too_vague_to_name_a_class_is_not_pinned():
+    """`self.model.sample()` or `trainer.step()` say nothing of their class: not pinned to a Sampler class."""
+    body = """
+    class DiffusionModel:
+        def sample(self, n):
+            return torch.randn(n).cuda().item()
+
+    def train(model, batches):
+        for x in batches:
+            y = model.sample(4)
+    """
+    assert not [f for f in default(body) if f[1] == 4]
+
+
+def test_a_numpy_attribute_compared_with_an_unknown_is_a_numpy_mask():
+    """`(self._loss_counts == self.history_per_term).all()` with `_loss_counts = np.zeros(n)`: a numpy
+    bool, no sync, when a helper's return is read as a condition in a step."""
+    body = """
+    class Resampler:
+        def __init__(self, n, history):
+            self.history = history
+            self._counts = np.zeros([n], dtype=np.int64)
+
+        def _warm(self):
+            return (self._counts == self.history).all()
+
+        def weights(self):
+            if not self._warm():
+                return np.ones([4])
+            return np.sqrt(self._counts)
+
+    def train(model, batches, sampler):
+        for x in batches:
+            w = sampler.weights()
+            loss = model(x.cuda(non_blocking=True)).mean()
+            loss.backward()
+    """
+    assert not [f for f in default(body) if f[0] == "GB007"], default(body)
