@@ -328,11 +328,11 @@ class Project:
     def _named_like(self, recv: ast.AST) -> list:
         """The project classes an object of unknown origin is named after (`replay_buffer`, `self.rollout_buffer`
         -> ReplayBuffer, DictRolloutBuffer): the class name, lower-cased, equals or ends with the object's
-        last name without underscores; names under six letters (`env`, `net`, `model`) and more than three
+        last name without underscores; names under five letters (`env`, `net`) or vague (`model`) and more than three
         classes are too vague to pin."""
         name = recv.id if isinstance(recv, ast.Name) else recv.attr if isinstance(recv, ast.Attribute) else ""
         key = name.replace("_", "").lower()
-        if len(key) < 6 or key in VAGUE:
+        if len(key) < 5 or key in VAGUE:
             return []
         self._classes_by_lower()
         found = [c for low, cs in self._by_lower.items() if low.endswith(key) for c in cs]
