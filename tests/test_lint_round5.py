@@ -79,3 +79,18 @@ def test_a_numpy_attribute_compared_with_an_unknown_is_a_numpy_mask():
             loss.backward()
     """
     assert not [f for f in default(body) if f[0] == "GB007"], default(body)
+
+
+def test_a_callback_named_like_a_looping_def_does_not_make_the_eval_loop_an_outer_loop():
+    """`callbacks.run("on_val_batch_start")` inside a validation loop: the project's `def run` holds that
+    loop, but a method `run` of some other object is not it (a module's `val.run(...)` would be)."""
+    body = """
+    def run(model, dataloader, callbacks, device):
+        for im, targets in dataloader:
+            callbacks.run("on_val_batch_start")
+            targets = targets.to(device)
+            preds = model(im)
+            for si, pred in enumerate(preds):
+                labels = targets[targets[:, 0] == si, 1:]
+    """
+    assert ("GB008", 8) in default(body), default(body)

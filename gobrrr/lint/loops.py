@@ -328,8 +328,15 @@ def step_loops(tree: ast.AST, facts: Facts, rare) -> tuple[set[int], set[int], s
     envs: set[int] = set()
     looping_fns: set[str] = set(facts.looping)   # defs that hold a step loop (`def train(epoch)`)
 
+    imported = {(a.asname or a.name).split(".")[0] for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
+                for a in n.names}
+
     def looping(call: ast.Call) -> bool:
         n = name_of(call.func)
+        f = call.func
+        if isinstance(f, ast.Attribute) and n in _COMMON and not (
+                isinstance(f.value, ast.Name) and (f.value.id == "self" or f.value.id in imported)):
+            return False   # `callbacks.run("on_val_batch_start")` is not the project's `def run` (`val.run` is)
         return n in looping_fns or bool(facts.aliases.get(n, set()) & looping_fns)
 
     def visit(node: ast.AST) -> bool:    # True if node is or holds a step loop
