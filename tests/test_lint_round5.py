@@ -94,3 +94,19 @@ def test_a_callback_named_like_a_looping_def_does_not_make_the_eval_loop_an_oute
                 labels = targets[targets[:, 0] == si, 1:]
     """
     assert ("GB008", 8) in default(body), default(body)
+
+
+def test_a_mask_expanded_to_the_data_is_still_a_mask():
+    """SSD's loss: `pos_idx = pos.unsqueeze(2).expand_as(loc_data)`, then `loc_data[pos_idx]`: a boolean
+    mask broadcast by expand_as (or repeat) still selects a data-dependent number of rows."""
+    body = """
+    def train(net, loader, optimizer):
+        for images, targets in loader:
+            loc_data = net(images.cuda(non_blocking=True))
+            pos = torch.zeros(4, 8732, device="cuda") > 0
+            pos_idx = pos.unsqueeze(2).expand_as(loc_data)
+            loss = loc_data[pos_idx].sum()
+            loss.backward()
+            optimizer.step()
+    """
+    assert ("GB008", 7) in default(body), default(body)
