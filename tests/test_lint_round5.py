@@ -110,3 +110,37 @@ def test_a_mask_expanded_to_the_data_is_still_a_mask():
             optimizer.step()
     """
     assert ("GB008", 7) in default(body), default(body)
+
+
+def test_a_schedule_made_by_a_helper_before_the_sampling_loop_is_on_the_device():
+    """`sigmas = self.sample_schedule(n)` before the loop, `if sigmas[i + 1] == 0:` inside it: what the
+    helper returns (a CUDA linspace) is learnt in the set-up of a def that holds a step loop; an object
+    a builder returns there (`transforms = build_transforms(cfg)`) is not taken for a model."""
+    body = """
+    class Sampler:
+        def sample(self, model, n):
+            sigmas = self.sample_schedule(n)
+            images = torch.randn(4, device="cuda")
+            for i in range(len(sigmas) - 1):
+                denoised = model(images, sigmas[i])
+                if sigmas[i + 1] == 0:
+                    images = denoised
+
+        def sample_schedule(self, n):
+            return torch.linspace(0, 1, n, device="cuda")
+
+    class Compose:
+        def __call__(self, image):
+            return torch.from_numpy(image)
+
+    def build_transforms():
+        return Compose()
+
+    def demo(model, paths, device):
+        transforms = build_transforms()
+        for path in paths:
+            image = np.load(path)
+            result = model(transforms(image).to(device))
+    """
+    found = default(body)
+    assert ("GB007", 8) in found and ("GB010", 25) in found, found

@@ -33,10 +33,16 @@ class CallRules:
     def return_kind(self, node: ast.Call) -> str | None:
         """What the project def this call runs returns, learnt by walking its body with the call's
         argument kinds (two calls deep, in hot code): a CPU matcher's index list, a helper's tensor."""
-        if (self.region != "hot" and not self.summary_depth and not self.assigning & self.seeding) \
-                or self.summary_depth >= 2 \
+        set_up = self.region != "hot" and not self.summary_depth and not self.assigning & self.seeding
+        if set_up and not (self.looping_def and self.region is None) or self.summary_depth >= 2 \
                 or not isinstance(node.func, (ast.Name, ast.Attribute)):
             return None
+        if set_up:   # `sigmas = self.sample_schedule(n)` before the step loop: a tensor, host data, not an
+            k = self._return_kind(node)   # object (`transforms = build_transforms(cfg)` returns no model)
+            return None if k == "obj" else k
+        return self._return_kind(node)
+
+    def _return_kind(self, node: ast.Call) -> str | None:
         if id(node) in self.return_kinds:
             return self.return_kinds[id(node)]
         self.return_kinds[id(node)] = None   # a recursive call learns nothing

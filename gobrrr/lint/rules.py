@@ -162,6 +162,7 @@ class Checker(FlowRules, CallRules, SyncRules, CopyRules, InsideRules, EnvRules,
         self.normal_attrs: set[tuple[str, str]] = set()   # (class, self attribute) bound to a Normal (inside)
         self.dist_attrs: set[tuple[str, str]] = set()     # (class, self attribute) bound to a validated one
         self.summary_depth = 0                  # > 0 in a scratch walk that only learns what a def returns
+        self.looping_def = False                # in a def that holds a step loop (its set-up learns what helpers return)
         self.collect: ast.AST | None = None     # that def
         self.returns: list = []                 # the kinds of its return values
         self.return_items: list = []            # per return: the kinds of a returned tuple's items, or None
@@ -261,7 +262,8 @@ class Checker(FlowRules, CallRules, SyncRules, CopyRules, InsideRules, EnvRules,
         self.region = region or ("hot" if per_step else None)
         self.loaders, self.scope_node, self.chain, self.types, self.loop_stack = [], node, chain, types or {}, []
         self.functions.append(node.name)
-        saved_seeding = self.seeding   # a def that calls a def holding a step loop learns what its helpers return
+        saved_seeding, saved_looping = self.seeding, self.looping_def   # what helpers return is learnt in a def
+        self.looping_def = node.name in self.hotmap.looping   # that holds a step loop or calls one that does
         seeds = self.project.per_file.setdefault(id(self.src), {}).setdefault("seed_names", {})
         if id(node) not in seeds:
             seeds[id(node)] = _seed_names(node.body, self.project.looping) \
@@ -299,7 +301,7 @@ class Checker(FlowRules, CallRules, SyncRules, CopyRules, InsideRules, EnvRules,
         self.functions.pop()
         self.defs.pop()
         self.region, self.loaders, self.scope_node, self.chain, self.types, self.loop_stack, self.left = saved
-        self.seeding = saved_seeding
+        self.seeding, self.looping_def = saved_seeding, saved_looping
 
     def visit_FunctionDef(self, node) -> None:
         self._function(node)
