@@ -144,3 +144,23 @@ def test_a_schedule_made_by_a_helper_before_the_sampling_loop_is_on_the_device()
     """
     found = default(body)
     assert ("GB007", 8) in found and ("GB010", 25) in found, found
+
+
+def test_a_log_space_parameter_in_a_condition_does_not_make_the_branch_a_logging_branch():
+    """SAC's `if self.ent_coef_optimizer is not None and self.log_ent_coef is not None:` runs every
+    gradient step: `log_ent_coef` is a log-space parameter, not a logging switch (`step % self.log_interval` still is one)."""
+    body = """
+    class SAC:
+        def train(self, gradient_steps, batch):
+            for step in range(gradient_steps):
+                log_prob = self.actor(batch)
+                if self.ent_coef_optimizer is not None and self.log_ent_coef is not None:
+                    loss = -(self.log_ent_coef * log_prob.detach()).mean()
+                    self.losses.append(loss.item())
+                    loss.backward()
+                    self.ent_coef_optimizer.step()
+                if step % self.log_interval == 0:
+                    self.images.append(log_prob.cpu())
+    """
+    found = default(body)
+    assert ("GB002", 8) in found and ("GB002", 12) not in found, found

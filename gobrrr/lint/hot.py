@@ -46,6 +46,10 @@ _RARE_WORDS = {"log", "logging", "print", "interval", "every", "freq", "frequenc
                "verbose", "debug", "save", "saving", "ckpt", "checkpoint", "eval", "evaluate", "evaluation", "val",
                "valid", "validate", "validation", "warmup", "report", "display", "show", "visualize", "profile",
                "profiling", "dump", "tensorboard", "wandb", "plot", "plots"}
+# a word after `log` that makes the name a log-space quantity, not a logging switch (`self.log_ent_coef`, `log_std`)
+_LOG_SPACE = {"prob", "probs", "std", "stds", "alpha", "alphas", "coef", "coeff", "var", "variance", "sigma", "sigmas",
+              "scale", "det", "density", "likelihood", "lik", "pi", "ratio", "temperature", "temp", "snr", "partition",
+              "ent", "entropy", "beta", "lambda", "rho", "odds", "softmax", "sum", "mean", "norm"}
 _RATE_WORDS = {"interval", "every", "freq", "frequency", "first", "warmup"}   # a rate, not an option
 _TRACKERS = {"wandb", "tensorboard", "writer", "tb", "logger", "run", "tracker"}
 # calls that make a branch rare work whatever guards it: saving, evaluating, plotting, sampling
@@ -381,8 +385,10 @@ def _option_flags(test: ast.AST) -> set[int]:
 
 
 def _words(name: str) -> set[str]:
-    """'logInterval' / 'log_interval' -> {'log', 'interval'}."""
-    return set(re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name).lower().split("_"))
+    """'logInterval' / 'log_interval' -> {'log', 'interval'}; `log` is left out of a log-space quantity's
+    name (`log_ent_coef`, `log_std`), which is no logging switch."""
+    words = set(re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name).lower().split("_"))
+    return words - {"log"} if words & _LOG_SPACE else words
 
 
 def _calls(stmt: ast.AST, pred) -> bool:
