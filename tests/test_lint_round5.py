@@ -167,3 +167,34 @@ def test_a_log_space_parameter_in_a_condition_does_not_make_the_branch_a_logging
     """
     found = default(body)
     assert ("GB002", 8) in found and ("GB002", 15) not in found, found
+
+
+def test_a_parameter_annotated_with_an_aliased_tensor_type_is_a_tensor():
+    """`import torch as th` and `def proba_distribution(self, action_logits: th.Tensor)`: the parameter is a
+    tensor even when the file also names a layer `action_logits = nn.Linear(...)`, so the Categorical built
+    from it is validated, and its log_prob() (walked before the constructor's caller) syncs every step."""
+    body = """
+    import torch as th
+    from torch.distributions import Categorical
+
+    class Dist:
+        def log_prob(self, actions):
+            return self.distribution.log_prob(actions)
+
+        def net(self, latent_dim):
+            action_logits = nn.Linear(latent_dim, 4)
+            return action_logits
+
+        def proba_distribution(self, action_logits: th.Tensor):
+            self.distribution = Categorical(logits=action_logits)
+            return self
+
+    def train(policy, dist, loader, opt):
+        for obs, actions in loader:
+            loss = -dist.log_prob(actions).mean()
+            dist.proba_distribution(policy(obs.cuda(non_blocking=True)))
+            loss.backward()
+            opt.step()
+    """
+    found = default(body)
+    assert ("GB013", 7) in found and ("GB013", 14) in found, found

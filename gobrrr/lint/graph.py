@@ -309,7 +309,7 @@ class Project:
         only = self.methods.get(f.attr, [])
         if len(only) == 1:
             return only[:1]
-        return only[:6] if 1 < len(only) <= 6 and self._one_hierarchy(only) else []
+        return only if 1 < len(only) <= 8 and self._one_hierarchy(only) else []
 
     def _callables(self, name: str, call: ast.Call) -> list:
         """An object built where the lint cannot see (a config names its class) and called:

@@ -450,6 +450,9 @@ class Kinds:
         if ann is None:
             return None
         text = ast.unparse(ann).strip("'\"")
+        head, dot, rest = text.partition(".")
+        if dot and self.aliases.get(head) == "torch":
+            text = "torch." + rest   # `import torch as th`: th.Tensor
         if re.fullmatch(r"(torch\.)?Tensor", text) or re.fullmatch(
                 r"(typing\.)?Optional\[(torch\.)?Tensor\]|(torch\.)?Tensor \| None|None \| (torch\.)?Tensor", text):
             return "tensor"
