@@ -198,3 +198,53 @@ def test_a_parameter_annotated_with_an_aliased_tensor_type_is_a_tensor():
     """
     found = default(body)
     assert ("GB013", 7) in found and ("GB013", 14) in found, found
+
+
+def test_a_cuda_buffer_indexed_by_batch_sampler_index_lists_copies_them_every_minibatch():
+    """PPO's minibatches: `for indices in BatchSampler(SubsetRandomSampler(range(n)), mb, drop_last=True)`
+    yields Python lists of ints; `cuda_buffer[indices]` copies each list to the device, blocking."""
+    body = """
+    from torch.utils.data.sampler import BatchSampler, SubsetRandomSampler
+
+    class Storage:
+        def __init__(self, n, device):
+            self.obs = torch.zeros(n, 4, device=device)
+
+        def feed_forward_generator(self, mb):
+            sampler = BatchSampler(SubsetRandomSampler(range(100)), mb, drop_last=True)
+            for indices in sampler:
+                obs_batch = self.obs.view(-1, 4)[indices]
+                yield obs_batch
+
+    class PPO:
+        def update(self, rollouts):
+            for epoch in range(4):
+                data_generator = rollouts.feed_forward_generator(8)
+                for obs in data_generator:
+                    loss = self.actor_critic(obs).mean()
+                    loss.backward()
+                    self.optimizer.step()
+    """
+    assert ("GB011", 11) in default(body), default(body)
+
+
+def test_a_functools_partial_runs_the_function_it_binds():
+    """score_sde's sampler: `predictor_update_fn = functools.partial(shared_predictor_update_fn, sde=sde)`
+    in the def around the sampling loop; `predictor_fn(x, t, model=model)` runs the bound function."""
+    body = """
+    import functools
+
+    def shared_update_fn(x, t, sde, model):
+        return model(x, t) * sde.scale.item()
+
+    def get_sampler(sde):
+        predictor_fn = functools.partial(shared_update_fn, sde=sde)
+
+        def sampler(model, x):
+            for i in range(1000):
+                t = torch.full((4,), i, device=x.device)
+                x = predictor_fn(x, t, model=model)
+            return x
+        return sampler
+    """
+    assert ("GB002", 5) in default(body), default(body)

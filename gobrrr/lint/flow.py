@@ -73,10 +73,30 @@ class FlowRules:
         self.visit(node.iter)  # evaluated once: set-up code
         if isinstance(node.iter, ast.Call) and self.kind(node.iter) == "loader_pageable":
             self.loaders.append({"name": None, "node": node.iter, "loop": node})
+        if id(node) in self.hotmap.step_loops and self.region != "off":
+            self.follow_generator(node)
         self.bind_loop_target(node.target, node.iter)
         self.visit_loop_body(node)
 
     visit_AsyncFor = visit_For
+
+    def follow_generator(self, loop: ast.For) -> None:
+        """`for sample in rollouts.feed_forward_generator(adv, n):` (or a name assigned that call in this def):
+        a project generator's body runs a little per step of the loop that iterates it, so it is walked as hot."""
+        it = loop.iter
+        if isinstance(it, ast.Name) and self.defs:
+            made = [st.value for st in ast.walk(self.defs[-1]) if isinstance(st, ast.Assign)
+                    and isinstance(st.value, ast.Call) and st.lineno < loop.lineno
+                    and any(isinstance(t, ast.Name) and t.id == it.id for t in st.targets)]
+            it = made[-1] if made else it
+        if not isinstance(it, ast.Call) or not isinstance(it.func, (ast.Name, ast.Attribute)):
+            return
+        scope = self.defs[-1] if self.defs else None
+        if any(any(isinstance(n, (ast.Yield, ast.YieldFrom)) for n in ast.walk(fn))
+               for _, fn in self.project.resolve(self.src, it, scope, self.types)):
+            saved, self.region = self.region, "hot"
+            self.follow(it)
+            self.region = saved
 
     def visit_loop_body(self, node, *every_iteration: ast.AST) -> None:
         """Visit what runs every iteration (`every_iteration`, then the body) in the loop's region;

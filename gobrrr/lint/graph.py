@@ -14,6 +14,7 @@
                                    classes of one hierarchy (all of them; not a common name)
                  buf.m(x), unknown the class buf is named after (`replay_buffer` -> ReplayBuffer) and its
                                    subclasses, when at most three classes' names end in it
+                 fn(x)             with `fn = functools.partial(g, k=v)` in a def around: g, given k=v too
                  Cls(x)            its __init__: a constructor called in hot code runs every step
                  pkg.mod.f(x)      through a chain of modules (`import k_diffusion as K; K.sampling.f`)
                  torch.min(a, b)   nothing: a module from outside the project is never a project method
@@ -27,6 +28,7 @@ or .../utils/__init__.py); an ambiguous name is left alone.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from gobrrr.lint.source import DEFS, Source, _constructed
@@ -260,6 +262,9 @@ class Project:
             if hit and hit[0] == "class":
                 return self._init(hit[1], hit[2])   # Cls(x) in hot code: its __init__ runs every step
             found = self._forwards(self.instances_of(src, f, scope, types))   # net(x): its class's forward
+            if not found and (bound := self._partial(src, f.id, scope)) is not None:
+                return self.resolve(src, ast.Call(func=bound.args[0], args=[*bound.args[1:], *call.args],
+                                                  keywords=[*bound.keywords, *call.keywords]), scope, types, fallback)
             return found or (self._callables(f.id, call) if fallback else [])
         if isinstance(f, ast.Subscript):   # loss_map[name](...) with loss_map = {"a": self.loss_a, ...}
             return [hit for v in self._dict_values(src, f.value, scope)
@@ -325,18 +330,39 @@ class Project:
                if keys <= {a.arg for a in [*d.args.posonlyargs, *d.args.args, *d.args.kwonlyargs]}]
         return out if len(out) <= 6 else []
 
+    @staticmethod
+    def _partial(src: Source, name: str, scope: ast.AST | None) -> ast.Call | None:
+        """`update_fn = functools.partial(shared_update_fn, sde=sde, model=m)` in this def or one around it:
+        the partial call, whose first argument is what `update_fn(x, t)` runs."""
+        s = scope
+        while True:
+            body = getattr(s, "body", []) if s is not None else src.tree.body
+            for st in body:
+                if isinstance(st, ast.Assign) and isinstance(st.value, ast.Call) and st.value.args \
+                        and isinstance(st.value.args[0], (ast.Name, ast.Attribute)) \
+                        and any(isinstance(t, ast.Name) and t.id == name for t in st.targets):
+                    f = st.value.func
+                    if (f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")) == "partial":
+                        return st.value
+            if s is None:
+                return None
+            s = src.parent.get(id(s))
+
     def _named_like(self, recv: ast.AST) -> list:
         """The project classes an object of unknown origin is named after (`replay_buffer`, `self.rollout_buffer`
         -> ReplayBuffer, DictRolloutBuffer): the class name, lower-cased, equals or ends with the object's
-        last name without underscores; names under five letters (`env`, `net`) or vague (`model`) and more than three
-        classes are too vague to pin."""
+        last name without underscores (and without an `_obj` or `_fn` suffix). Names under five letters
+        (`env`, `net`) or vague (`model`) pin nothing; nor do more than three classes, unless they are one
+        hierarchy (at most eight: `predictor_obj` -> the Predictor subclasses)."""
         name = recv.id if isinstance(recv, ast.Name) else recv.attr if isinstance(recv, ast.Attribute) else ""
-        key = name.replace("_", "").lower()
+        key = re.sub(r"_(obj|object|fn|inst|instance)$", "", name).replace("_", "").lower()   # predictor_obj
         if len(key) < 5 or key in VAGUE:
             return []
         self._classes_by_lower()
         found = [c for low, cs in self._by_lower.items() if low.endswith(key) for c in cs]
-        return found if len(found) <= 3 else []
+        if len(found) <= 3:
+            return found
+        return found if len(found) <= 8 and self._one_hierarchy([(s, c) for s, c in found], classes=True) else []
 
     def _classes_by_lower(self) -> None:
         if self._by_lower is None:
@@ -370,9 +396,10 @@ class Project:
                 todo += self.parents.get(c, [])
         return out
 
-    def _one_hierarchy(self, defs) -> bool:
-        """The classes defining these methods share a project base class (an observer and its subclasses)."""
-        owners = [s.owner.get(id(d)) for s, d in defs]
+    def _one_hierarchy(self, defs, classes: bool = False) -> bool:
+        """The classes defining these methods (or these classes) share a project base class (an observer
+        and its subclasses)."""
+        owners = [d if classes else s.owner.get(id(d)) for s, d in defs]
         if any(o is None for o in owners):
             return False
         common = self._ancestors(id(owners[0]))

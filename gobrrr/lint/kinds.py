@@ -254,6 +254,8 @@ class Kinds:
             root, _, last = name.rpartition(".")
             if last == "DataLoader":
                 return self.loader_kind(node)
+            if last == "BatchSampler":
+                return "hlist"   # for indices in BatchSampler(SubsetRandomSampler(range(n)), mb, False): host index lists
             if last == "Variable" and node.args:
                 return self.kind(node.args[0])   # torch.autograd.Variable(t) (old PyTorch) is t
             if last in LOADERS_PINNED:
