@@ -248,3 +248,82 @@ def test_a_functools_partial_runs_the_function_it_binds():
         return sampler
     """
     assert ("GB002", 5) in default(body), default(body)
+
+
+def test_a_host_table_of_another_class_copied_each_sampling_step_and_the_predictor_siblings():
+    """score_sde: `self.discrete_betas = torch.linspace(...)` (a host tensor) in the SDE class, and in a
+    predictor chosen by name, `sde.discrete_betas.to(t.device)[timestep]` every sampling step. The predictor
+    object is a NonePredictor in one branch and `predictor(...)` of a parameter in the other: the other
+    Predictor subclasses (named like `predictor_obj`) are followed too."""
+    body = """
+    class VPSDE:
+        def __init__(self, n):
+            self.discrete_betas = torch.linspace(0.1, 20, n)
+
+    class Predictor:
+        def update_fn(self, x, t):
+            raise NotImplementedError
+
+    class NonePredictor(Predictor):
+        def update_fn(self, x, t):
+            return x
+
+    class AncestralPredictor(Predictor):
+        def __init__(self, sde):
+            self.sde = sde
+
+        def update_fn(self, x, t):
+            sde = self.sde
+            beta = sde.discrete_betas.to(t.device)[t.long()]
+            return x * beta
+
+    def shared_predictor_update_fn(x, t, sde, predictor):
+        if predictor is None:
+            predictor_obj = NonePredictor()
+        else:
+            predictor_obj = predictor(sde)
+        return predictor_obj.update_fn(x, t)
+
+    def sample(model, sde, predictor, x):
+        for i in range(1000):
+            t = torch.full((4,), i, device=x.device)
+            x = model(shared_predictor_update_fn(x, t, sde, predictor))
+        return x
+    """
+    assert ("GB010", 20) in default(body), default(body)
+
+
+def test_a_known_buffer_class_is_not_joined_by_unrelated_classes_of_a_similar_name():
+    """rl_games: `self.replay_buffer = VectorizedReplayBuffer(...)`; the project's PrioritizedReplayBuffer
+    (another hierarchy) ends in the same name, but its sample() is not what runs."""
+    body = """
+    class ReplayBuffer:
+        def sample(self, n):
+            return n
+
+    class PrioritizedReplayBuffer(ReplayBuffer):
+        def sample(self, n):
+            total = torch.ones(4, device="cuda").sum()
+            assert 0 <= n <= total
+            return n
+
+    class VectorizedReplayBuffer:
+        def __init__(self, device):
+            self.obs = torch.zeros(100, 4, device=device)
+
+        def sample(self, n):
+            idx = torch.randint(0, 100, (n,), device=self.obs.device)
+            return self.obs[idx]
+
+    class Agent:
+        def __init__(self, device):
+            self.replay_buffer = VectorizedReplayBuffer(device)
+
+        def train(self, model, opt):
+            for step in range(1000):
+                obs = self.replay_buffer.sample(256)
+                loss = model(obs).mean()
+                loss.backward()
+                opt.step()
+    """
+    assert not [f for f in default(body) if f[1] == 9], default(body)

@@ -188,6 +188,26 @@ def summarize(checker_cls, project: Project, src: Source, fn, kinds: dict, depth
     return k, parts
 
 
+def host_attrs(checker_cls, project: Project, flags: dict) -> dict[str, str]:
+    """Attribute name -> "host" or "numpy" for the attributes that every `self.x = ...` of the project
+    sets to a host tensor or a numpy array (`self.discrete_betas = torch.linspace(0.1, 20, N)`), so that
+    `sde.discrete_betas.to(t.device)` in another class is seen to copy a host table; any other
+    assignment of the name anywhere (a device tensor, an unknown) leaves it out."""
+    kinds: dict[str, set] = {}
+    for src in project.sources:
+        if "self." not in src.text:
+            continue
+        c = checker_cls(src, project, project.hotmaps.get(id(src)) or HotMap(src.tree, str(src.path), src.nodes), flags)
+        for st in src.tree.body:
+            if isinstance(st, (ast.Import, ast.ImportFrom)):
+                c.visit(st)
+        for n in src.nodes:
+            if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Attribute) \
+                    and isinstance(n.targets[0].value, ast.Name) and n.targets[0].value.id == "self":
+                kinds.setdefault(n.targets[0].attr, set()).add(c.kind(n.value))
+    return {a: ks.pop() for a, ks in kinds.items() if len(ks) == 1 and ks <= {"host", "numpy"}}
+
+
 def _class_attrs(c, cls: ast.ClassDef | None) -> None:
     """What the methods of `fn`'s class assign to self attributes, as the file's full walk learns it
     (`self._loss_counts = np.zeros(n)`: a numpy array, so `(self._loss_counts == k).all()` is no sync)."""
@@ -200,4 +220,4 @@ def _class_attrs(c, cls: ast.ClassDef | None) -> None:
                     c.bind(st.targets[0], c.kind(st.value))
 
 
-__all__ = ["CallRules", "MAX_DEPTH", "summarize"]
+__all__ = ["CallRules", "MAX_DEPTH", "host_attrs", "summarize"]

@@ -45,6 +45,7 @@ import sys
 import tokenize
 from pathlib import Path
 
+from gobrrr.lint.calls import host_attrs
 from gobrrr.lint.files import python_files
 from gobrrr.lint.graph import Project
 from gobrrr.lint.hot import HotMap, may_use_gpu
@@ -111,6 +112,7 @@ def check_sources(sources: list[Source], assume_gpu: bool = False,
     project.looping = looping
     gpu = {id(s): assume_gpu or may_use_gpu(s.text) for s in sources}
     gpu_project = any(gpu.values())
+    project.host_attrs = host_attrs(Checker, project, flags)
     checkers: dict[int, Checker] = {}
     queue = []
     for s in sources:

@@ -302,7 +302,10 @@ class Project:
                     return self._init(inner[1], inner[2])
                 return [(inner[1], inner[2])] if inner and inner[0] == "def" else []
         insts = self.instances_of(src, recv, scope, types)     # obj.m(x), self.obj.m(x)
-        if insts:
+        if insts:   # and its siblings among the classes it is named after: `predictor_obj = NonePredictor(...)` in
+            seen = set().union(*(self._ancestors(id(c)) for _, c in insts))   # one branch, `predictor(...)` of a
+            insts += [c for c in self._named_like(recv)   # parameter (another Predictor subclass) in the other
+                      if c not in insts and self._ancestors(id(c[1])) & seen]
             return [hit for inst in insts if (hit := self.method(*inst, f.attr))]
         if not fallback or f.attr.startswith("__"):
             return []

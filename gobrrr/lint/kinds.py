@@ -191,6 +191,9 @@ class Kinds:
                 return "generated" if k == "generated" else "tensor"  # .data, .T, a model output's .loss / .logits
             if k in ("host", "pinned", "numpy") or k in BATCHES:
                 return k  # a field of a host batch is on the host too
+            if k is None and not (isinstance(node.value, ast.Name) and node.value.id == "self"):
+                # sde.discrete_betas: the project sets that attribute only to host tables (calls.host_attrs)
+                return getattr(getattr(self, "project", None), "host_attrs", {}).get(node.attr)
             return None
         if isinstance(node, ast.Subscript):
             k = self.kind(node.value)
