@@ -327,3 +327,36 @@ def test_a_known_buffer_class_is_not_joined_by_unrelated_classes_of_a_similar_na
                 opt.step()
     """
     assert not [f for f in default(body) if f[1] == 9], default(body)
+
+
+def test_a_logging_interval_whose_config_default_is_one_logs_every_step():
+    """`if completed_steps % args.logging_steps == 0:` is rare unless the project's config says
+    `logging_steps: int = 1` (a dataclass field) or `add_argument("--log-every", default=1)`; another
+    number anywhere keeps it rare, and a default of None says nothing."""
+    body = """
+    import argparse
+    from dataclasses import dataclass, field
+
+    @dataclass
+    class LoggingConfig:
+        logging_steps: int = 1
+        report: int | None = None
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--log-every", type=int, default=1)
+    parser.add_argument("--save-every", type=int, default=500)
+
+    def train(model, loader, opt, args):
+        for step, batch in enumerate(loader):
+            loss = model(batch.cuda(non_blocking=True)).mean()
+            loss.backward()
+            opt.step()
+            if step % args.logging_steps == 0:
+                print(loss.item())
+            if step % args.log_every == 0:
+                print(loss.item() * 2)
+            if step % args.save_every == 0:
+                print(loss.item() * 3)
+    """
+    found = default(body)
+    assert ("GB002", 20) in found and ("GB002", 22) in found and ("GB002", 24) not in found, found

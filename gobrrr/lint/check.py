@@ -50,7 +50,7 @@ from gobrrr.lint.files import python_files
 from gobrrr.lint.graph import Project
 from gobrrr.lint.hot import HotMap, may_use_gpu
 from gobrrr.lint.inside import validation_off_globally
-from gobrrr.lint.loops import Facts, forwarding_defs, holds_updating_loop, looping_closure, stepping_defs
+from gobrrr.lint.loops import Facts, defaults_of_one, forwarding_defs, holds_updating_loop, looping_closure, stepping_defs
 from gobrrr.lint.names import TENSORISH
 from gobrrr.lint.rules import HOOK_NAMES, RULES, SYNC_RULES, TITLES, Checker, Finding
 from gobrrr.lint.source import Source, parse
@@ -93,12 +93,17 @@ def check_sources(sources: list[Source], assume_gpu: bool = False,
     flags = {"no_validation": any(validation_off_globally(s.text) for s in sources)}
     facts = {id(s): Facts(s.nodes, project.module_classes) for s in sources}
     stepping, forwarding = _closures(sources, facts)
+    ones, others = set(), set()
+    for s in sources:
+        o, x = defaults_of_one(s.nodes)
+        ones, others = ones | o, others | x
+    every_step = ones - others   # `completed_steps % args.logging_steps` with `logging_steps: int = 1`
     looping: set[str] = set()
     called: dict[str, set[str]] = {}
     hotmaps = {}
     for s in sources:
         f = facts[id(s)]
-        f.stepping, f.forwarding = set(stepping), set(forwarding)
+        f.stepping, f.forwarding, f.every_step = set(stepping), set(forwarding), every_step
         hotmaps[id(s)] = project.hotmaps[id(s)] = HotMap(s.tree, str(s.path), s.nodes, project.module_classes, f)
         looping |= hotmaps[id(s)].looping
         for name, names in s.calls.items():

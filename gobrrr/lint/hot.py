@@ -182,7 +182,8 @@ class HotMap:
 
     def _rate_limited(self, test: ast.AST, body: list[ast.stmt]) -> bool:
         nodes = list(ast.walk(test))
-        if any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod) and self.constants.get(name_of(n.right)) == 1
+        if any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod) and (
+                self.constants.get(name_of(n.right)) == 1 or name_of(n.right) in self.facts.every_step)
                for n in nodes):
             return False   # `iter_num % log_interval == 0` with `log_interval = 1` at the top: every step
         rare = False

@@ -151,6 +151,7 @@ class Facts:
         self.forwarding: set[str] = set()   # defs (by name, across the project) that call a module
         self.defined: frozenset[str] = frozenset()   # every def name of the project (set by the driver)
         self.looping: set[str] = set()      # defs (by name, across the project) that hold a step loop
+        self.every_step: set[str] = set()   # options whose project default is 1 (`logging_steps: int = 1`)
         self.aliases: dict[str, set[str]] = {}   # sample_fn = d.p_sample_loop if c else d.ddim_sample_loop
         for node in nodes:
             if isinstance(node, ast.Assign) and isinstance(node.value, (ast.Attribute, ast.IfExp)) \
@@ -411,6 +412,32 @@ def _takes_batches(loop: ast.AST, calls: list[ast.Call]) -> bool:
     return isinstance(it, (ast.Name, ast.Attribute)) and bool(LOADER_NAME.search(name_of(it)))
 
 
-__all__ = ["Facts", "step_loops", "looping_closure", "stepping_defs", "forwarding_defs", "holds_updating_loop",
+def defaults_of_one(nodes: list[ast.AST]) -> tuple[set[str], set[str]]:
+    """(names some config sets to 1 by default, names it sets to another number): a dataclass field or class
+    attribute (`logging_steps: int = 1`, `= field(default=1)`), an argparse option (`--log-interval`,
+    `default=1`). A default of None (unset; the branch guards on it) says nothing either way."""
+    ones, others = set(), set()
+    for n in nodes:
+        if isinstance(n, ast.ClassDef):
+            for st in n.body:
+                target = st.target if isinstance(st, ast.AnnAssign) else st.targets[0] \
+                    if isinstance(st, ast.Assign) and len(st.targets) == 1 else None
+                if isinstance(target, ast.Name) and st.value is not None:
+                    v = st.value
+                    if isinstance(v, ast.Call) and name_of(v.func) == "field":
+                        v = next((k.value for k in v.keywords if k.arg == "default"), None)
+                    if isinstance(v, ast.Constant) and v.value is not None and not isinstance(v.value, str):
+                        (ones if v.value == 1 and v.value is not True else others).add(target.id)
+        elif isinstance(n, ast.Call) and name_of(n.func) == "add_argument" and n.args \
+                and isinstance(n.args[0], ast.Constant) and isinstance(n.args[0].value, str):
+            dest = next((k.value.value for k in n.keywords if k.arg == "dest" and isinstance(k.value, ast.Constant)),
+                        n.args[-1].value.lstrip("-").replace("-", "_"))
+            d = next((k.value for k in n.keywords if k.arg == "default"), None)
+            if isinstance(d, ast.Constant) and d.value is not None and not isinstance(d.value, str):
+                (ones if d.value == 1 and d.value is not True else others).add(dest)
+    return ones, others
+
+
+__all__ = ["Facts", "defaults_of_one", "step_loops", "looping_closure", "stepping_defs", "forwarding_defs", "holds_updating_loop",
            "own_level", "name_of", "dotted", "is_model_name", "is_env_name", "env_steps", "statements", "HOUSEKEEPING",
            "OPTIM", "LOADER_NAME", "LOOPS", "DEFS"]
