@@ -360,3 +360,50 @@ def test_a_logging_interval_whose_config_default_is_one_logs_every_step():
     """
     found = default(body)
     assert ("GB002", 20) in found and ("GB002", 22) in found and ("GB002", 24) not in found, found
+
+
+def test_a_step_function_made_by_a_factory_and_its_closure_tables():
+    """score_sde: `train_step_fn = losses.get_step_fn(sde)` before the loop runs the `step_fn` the factory
+    returns; its loss (chosen per branch) reads `smld_sigma_array`, a host table of the factory around it,
+    and copies it to the device every step; `self.alphas = 1. - self.discrete_betas` is a host table too."""
+    body = """
+    class VPSDE:
+        def __init__(self, n):
+            self.discrete_betas = torch.linspace(0.1, 20, n)
+            self.alphas = 1. - self.discrete_betas
+
+    def get_smld_loss_fn(vesde):
+        smld_sigma_array = torch.flip(vesde.discrete_betas, dims=(0,))
+
+        def loss_fn(model, batch):
+            labels = torch.randint(0, 10, (batch.shape[0],), device=batch.device)
+            sigmas = smld_sigma_array.to(batch.device)[labels]
+            return model(batch * sigmas).mean()
+        return loss_fn
+
+    def get_ddpm_loss_fn(vpsde):
+        def loss_fn(model, batch):
+            a = vpsde.alphas.to(batch.device)
+            return model(batch * a[0]).mean()
+        return loss_fn
+
+    def get_step_fn(sde, smld):
+        if smld:
+            loss_fn = get_smld_loss_fn(sde)
+        else:
+            loss_fn = get_ddpm_loss_fn(sde)
+
+        def step_fn(state, batch):
+            loss = loss_fn(state["model"], batch)
+            loss.backward()
+            state["optimizer"].step()
+            return loss
+        return step_fn
+
+    def train(state, sde, loader):
+        train_step_fn = get_step_fn(sde, True)
+        for batch in loader:
+            loss = train_step_fn(state, batch.cuda(non_blocking=True))
+    """
+    found = default(body)
+    assert ("GB010", 12) in found and ("GB010", 18) in found, found

@@ -109,7 +109,7 @@ def test_real_judgements_are_well_formed():
     assert len({d["domain"] for d in docs}) == 4
     for d in docs:
         assert len(d["commit"]) == 40 and d["url"].startswith("https://github.com/")
-        assert sum(e["verdict"] == "step" for e in d["lines"]) >= 5, d["name"]
+        assert sum(e["verdict"] == "step" for e in d["lines"]) >= 2, d["name"]   # a clean codebase (VAR) tests precision
         assert len({(e["path"], e["line"]) for e in d["lines"]}) == len(d["lines"]), d["name"]
 
 

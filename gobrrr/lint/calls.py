@@ -204,7 +204,9 @@ def host_attrs(checker_cls, project: Project, flags: dict) -> dict[str, str]:
         for n in src.nodes:
             if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Attribute) \
                     and isinstance(n.targets[0].value, ast.Name) and n.targets[0].value.id == "self":
-                kinds.setdefault(n.targets[0].attr, set()).add(c.kind(n.value))
+                k = c.kind(n.value)
+                kinds.setdefault(n.targets[0].attr, set()).add(k)
+                c.bind(n.targets[0], k)   # self.alphas = 1. - self.discrete_betas: host, as the line before
     return {a: ks.pop() for a, ks in kinds.items() if len(ks) == 1 and ks <= {"host", "numpy"}}
 
 

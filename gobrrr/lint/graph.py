@@ -14,7 +14,8 @@
                                    classes of one hierarchy (all of them; not a common name)
                  buf.m(x), unknown the class buf is named after (`replay_buffer` -> ReplayBuffer) and its
                                    subclasses, when at most three classes' names end in it
-                 fn(x)             with `fn = functools.partial(g, k=v)` in a def around: g, given k=v too
+                 fn(x)             with `fn = functools.partial(g, k=v)` in a def around: g, given k=v too;
+                                   with `fn = get_step_fn(cfg)`: the def nested in get_step_fn that it returns
                  Cls(x)            its __init__: a constructor called in hot code runs every step
                  pkg.mod.f(x)      through a chain of modules (`import k_diffusion as K; K.sampling.f`)
                  torch.min(a, b)   nothing: a module from outside the project is never a project method
@@ -31,6 +32,7 @@ import ast
 import re
 from pathlib import Path
 
+from gobrrr.lint.loops import name_of
 from gobrrr.lint.source import DEFS, Source, _constructed
 
 # method names too common to pin to one class by name alone (torch, Python and framework APIs)
@@ -262,9 +264,13 @@ class Project:
             if hit and hit[0] == "class":
                 return self._init(hit[1], hit[2])   # Cls(x) in hot code: its __init__ runs every step
             found = self._forwards(self.instances_of(src, f, scope, types))   # net(x): its class's forward
-            if not found and (bound := self._partial(src, f.id, scope)) is not None:
-                return self.resolve(src, ast.Call(func=bound.args[0], args=[*bound.args[1:], *call.args],
-                                                  keywords=[*bound.keywords, *call.keywords]), scope, types, fallback)
+            for made in ([] if found else self._assigned(src, f.id, scope))[:4]:
+                if name_of(made.func) == "partial" and made.args:
+                    found += self.resolve(src, ast.Call(func=made.args[0], args=[*made.args[1:], *call.args],
+                                                        keywords=[*made.keywords, *call.keywords]), scope, types, fallback)
+                else:   # train_step_fn = losses.get_step_fn(sde, ...): the def the factory returns
+                    found += [hit for fs, fn in self.resolve(src, made, scope, types, fallback=False)[:3]
+                              for hit in _returned_defs(fs, fn)]
             return found or (self._callables(f.id, call) if fallback else [])
         if isinstance(f, ast.Subscript):   # loss_map[name](...) with loss_map = {"a": self.loss_a, ...}
             return [hit for v in self._dict_values(src, f.value, scope)
@@ -334,21 +340,17 @@ class Project:
         return out if len(out) <= 6 else []
 
     @staticmethod
-    def _partial(src: Source, name: str, scope: ast.AST | None) -> ast.Call | None:
-        """`update_fn = functools.partial(shared_update_fn, sde=sde, model=m)` in this def or one around it:
-        the partial call, whose first argument is what `update_fn(x, t)` runs."""
+    def _assigned(src: Source, name: str, scope: ast.AST | None) -> list[ast.Call]:
+        """The calls assigned to `name` in this def or the nearest def around it that assigns one (each
+        branch's): `update_fn = functools.partial(shared_update_fn, sde=sde)`, `step_fn = get_step_fn(sde)`."""
         s = scope
         while True:
-            body = getattr(s, "body", []) if s is not None else src.tree.body
-            for st in body:
-                if isinstance(st, ast.Assign) and isinstance(st.value, ast.Call) and st.value.args \
-                        and isinstance(st.value.args[0], (ast.Name, ast.Attribute)) \
-                        and any(isinstance(t, ast.Name) and t.id == name for t in st.targets):
-                    f = st.value.func
-                    if (f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")) == "partial":
-                        return st.value
-            if s is None:
-                return None
+            found = [st.value for st in _own_statements(getattr(s, "body", []) if s is not None else src.tree.body)
+                     if isinstance(st, ast.Assign) and isinstance(st.value, ast.Call)
+                     and isinstance(st.value.func, (ast.Name, ast.Attribute))
+                     and any(isinstance(t, ast.Name) and t.id == name for t in st.targets)]
+            if found or s is None:
+                return found
             s = src.parent.get(id(s))
 
     def _named_like(self, recv: ast.AST) -> list:
@@ -457,6 +459,25 @@ class Project:
                 if hit not in out:
                     out.append(hit)
         return out
+
+
+def _own_statements(body: list[ast.stmt]):
+    """The statements of a body and of its ifs, withs, trys and loops, not of nested defs."""
+    for st in body:
+        yield st
+        if not isinstance(st, (*DEFS, ast.ClassDef)):
+            for field in ("body", "orelse", "finalbody"):
+                yield from _own_statements(getattr(st, field, None) or [])
+            for h in getattr(st, "handlers", None) or []:
+                yield from _own_statements(h.body)
+
+
+def _returned_defs(src: Source, fn: ast.AST) -> list[tuple[Source, ast.AST]]:
+    """The defs nested in a factory that it returns by name (`def get_step_fn(...): def step_fn(...): ...;
+    return step_fn`)."""
+    nested = {d.name: d for d in getattr(fn, "body", []) if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    return [(src, nested[r.value.id]) for r in _own_statements(getattr(fn, "body", []))
+            if isinstance(r, ast.Return) and isinstance(r.value, ast.Name) and r.value.id in nested]
 
 
 __all__ = ["Project"]

@@ -293,15 +293,37 @@ class Checker(FlowRules, CallRules, SyncRules, CopyRules, InsideRules, EnvRules,
         for name, k in (seed or {}).items():
             if scope.get(name) is None:
                 scope[name] = k
+        closure = self.closure_scope(node) if chain else None
+        if closure is not None:
+            self.scopes.append(closure)
         self.scopes.append(scope)
         for stmt in node.body:
             self.visit(stmt)
         self.check_loaders()
         self.scopes.pop()
+        if closure is not None:
+            self.scopes.pop()
         self.functions.pop()
         self.defs.pop()
         self.region, self.loaders, self.scope_node, self.chain, self.types, self.loop_stack, self.left = saved
         self.seeding, self.looping_def = saved_seeding, saved_looping
+
+    def closure_scope(self, node) -> dict | None:
+        """A nested def walked as hot on its own (a loss_fn its factory returned): what the def around it
+        assigns, in order, so that `smld_sigma_array = torch.flip(vesde.discrete_sigmas, (0,))` is known
+        as a host table inside it."""
+        outer = self.src.parent.get(id(node))
+        if outer is None or not isinstance(outer, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            return None
+        scope: dict = {}
+        self.scopes.append(scope)
+        try:
+            for st in outer.body:
+                if isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name):
+                    scope[st.targets[0].id] = self.kind(st.value)
+        finally:
+            self.scopes.pop()
+        return scope
 
     def visit_FunctionDef(self, node) -> None:
         self._function(node)
