@@ -407,3 +407,21 @@ def test_a_step_function_made_by_a_factory_and_its_closure_tables():
     """
     found = default(body)
     assert ("GB010", 12) in found and ("GB010", 18) in found, found
+
+
+def test_a_train_module_s_train_batch_is_a_per_step_hook():
+    """OLMo-core's Trainer calls `TrainModule.train_batch(batch)` once per step, and each callback's
+    `post_step()`: their bodies are per-step code though no loop of the project calls them."""
+    body = """
+    class DPOTrainModule(TrainModule):
+        def train_batch(self, batch, dry_run=False):
+            loss = self.model(batch["input_ids"]).mean()
+            loss.backward()
+            self.record_metric("loss", loss.item())
+
+    class PerfCallback(Callback):
+        def post_step(self):
+            self.seqs += int(self.trainer.metrics["seqs"])
+    """
+    found = default(body)
+    assert ("GB002", 6) in found, found

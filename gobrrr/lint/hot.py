@@ -64,7 +64,8 @@ _BENCH = re.compile(r"bench|timing|timed|timeit|timer|profil|measure|latency|thr
 # per-step hooks that a framework calls (Lightning, the HF Trainer): their bodies are hot
 STEP_HOOKS = {"training_step", "validation_step", "test_step", "predict_step", "training_step_end",
               "validation_step_end", "on_train_batch_start", "on_train_batch_end", "on_validation_batch_end",
-              "on_before_optimizer_step", "on_after_backward", "compute_loss", "prediction_step"}
+              "on_before_optimizer_step", "on_after_backward", "compute_loss", "prediction_step",
+              "train_batch", "post_step"}   # OLMo-core: TrainModule.train_batch, Callback.post_step
 # words that say a file runs on a device; `.cpu()` alone does not (a CPU model's .cpu() is a no-op)
 _GPU_WORDS = re.compile(r"cuda|device|gpu|\.to\(|accelerat|torch_xla|\bxla\b|\bxm\b|\bmps\b|deepspeed|lightning|"
                         r"fabric")
