@@ -425,3 +425,26 @@ def test_a_train_module_s_train_batch_is_a_per_step_hook():
     """
     found = default(body)
     assert ("GB002", 6) in found, found
+
+
+def test_a_name_rebound_to_a_wrapper_of_itself_does_not_recurse():
+    """Megatron: `forward_step = wrap(forward_step)` or `fn = functools.partial(fn, ...)`: resolving what
+    the name runs must not follow its own assignment forever."""
+    body = """
+    import functools
+
+    def wrap(fn):
+        def inner(*a):
+            return fn(*a)
+        return inner
+
+    def train(model, loader, opt, forward_step, step_fn):
+        forward_step = wrap(forward_step)
+        step_fn = functools.partial(step_fn, opt=opt)
+        for batch in loader:
+            loss = forward_step(model, batch.cuda(non_blocking=True))
+            step_fn(loss)
+            loss.backward()
+            opt.step()
+    """
+    assert default(body) == [], default(body)

@@ -95,6 +95,7 @@ class Project:
                               if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "setattr"
                               and len(n.args) == 3 and isinstance(n.args[1], ast.Constant)
                               and isinstance(n.args[1].value, str)}   # param.allreduce = False: a flag on a tensor
+        self._following: set = set()   # (file, name, scope) whose assigned call is being resolved (no cycles)
         self._by_lower: dict | None = None   # lower-cased class name -> [(Source, ClassDef)], built on first use
         self.per_file: dict[int, dict] = {}   # id(Source) -> what the checkers of that file compute once
         self.looping: set[str] = set()   # names of the defs that hold a step loop (set by check.check_sources)
@@ -264,13 +265,13 @@ class Project:
             if hit and hit[0] == "class":
                 return self._init(hit[1], hit[2])   # Cls(x) in hot code: its __init__ runs every step
             found = self._forwards(self.instances_of(src, f, scope, types))   # net(x): its class's forward
-            for made in ([] if found else self._assigned(src, f.id, scope))[:4]:
-                if name_of(made.func) == "partial" and made.args:
-                    found += self.resolve(src, ast.Call(func=made.args[0], args=[*made.args[1:], *call.args],
-                                                        keywords=[*made.keywords, *call.keywords]), scope, types, fallback)
-                else:   # train_step_fn = losses.get_step_fn(sde, ...): the def the factory returns
-                    found += [hit for fs, fn in self.resolve(src, made, scope, types, fallback=False)[:3]
-                              for hit in _returned_defs(fs, fn)]
+            key = (id(src), f.id, id(scope))
+            if not found and key not in self._following:   # `fn = wrap(fn)`, `f = partial(f, ...)` do not recur
+                self._following.add(key)
+                try:
+                    found = self._made_by(src, call, f.id, scope, types, fallback)
+                finally:
+                    self._following.discard(key)
             return found or (self._callables(f.id, call) if fallback else [])
         if isinstance(f, ast.Subscript):   # loss_map[name](...) with loss_map = {"a": self.loss_a, ...}
             return [hit for v in self._dict_values(src, f.value, scope)
@@ -338,6 +339,18 @@ class Project:
         out = [(s, d) for s, d in self.methods.get("__call__", []) + self.methods.get("forward", [])
                if keys <= {a.arg for a in [*d.args.posonlyargs, *d.args.args, *d.args.kwonlyargs]}]
         return out if len(out) <= 6 else []
+
+    def _made_by(self, src: Source, call: ast.Call, name: str, scope, types, fallback: bool) -> list:
+        """What `name(...)` runs when `name` was assigned a call: a partial's function, a factory's nested def."""
+        found: list = []
+        for made in self._assigned(src, name, scope)[:4]:
+            if name_of(made.func) == "partial" and made.args:
+                found += self.resolve(src, ast.Call(func=made.args[0], args=[*made.args[1:], *call.args],
+                                                    keywords=[*made.keywords, *call.keywords]), scope, types, fallback)
+            else:   # train_step_fn = losses.get_step_fn(sde, ...): the def the factory returns
+                found += [hit for fs, fn in self.resolve(src, made, scope, types, fallback=False)[:3]
+                          for hit in _returned_defs(fs, fn)]
+        return found
 
     @staticmethod
     def _assigned(src: Source, name: str, scope: ast.AST | None) -> list[ast.Call]:
