@@ -212,14 +212,20 @@ def host_attrs(checker_cls, project: Project, flags: dict) -> dict[str, str]:
 
 def _class_attrs(c, cls: ast.ClassDef | None) -> None:
     """What the methods of `fn`'s class assign to self attributes, as the file's full walk learns it
-    (`self._loss_counts = np.zeros(n)`: a numpy array, so `(self._loss_counts == k).all()` is no sync)."""
+    (`self._loss_counts = np.zeros(n)`: a numpy array, so `(self._loss_counts == k).all()` is no sync).
+    Learnt once per class (project.per_class) and handed to each summary of its methods."""
     if cls is None:
         return
-    for d in cls.body:
-        if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            for st in ast.walk(d):
-                if isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Attribute):
-                    c.bind(st.targets[0], c.kind(st.value))
+    cache = c.project.per_class
+    if id(cls) not in cache:
+        for d in cls.body:
+            if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for st in ast.walk(d):
+                    if isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Attribute):
+                        c.bind(st.targets[0], c.kind(st.value))
+        cache[id(cls)] = dict(c.self_attrs)
+    else:
+        c.self_attrs.update(cache[id(cls)])
 
 
 __all__ = ["CallRules", "MAX_DEPTH", "host_attrs", "summarize"]

@@ -32,6 +32,7 @@ import ast
 import re
 from pathlib import Path
 
+from gobrrr.lint.bindings import assigned_calls, returned_defs
 from gobrrr.lint.loops import name_of
 from gobrrr.lint.source import DEFS, Source, _constructed
 
@@ -98,6 +99,7 @@ class Project:
         self._following: set = set()   # (file, name, scope) whose assigned call is being resolved (no cycles)
         self._by_lower: dict | None = None   # lower-cased class name -> [(Source, ClassDef)], built on first use
         self.per_file: dict[int, dict] = {}   # id(Source) -> what the checkers of that file compute once
+        self.per_class: dict[int, dict] = {}   # id(ClassDef) -> what its methods set self attributes to (calls._class_attrs)
         self.looping: set[str] = set()   # names of the defs that hold a step loop (set by check.check_sources)
         self.hotmaps: dict = {}     # id(Source) -> its HotMap, once built
         self.attr_types: dict[tuple[int, str], list] = {}   # (id(cls), attr) -> classes its constructors were given
@@ -343,28 +345,14 @@ class Project:
     def _made_by(self, src: Source, call: ast.Call, name: str, scope, types, fallback: bool) -> list:
         """What `name(...)` runs when `name` was assigned a call: a partial's function, a factory's nested def."""
         found: list = []
-        for made in self._assigned(src, name, scope)[:4]:
+        for made in assigned_calls(src, name, scope)[:4]:
             if name_of(made.func) == "partial" and made.args:
                 found += self.resolve(src, ast.Call(func=made.args[0], args=[*made.args[1:], *call.args],
                                                     keywords=[*made.keywords, *call.keywords]), scope, types, fallback)
             else:   # train_step_fn = losses.get_step_fn(sde, ...): the def the factory returns
                 found += [hit for fs, fn in self.resolve(src, made, scope, types, fallback=False)[:3]
-                          for hit in _returned_defs(fs, fn)]
+                          for hit in returned_defs(fs, fn)]
         return found
-
-    @staticmethod
-    def _assigned(src: Source, name: str, scope: ast.AST | None) -> list[ast.Call]:
-        """The calls assigned to `name` in this def or the nearest def around it that assigns one (each
-        branch's): `update_fn = functools.partial(shared_update_fn, sde=sde)`, `step_fn = get_step_fn(sde)`."""
-        s = scope
-        while True:
-            found = [st.value for st in _own_statements(getattr(s, "body", []) if s is not None else src.tree.body)
-                     if isinstance(st, ast.Assign) and isinstance(st.value, ast.Call)
-                     and isinstance(st.value.func, (ast.Name, ast.Attribute))
-                     and any(isinstance(t, ast.Name) and t.id == name for t in st.targets)]
-            if found or s is None:
-                return found
-            s = src.parent.get(id(s))
 
     def _named_like(self, recv: ast.AST) -> list:
         """The project classes an object of unknown origin is named after (`replay_buffer`, `self.rollout_buffer`
@@ -472,25 +460,6 @@ class Project:
                 if hit not in out:
                     out.append(hit)
         return out
-
-
-def _own_statements(body: list[ast.stmt]):
-    """The statements of a body and of its ifs, withs, trys and loops, not of nested defs."""
-    for st in body:
-        yield st
-        if not isinstance(st, (*DEFS, ast.ClassDef)):
-            for field in ("body", "orelse", "finalbody"):
-                yield from _own_statements(getattr(st, field, None) or [])
-            for h in getattr(st, "handlers", None) or []:
-                yield from _own_statements(h.body)
-
-
-def _returned_defs(src: Source, fn: ast.AST) -> list[tuple[Source, ast.AST]]:
-    """The defs nested in a factory that it returns by name (`def get_step_fn(...): def step_fn(...): ...;
-    return step_fn`)."""
-    nested = {d.name: d for d in getattr(fn, "body", []) if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))}
-    return [(src, nested[r.value.id]) for r in _own_statements(getattr(fn, "body", []))
-            if isinstance(r, ast.Return) and isinstance(r.value, ast.Name) and r.value.id in nested]
 
 
 __all__ = ["Project"]

@@ -1,0 +1,44 @@
+"""What a name was bound to, for the call graph (graph.Project.resolve): the calls assigned to it in a
+def or the defs around it (`step_fn = get_step_fn(sde)`, `update_fn = functools.partial(g, sde=sde)`), and
+the nested defs a factory returns by name."""
+from __future__ import annotations
+
+import ast
+
+from gobrrr.lint.source import DEFS, Source
+
+
+def assigned_calls(src: Source, name: str, scope: ast.AST | None) -> list[ast.Call]:
+    """The calls assigned to `name` in this def or the nearest def around it that assigns one (each
+    branch's): `update_fn = functools.partial(shared_update_fn, sde=sde)`, `step_fn = get_step_fn(sde)`."""
+    s = scope
+    while True:
+        found = [st.value for st in own_statements(getattr(s, "body", []) if s is not None else src.tree.body)
+                 if isinstance(st, ast.Assign) and isinstance(st.value, ast.Call)
+                 and isinstance(st.value.func, (ast.Name, ast.Attribute))
+                 and any(isinstance(t, ast.Name) and t.id == name for t in st.targets)]
+        if found or s is None:
+            return found
+        s = src.parent.get(id(s))
+
+
+def own_statements(body: list[ast.stmt]):
+    """The statements of a body and of its ifs, withs, trys and loops, not of nested defs."""
+    for st in body:
+        yield st
+        if not isinstance(st, (*DEFS, ast.ClassDef)):
+            for field in ("body", "orelse", "finalbody"):
+                yield from own_statements(getattr(st, field, None) or [])
+            for h in getattr(st, "handlers", None) or []:
+                yield from own_statements(h.body)
+
+
+def returned_defs(src: Source, fn: ast.AST) -> list[tuple[Source, ast.AST]]:
+    """The defs nested in a factory that it returns by name (`def get_step_fn(...): def step_fn(...): ...;
+    return step_fn`)."""
+    nested = {d.name: d for d in getattr(fn, "body", []) if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    return [(src, nested[r.value.id]) for r in own_statements(getattr(fn, "body", []))
+            if isinstance(r, ast.Return) and isinstance(r.value, ast.Name) and r.value.id in nested]
+
+
+__all__ = ["assigned_calls", "own_statements", "returned_defs"]
