@@ -448,3 +448,35 @@ def test_a_name_rebound_to_a_wrapper_of_itself_does_not_recurse():
             opt.step()
     """
     assert default(body) == [], default(body)
+
+
+def test_a_product_of_masks_indexes_as_a_mask_and_a_project_iterator_runs_per_step():
+    """Rainbow: `l[(u > 0) * (l == u)] -= 1` writes through a boolean mask (nonzero, every learn step);
+    `for state in val_mem:` runs ReplayMemory.__next__ once per iteration, which copies host frames."""
+    body = """
+    class ReplayMemory:
+        def __iter__(self):
+            self.i = 0
+            return self
+
+        def __next__(self):
+            self.i += 1
+            return torch.tensor(np.zeros((4, 84, 84)), dtype=torch.float32, device=DEVICE)
+
+    def learn(net, states, opt):
+        b = net(states)
+        l, u = b.floor().to(torch.int64), b.ceil().to(torch.int64)
+        l[(u > 0) * (l == u)] -= 1
+        b.sum().backward()
+        opt.step()
+
+    def evaluate(net, val_mem, out):
+        for state in val_mem:
+            out.append(net(state))
+
+    def train(net, memory, opt):
+        for step in range(1000):
+            learn(net, memory.sample(32), opt)
+    """
+    found = default(body)
+    assert ("GB008", 14) in found and ("GB010", 9) in found, found

@@ -82,16 +82,31 @@ class FlowRules:
 
     def follow_generator(self, loop: ast.For) -> None:
         """`for sample in rollouts.feed_forward_generator(adv, n):` (or a name assigned that call in this def):
-        a project generator's body runs a little per step of the loop that iterates it, so it is walked as hot."""
+        a project generator's body runs a little per step of the loop that iterates it, so it is walked as hot;
+        so is the `__next__` of a project iterator object (`for state in val_mem:`)."""
         it = loop.iter
         if isinstance(it, ast.Name) and self.defs:
             made = [st.value for st in ast.walk(self.defs[-1]) if isinstance(st, ast.Assign)
                     and isinstance(st.value, ast.Call) and st.lineno < loop.lineno
                     and any(isinstance(t, ast.Name) and t.id == it.id for t in st.targets)]
             it = made[-1] if made else it
+        scope = self.defs[-1] if self.defs else None
+        if isinstance(it, (ast.Name, ast.Attribute)):   # `for state in val_mem:` a project iterator's __next__
+            nxt = ast.copy_location(ast.Call(func=ast.Attribute(value=it, attr="__next__", ctx=ast.Load()),
+                                             args=[], keywords=[]), loop.iter)
+            hits = self.project.resolve(self.src, nxt, scope, self.types, fallback=False)
+            only = self.project.methods.get("__next__", [])
+            if not hits and len(only) == 1 and self.kind(it) is None:   # the project's one iterator class
+                target_src, fn = only[0]
+                self.pending.append((target_src, fn, {}, {}, (*self.chain, f"{self.src.name}:{loop.lineno}"),
+                                     list(self.functions)))
+            elif hits:
+                saved, self.region = self.region, "hot"
+                self.follow(nxt)
+                self.region = saved
+            return
         if not isinstance(it, ast.Call) or not isinstance(it.func, (ast.Name, ast.Attribute)):
             return
-        scope = self.defs[-1] if self.defs else None
         if any(any(isinstance(n, (ast.Yield, ast.YieldFrom)) for n in ast.walk(fn))
                for _, fn in self.project.resolve(self.src, it, scope, self.types)):
             saved, self.region = self.region, "hot"

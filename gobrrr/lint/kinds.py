@@ -143,8 +143,9 @@ class Kinds:
             return "mask" if isinstance(node.op, ast.Invert) and k in TENSORISH else k
         if isinstance(node, ast.BinOp):
             kinds = {self.kind(node.left), self.kind(node.right)}
-            if kinds & TENSORISH:
-                return "mask" if isinstance(node.op, (ast.BitAnd, ast.BitOr, ast.BitXor)) else "tensor"
+            if kinds & TENSORISH:   # (u > 0) * (l == u): the product of two masks is a mask too
+                return "mask" if isinstance(node.op, (ast.BitAnd, ast.BitOr, ast.BitXor)) or (
+                    kinds == {"mask"} and isinstance(node.op, ast.Mult)) else "tensor"
             if kinds <= {"num"}:
                 return "num"
             if "str" in kinds and isinstance(node.op, (ast.Mod, ast.Add, ast.Mult)):
