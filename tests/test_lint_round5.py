@@ -480,3 +480,16 @@ def test_a_product_of_masks_indexes_as_a_mask_and_a_project_iterator_runs_per_st
     """
     found = default(body)
     assert ("GB008", 14) in found and ("GB010", 9) in found, found
+
+
+def test_a_numpy_index_expression_is_a_host_index():
+    """YOLOv4's loss: `output[..., np.r_[:2, 4:n_ch]]` builds the index array on the host; each use copies
+    it to the device."""
+    body = """
+    class YoloLoss(nn.Module):
+        def forward(self, xin, labels):
+            for output in xin:
+                output[..., np.r_[:2, 4:85]] = torch.sigmoid(output[..., np.r_[:2, 4:85]])
+            return xin[0].sum()
+    """
+    assert ("GB011", 5) in default(body), default(body)

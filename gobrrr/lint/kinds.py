@@ -197,6 +197,8 @@ class Kinds:
                 return getattr(getattr(self, "project", None), "host_attrs", {}).get(node.attr)
             return None
         if isinstance(node, ast.Subscript):
+            if self.dotted(node.value) in ("numpy.r_", "numpy.c_"):
+                return "numpy"   # np.r_[:2, 4:n]: an index array built on the host
             k = self.kind(node.value)
             if k == "mask":
                 return "tensor"
