@@ -3,7 +3,10 @@
 default run, with the false-positive shape that came with it kept quiet."""
 from __future__ import annotations
 
-from tests.test_lint_round4 import default
+import textwrap
+
+from gobrrr.lint.check import lint_source
+from tests.test_lint_round4 import HEAD, default
 
 
 def test_an_object_handed_in_as_a_parameter_runs_the_class_it_is_named_after():
@@ -500,3 +503,30 @@ def test_a_numpy_index_expression_is_a_host_index():
             opt.step()
     """
     assert ("GB011", 5) in default(body), default(body)
+
+
+def test_a_stopwatch_synchronize_in_the_step_is_reported_with_events_as_the_fix():
+    """`torch.cuda.synchronize(); batch_time.update(time.time() - end)` every step: a measurement, and
+    still a full stall of the queue each step; benchmark code keeps its syncs unreported."""
+    body = """
+    import time
+
+    def train(model, loader, opt, meter):
+        end = time.time()
+        for x in loader:
+            loss = model(x.cuda(non_blocking=True)).mean()
+            loss.backward()
+            opt.step()
+            torch.cuda.synchronize()
+            meter.update(time.time() - end)
+            end = time.time()
+
+    def bench_step(model, x):
+        for _ in range(10):
+            model(x)
+            torch.cuda.synchronize()
+    """
+    out = lint_source(HEAD + textwrap.dedent(body), "train.py")
+    found = {(f.rule, f.line - HEAD.count("\\n")): f for f in out}
+    assert ("GB004", 10) in found and "Event" in found[("GB004", 10)].fix, sorted(found)
+    assert ("GB004", 17) not in found

@@ -17,8 +17,9 @@ A sync costs something only where it repeats. This pass marks, before any rule r
                    branch that ends the loop or the run (`raise`, `break`, `return`); `except`
                    handlers; an assert's message; code after `if not should_log(step): return`.
     timed syncs    a synchronize() next to a timer read (time.perf_counter(), elapsed_time()), or
-                   in a loop that reads one (timm's batch_time), or in benchmark code (a path or
-                   function named bench/timing/profile...): deliberate measurement, not a stall.
+                   in a loop that reads one (timm's batch_time): a stopwatch, still a stall every
+                   step, reported with CUDA events as its fix; in benchmark code (a path or function
+                   named bench/timing/profile...) it is measurement and not reported.
 
 The functions hot code calls (in this file or another) are followed by the call graph
 (graph), not here. Everything here is syntactic and runs before the kinds of kinds.

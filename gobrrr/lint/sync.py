@@ -21,6 +21,10 @@ _TRACKER = re.compile(r"wandb|^run$|_run$|tracker|accelerator|experiment|fabric"
 _LOGGERS = {"add_scalar", "add_scalars", "add_histogram", "log_metric", "log_metrics"}
 
 
+_TIMING_FIX = ("time with torch.cuda.Event(enable_timing=True) pairs recorded around the step and read once per "
+               "log interval (elapsed_time), or synchronize only on the steps that log")
+
+
 class SyncRules:
     """GB002/GB003/GB004/GB008 on calls, f-strings, %-formatting and boolean-mask indexing."""
 
@@ -60,9 +64,11 @@ class SyncRules:
             self.flag(node, "GB003", what="logging")  # wandb_run.log({"loss": loss}), accelerator.log({...})
         # GB004: synchronize in a loop, unless it is measuring time or in benchmark code
         if name.endswith("torch.cuda.synchronize") or method == "synchronize":
-            if not (self.hotmap.bench_file or node.lineno in self.hotmap.timed
-                    or any(is_bench_name(f) for f in self.functions)):
-                self.flag(node, "GB004", what=f"`{ast.unparse(func)}()`")
+            if not (self.hotmap.bench_file or any(is_bench_name(f) for f in self.functions)):
+                if node.lineno in self.hotmap.timed:   # a stopwatch around the step: still a full stall each step
+                    self.flag(node, "GB004", what=f"`{ast.unparse(func)}()` to time the step", fix=_TIMING_FIX)
+                else:
+                    self.flag(node, "GB004", what=f"`{ast.unparse(func)}()`")
         if name.endswith("torch.cuda.empty_cache") and self.loop_stack and not (   # cudaFree synchronizes the device
                 self.hotmap.bench_file or any(is_bench_name(f) for f in self.functions)):   # (in a loop: set-up and
             # teardown helpers that hot code seems to reach call it once, to free memory for what comes next)
