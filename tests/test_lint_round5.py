@@ -527,6 +527,6 @@ def test_a_stopwatch_synchronize_in_the_step_is_reported_with_events_as_the_fix(
             torch.cuda.synchronize()
     """
     out = lint_source(HEAD + textwrap.dedent(body), "train.py")
-    found = {(f.rule, f.line - HEAD.count("\\n")): f for f in out}
+    found = {(f.rule, f.line - HEAD.count("\n")): f for f in out}
     assert ("GB004", 10) in found and "Event" in found[("GB004", 10)].fix, sorted(found)
     assert ("GB004", 17) not in found
