@@ -28,6 +28,12 @@ _PASS_THROUGH = {"list", "tuple", "tqdm", "reversed", "trange"}   # iterating th
 _LEAVES = (ast.Return, ast.Raise, ast.Continue)   # a break's bindings reach the code after the loop
 
 
+def _type_checked(test: ast.AST) -> set[str]:
+    """Names whose type the condition tests: `type(x)`, `isinstance(x, ...)`, `torch.is_tensor(x)`."""
+    return {n.args[0].id for n in ast.walk(test) if isinstance(n, ast.Call) and n.args
+            and isinstance(n.args[0], ast.Name) and name_of(n.func) in ("type", "isinstance", "is_tensor")}
+
+
 def _leaves(body: list[ast.stmt]) -> bool:
     return bool(body) and isinstance(body[-1], _LEAVES)
 
@@ -192,6 +198,9 @@ class FlowRules:
             for stmt in node.orelse:
                 self.visit(stmt)
         self._merge(scope, before, body, _leaves(node.body), _leaves(node.orelse))
+        for name in _type_checked(node.test) & set(body):   # `if type(b).__name__ != 'ndarray': b = b.cpu().numpy()`
+            if not node.orelse and body[name] == "numpy":   # normalises b to numpy: numpy after the if, either way
+                scope[name] = body[name]
         taken = node.body if truth is True else node.orelse if truth is False else []
         if taken and isinstance(taken[-1], (ast.Return, ast.Raise)):
             self.left = True   # `if copy: return th.tensor(...)` with copy=True: the rest of the def never runs

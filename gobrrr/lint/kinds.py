@@ -77,6 +77,7 @@ class Kinds:
             self.scopes[-1][target.id] = kind
             self.scopes[-1].pop(target.id + "#val", None)   # no longer the constant the call passed
             self.scopes[-1].pop(target.id + "#0d", None)
+            self.scopes[-1].pop(target.id + "#elem", None)
             self.scopes[-1].pop(target.id + "#part", None)
         elif isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self":
             # one kind per attribute name in the file; two different kinds leave it unknown
@@ -176,8 +177,10 @@ class Kinds:
             a, b = self.kind(node.body), self.kind(node.orelse)
             return a if a == b else None
         if isinstance(node, ast.Attribute):
-            if node.attr in NUMBER_ATTRS:
+            if node.attr in NUMBER_ATTRS or node.attr == "size":   # x.size uncalled: a BoxList's (w, h)
                 return "num"
+            if node.attr.isupper() and len(node.attr) > 1:
+                return None   # cfg.MODEL.RPN_ONLY: a config node (yacs, ml_collections), never a tensor's field
             if isinstance(node.value, ast.Name) and node.value.id == "self" and node.attr in self.self_attrs:
                 return self.self_attrs[node.attr]
             if node.attr in self.buffers and (isinstance(node.value, ast.Name) and node.value.id == "self"
@@ -202,6 +205,8 @@ class Kinds:
             k = self.kind(node.value)
             if k == "mask":
                 return "tensor"
+            if k == "num" and not isinstance(node.slice, ast.Slice):
+                return "num"   # masks.shape[1], size[0]: an int
             if k in ("tlist", "hlist"):
                 return ("tensor" if k == "tlist" else "hlist") if not isinstance(node.slice, ast.Slice) else k
             return k if k in TENSORISH | {"host", "pinned", "numpy"} | BATCHES else None

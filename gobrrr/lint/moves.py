@@ -98,9 +98,26 @@ class CopyRules:
         for p in parts:
             if isinstance(p, (ast.List, ast.ListComp)) or (
                     isinstance(p, ast.Call) and isinstance(p.func, ast.Name) and p.func.id in ("range", "list")) \
-                    or self.kind(p) in _HOST_INDEX:
+                    or self.kind(p) in _HOST_INDEX and not self.host_element(p):
                 self.flag(node, "GB011", what=_short(p, 30))
                 return
+
+    def note_elements(self, node: ast.Assign) -> None:
+        """Mark names bound to one element of a host array (`i, j = truth_i[ti], truth_j[ti]`)."""
+        t, v = node.targets[0], node.value
+        pairs = zip(t.elts, v.elts) if isinstance(t, ast.Tuple) and isinstance(v, ast.Tuple) \
+            and len(t.elts) == len(v.elts) else [(t, v)] if len(node.targets) == 1 else []
+        for name, val in pairs:
+            if isinstance(name, ast.Name) and self.host_element(val):
+                self.scopes[-1][name.id + "#elem"] = "elem"
+
+    def host_element(self, p: ast.AST) -> bool:
+        """One element of a host array (`truth_i[ti]`, or `i` from `i, j = truth_i[ti], truth_j[ti]`): an
+        integer index read on the host, a plain select with nothing copied to the device."""
+        if isinstance(p, ast.Name):
+            return bool(self.lookup(p.id + "#elem"))
+        return isinstance(p, ast.Subscript) and isinstance(p.slice, (ast.Name, ast.Constant)) \
+            and self.kind(p.value) in ("numpy", "host")
 
     def check_loaders(self) -> None:
         """GB006: a pageable DataLoader of this scope whose batches go to CUDA."""

@@ -36,7 +36,10 @@ NOT_TENSOR_METHODS = {"parameters", "named_parameters", "buffers", "named_buffer
 MASK_FUNCS = {"isnan", "isinf", "isfinite", "logical_and", "logical_or", "logical_not", "logical_xor",
               "eq", "ne", "gt", "ge", "lt", "le", "isin", "isclose", "signbit", "isneginf", "isposinf"}
 NUM_BUILTINS = {"len", "int", "float", "bool", "round", "ord", "hash", "isinstance", "issubclass", "hasattr", "type",
-                "callable", "id", "any", "all"}
+                "callable", "id", "any", "all",
+                # inspect's predicates, imported bare: `d() if isfunction(d) else d`
+                "isfunction", "isclass", "ismethod", "ismodule", "isroutine", "isbuiltin", "iscoroutinefunction",
+                "isgeneratorfunction", "isabstract"}
 NOT_TENSOR_TORCH = {"is_tensor", "is_floating_point", "is_complex", "is_nonzero", "is_storage", "is_grad_enabled",
                     "is_inference_mode_enabled", "is_autocast_enabled", "numel", "device", "dtype", "no_grad",
                     "inference_mode", "manual_seed", "seed", "save", "load", "compile", "set_grad_enabled",

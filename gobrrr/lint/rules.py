@@ -349,6 +349,7 @@ class Checker(FlowRules, CallRules, SyncRules, CopyRules, InsideRules, EnvRules,
             self._assign(node)
         finally:
             self.assigning = set()
+        self.note_elements(node)   # after the binding, which clears a name's marks
 
     def _assign(self, node: ast.Assign) -> None:
         self.visit(node.value)
