@@ -582,3 +582,23 @@ def test_config_nodes_sizes_predicates_and_host_elements_are_not_device_values()
     found = default(body)
     quiet = {5, 13, 15, 23, 31}
     assert not [f for f in found if f[1] in quiet], found
+
+
+def test_a_dtensor_layout_and_an_uncalled_dim_are_python_values():
+    """torchtitan: `elif chunk_grad.placements != self._placements:` compares Placement tuples, and
+    `p.dim < ndim` (a Shard's dim) compares ints: no tensor is read."""
+    body = """
+    def accumulate(chunks, placements, ndim):
+        for chunk_grad in chunks:
+            if chunk_grad.placements != placements:
+                raise ValueError("mixed")
+            kept = [p for p in chunk_grad.placements if p.dim < ndim]
+
+    def train(model, loader, opt, placements):
+        for x in loader:
+            grads = [model(x.cuda(non_blocking=True))]
+            accumulate(grads, placements, 2)
+            grads[0].sum().backward()
+            opt.step()
+    """
+    assert not [f for f in default(body) if f[1] in (4, 6)], default(body)

@@ -177,7 +177,7 @@ class Kinds:
             a, b = self.kind(node.body), self.kind(node.orelse)
             return a if a == b else None
         if isinstance(node, ast.Attribute):
-            if node.attr in NUMBER_ATTRS or node.attr == "size":   # x.size uncalled: a BoxList's (w, h)
+            if node.attr in NUMBER_ATTRS or node.attr in ("size", "dim"):   # x.size, p.dim uncalled: a tuple, an int
                 return "num"
             if node.attr.isupper() and len(node.attr) > 1:
                 return None   # cfg.MODEL.RPN_ONLY: a config node (yacs, ml_collections), never a tensor's field
