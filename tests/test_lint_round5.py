@@ -602,3 +602,34 @@ def test_a_dtensor_layout_and_an_uncalled_dim_are_python_values():
             opt.step()
     """
     assert not [f for f in default(body) if f[1] in (4, 6)], default(body)
+
+
+def test_a_project_helper_read_without_a_certain_return_is_not_guessed_a_tensor():
+    """YOLOv4's evaluation: `boxes = do_detect(model, img)` returns `post_processing(...)`, a list of numpy
+    rows it builds by appending; the helper was read, so its result is not guessed a device tensor from
+    its arguments, and `int(box[-1])` reads nothing from the GPU. A helper that returns the model's output
+    is still a tensor."""
+    body = """
+    def post_processing(output):
+        boxes = output[0].cpu().numpy()
+        batch = []
+        for i in range(boxes.shape[0]):
+            batch.append([boxes[i, 0], boxes[i, 1]])
+        return batch
+
+    def do_detect(model, img):
+        output = model(img)
+        return post_processing(output)
+
+    def logits_of(model, img):
+        return model(img)
+
+    def evaluate(model, images):
+        for img in images:
+            boxes = do_detect(model, img.cuda(non_blocking=True))
+            for box in boxes:
+                category = int(box[-1])
+            top = float(logits_of(model, img.cuda(non_blocking=True)).max())
+    """
+    found = default(body)
+    assert ("GB002", 20) not in found and ("GB002", 21) in found, found

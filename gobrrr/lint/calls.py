@@ -53,9 +53,12 @@ class CallRules:
             k, p = summarize(type(self), self.project, target_src, fn, kinds, self.summary_depth + 1, self.project_flags)
             found.add(k)
             parts.add(p)
+        read = bool(found)
         k = found.pop() if len(found) == 1 else None
         self.return_kinds[id(node)] = k
         self.return_parts[id(node)] = parts.pop() if len(parts) == 1 else None
+        if read and k is None:
+            self.read_defs.add(id(node))   # a project def was read and says nothing: no guess from its arguments
         return k
 
     def unpacked_kinds(self, node: ast.AST, n: int) -> tuple | None:

@@ -305,6 +305,8 @@ class Kinds:
         summary = self.return_kind(node)
         if summary is not None:
             return summary or None   # "": a project function that returns a mixed tuple
+        if id(node) in getattr(self, "read_defs", ()):
+            return None   # a project def was read and returns nothing certain (a list it built): no guess
         if isinstance(func, ast.Attribute) and func.attr in DEVICE_WRAPPERS and len(node.args) == 1:
             k = self.iter_kind(node.args[0])
             if k and k.startswith("loader"):

@@ -167,6 +167,7 @@ class Checker(FlowRules, CallRules, SyncRules, CopyRules, InsideRules, EnvRules,
         self.returns: list = []                 # the kinds of its return values
         self.return_items: list = []            # per return: the kinds of a returned tuple's items, or None
         self.return_kinds: dict[int, str | None] = {}   # id(Call) -> what the project def it runs returns
+        self.read_defs: set[int] = set()   # id(Call) of project defs read whose return is unknown
         self.return_parts: dict[int, tuple | None] = {}   # id(Call) -> the kinds of the tuple it returns
 
     # -- reporting
