@@ -633,3 +633,43 @@ def test_a_project_helper_read_without_a_certain_return_is_not_guessed_a_tensor(
     """
     found = default(body)
     assert ("GB002", 20) not in found and ("GB002", 21) in found, found
+
+
+def test_an_object_a_factory_builds_into_a_local_and_returns_is_its_class():
+    """maskrcnn-benchmark: `loss_evaluator = RPNLossComputation(...); return loss_evaluator` in
+    make_rpn_loss_evaluator; `self.loss_evaluator(...)` per step runs RPNLossComputation.__call__ and its
+    torch.nonzero. A factory returning a transform pipeline (a Compose over numpy) still gives host data."""
+    body = """
+    class RPNLossComputation:
+        def __call__(self, labels):
+            pos = torch.nonzero(labels > 0).squeeze(1)
+            return labels[pos].float().mean()
+
+    def make_rpn_loss_evaluator(cfg):
+        loss_evaluator = RPNLossComputation()
+        return loss_evaluator
+
+    class Compose:
+        def __call__(self, image, boxes=None):
+            return torch.from_numpy(image), boxes
+
+    def build_transforms():
+        transform = Compose()
+        return transform
+
+    class RPN(nn.Module):
+        def __init__(self, cfg):
+            super().__init__()
+            self.loss_evaluator = make_rpn_loss_evaluator(cfg)
+
+        def forward(self, labels):
+            return self.loss_evaluator(labels)
+
+    def demo(model, paths, device):
+        transforms = build_transforms()
+        for path in paths:
+            image = np.load(path)
+            out = model(transforms(image)[0].unsqueeze(0).to(device))
+    """
+    found = default(body)
+    assert ("GB008", 4) in found and ("GB010", 31) in found, found

@@ -178,6 +178,9 @@ class Project:
             for n in ast.walk(hit[2]):
                 if isinstance(n, ast.Return) and n.value is not None and _constructed(n.value) is not None:
                     out += self.classes_of(hit[1], _constructed(n.value), depth + 1)
+                elif isinstance(n, ast.Return) and isinstance(n.value, ast.Name):   # evaluator = Cls(...); return it
+                    for made_by in assigned_calls(hit[1], n.value.id, hit[2]):
+                        out += [c for c in self.classes_of(hit[1], made_by, depth + 1) if c not in out]
             return out
         return []
 

@@ -303,10 +303,11 @@ class Kinds:
             if last[:1].isupper():
                 return "obj"  # a class: a module, a meter, a config; not a tensor
         summary = self.return_kind(node)
+        numpy_in = isinstance(func, ast.Name) and not node.keywords and {self.kind(a) for a in node.args} == {"numpy"}
         if summary is not None:
-            return summary or None   # "": a project function that returns a mixed tuple
+            return summary or ("host" if numpy_in else None)   # "": a project function returning a mixed tuple
         if id(node) in getattr(self, "read_defs", ()):
-            return None   # a project def was read and returns nothing certain (a list it built): no guess
+            return "host" if numpy_in else None   # a project def read that returns nothing certain: no guess
         if isinstance(func, ast.Attribute) and func.attr in DEVICE_WRAPPERS and len(node.args) == 1:
             k = self.iter_kind(node.args[0])
             if k and k.startswith("loader"):
