@@ -673,3 +673,25 @@ def test_an_object_a_factory_builds_into_a_local_and_returns_is_its_class():
     """
     found = default(body)
     assert ("GB008", 4) in found and ("GB010", 31) in found, found
+
+
+def test_a_wrapper_made_at_the_call_site_runs_what_it_wraps():
+    """detectron2: `retry_if_cuda_oom(self.matcher_fn)(iou)`: the wrapper is built and called at once; what
+    runs is the wrapped function."""
+    body = """
+    def retry_if_cuda_oom(func):
+        def wrapped(*args):
+            return func(*args)
+        return wrapped
+
+    def match(iou):
+        return torch.nonzero(iou > 0.5)
+
+    def train(model, loader, opt):
+        for x in loader:
+            iou = model(x.cuda(non_blocking=True))
+            idx = retry_if_cuda_oom(match)(iou)
+            iou.sum().backward()
+            opt.step()
+    """
+    assert ("GB008", 8) in default(body), default(body)

@@ -24,7 +24,7 @@ from gobrrr.lint.loops import name_of
 from gobrrr.lint.names import TENSOR_METHODS, TENSORISH
 from gobrrr.lint.source import Source
 
-MAX_DEPTH = 4   # calls followed from a hot loop into the project's functions
+MAX_DEPTH = 6   # calls followed from a hot loop into the project's functions
 
 
 class CallRules:

@@ -16,6 +16,7 @@
                                    subclasses, when at most three classes' names end in it
                  fn(x)             with `fn = functools.partial(g, k=v)` in a def around: g, given k=v too;
                                    with `fn = get_step_fn(cfg)`: the def nested in get_step_fn that it returns
+                 wrap(g)(x)        g: a wrapper made at the call site (`retry_if_cuda_oom(self.matcher)(iou)`)
                  Cls(x)            its __init__: a constructor called in hot code runs every step
                  pkg.mod.f(x)      through a chain of modules (`import k_diffusion as K; K.sampling.f`)
                  torch.min(a, b)   nothing: a module from outside the project is never a project method
@@ -278,6 +279,10 @@ class Project:
                 finally:
                     self._following.discard(key)
             return found or (self._callables(f.id, call) if fallback else [])
+        if isinstance(f, ast.Call) and len(f.args) == 1 and not f.keywords \
+                and isinstance(f.args[0], (ast.Name, ast.Attribute)):   # retry_if_cuda_oom(self.matcher)(iou):
+            return self.resolve(src, ast.Call(func=f.args[0], args=call.args, keywords=call.keywords),  # a wrapper
+                                scope, types, fallback)   # made at the call site runs what it wraps
         if isinstance(f, ast.Subscript):   # loss_map[name](...) with loss_map = {"a": self.loss_a, ...}
             return [hit for v in self._dict_values(src, f.value, scope)
                     for hit in self.resolve(src, ast.Call(func=v, args=call.args, keywords=call.keywords), scope, types)]
@@ -360,7 +365,8 @@ class Project:
     def _named_like(self, recv: ast.AST) -> list:
         """The project classes an object of unknown origin is named after (`replay_buffer`, `self.rollout_buffer`
         -> ReplayBuffer, DictRolloutBuffer): the class name, lower-cased, equals or ends with the object's
-        last name without underscores (and without an `_obj` or `_fn` suffix). Names under five letters
+        last name without underscores (and without an `_obj` or `_fn` suffix), or, failing that, the name ends
+        with a class name of six letters or more (`proposal_matcher` -> Matcher). Names under five letters
         (`env`, `net`) or vague (`model`) pin nothing; nor do more than three classes, unless they are one
         hierarchy (at most eight: `predictor_obj` -> the Predictor subclasses)."""
         name = recv.id if isinstance(recv, ast.Name) else recv.attr if isinstance(recv, ast.Attribute) else ""
@@ -369,6 +375,8 @@ class Project:
             return []
         self._classes_by_lower()
         found = [c for low, cs in self._by_lower.items() if low.endswith(key) for c in cs]
+        if not found:   # self.proposal_matcher -> Matcher, self.box2box_transform -> Box2BoxTransform
+            found = [c for low, cs in self._by_lower.items() if len(low) >= 6 and key.endswith(low) for c in cs]
         if len(found) <= 3:
             return found
         return found if len(found) <= 8 and self._one_hierarchy([(s, c) for s, c in found], classes=True) else []
