@@ -140,29 +140,49 @@ dist.destroy_process_group()
 """
 
 
-@pytest.mark.timeout(600)
-def test_ddp_overlap_on_and_off_differ_in_exposed_communication_by_the_step_time(tmp_path):
-    """Bucketed ddp all-reduces while backward computes; NaiveDDP all-reduces after it. The step time saved
-    by the overlap (measured on the recorded steps) is the exposed communication the doctor sees go away."""
-    (tmp_path / "overlap.py").write_text(textwrap.dedent(OVERLAP))
+def _overlap_run(tmp_path: Path, attempt: int) -> tuple[dict, dict, dict]:
+    """(each mode's merged report, median recorded step per mode, exposed communication per mode) of one
+    on/off pair of the OVERLAP script under torchrun (2 gloo ranks)."""
     got = {}
     for mode in ("on", "off"):
-        r = _torchrun(tmp_path, 2, ["--out", mode, "--steps", "8", "--plain-steps", "2", "--quiet", "overlap.py", mode])
+        out = f"{mode}{attempt}"
+        r = _torchrun(tmp_path, 2, ["--out", out, "--steps", "8", "--plain-steps", "2", "--quiet", "overlap.py", mode])
         assert r.returncode == 0, r.stderr[-3000:]
-        got[mode] = _merged(tmp_path / mode, 2)
-    rows = {mode: got[mode]["ranks"]["per_rank"] for mode in got}
+        got[mode] = _merged(tmp_path / out, 2)
+        got[mode]["_dir"] = tmp_path / out
     # each rank's median recorded step: one step slowed by a neighbour on a loaded CI machine moves a mean of
     # a few steps by as much as the overlap saves (CI once measured 9.6 ms saved for 28 ms less exposed)
-    step = {mode: statistics.mean(json.loads((tmp_path / mode / f"rank-{r}" / "report.json").read_text())
+    step = {mode: statistics.mean(json.loads((got[mode]["_dir"] / f"rank-{r}" / "report.json").read_text())
                                   ["steps"]["median_ms"] for r in range(2)) for mode in got}
-    exposed = {mode: statistics.mean(row["exposed_ms_per_step"] for row in rows[mode]) for mode in rows}
-    print(step, exposed)
-    for mode in got:
-        assert got[mode]["ranks"]["layout"]["name"] == "ddp"
-    assert exposed["on"] < 0.5 * exposed["off"], exposed
+    exposed = {mode: statistics.mean(row["exposed_ms_per_step"] for row in got[mode]["ranks"]["per_rank"])
+               for mode in got}
+    return got, step, exposed
+
+
+def _overlap_holds(step: dict, exposed: dict) -> bool:
     # The two agree only roughly on a CPU: the overlapped all-reduce's gloo thread competes with backward for
     # the machine's cores, so part of the hidden communication returns as slower compute (a CI run under load
     # saved 32 ms of step time for 47 ms less exposed communication). Same sign, same size within 2x.
+    saved, less_exposed = step["off"] - step["on"], exposed["off"] - exposed["on"]
+    return exposed["on"] < 0.5 * exposed["off"] and saved > 0 and 0.5 * saved <= less_exposed <= 2.0 * saved
+
+
+@pytest.mark.timeout(600)
+def test_ddp_overlap_on_and_off_differ_in_exposed_communication_by_the_step_time(tmp_path):
+    """Bucketed ddp all-reduces while backward computes; NaiveDDP all-reduces after it. The step time saved
+    by the overlap (measured on the recorded steps) is the exposed communication the doctor sees go away.
+    The overlap needs a free core for gloo's thread: when other processes take both cores the hidden
+    all-reduce is not hidden (measured once: 48 ms exposed with overlap against 63 without), so a pair that
+    misses is measured once more before the test fails."""
+    (tmp_path / "overlap.py").write_text(textwrap.dedent(OVERLAP))
+    for attempt in range(2):
+        got, step, exposed = _overlap_run(tmp_path, attempt)
+        print(attempt, step, exposed)
+        if _overlap_holds(step, exposed):
+            break
+    for mode in got:
+        assert got[mode]["ranks"]["layout"]["name"] == "ddp"
+    assert exposed["on"] < 0.5 * exposed["off"], exposed
     saved, less_exposed = step["off"] - step["on"], exposed["off"] - exposed["on"]
     assert saved > 0 and 0.5 * saved <= less_exposed <= 2.0 * saved, (step, exposed)
 
