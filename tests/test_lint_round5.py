@@ -695,3 +695,28 @@ def test_a_wrapper_made_at_the_call_site_runs_what_it_wraps():
             opt.step()
     """
     assert ("GB008", 8) in default(body), default(body)
+
+
+def test_a_tensor_passed_for_a_parameter_with_a_number_default_is_a_tensor():
+    """MAR: `def sample(self, z, temperature=1.0, cfg=1.0): if not cfg == 1.0:` called with a CUDA `cfg_iter`
+    every sampling step: the default says a number, the call passes a device tensor, and the call wins."""
+    body = """
+    class DiffLoss(nn.Module):
+        def sample(self, z, temperature=1.0, cfg=1.0):
+            if not cfg == 1.0:
+                z = torch.cat([z, z])
+            return z * temperature
+
+    class MAR(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.diffloss = DiffLoss()
+
+        def sample_tokens(self, z, num_iter, cfg):
+            for step in range(num_iter):
+                mask_len = torch.tensor([step], device=z.device)
+                cfg_iter = 1 + (cfg - 1) * mask_len[0] / num_iter
+                z = self.diffloss.sample(z, 1.0, cfg_iter)
+            return z
+    """
+    assert ("GB007", 4) in default(body), default(body)

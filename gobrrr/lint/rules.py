@@ -283,6 +283,7 @@ class Checker(FlowRules, CallRules, SyncRules, CopyRules, InsideRules, EnvRules,
             if d is not None and scope.get(a.arg) is None and self.kind(d) == "num" \
                     and not (isinstance(d, ast.Constant) and d.value is None):   # `labels=None`: a tensor or nothing
                 scope[a.arg] = "num"
+                scope[a.arg + "#dflt"] = "dflt"   # a guess from the default: what a call passes wins
         if hook:   # a framework (or the step loop) hands the hook device batches, outputs and a model
             for a in params[1:]:
                 if scope.get(a.arg) is None:
@@ -291,8 +292,8 @@ class Checker(FlowRules, CallRules, SyncRules, CopyRules, InsideRules, EnvRules,
                     scope[a.arg] = "num" if "idx" in a.arg else "batch" if batch and node.name == "forward" \
                         else "tensor" if a.arg in tensors or batch else "obj" if is_model_name(a.arg) or "module" in a.arg \
                         or a.arg == "trainer" else None
-        for name, k in (seed or {}).items():
-            if scope.get(name) is None:
+        for name, k in (seed or {}).items():   # `sample(z, temperature, cfg_iter)` with a CUDA cfg_iter passes
+            if scope.get(name) is None or (k in TENSORISH and scope.get(name + "#dflt")):   # `cfg=1.0` a tensor
                 scope[name] = k
         closure = self.closure_scope(node) if chain else None
         if closure is not None:
