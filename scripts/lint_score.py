@@ -198,7 +198,8 @@ def parse_text(output: str) -> list[dict]:
 # ----------------------------------------------------------------------------- checkouts and lint runs
 
 def checkout(judgement: dict, repos: Path, mirror: Path | None) -> Path:
-    """REPOS/<name>; built from MIRROR/<owner>+<repo>/repo at the recorded commit when it is missing."""
+    """REPOS/<name>; built from MIRROR/<owner>+<repo>/repo (bare, or a clone's .git) at the recorded commit
+    when it is missing."""
     where = repos / judgement["name"]
     if where.is_dir():
         return where
@@ -206,6 +207,8 @@ def checkout(judgement: dict, repos: Path, mirror: Path | None) -> Path:
         raise FileNotFoundError(f"{where} is missing: check out {judgement['url']} at {judgement['commit']} "
                                 f"there, or pass --mirror")
     git_dir = mirror / judgement["repo"].replace("/", "+") / "repo"
+    if (git_dir / ".git").is_dir():
+        git_dir = git_dir / ".git"   # a working clone rather than a bare mirror
     if not git_dir.is_dir():
         raise FileNotFoundError(f"no mirror of {judgement['repo']} at {git_dir}: fetch it first")
     with tempfile.TemporaryDirectory() as tmp:

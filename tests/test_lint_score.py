@@ -128,3 +128,27 @@ def test_a_finding_that_covers_other_lines_finds_them_without_counting_them():
     s = lint_score.score_repo(judged, [{"path": "train.py", "line": 45, "rule": "GB014", "covers": [40, 41]}])
     assert (s.step_found, s.step_total) == (2, 2)
     assert (s.rare, s.step, s.false) == (1, 0, 0)   # precision counts the one finding, not the lines it covers
+
+
+def test_a_checkout_is_built_from_a_bare_mirror_or_a_clone(tmp_path):
+    """`--mirror` folders hold bare mirrors (<owner>+<repo>/repo) or, for some repositories, a working
+    clone (<owner>+<repo>/repo/.git): both give the lint paths at the recorded commit."""
+    import subprocess
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "train.py").write_text("print('step')\n")
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run([*git, "init", "-q", str(src)], check=True)
+    subprocess.run([*git, "-C", str(src), "add", "train.py"], check=True)
+    subprocess.run([*git, "-C", str(src), "commit", "-qm", "one"], check=True)
+    commit = subprocess.run(["git", "-C", str(src), "rev-parse", "HEAD"], capture_output=True, text=True,
+                            check=True).stdout.strip()
+    for kind in ("bare", "clone"):
+        mirror = tmp_path / f"mirror-{kind}" / "owner+proj"
+        if kind == "bare":
+            subprocess.run(["git", "clone", "-q", "--bare", str(src), str(mirror / "repo")], check=True)
+        else:
+            subprocess.run(["git", "clone", "-q", str(src), str(mirror / "repo")], check=True)
+        judged = {**JUDGED, "name": f"proj-{kind}", "repo": "owner/proj", "commit": commit, "lint_paths": ["train.py"]}
+        where = lint_score.checkout(judged, tmp_path / "repos", mirror.parent)
+        assert (where / "train.py").read_text() == "print('step')\n"
