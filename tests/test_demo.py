@@ -63,3 +63,27 @@ def test_bad_arguments_are_one_line_and_exit_2(argv, says, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert says in err and err.startswith("gobrrr demo: error: ") and err.count("\n") == 1, err
+
+
+def test_a_second_demo_into_the_same_folder_trains_beside_the_first(tmp_path, capsys):
+    """`make demo` twice in one checkout: the train step finds demo-out/train holding a run and trains into
+    demo-out/train-2, leaving the first run as it was."""
+    assert main(["--only", "train", "--out", str(tmp_path)]) == 0
+    first = sorted(p.name for p in (tmp_path / "train").rglob("*"))
+    assert main(["--only", "train", "--out", str(tmp_path)]) == 0
+    assert sorted(p.name for p in (tmp_path / "train").rglob("*")) == first
+    assert (tmp_path / "train-2" / "metrics.jsonl").is_file()
+
+
+def test_a_failing_step_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch):
+    """A step whose command fails ends the demo with one line naming it, not a Python traceback."""
+    import subprocess
+
+    import gobrrr.demo.tour as tour
+
+    def fail(cuda, out):
+        raise subprocess.CalledProcessError(2, ["gobrrr", "train"])
+    monkeypatch.setattr(tour, "demo_train", fail)
+    assert main(["--only", "train", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "step 'train' failed (exit code 2)" in err and "Traceback" not in err

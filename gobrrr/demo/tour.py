@@ -128,11 +128,20 @@ def demo_tp(out: Path, ranks: int) -> None:
 def demo_train(cuda: bool, out: Path) -> None:
     _section("7. Train: the reference GPT, data through the Prefetcher, wrapped in gobrrr ddp")
     device = "cuda" if cuda else "cpu"
-    run_dir = out / "train"
+    run_dir = _fresh(out / "train")   # a second `make demo` trains beside the first run, never over it
     cmd = [sys.executable, "-m", "gobrrr", "train", "--model", "tiny", "--steps", "30", "--out", str(run_dir),
            "--device", device, "--ckpt-every", "15"]
     print("$ " + " ".join(cmd[1:]))
     subprocess.run(cmd, check=True)
+
+
+def _fresh(path: Path) -> Path:
+    """`path`, or `path-2`, `path-3`... : the first that does not exist yet."""
+    n, candidate = 1, path
+    while candidate.exists():
+        n += 1
+        candidate = path.with_name(f"{path.name}-{n}")
+    return candidate
 
 
 STEPS = ("prefetch", "syncs", "doctor", "ranks", "zero", "tp", "train")
@@ -170,7 +179,12 @@ def main(argv: list[str] | None = None) -> int:
     for step in STEPS:
         if step in only:
             t0 = time.perf_counter()
-            run[step]()
+            try:
+                run[step]()
+            except subprocess.CalledProcessError as e:   # the step printed its own reason above
+                print(f"gobrrr demo: step {step!r} failed (exit code {e.returncode}); its output is above",
+                      file=sys.stderr)
+                return 2
             took[step] = time.perf_counter() - t0
     times = ", ".join(f"{name} {s:.1f}" for name, s in took.items())
     print(f"\ndemo finished in {time.perf_counter() - start:.1f} s (seconds per step: {times}); everything it "
