@@ -171,12 +171,8 @@ def summarize(checker_cls, project: Project, src: Source, fn, kinds: dict, depth
     if key in project.summaries:
         return project.summaries[key]
     project.summaries[key] = (None, None)
-    hotmap = project.hotmaps.get(id(src)) or HotMap(src.tree, str(src.path), src.nodes)
-    c = checker_cls(src, project, hotmap, flags)
+    c = _scratch_checker(checker_cls, project, src, flags)
     c.summary_depth = depth
-    for st in src.tree.body:
-        if isinstance(st, (ast.Import, ast.ImportFrom)):
-            c.visit(st)
     _class_attrs(c, src.owner.get(id(fn)))
     c.collect, c.region = fn, "off"
     c.defs = c._enclosing(fn)
@@ -200,10 +196,7 @@ def host_attrs(checker_cls, project: Project, flags: dict) -> dict[str, str]:
     for src in project.sources:
         if "self." not in src.text:
             continue
-        c = checker_cls(src, project, project.hotmaps.get(id(src)) or HotMap(src.tree, str(src.path), src.nodes), flags)
-        for st in src.tree.body:
-            if isinstance(st, (ast.Import, ast.ImportFrom)):
-                c.visit(st)
+        c = _scratch_checker(checker_cls, project, src, flags)
         for n in src.nodes:
             if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Attribute) \
                     and isinstance(n.targets[0].value, ast.Name) and n.targets[0].value.id == "self":
@@ -211,6 +204,15 @@ def host_attrs(checker_cls, project: Project, flags: dict) -> dict[str, str]:
                 kinds.setdefault(n.targets[0].attr, set()).add(k)
                 c.bind(n.targets[0], k)   # self.alphas = 1. - self.discrete_betas: host, as the line before
     return {a: ks.pop() for a, ks in kinds.items() if len(ks) == 1 and ks <= {"host", "numpy"}}
+
+
+def _scratch_checker(checker_cls, project: Project, src: Source, flags: dict):
+    """A checker of `src` that has read only the file's imports: for walks that report nothing."""
+    c = checker_cls(src, project, project.hotmaps.get(id(src)) or HotMap(src.tree, str(src.path), src.nodes), flags)
+    for st in src.tree.body:
+        if isinstance(st, (ast.Import, ast.ImportFrom)):
+            c.visit(st)
+    return c
 
 
 def _class_attrs(c, cls: ast.ClassDef | None) -> None:

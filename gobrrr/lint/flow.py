@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ast
 
+from gobrrr.lint.bindings import assigned_calls
 from gobrrr.lint.loops import name_of
 from gobrrr.lint.names import BATCHES, ITEM_KIND, TENSORISH
 
@@ -92,9 +93,7 @@ class FlowRules:
         so is the `__next__` of a project iterator object (`for state in val_mem:`)."""
         it = loop.iter
         if isinstance(it, ast.Name) and self.defs:
-            made = [st.value for st in ast.walk(self.defs[-1]) if isinstance(st, ast.Assign)
-                    and isinstance(st.value, ast.Call) and st.lineno < loop.lineno
-                    and any(isinstance(t, ast.Name) and t.id == it.id for t in st.targets)]
+            made = [c for c in assigned_calls(self.src, it.id, self.defs[-1]) if c.lineno < loop.lineno]
             it = made[-1] if made else it
         scope = self.defs[-1] if self.defs else None
         if isinstance(it, (ast.Name, ast.Attribute)):   # `for state in val_mem:` a project iterator's __next__

@@ -12,8 +12,8 @@
                                    loop calling a hook its subclasses define)
                  anything.m(x)     a method that only one class of the project defines, or only the
                                    classes of one hierarchy (all of them; not a common name)
-                 buf.m(x), unknown the class buf is named after (`replay_buffer` -> ReplayBuffer) and its
-                                   subclasses, when at most three classes' names end in it
+                 buf.m(x), unknown the classes buf is named after (`replay_buffer` -> ReplayBuffer and its
+                                   subclasses, `proposal_matcher` -> Matcher; see _named_like)
                  fn(x)             with `fn = functools.partial(g, k=v)` in a def around: g, given k=v too;
                                    with `fn = get_step_fn(cfg)`: the def nested in get_step_fn that it returns
                  wrap(g)(x)        g: a wrapper made at the call site (`retry_if_cuda_oom(self.matcher)(iou)`)
@@ -98,6 +98,7 @@ class Project:
                               and len(n.args) == 3 and isinstance(n.args[1], ast.Constant)
                               and isinstance(n.args[1].value, str)}   # param.allreduce = False: a flag on a tensor
         self._following: set = set()   # (file, name, scope) whose assigned call is being resolved (no cycles)
+        self._like: dict[str, list] = {}   # an object's name key -> the classes it is named after (_named_like)
         self._by_lower: dict | None = None   # lower-cased class name -> [(Source, ClassDef)], built on first use
         self.per_file: dict[int, dict] = {}   # id(Source) -> what the checkers of that file compute once
         self.per_class: dict[int, dict] = {}   # id(ClassDef) -> what its methods set self attributes to (calls._class_attrs)
@@ -326,9 +327,10 @@ class Project:
             return [hit for inst in insts if (hit := self.method(*inst, f.attr))]
         if not fallback or f.attr.startswith("__"):
             return []
-        named = [hit for inst in self._named_like(recv) if (hit := self.method(*inst, f.attr))]
+        like = self._named_like(recv)
+        named = [hit for inst in like if (hit := self.method(*inst, f.attr))]
         if named:   # replay_buffer.sample(n) with replay_buffer a parameter: ReplayBuffer's sample, or a subclass's
-            return (named + [o for inst in self._named_like(recv) for o in self.overrides(inst[1], f.attr)])[:6]
+            return (named + [o for inst in like for o in self.overrides(inst[1], f.attr)])[:6]
         if f.attr in GENERIC:
             return []
         only = self.methods.get(f.attr, [])
@@ -373,6 +375,11 @@ class Project:
         key = re.sub(r"_(obj|object|fn|inst|instance)$", "", name).replace("_", "").lower()   # predictor_obj
         if len(key) < 5 or key in VAGUE:
             return []
+        if key not in self._like:
+            self._like[key] = self._classes_named(key)
+        return list(self._like[key])
+
+    def _classes_named(self, key: str) -> list:
         self._classes_by_lower()
         found = [c for low, cs in self._by_lower.items() if low.endswith(key) for c in cs]
         if not found:   # self.proposal_matcher -> Matcher, self.box2box_transform -> Box2BoxTransform
