@@ -720,3 +720,25 @@ def test_a_tensor_passed_for_a_parameter_with_a_number_default_is_a_tensor():
             return z
     """
     assert ("GB007", 4) in default(body), default(body)
+
+
+def test_argparse_options_with_names_that_are_not_literals_do_not_break_the_run():
+    """`add_argument("--x", SOME_CONSTANT)` or `add_argument(FLAG, default=1)`: the option defaults are read from
+    the string literals there are, and a call without one is left alone, never a crash of the whole run."""
+    body = """
+    import argparse
+    FLAG = "--x"
+    parser = argparse.ArgumentParser()
+    parser.add_argument(FLAG, type=int, default=1)
+    parser.add_argument("--z", FLAG, default=1)
+    parser.add_argument("-l", "--log-every", type=int, default=1)
+
+    def train(model, loader, opt, args):
+        for step, x in enumerate(loader):
+            loss = model(x.cuda(non_blocking=True)).mean()
+            loss.backward()
+            opt.step()
+            if step % args.log_every == 0:
+                print(loss.item())
+    """
+    assert ("GB002", 15) in default(body), default(body)

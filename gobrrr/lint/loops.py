@@ -428,10 +428,12 @@ def defaults_of_one(nodes: list[ast.AST]) -> tuple[set[str], set[str]]:
                         v = next((k.value for k in v.keywords if k.arg == "default"), None)
                     if isinstance(v, ast.Constant) and v.value is not None and not isinstance(v.value, str):
                         (ones if v.value == 1 and v.value is not True else others).add(target.id)
-        elif isinstance(n, ast.Call) and name_of(n.func) == "add_argument" and n.args \
-                and isinstance(n.args[0], ast.Constant) and isinstance(n.args[0].value, str):
+        elif isinstance(n, ast.Call) and name_of(n.func) == "add_argument":
+            flags = [a.value for a in n.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+            if not flags:
+                continue
             dest = next((k.value.value for k in n.keywords if k.arg == "dest" and isinstance(k.value, ast.Constant)),
-                        n.args[-1].value.lstrip("-").replace("-", "_"))
+                        flags[-1].lstrip("-").replace("-", "_"))
             d = next((k.value for k in n.keywords if k.arg == "default"), None)
             if isinstance(d, ast.Constant) and d.value is not None and not isinstance(d.value, str):
                 (ones if d.value == 1 and d.value is not True else others).add(dest)
