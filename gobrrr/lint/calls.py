@@ -196,13 +196,16 @@ def host_attrs(checker_cls, project: Project, flags: dict) -> dict[str, str]:
     for src in project.sources:
         if "self." not in src.text:
             continue
-        c = _scratch_checker(checker_cls, project, src, flags)
-        for n in src.nodes:
-            if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Attribute) \
-                    and isinstance(n.targets[0].value, ast.Name) and n.targets[0].value.id == "self":
-                k = c.kind(n.value)
-                kinds.setdefault(n.targets[0].attr, set()).add(k)
-                c.bind(n.targets[0], k)   # self.alphas = 1. - self.discrete_betas: host, as the line before
+        try:   # a file the kinds cannot read (nested too deep) adds nothing here; check_module reports it
+            c = _scratch_checker(checker_cls, project, src, flags)
+            for n in src.nodes:
+                if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Attribute) \
+                        and isinstance(n.targets[0].value, ast.Name) and n.targets[0].value.id == "self":
+                    k = c.kind(n.value)
+                    kinds.setdefault(n.targets[0].attr, set()).add(k)
+                    c.bind(n.targets[0], k)   # self.alphas = 1. - self.discrete_betas: host, as the line before
+        except RecursionError:
+            continue
     return {a: ks.pop() for a, ks in kinds.items() if len(ks) == 1 and ks <= {"host", "numpy"}}
 
 
