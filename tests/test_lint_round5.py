@@ -742,3 +742,20 @@ def test_argparse_options_with_names_that_are_not_literals_do_not_break_the_run(
                 print(loss.item())
     """
     assert ("GB002", 15) in default(body), default(body)
+
+
+def test_repeat_keeps_a_mask_but_not_pinned_memory():
+    """`mask.repeat(5, 1, 1)` still selects a data-dependent number of rows; `pinned.repeat(2, 1)` is a copy
+    into pageable memory, so its `non_blocking=True` copy is synchronous (GB005), unlike a view of it."""
+    body = """
+    def train(model, loader, opt):
+        for x, t in loader:
+            xp = x.pin_memory().repeat(2, 1)
+            y = model(xp.cuda(non_blocking=True))
+            j = y > 0
+            sel = y.repeat(5, 1)[j.repeat(5, 1)]
+            sel.sum().backward()
+            opt.step()
+    """
+    found = default(body)
+    assert ("GB005", 5) in found and ("GB008", 7) in found, found

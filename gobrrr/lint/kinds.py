@@ -373,7 +373,7 @@ class Kinds:
         if method == "bool" or method in MASK_FUNCS:
             return "mask" if recv in TENSORISH else recv
         if recv in TENSORISH:   # a mask's views and copies are masks too
-            return "mask" if recv == "mask" and method in {"any", "all", "clone", *VIEW_METHODS} else "tensor"
+            return "mask" if recv == "mask" and method in {"any", "all", "clone", "repeat", *VIEW_METHODS} else "tensor"
         if is_model_name(method) and isinstance(func.value, ast.Name) and func.value.id == "self":
             return "tensor"  # self.model(x)
         if method in ("forward", "generate") and self.is_model(func.value):

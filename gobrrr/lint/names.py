@@ -49,7 +49,7 @@ NOT_TENSOR_TORCH = {"is_tensor", "is_floating_point", "is_complex", "is_nonzero"
                     "autocast", "get_rng_state", "set_rng_state", "typename", "result_type", "promote_types",
                     "can_cast", "get_num_threads", "set_num_threads"}
 VIEW_METHODS = {"view", "reshape", "narrow", "squeeze", "unsqueeze", "flatten", "permute", "transpose", "t",
-                "expand", "expand_as", "repeat", "select", "split", "chunk", "unbind", "detach", "view_as", "contiguous"}
+                "expand", "expand_as", "select", "split", "chunk", "unbind", "detach", "view_as", "contiguous"}
 DTYPE_METHODS = {"float", "half", "bfloat16", "double", "long", "int", "short", "bool", "byte", "char", "type_as"}
 # methods that name a tensor operation: on an unknown receiver, evidence that it is a tensor
 TENSOR_METHODS = {"any", "all", "sum", "mean", "max", "min", "norm", "argmax", "argmin", "std", "var", "detach", "abs",
