@@ -102,7 +102,11 @@ def test_busy_bench_quick_records_both_windows_and_says_when_timm_is_missing(tmp
     rows = entry["rows"]
     assert {r["state"] for r in rows} == {"fresh", "busy"}
     names = {r["row"] for r in rows}
-    assert {"floor: compute", "Prefetcher(pinned)", "Prefetcher(pageable)", "Prefetcher(workers)"} <= names
+    assert {"floor: compute", "floor: workers", "Prefetcher(pinned)", "Prefetcher(pageable)",
+            "Prefetcher(workers)"} <= names
+    for r in rows:   # the worker rows are also set against the workers' own rate (never a lower bound than the floor)
+        if r["row"] == "Prefetcher(workers)":
+            assert 0 < r["x_source"] <= r["x_floor"] + 1e-9
     for r in rows:                                        # the short window and the whole one, every row
         assert r["ms"] > 0 and r["ms_3"] > 0 and r["x_floor"] > 0 and len(r["first10"]) == 7
     assert [s["row"] for s in entry["startup"]] == ["floor: compute", "Prefetcher(pinned)"]

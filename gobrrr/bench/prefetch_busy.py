@@ -12,6 +12,11 @@ two regimes (an MLP of `width` whose depth makes its step take 0.6x the copy tim
   hand-rolled      a depth-1 side stream with record_stream (the issue's)
   Prefetcher       over pinned tensors; over pageable tensors and over a DataLoader with 6 workers at
                    the first `--full-shapes` shapes
+  torch peers      at those shapes, the best plain loops torch offers for the same two sources, in the same
+                   state: the hand-rolled side stream over the pageable tensors (`.to(non_blocking=True)`,
+                   torch's own staging), and over a DataLoader(pin_memory=True) with the same workers
+  floor: workers   the worker DataLoader iterated alone (no GPU work): how fast its workers produce batches;
+                   the worker rows are also set against max(compute, copy, this) (x_source)
 
 Every row is one loop from the source's creation: 5 warm-up steps, then `--steps` timed ones, a CUDA
 event after each step, so one run gives the 40-step window (steps 5-44), the whole window, the first
@@ -133,10 +138,11 @@ def cycle(xs: list, n: int):
         yield xs[i % len(xs)]
 
 
-def hand_rolled(pinned: list[torch.Tensor], device: torch.device, n: int):
-    """The issue's depth-1 side stream: copy batch i+1 on a side stream while batch i computes."""
+def hand_rolled(source, device: torch.device, n: int):
+    """The issue's depth-1 side stream: copy batch i+1 on a side stream while batch i computes. `source`: a
+    list of host tensors (cycled) or an iterable of them."""
     side = torch.cuda.Stream(device)
-    it = cycle(pinned, n + 1)
+    it = cycle(source, n + 1) if isinstance(source, list) else iter(source)
 
     def load():
         with torch.cuda.stream(side):
@@ -218,24 +224,51 @@ class Rows:
     def pf_pageable(self, step) -> dict:
         return self.prefetcher([self.pageable[i % 4] for i in range(self.n)], step)
 
+    def worker_loader(self, pin: bool) -> DataLoader:
+        return DataLoader(Batches(self.pageable, self.n + 8), batch_size=None, num_workers=self.cfg.workers,
+                          persistent_workers=True, pin_memory=pin and self.cuda)
+
     def pf_workers(self, step) -> dict:
-        dl = DataLoader(Batches(self.pageable, self.n + 8), batch_size=None, num_workers=self.cfg.workers,
-                        persistent_workers=True)
-        return self.prefetcher(dl, step)
+        return self.prefetcher(self.worker_loader(pin=False), step)
+
+    def torch_pageable(self, step) -> dict:
+        return run_loop(hand_rolled(self.pageable, self.device, self.n), step, self.cfg, self.device)
+
+    def torch_workers(self, step) -> dict:
+        dl = self.worker_loader(pin=True)
+        try:
+            return run_loop(hand_rolled(dl, self.device, self.n), step, self.cfg, self.device)
+        finally:
+            del dl
+            gc.collect()
+
+    def floor_workers(self, step=None) -> dict:
+        dl = self.worker_loader(pin=False)
+        try:
+            return run_loop(dl, lambda x: None, self.cfg, torch.device("cpu"))
+        finally:
+            del dl
+            gc.collect()
 
 
 LOADER_ROWS = [("hand-rolled side stream", "hand", True), ("Prefetcher(pinned)", "pf_pinned", True),
-               ("Prefetcher(pageable)", "pf_pageable", False), ("Prefetcher(workers)", "pf_workers", False)]
+               ("Prefetcher(pageable)", "pf_pageable", False), ("Prefetcher(workers)", "pf_workers", False),
+               ("torch: pageable side stream", "torch_pageable", False),
+               ("torch: DataLoader(pin_memory) side stream", "torch_workers", False)]
+PEER = {"Prefetcher(pageable)": "torch: pageable side stream",
+        "Prefetcher(workers)": "torch: DataLoader(pin_memory) side stream"}
+WORKER_ROWS = ("Prefetcher(workers)", "torch: DataLoader(pin_memory) side stream")
 
 
 def measure(rows: Rows, state: str, regime: str, full: bool) -> list[dict]:
     """Every row of one (state, shape, regime), `passes` times; one result row each, medians kept."""
     cfg, step = rows.cfg, rows.models[regime]
     names = [(n, m) for n, m, every_shape in LOADER_ROWS if (every_shape or full)
-             and (rows.cuda or m != "hand")]
+             and (rows.cuda or not (m == "hand" or m.startswith("torch_")))]
     res: dict[str, list[dict]] = {}
     for p in range(cfg.passes):
-        for name, fn in [("floor: compute", rows.floor_compute), ("floor: copy", rows.floor_copy)]:
+        floors = [("floor: compute", rows.floor_compute), ("floor: copy", rows.floor_copy)]
+        for name, fn in floors + ([("floor: workers", rows.floor_workers)] if full else []):
             if fn is rows.floor_copy and not rows.cuda:
                 continue
             res.setdefault(name, []).append(fn(step))
@@ -258,6 +291,15 @@ def measure(rows: Rows, state: str, regime: str, full: bool) -> list[dict]:
                "host_next_ms": statistics.median(r["host_next_ms"] for r in rs),
                "max_ms": max(r["max_ms"] for r in rs), "first10": rs[0]["first10"],
                "setup": rs[0].get("setup", "")}
+        if name in WORKER_ROWS and "floor: workers" in res:   # the source's own rate bounds these rows too
+            src = [max(f, w["w_steps"]) for f, w in zip(floors, res["floor: workers"])]
+            src_w = [max(f, w["w_window"]) for f, w in zip(floors_w, res["floor: workers"])]
+            row["x_source"] = statistics.median(r["w_steps"] / f for r, f in zip(rs, src))
+            row[f"x_source_{cfg.window}"] = statistics.median(r["w_window"] / f for r, f in zip(rs, src_w))
+        peer = res.get(PEER.get(name, ""))
+        if peer:
+            row["x_peer"] = statistics.median(r["w_steps"] / h["w_steps"] for r, h in zip(rs, peer))
+            row[f"x_peer_{cfg.window}"] = statistics.median(r["w_window"] / h["w_window"] for r, h in zip(rs, peer))
         hand = res.get("hand-rolled side stream")
         if name.startswith("Prefetcher") and hand:
             row["x_hand"] = statistics.median(r["w_steps"] / h["w_steps"] for r, h in zip(rs, hand))
@@ -356,9 +398,10 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, old)
     w = cfg.window
     print_table(rows, ["state", "shape", "regime", "depth", "row", "ms", f"ms_{w}", "x_floor", f"x_floor_{w}",
-                       "x_hand", f"x_hand_{w}", "host_next_ms", "max_ms"],
+                       "x_hand", f"x_hand_{w}", "x_peer", f"x_peer_{w}", "x_source", "host_next_ms", "max_ms"],
                 title=f"\nms/step over {cfg.steps} steps and the first {w} (after {cfg.warmup} warm-up); median of "
-                      f"{cfg.passes} pass(es); x_floor: / max(compute, copy) of that state; x_hand: / hand-rolled")
+                      f"{cfg.passes} pass(es); x_floor: / max(compute, copy) of that state; x_hand: / hand-rolled; "
+                      "x_peer: / torch's own loop over the same source; x_source: / max(compute, copy, workers alone)")
     print("\nfirst 10 batch times (ms) of each Prefetcher, busy state:")
     for r in rows:
         if r["state"] == "busy" and r["row"].startswith("Prefetcher"):
@@ -382,6 +425,13 @@ def main(argv: list[str] | None = None) -> int:
             if r["row"] == "Prefetcher(pinned)" and xh in r:
                 figures[key + " | x_hand"] = r[xh]
                 hand = f"; {r[xh]:.3f}x hand-rolled (<= {HAND_BAR}): {'met' if r[xh] <= HAND_BAR else 'MISSED'}"
+            xp, xs = ("x_peer", "x_source") if win == "all" else (f"x_peer_{w}", f"x_source_{w}")
+            if xp in r:
+                figures[key + " | x_peer"] = r[xp]
+                hand += f"; {r[xp]:.2f}x torch's own loop"
+            if xs in r:
+                figures[key + " | x_source"] = r[xs]
+                hand += f"; {r[xs]:.2f}x max(compute, copy, workers alone)"
             print(f"  {r['state']:<5} {r['shape']:<15} {r['regime']:<13} {r['row']:<20} {win:>3} steps: "
                   f"{r[xf]:.2f}x floor (<= {t}): {verdict}{hand}")
     extra = {"partial": partial} if partial else {}
