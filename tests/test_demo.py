@@ -7,11 +7,19 @@ numbers in the tables are the paper's ratios, and that a bad argument is one lin
 """
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
+import torch
 
-from gobrrr.demo.tour import main
+from gobrrr.demo.tour import STEPS, main
+
+ROOT = Path(__file__).resolve().parent.parent
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -69,6 +77,8 @@ def test_a_second_demo_into_the_same_folder_trains_beside_the_first(tmp_path, ca
     """`make demo` twice in one checkout: the train step finds demo-out/train holding a run and trains into
     demo-out/train-2, leaving the first run as it was."""
     assert main(["--only", "train", "--out", str(tmp_path)]) == 0
+    # the command it shows is one a user can type (it once read "$ -m gobrrr train ...")
+    assert f"$ python -m gobrrr train --model tiny --steps 30 --out {tmp_path / 'train'} " in capsys.readouterr().out
     first = sorted(p.name for p in (tmp_path / "train").rglob("*"))
     assert main(["--only", "train", "--out", str(tmp_path)]) == 0
     assert sorted(p.name for p in (tmp_path / "train").rglob("*")) == first
@@ -87,3 +97,32 @@ def test_a_failing_step_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch):
     assert main(["--only", "train", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "step 'train' failed (exit code 2)" in err and "Traceback" not in err
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the promise is about a CPU machine")
+def test_the_whole_demo_on_a_cpu_is_quick_quiet_and_consistent(tmp_path):
+    """Issue 30's "done when": `make demo` on a CPU (what it runs: python -m gobrrr demo --out DIR) ends in
+    under 120 s, the ZeRO and TP steps in under 15 s each, and prints no profiler or deprecation noise; what
+    it skips on a CPU it says in whole sentences, and it never prints a speedup it says it did not measure."""
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(ROOT)}
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "gobrrr", "demo", "--out", str(tmp_path / "demo-out")], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=240)
+    wall = time.perf_counter() - t0
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 0, text[-3000:]
+    assert wall < 120, f"the demo took {wall:.0f} s on this machine"
+    for noise in ("Warning", "USDT", "profiler_start", "Traceback"):
+        assert noise not in text, (noise, text)
+    took = re.search(r"demo finished in [0-9.]+ s \(seconds per step: (.*)\)", proc.stdout)
+    steps = {name: float(s) for name, s in (part.split() for part in took.group(1).split(", "))}
+    assert list(steps) == list(STEPS) and steps["zero"] < 15 and steps["tp"] < 15, steps
+    skips = [ln for ln in proc.stdout.splitlines() if "skipped" in ln and "needs a CUDA GPU" in ln]
+    assert len(skips) == 2, skips
+    for ln in skips:  # "[needs a CUDA GPU, skipped here: WHAT]" or "...: WHAT; INSTEAD]", nothing run together
+        assert re.fullmatch(r"\[needs a CUDA GPU, skipped here: [^\[\]]+\]", ln) and "runs needs" not in ln, ln
+    assert not re.search(r"speedup: [0-9.]+x", proc.stdout), proc.stdout  # the comparison it says it skipped
+    assert "speedup: not measured on a CPU" in proc.stdout
+    assert not re.search(r"\b1 (files|findings|rows|steps)\b|\(s\)", proc.stdout), proc.stdout
+    assert all(not ln.startswith("=== ") or ln.endswith("===") for ln in proc.stdout.splitlines())  # whole headers

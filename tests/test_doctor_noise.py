@@ -47,6 +47,35 @@ def test_summary_while_running_has_no_exit_code_none():
     assert summary(r).splitlines()[0].endswith("(exit code 0)")
 
 
+def _step_rows(table: str) -> dict[str, list[float]]:
+    rows = {}
+    for label in ("recorded step (ms)", "plain step, no profiler (ms)", "profiler overhead (x)"):
+        line = next(ln for ln in table.splitlines() if ln.startswith(label))
+        rows[label] = [float(x) if x != "-" else None for x in line[len(label):].split()]
+    return rows
+
+
+def test_side_by_side_recorded_over_plain_is_the_overhead_it_prints():
+    """The demo's table printed recorded 1.80 ms, plain 0.80 ms and overhead 87.04x: the row was the recorded
+    steps' median, the ratio their mean (one recorded step of 207 ms on a CPU) over the plain mean."""
+    from gobrrr.doctor.report import side_by_side
+
+    def report(ms, plain):
+        over = {"recorded_ms": round(sum(ms) / len(ms), 4), "plain_ms": plain,
+                "ratio": round(sum(ms) / len(ms) / plain, 4)}
+        return {"script": "seed_loop.py", "argv": [], "exit_code": 0, "notes": [], "gpu": None, "advice": [],
+                "host": {}, "files": {"report": "/tmp/d/report.json"}, "overhead": over,
+                "steps": {"source": "optimizer", "recorded": len(ms), "warmup": 3, "median_ms": sorted(ms)[1]}}
+    rows = _step_rows(side_by_side({"naive": report([207.18, 1.80, 1.17], 0.80),
+                                    "gobrrr": report([1.84, 43.11, 9.76], 1.08)}))
+    for rec, plain, ratio in zip(*rows.values()):
+        assert rec / plain == pytest.approx(ratio, rel=0.01), rows
+    assert rows["recorded step (ms)"] == [70.05, 18.24]
+    no_plain = report([3.0, 2.0, 1.0], 1.0)
+    no_plain["overhead"] = None  # no plain steps timed: the median, as before
+    assert _step_rows(side_by_side({"naive": no_plain}))["recorded step (ms)"] == [2.0]
+
+
 @pytest.mark.timeout(180)
 def test_no_usdt_lines_and_the_overhead_line(tmp_path):
     (tmp_path / "train.py").write_text(textwrap.dedent(TRAIN))
@@ -95,6 +124,9 @@ def test_demo_doctor_step_agrees_with_itself_on_cpu(tmp_path, capsys, monkeypatc
     assert "ms/step   mean loss" not in out and "speedup" not in out
     # ...the doctor's recorded and plain step times are, side by side
     assert "recorded step (ms)" in out and "plain step, no profiler (ms)" in out
+    rows = _step_rows(out)  # and the overhead is the one row over the other
+    for rec, plain, ratio in zip(*rows.values()):
+        assert rec / plain == pytest.approx(ratio, rel=0.02, abs=0.01), rows
     for mode in ("naive", "gobrrr"):
         assert reports[mode]["overhead"]["plain_steps"] == 2, reports[mode]["overhead"]
     # the gobrrr loop's fixes are about the gobrrr loop: no line of the naive loop, which did not run

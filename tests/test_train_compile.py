@@ -176,13 +176,14 @@ def test_compiled_two_gloo_ranks_under_ddp_match_one_eager_rank(tmp_path):
 
 
 def test_underuse_hint_only_when_a_much_larger_batch_fits():
-    from gobrrr.train.auto_batch import GiB, underuse_hint
+    from gobrrr.train.auto_batch import GB, underuse_hint
 
     n = 124_000_000  # 124m: 2 GB of weights, gradients and moments
-    hint = underuse_hint(8, 1024, int(2 * GiB + 8 * 0.6 * GiB), 141 * GiB, n)
+    hint = underuse_hint(8, 1024, int(2 * GB + 8 * 0.6 * GB), 141 * GB, n)
     assert hint.startswith("hint: batch size 8") and "--batch-size 64" in hint  # capped at 64k tokens
-    assert underuse_hint(64, 1024, int(2 * GiB + 64 * 0.6 * GiB), 141 * GiB, n) is None  # at the cap already
-    assert underuse_hint(8, 1024, int(100 * GiB), 141 * GiB, n) is None  # nothing larger fits
+    assert "peaked at 6.8 of 141 GB;" in hint  # GB = 1e9 bytes, as the plan: line beside it (issue 30 item 13)
+    assert underuse_hint(64, 1024, int(2 * GB + 64 * 0.6 * GB), 141 * GB, n) is None  # at the cap already
+    assert underuse_hint(8, 1024, int(100 * GB), 141 * GB, n) is None  # nothing larger fits
 
 
 @pytest.mark.parametrize("scope", ["blocks", "model"])

@@ -30,7 +30,7 @@ SEED_LOOP = ROOT / "examples" / "seed_loop.py"
 
 
 def _section(title: str) -> None:
-    print(f"\n=== {title} " + "=" * max(0, 70 - len(title)))
+    print(f"\n=== {title} " + "=" * max(3, 70 - len(title)))
 
 
 def _skipped(what: str, instead: str = "") -> None:
@@ -51,7 +51,7 @@ def demo_syncs(cuda: bool) -> None:
     from gobrrr.lint.check import lint_paths
 
     findings = lint_paths([str(SEED_LOOP)])
-    print(f"gobrrr lint {SEED_LOOP.relative_to(ROOT)}: {len(findings)} finding(s)")
+    print(f"gobrrr lint {SEED_LOOP.relative_to(ROOT)}: {len(findings)} finding{'' if len(findings) == 1 else 's'}")
     for f in findings:
         print(f"  {Path(f.path).name}:{f.line}:{f.col} {f.rule} {f.message}")
     if not cuda:
@@ -131,7 +131,7 @@ def demo_train(cuda: bool, out: Path) -> None:
     run_dir = _fresh(out / "train")   # a second `make demo` trains beside the first run, never over it
     cmd = [sys.executable, "-m", "gobrrr", "train", "--model", "tiny", "--steps", "30", "--out", str(run_dir),
            "--device", device, "--ckpt-every", "15"]
-    print("$ " + " ".join(cmd[1:]))
+    print("$ python " + " ".join(cmd[1:]))  # the command to type: this interpreter is the venv's python
     subprocess.run(cmd, check=True)
 
 

@@ -28,7 +28,7 @@ from torch import nn
 FILL = 0.80                 # fraction of the free memory the estimate may use
 TARGET_TOKENS = 64 * 1024   # rows x seq_len per micro-step beyond which the probe stops growing B
 MAX_ROWS = 1024
-GiB = 2**30
+GB = 1e9  # printed memory in GB = 1e9 bytes, as gobrrr plan's line beside it (issue 30 item 13)
 
 
 def _peak_bytes(model: nn.Module, rows: int, seq_len: int, device: torch.device) -> int:
@@ -62,8 +62,8 @@ def auto_batch_size(model: nn.Module, device: torch.device, seq_len: int) -> tup
         t = torch.tensor([rows], device=device)
         dist.all_reduce(t, op=dist.ReduceOp.MIN)  # every rank must use the same size
         rows = int(t.item())  # sync: once, before training
-    line = (f"batch size {rows} per rank (auto: {per_row / GiB:.2f} GiB per row of {seq_len} tokens, "
-            f"{free / GiB:.0f} of {total / GiB:.0f} GiB free, {fits} rows would fit, cap {cap}; "
+    line = (f"batch size {rows} per rank (auto: {per_row / GB:.2f} GB per row of {seq_len} tokens, "
+            f"{free / GB:.0f} of {total / GB:.0f} GB free, {fits} rows would fit, cap {cap}; "
             f"--batch-size sets it)")
     return rows, line
 
@@ -80,6 +80,6 @@ def underuse_hint(rows: int, seq_len: int, peak_bytes: int, total_bytes: int, n_
         suggest *= 2
     if suggest <= rows:
         return None
-    return (f"hint: batch size {rows} peaked at {peak_bytes / GiB:.1f} of {total_bytes / GiB:.0f} GiB; about "
+    return (f"hint: batch size {rows} peaked at {peak_bytes / GB:.1f} of {total_bytes / GB:.0f} GB; about "
             f"{fits} rows would fit and {suggest} x {seq_len} tokens keep the GPU busier (--batch-size {suggest}, "
             "or omit --batch-size to choose automatically)")
