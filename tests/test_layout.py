@@ -109,3 +109,30 @@ def test_no_file_of_the_package_is_over_500_lines():
     """One concept per file, small enough to read at a sitting (issue 27; DESIGN.md): split a file that grows past it."""
     long = {str(f.relative_to(ROOT)): n for f in PKG.rglob("*.py") if (n := len(f.read_text().splitlines())) > 500}
     assert not long, f"over 500 lines: {long}; split each by concept"
+
+
+def test_the_import_contract_encodes_every_layer_rule_of_issue_27():
+    """pyproject's import-linter contracts (run by `make lint`) hold each rule of the issue, not only some: the
+    commands above train and doctor, train above parallel, models, loader and comm, and the four Part-1 tools
+    (loader, syncs, lint, doctor) independent of each other and of train."""
+    import tomllib
+
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    by_type: dict[str, list[dict]] = {}
+    for c in contracts:
+        by_type.setdefault(c["type"], []).append(c)
+    (layers,) = [[set(name.strip() for name in layer.split("|")) for layer in c["layers"]] for c in by_type["layers"]]
+    level = {m: i for i, layer in enumerate(layers) for m in layer}   # 0 is the top
+    p = "gobrrr."
+    for high, lows in ((("cli", "demo", "bench"), ("train", "doctor")),
+                       (("train",), ("parallel", "models", "loader", "comm", "doctor", "syncs", "lint"))):
+        for h in high:
+            for low in lows:
+                assert level[p + h] < level[p + low], f"{h} must sit above {low} in the layers contract"
+    tools = {p + t for t in ("loader", "syncs", "lint", "doctor")}
+    assert any(tools <= set(c["modules"]) for c in by_type.get("independence", [])), \
+        "no independence contract over loader, syncs, lint and doctor"
+    assert any(c["source_modules"] == [p + "train"] and {p + "syncs", p + "lint", p + "doctor"} <= set(c["forbidden_modules"])
+               for c in by_type.get("forbidden", [])), "no contract keeps train from the Part-1 tools but the loader"
+    ignored = [i for c in by_type.get("independence", []) for i in c.get("ignore_imports", [])]
+    assert all(i.startswith(p + "doctor.") for i in ignored), f"only the doctor may reach another tool: {ignored}"
