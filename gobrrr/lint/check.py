@@ -47,12 +47,14 @@ from pathlib import Path
 
 from gobrrr.lint.calls import host_attrs
 from gobrrr.lint.files import python_files
+from gobrrr.lint.findings import RULES, SYNC_RULES, TITLES, Finding
 from gobrrr.lint.graph import Project
 from gobrrr.lint.hot import HotMap, may_use_gpu
 from gobrrr.lint.inside import validation_off_globally
 from gobrrr.lint.loops import Facts, defaults_of_one, forwarding_defs, holds_updating_loop, looping_closure, stepping_defs
 from gobrrr.lint.names import TENSORISH
-from gobrrr.lint.rules import HOOK_NAMES, RULES, SYNC_RULES, TITLES, Checker, Finding
+from gobrrr.lint.rules import Checker
+from gobrrr.lint.scopes import HOOK_NAMES
 from gobrrr.lint.source import Source, parse
 
 __all__ = ["RULES", "Finding", "lint_source", "lint_paths", "lint_file", "check_sources", "main"]

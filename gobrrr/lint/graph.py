@@ -1,7 +1,7 @@
-"""The project's own functions and classes, indexed once per run, and the def that a call runs.
+"""The call graph of `gobrrr lint`: the project defs that a call runs.
 
-    index      every checked file parsed once (source.py: Source), gathered into one Project per run
-               (Project.builds counts it).
+    project    one Project per run (Project.builds counts them) over index.Index, which holds every
+               checked file parsed once and says what a name, a class or an instance is
     resolve    a call in hot code -> the project defs it runs:
                  f(x)              a nested, module-level or imported function (`from utils import f`)
                  mod.f(x)          a function of an imported module (`import utils`, `from pkg import utils`)
@@ -22,20 +22,19 @@
                  torch.min(a, b)   nothing: a module from outside the project is never a project method
                  obj(x), unknown   an object built from a config: the class named like it (augment_pipe ->
                                    AugmentPipe), or the __call__/forward taking all of the call's keywords
-Names imported with `from .boxes import *` are found in that module.
-
-A module is matched to a file by its dotted path's tail (`utils`, `pkg.utils` -> .../pkg/utils.py
-or .../utils/__init__.py); an ambiguous name is left alone.
+Names imported with `from .boxes import *` are found in that module (index.py: how a module is
+matched to a file). The per-run caches of the checkers (summaries, per_file, per_class, hotmaps) live
+on the Project too.
 """
 from __future__ import annotations
 
 import ast
 import re
-from pathlib import Path
 
 from gobrrr.lint.bindings import assigned_calls, returned_defs
+from gobrrr.lint.index import Index
 from gobrrr.lint.loops import name_of
-from gobrrr.lint.source import DEFS, Source, _constructed
+from gobrrr.lint.source import DEFS, Source
 
 # method names too common to pin to one class by name alone (torch, Python and framework APIs)
 GENERIC = {"forward", "step", "update", "reset", "train", "eval", "get", "set", "run", "call", "apply", "append",
@@ -52,51 +51,15 @@ VAGUE = {"module", "modules", "model", "models", "trainer", "wrapper", "object",
          "manager", "runner", "self", "other", "instance", "engine", "worker", "loader", "dataset", "client"}
 
 
-class Project:
-    """Every checked file, indexed once; resolves calls to project defs (see the module doc)."""
+class Project(Index):
+    """Every checked file, indexed once (index.Index); resolves calls to project defs (see the module doc)."""
 
     builds = 0   # how many Project indexes were built in this process (a test checks one per run)
 
     def __init__(self, sources: list[Source]):
         Project.builds += 1
-        self.sources = sources
-        self.by_tail: dict[tuple[str, ...], list[Source]] = {}
-        self.methods: dict[str, list[tuple[Source, ast.AST]]] = {}
-        self.by_path: dict[Path, Source] = {}   # path without .py (a package: its folder) -> file
-        for s in sources:
-            self.by_path[s.path.parent if s.path.name == "__init__.py" else s.path.with_suffix("")] = s
-            p = s.path.with_suffix("")
-            parts = p.parts if s.path.name != "__init__.py" else p.parent.parts
-            for k in range(1, min(len(parts), 4) + 1):
-                self.by_tail.setdefault(tuple(parts[-k:]), []).append(s)
-            for cls in s.classes.values():
-                for d in cls.body:
-                    if isinstance(d, DEFS):
-                        self.methods.setdefault(d.name, []).append((s, d))
-        self._lookups: dict = {}
-        self.module_classes = self._module_classes()
-        self.buffers = {n.args[0].value for s in sources if "register_buffer" in s.text for n in s.nodes
-                        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-                        and n.func.attr == "register_buffer" and n.args and isinstance(n.args[0], ast.Constant)
-                        and isinstance(n.args[0].value, str)}   # self.register_buffer("action_scale", ...)
-        self.children: dict[int, list[tuple[Source, ast.ClassDef]]] = {}   # id(class) -> its direct subclasses
-        self.parents: dict[int, list[int]] = {}
-        for s in sources:
-            for cls in s.classes.values():
-                for base in cls.bases:
-                    b = self.class_of(s, base)
-                    if b is not None and b[1] is not cls:
-                        self.children.setdefault(id(b[1]), []).append((s, cls))
-                        self.parents.setdefault(id(cls), []).append(id(b[1]))
+        super().__init__(sources)
         self.summaries: dict = {}   # (id(def), argument kinds) -> the kind it returns (rules.summarize)
-        self.python_attrs = {t.attr for s in sources for n in s.nodes if isinstance(n, ast.Assign)
-                             and isinstance(n.value, ast.Constant) and isinstance(n.value.value, (bool, int, str))
-                             for t in n.targets if isinstance(t, ast.Attribute)
-                             and not (isinstance(t.value, ast.Name) and t.value.id == "self")}
-        self.python_attrs |= {n.args[1].value for s in sources if "setattr" in s.text for n in s.nodes
-                              if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "setattr"
-                              and len(n.args) == 3 and isinstance(n.args[1], ast.Constant)
-                              and isinstance(n.args[1].value, str)}   # param.allreduce = False: a flag on a tensor
         self._following: set = set()   # (file, name, scope) whose assigned call is being resolved (no cycles)
         self._like: dict[str, list] = {}   # an object's name key -> the classes it is named after (_named_like)
         self._by_lower: dict | None = None   # lower-cased class name -> [(Source, ClassDef)], built on first use
@@ -104,154 +67,6 @@ class Project:
         self.per_class: dict[int, dict] = {}   # id(ClassDef) -> what its methods set self attributes to (calls._class_attrs)
         self.looping: set[str] = set()   # names of the defs that hold a step loop (set by check.check_sources)
         self.hotmaps: dict = {}     # id(Source) -> its HotMap, once built
-        self.attr_types: dict[tuple[int, str], list] = {}   # (id(cls), attr) -> classes its constructors were given
-        for s in sources:
-            for scope, call in s.ctor_calls:
-                for cls_src, cls in self.classes_of(s, call.func):
-                    self._type_attrs(s, scope, call, cls_src, cls)
-
-    # -- modules and classes
-    def module(self, dotted: str, near: Source) -> Source | None:
-        if dotted.startswith("."):   # from .utils import f: a sibling of `near`
-            up = len(dotted) - len(dotted.lstrip("."))
-            base = near.path.parent
-            for _ in range(up - 1):
-                base = base.parent
-            rest = dotted.lstrip(".")
-            want = base.joinpath(*rest.split(".")) if rest else base
-            return self.by_path.get(want)
-        found = self.by_tail.get(tuple(dotted.split(".")), [])
-        found = [s for s in found if s is not near] or found
-        return found[0] if len(found) == 1 else None
-
-    def lookup(self, src: Source, name: str, depth: int = 0):
-        """What `name` means at the top of `src`: ('def', Source, def), ('class', Source, ClassDef),
-        ('module', Source, None) or None (cached: the index does not change)."""
-        key = (id(src), name)
-        if key not in self._lookups:
-            self._lookups[key] = self._lookup(src, name, depth)
-        return self._lookups[key]
-
-    def _lookup(self, src: Source, name: str, depth: int = 0):
-        if name in src.functions:
-            return ("def", src, src.functions[name])
-        if name in src.classes:
-            return ("class", src, src.classes[name])
-        if name in src.imports and depth < 3:
-            module, attr = src.imports[name]
-            if attr is None:
-                m = self.module(module, src)
-                return ("module", m, None) if m else None
-            m = self.module(f"{module}.{attr}" if not module.endswith(".") else module + attr, src)
-            if m is not None:
-                return ("module", m, None)   # from pkg import utils
-            m = self.module(module, src)
-            return self.lookup(m, attr, depth + 1) if m is not None and m is not src else None
-        for module in src.stars if depth < 3 else ():   # yolox/utils/__init__.py: from .boxes import *
-            m = self.module(module, src)
-            hit = self.lookup(m, name, depth + 1) if m is not None and m is not src else None
-            if hit is not None:
-                return hit
-        return None
-
-    def class_of(self, src: Source, expr: ast.AST):
-        """(Source, ClassDef) that `Cls` / `mod.Cls` names, or None."""
-        hit = self._named(src, expr)
-        return (hit[1], hit[2]) if hit and hit[0] == "class" else None
-
-    def _named(self, src: Source, expr: ast.AST):
-        if isinstance(expr, ast.Name):
-            return self.lookup(src, expr.id)
-        if isinstance(expr, ast.Attribute) and isinstance(expr.value, (ast.Name, ast.Attribute)):
-            hit = self._named(src, expr.value)   # K.sampling.sample_lms: a module of a module
-            if hit and hit[0] == "module":
-                return self.lookup(hit[1], expr.attr)
-        return None
-
-    def classes_of(self, src: Source, made: ast.AST, depth: int = 0) -> list:
-        """The project classes an object is made from: `Cls`, or a factory call whose returns build one."""
-        if isinstance(made, ast.Call):
-            made = made.func
-        hit = self._named(src, made)
-        if hit and hit[0] == "class":
-            return [(hit[1], hit[2])]
-        if hit and hit[0] == "def" and depth < 2:   # def build_matcher(args): return HungarianMatcher(...)
-            out = []
-            for n in ast.walk(hit[2]):
-                if isinstance(n, ast.Return) and n.value is not None and _constructed(n.value) is not None:
-                    out += self.classes_of(hit[1], _constructed(n.value), depth + 1)
-                elif isinstance(n, ast.Return) and isinstance(n.value, ast.Name):   # evaluator = Cls(...); return it
-                    for made_by in assigned_calls(hit[1], n.value.id, hit[2]):
-                        out += [c for c in self.classes_of(hit[1], made_by, depth + 1) if c not in out]
-            return out
-        return []
-
-    def _type_attrs(self, src: Source, scope, call: ast.Call, cls_src: Source, cls: ast.ClassDef) -> None:
-        """`SetCriterion(n, matcher=matcher)` with matcher built from a class: SetCriterion's self.matcher is one."""
-        init = self.method(cls_src, cls, "__init__")
-        if init is None:
-            return
-        params = [a.arg for a in [*init[1].args.posonlyargs, *init[1].args.args]][1:]
-        pairs = [*zip(params, call.args), *((k.arg, k.value) for k in call.keywords if k.arg)]
-        for param, arg in pairs:
-            attrs = init[0].param_attrs.get((id(cls), param))
-            if not attrs or isinstance(arg, ast.Starred):
-                continue
-            insts = self.instances_of(src, arg, scope)
-            for attr in attrs:
-                self.attr_types.setdefault((id(cls), attr), []).extend(insts)
-
-    def method(self, src: Source, cls: ast.ClassDef, name: str, seen=None):
-        """(Source, def) of `name` on `cls` or its bases (own first), else None."""
-        seen = seen or set()
-        if id(cls) in seen:
-            return None
-        seen.add(id(cls))
-        for d in cls.body:
-            if isinstance(d, DEFS) and d.name == name:
-                return (src, d)
-        for base in cls.bases:
-            b = self.class_of(src, base)
-            if b is not None:
-                hit = self.method(b[0], b[1], name, seen)
-                if hit:
-                    return hit
-        return None
-
-    def _inherited_instances(self, src: Source, cls: ast.ClassDef, attr: str, depth: int = 0) -> list:
-        """`self.diagnostics` set in a base class's __init__ (in any checked file)."""
-        out = list(self.attr_types.get((id(cls), attr), []))
-        for base in cls.bases:
-            b = self.class_of(src, base) if depth < 4 else None
-            if b is None or b[1] is cls:
-                continue
-            made = b[0].instances.get((id(b[1]), attr), [])
-            for m in made:
-                out += [hit for hit in self.classes_of(b[0], m) if hit not in out]
-            if not made:
-                out += [hit for hit in self._inherited_instances(b[0], b[1], attr, depth + 1) if hit not in out]
-        return out
-
-    def _module_classes(self) -> set[str]:
-        """Names of the project's classes that are torch modules (a base named *Module*, or a base
-        that is one of these), by fixed point over the bases."""
-        out: set[str] = set()
-        changed = True
-        while changed:
-            changed = False
-            for s in self.sources:
-                for cls in s.classes.values():
-                    if cls.name in out:
-                        continue
-                    bases = [ast.unparse(b) for b in cls.bases]
-                    if any(b.rsplit(".", 1)[-1] in out or b.endswith("Module") or b.endswith("LightningModule")
-                           for b in bases):
-                        out.add(cls.name)
-                        changed = True
-        return out
-
-    def is_module_class(self, src: Source, cls: ast.ClassDef) -> bool:
-        return cls.name in self.module_classes
 
     # -- calls
     def resolve(self, src: Source, call: ast.Call, scope: ast.AST | None, types=None,
@@ -399,27 +214,6 @@ class Project:
         hit = self.method(src, cls, "__init__")
         return [hit] if hit else []
 
-    def overrides(self, cls: ast.ClassDef, name: str, limit: int = 6) -> list:
-        """(Source, def) of `name` as the project's subclasses of `cls` (at any depth) define it."""
-        out, seen, todo = [], {id(cls)}, list(self.children.get(id(cls), []))
-        while todo and len(out) < limit:
-            s, c = todo.pop(0)
-            if id(c) in seen:
-                continue
-            seen.add(id(c))
-            out += [(s, d) for d in c.body if isinstance(d, DEFS) and d.name == name]
-            todo += self.children.get(id(c), [])
-        return out[:limit]
-
-    def _ancestors(self, cls_id: int) -> set[int]:
-        out, todo = set(), [cls_id]
-        while todo:
-            c = todo.pop()
-            if c not in out:
-                out.add(c)
-                todo += self.parents.get(c, [])
-        return out
-
     def _one_hierarchy(self, defs, classes: bool = False) -> bool:
         """The classes defining these methods (or these classes) share a project base class (an observer
         and its subclasses)."""
@@ -442,42 +236,6 @@ class Project:
 
     def _forwards(self, insts) -> list:
         return [hit for inst in insts if (hit := self.method(*inst, "forward") or self.method(*inst, "__call__"))]
-
-    def _class_around(self, src: Source, scope: ast.AST | None) -> ast.ClassDef | None:
-        s = scope
-        while s is not None:
-            cls = src.owner.get(id(s))
-            if cls is not None:
-                return cls
-            s = src.parent.get(id(s))
-        return None
-
-    def instances_of(self, src: Source, node: ast.AST, scope: ast.AST | None, types=None) -> list:
-        """[(Source, ClassDef)] of the project classes assigned to a name or self attribute."""
-        made: list = []
-        if isinstance(node, ast.Name):
-            if types and node.id in types:
-                return types[node.id]
-            s = scope
-            while not made and s is not None:
-                made = src.instances.get((id(s), node.id), [])
-                s = src.parent.get(id(s))
-            made = made or src.instances.get((id(None), node.id), [])
-        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
-            cls = self._class_around(src, scope)
-            if cls is None:
-                return []
-            made = src.instances.get((id(cls), node.attr), [])
-            if not made and id(cls) in self.parents:
-                return self._inherited_instances(src, cls, node.attr)
-            if not made:
-                return list(self.attr_types.get((id(cls), node.attr), []))
-        out = []
-        for m in made:
-            for hit in self.classes_of(src, m):
-                if hit not in out:
-                    out.append(hit)
-        return out
 
 
 __all__ = ["Project"]

@@ -1,6 +1,6 @@
 """The names torch, Python and the common training libraries give to what they return, grouped by kind.
 
-kinds.py reads these tables to give a name its kind (what it holds); the rules read the groups of kinds
+kinds.py and callkinds.py read these tables to give a name its kind (what it holds); the rules read the groups of kinds
 (TENSORISH, HOSTISH, BATCHES) to decide what may sync. A table per question:
 
     FACTORIES, DATA_FACTORIES   torch functions that make a tensor (from nothing / from host data)

@@ -1,10 +1,13 @@
-"""What `gobrrr lint` looks for: the rules GB001-GB014 and the AST walk that finds them.
+"""The walk of `gobrrr lint`: the Checker, which finds the rules GB001-GB014 in one module.
 
 Per file, after hot.HotMap (syntax only: step loops, hooks, rare branches, timed syncs), the
 Checker walks the module once with kinds' guess of what each name holds and applies a rule
-only with evidence that the value is a tensor. The rules live in mixins by concept: sync
-(reading a device value on the host, synchronize, data-dependent shapes), moves (copies and
-host indices), inside (barriers, syncs inside torch), env (CPU environments).
+only with evidence that the value is a tensor. The Checker is this file's driver (regions,
+reporting, the entry points, the rules on calls) over mixins by concept: scopes (binding names
+as the walk meets them), flow (loops, branches, error paths), calls (following calls into the
+project), sync (reading a device value on the host, synchronize, data-dependent shapes), moves
+(copies and host indices), inside (barriers, syncs inside torch), env (CPU environments); what
+each rule says, and the Finding it makes, are in findings.py.
 
 Regions: None (straight-line code), 'cold' (a loop that does not step), 'hot' (a step loop, a
 per-step hook, a per-element loop that syncs on each element, a function called from hot code),
@@ -15,108 +18,31 @@ later as hot, its parameters typed from the call site, with the chain of calls t
 from __future__ import annotations
 
 import ast
-from dataclasses import asdict, dataclass, field
 
 from gobrrr.lint.calls import MAX_DEPTH, CallRules
 from gobrrr.lint.env import EnvRules, env_makers
+from gobrrr.lint.findings import RULES, SYNC_RULES, TITLES, Finding
 from gobrrr.lint.flow import FlowRules
 from gobrrr.lint.graph import Project
-from gobrrr.lint.hot import HotMap, is_model_name
+from gobrrr.lint.hot import HotMap
 from gobrrr.lint.inside import InsideRules
 from gobrrr.lint.kinds import Kinds
 from gobrrr.lint.loops import name_of
 from gobrrr.lint.moves import CopyRules
-from gobrrr.lint.names import DEVICE_WRAPPERS, LOADERS_PINNED, TENSORISH
+from gobrrr.lint.names import LOADERS_PINNED
+from gobrrr.lint.scopes import HOOK_NAMES, ScopeWalk, seed_names
 from gobrrr.lint.source import Source
 from gobrrr.lint.sync import SyncRules
 
-RULES = {
-    "GB001": ("tensor built on the host, then copied to the device: an extra host allocation and a "
-              "blocking host-to-device copy",
-              "create it on the device (device=... for torch.zeros/randn/arange/full...); for host data, build it "
-              "pinned and copy with non_blocking=True, or keep the value on the device"),
-    "GB002": ("{what} inside a loop makes the host wait for the GPU every iteration",
-              "keep the value on the device (accumulate into a tensor) and read it once after the loop or every N steps"),
-    "GB003": ("{what} a tensor inside a loop copies it to the host and waits for the GPU every iteration",
-              "log a detached value every N steps (if step % N == 0) or after the loop"),
-    "GB004": ("{what} inside a loop stalls the host until the GPU drains, every iteration",
-              "order work with events: event.record() then stream.wait_event(event); poll with event.query()"),
-    "GB005": ("non_blocking=True from pageable host memory is not asynchronous: CUDA stages the copy and "
-              "the host waits", "pin the source: .pin_memory(), DataLoader(pin_memory=True) or gobrrr.Prefetcher; "
-              "an op on a pinned tensor (.to(dtype), .float()) returns pageable memory: convert on the device"),
-    "GB006": ("DataLoader without pin_memory=True whose batches go to CUDA: every copy is a slow, blocking "
-              "copy from pageable memory",
-              "pass pin_memory=True and copy with non_blocking=True, or wrap it in gobrrr.Prefetcher"),
-    "GB007": ("a tensor used as a Python condition{where} waits for the GPU to decide the branch",
-              "keep the decision on the device: torch.where(cond, a, b) or masking; check on the host every N steps"),
-    "GB008": ("{what} inside a loop has a data-dependent output shape: the host waits for the GPU to learn the size",
-              "use fixed-shape ops: torch.where(mask, x, 0), masked_fill, or nonzero_static / bincount with a known size"),
-    "GB009": ("blocking host-to-device copy of every batch (`{what}` without non_blocking=True): the host "
-              "waits for the copy and the GPU for the host, each step",
-              "DataLoader(pin_memory=True) and .to(device, non_blocking=True), or wrap the loader in "
-              "gobrrr.Prefetcher(loader, device=device), which copies the next batch during this step"),
-    "GB010": ("host data copied to the device inside the loop (`{what}`): a blocking copy from pageable "
-              "memory that waits for the GPU to drain, every iteration",
-              "build it on the device once, before the loop (a lookup table, a constant), or compute it on the "
-              "device; for data that must come from the host, pin it and copy with non_blocking=True"),
-    "GB011": ("a device tensor indexed by host indices (`{what}`): the index is copied to the device, "
-              "blocking, every iteration",
-              "make the indices on the device (torch.randperm(n, device=dev), torch.arange(..., device=dev)) "
-              "or move them once before the loop"),
-    "GB012": ("{what} every step: each rank waits for the slowest and for its GPU to drain",
-              "drop it from the step (collectives already order the ranks); keep barriers for set-up, "
-              "checkpoints and the end of the run"),
-    "GB013": ("{what}: torch syncs inside the call, every iteration", "{fix}"),
-    "GB014": ("a CPU environment stepped every iteration (`{what}(...)`): the action is read back to the host "
-              "and the observation copied to the device each step{where}",
-              "run the environment on the GPU (Isaac Lab, Brax/MJX, ManiSkill, a torch simulator) so actions and "
-              "observations stay on the device, or step more environments per call (gym.vector, envpool) so "
-              "each round trip carries more work"),
-}
-SYNC_RULES = {"GB002", "GB003", "GB004", "GB007", "GB008", "GB010", "GB011", "GB012", "GB013", "GB014"}
-TITLES = {"GB001": "a tensor built on the host, then moved to the device", "GB002": ".item() / .cpu() / .tolist() / float(t)",
-          "GB003": "printing or formatting a tensor", "GB004": "torch.cuda / stream / event synchronize()",
-          "GB005": "non_blocking=True from pageable memory", "GB006": "a DataLoader without pin_memory feeding the GPU",
-          "GB007": "a tensor as a Python condition (if, while, assert)",
-          "GB008": "data-dependent shapes (nonzero, x[mask], unique)",
-          "GB009": "a blocking .to(device) / .cuda() of every batch",
-          "GB010": "host data copied to the device per step (torch.tensor(x, device=), host.to(dev))",
-          "GB011": "a device tensor indexed by host indices (numpy, CPU arange, range, list)",
-          "GB012": "a barrier every step (dist.barrier, wait_for_everyone)",
-          "GB013": "a sync inside torch (distributions' validation, torch.normal's and Normal.sample's std check)",
-          "GB014": "a CPU environment stepped per iteration (one finding per loop)"}
-# a module's forward: parameters that hold tensors (or lists and dicts of them) by their usual names
-_FORWARD_TENSORS = {"x", "input", "inputs", "outputs", "output", "logits", "targets", "labels", "hidden_states",
-                    "y", "src", "tgt", "query", "key", "value", "obs", "observations"}
-_HOOK_TENSORS = {"inputs", "outputs", "output", "x", "y", "logits", "loss", "labels", "targets", "images", "data"}
-HOOK_NAMES = _FORWARD_TENSORS | _HOOK_TENSORS
+# RULES, SYNC_RULES, TITLES, Finding, HOOK_NAMES and MAX_DEPTH stay importable from here, as before they moved
+# (the 0.1 name gobrrr.device.lint_rules still resolves to this module); check.py imports each from its own file
+
 _EAGER = {"map", "filter", "sorted", "max", "min", "list", "tuple"}
 _IMAGE_SINKS = ("save_image", "imsave", "imwrite", "fromarray", "imshow", "add_image", "add_images", "add_video",
                 "write_video", "make_grid", "Image", "savefig", "log_image", "log_images")
 
 
-@dataclass
-class Finding:
-    path: str
-    line: int
-    col: int      # 1-based, like compilers and editors
-    rule: str
-    message: str
-    fix: str
-    hot: bool = True   # in a step loop or what it calls (shown by default); else shown with --all
-    chain: list[str] = field(default_factory=list)   # the calls that make it hot: ['train.py:120', 'utils.py:44']
-    covers: list[int] = field(default_factory=list)  # other lines this one finding stands for (GB014's round trip)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    def __str__(self) -> str:
-        via = f" ({' -> '.join([*self.chain, 'here'])})" if self.chain else ""
-        return f"{self.path}:{self.line}:{self.col}: {self.rule} {self.message}{via}" + \
-            ("" if self.hot else " [not per-step]")
-
-
-class Checker(FlowRules, CallRules, SyncRules, CopyRules, InsideRules, EnvRules, Kinds, ast.NodeVisitor):
+class Checker(ScopeWalk, FlowRules, CallRules, SyncRules, CopyRules, InsideRules, EnvRules, Kinds, ast.NodeVisitor):
     """One module's findings (see the module doc)."""
 
     def __init__(self, src: Source, project: Project | None = None, hotmap: HotMap | None = None,
@@ -212,7 +138,7 @@ class Checker(FlowRules, CallRules, SyncRules, CopyRules, InsideRules, EnvRules,
     def check_module(self) -> None:
         """The module as written (its hot code queues the calls it makes in `pending`)."""
         self.scope_node = self.src.tree
-        self.seeding = _seed_names([st for st in self.src.tree.body if not isinstance(
+        self.seeding = seed_names([st for st in self.src.tree.body if not isinstance(
             st, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))], self.project.looping)
         self.visit(self.src.tree)
         self.check_loaders()
@@ -239,218 +165,6 @@ class Checker(FlowRules, CallRules, SyncRules, CopyRules, InsideRules, EnvRules,
             out.insert(0, s)
             s = self.src.parent.get(id(s))
         return out
-
-    # -- scopes and bindings
-    def visit_Import(self, node: ast.Import) -> None:
-        for a in node.names:
-            if a.asname:
-                self.aliases[a.asname] = a.name
-            self.scopes[-1][(a.asname or a.name).split(".")[0]] = None
-
-    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
-        for a in node.names:
-            self.aliases[a.asname or a.name] = f"{node.module}.{a.name}" if node.module else a.name
-
-    def _function(self, node, region: str | None = None, chain: tuple[str, ...] = (), seed: dict | None = None,
-                  types: dict | None = None) -> None:
-        if not chain:
-            for d in node.decorator_list:
-                self.visit(d)
-        saved = (self.region, self.loaders, self.scope_node, self.chain, self.types, self.loop_stack, self.left)
-        self.left = False
-        hook = id(node) in self.hotmap.hooks
-        per_step = hook or id(node) in self.hotmap.step_fns
-        self.region = region or ("hot" if per_step else None)
-        self.loaders, self.scope_node, self.chain, self.types, self.loop_stack = [], node, chain, types or {}, []
-        self.functions.append(node.name)
-        saved_seeding, saved_looping = self.seeding, self.looping_def   # what helpers return is learnt in a def
-        self.looping_def = node.name in self.hotmap.looping   # that holds a step loop or calls one that does
-        seeds = self.project.per_file.setdefault(id(self.src), {}).setdefault("seed_names", {})
-        if id(node) not in seeds:
-            seeds[id(node)] = _seed_names(node.body, self.project.looping) \
-                if self.src.calls.get(node.name, set()) & self.project.looping else set()
-        self.seeding = seeds[id(node)]
-        self.defs.append(node)
-        scope: dict[str, str | None] = {}
-        args = node.args
-        params = [*args.posonlyargs, *args.args, *args.kwonlyargs]
-        for a in params:
-            scope[a.arg] = self.annotation_kind(a.annotation)
-        for a, d in [*zip(reversed([*args.posonlyargs, *args.args]), reversed(args.defaults)),
-                     *zip(args.kwonlyargs, args.kw_defaults)]:
-            if isinstance(d, ast.Constant) and d.value is None:
-                scope[a.arg + "#opt"] = "opt"   # `x: Tensor | None = None`: `if not x:` tests for None
-            if d is not None and scope.get(a.arg) is None and self.kind(d) == "num" \
-                    and not (isinstance(d, ast.Constant) and d.value is None):   # `labels=None`: a tensor or nothing
-                scope[a.arg] = "num"
-                scope[a.arg + "#dflt"] = "dflt"   # a guess from the default: what a call passes wins
-        if hook:   # a framework (or the step loop) hands the hook device batches, outputs and a model
-            for a in params[1:]:
-                if scope.get(a.arg) is None:
-                    tensors = _FORWARD_TENSORS if node.name == "forward" else _HOOK_TENSORS
-                    batch = "batch" in a.arg   # forward(self, batched_inputs): a host batch it copies itself
-                    scope[a.arg] = "num" if "idx" in a.arg else "batch" if batch and node.name == "forward" \
-                        else "tensor" if a.arg in tensors or batch else "obj" if is_model_name(a.arg) or "module" in a.arg \
-                        or a.arg == "trainer" else None
-        for name, k in (seed or {}).items():   # `sample(z, temperature, cfg_iter)` with a CUDA cfg_iter passes
-            if scope.get(name) is None or (k in TENSORISH and scope.get(name + "#dflt")):   # `cfg=1.0` a tensor
-                scope[name] = k
-        closure = self.closure_scope(node) if chain else None
-        if closure is not None:
-            self.scopes.append(closure)
-        self.scopes.append(scope)
-        for stmt in node.body:
-            self.visit(stmt)
-        self.check_loaders()
-        self.scopes.pop()
-        if closure is not None:
-            self.scopes.pop()
-        self.functions.pop()
-        self.defs.pop()
-        self.region, self.loaders, self.scope_node, self.chain, self.types, self.loop_stack, self.left = saved
-        self.seeding, self.looping_def = saved_seeding, saved_looping
-
-    def closure_scope(self, node) -> dict | None:
-        """A nested def walked as hot on its own (a loss_fn its factory returned): what the def around it
-        assigns, in order, so that `smld_sigma_array = torch.flip(vesde.discrete_sigmas, (0,))` is known
-        as a host table inside it."""
-        outer = self.src.parent.get(id(node))
-        if outer is None or not isinstance(outer, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            return None
-        scope: dict = {}
-        self.scopes.append(scope)
-        try:
-            for st in outer.body:
-                if isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name):
-                    scope[st.targets[0].id] = self.kind(st.value)
-        finally:
-            self.scopes.pop()
-        return scope
-
-    def visit_FunctionDef(self, node) -> None:
-        self._function(node)
-
-    visit_AsyncFunctionDef = visit_FunctionDef
-
-    def visit_Lambda(self, node: ast.Lambda) -> None:
-        saved, self.region = self.region, (self.region if id(node) in self.eager_lambdas else None)
-        a = node.args
-        self.scopes.append({p.arg: None for p in [*a.posonlyargs, *a.args, *a.kwonlyargs]})
-        self.visit(node.body)   # deferred (a callback, `default(x, lambda: ...)`) unless map() runs it now
-        self.scopes.pop()
-        self.region = saved
-
-    def visit_ClassDef(self, node: ast.ClassDef) -> None:
-        self.scopes.append({})
-        self.generic_visit(node)
-        self.scopes.pop()
-
-    def visit_Assign(self, node: ast.Assign) -> None:
-        self.assigning = {t.id for t in node.targets if isinstance(t, ast.Name)} if self.seeding else set()
-        try:
-            self._assign(node)
-        finally:
-            self.assigning = set()
-        self.note_elements(node)   # after the binding, which clears a name's marks
-
-    def _assign(self, node: ast.Assign) -> None:
-        self.visit(node.value)
-        zero_d = self.zero_d(node.value)
-        self.note_distribution(node)
-        for t in node.targets:
-            self.visit_target(t)
-            self.host_write(t, node.value)
-        value = node.value
-        if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) \
-                and value.func.attr in DEVICE_WRAPPERS and len(node.targets) == 1 \
-                and isinstance(node.targets[0], ast.Tuple) and len(node.targets[0].elts) == len(value.args):
-            # model, opt, loader = accelerator.prepare(model, opt, loader): the loader yields device batches
-            for t, a in zip(node.targets[0].elts, value.args):
-                k = self.iter_kind(a)
-                self.bind(t, "loader_device" if k and k.startswith("loader") else self.kind(a))
-            return
-        if isinstance(value, ast.Tuple) and all(isinstance(t, ast.Tuple) for t in node.targets):
-            for t in node.targets:
-                for a, v in zip(t.elts, value.elts):
-                    self.bind(a, self.kind(v))
-            return
-        if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr == "step" \
-                and value.args and len(node.targets) == 1 and isinstance(node.targets[0], ast.Tuple) \
-                and len(node.targets[0].elts) in (4, 5):
-            k = self.env_results(node)   # obs, reward, done, info = env.step(action): info is a dict
-            for i, t in enumerate(node.targets[0].elts):
-                self.bind(t, None if i == len(node.targets[0].elts) - 1 else k)
-            return
-        if len(node.targets) == 1 and isinstance(node.targets[0], ast.Tuple) \
-                and not any(isinstance(t, ast.Starred) for t in node.targets[0].elts) \
-                and (parts := self.unpacked_kinds(value, len(node.targets[0].elts))) is not None:
-            for t, k in zip(node.targets[0].elts, parts):   # a, b = helper(x): each item as the helper returns it
-                self.bind(t, k)
-                if isinstance(t, ast.Name):
-                    self.scopes[-1][t.id + "#part"] = "part"   # a helper's guess: no evidence for a size rule
-            return
-        k = self.kind(value)
-        if zero_d:
-            for t in node.targets:
-                if isinstance(t, ast.Name):
-                    self.bind(t, k)
-                    self.scopes[-1][t.id + "#0d"] = "0d"   # best = scores.argmax(): one element, as an index an .item()
-            return
-        if k == "tensor" and self.guessed(value):
-            if any(isinstance(t, ast.Tuple) for t in node.targets):
-                k = None   # `q, was_thd = helper(q)`: a guess that a call returns a tensor says nothing of its parts
-            self.guesses.update(t.id for t in node.targets if isinstance(t, ast.Name))
-        for t in node.targets:
-            self.bind(t, k)
-            if k == "loader_pageable" and isinstance(t, ast.Name):
-                self.loaders.append({"name": t.id, "node": value, "scope": self.scope_node})
-            if isinstance(t, ast.Tuple) and isinstance(value, ast.Call) and not (
-                    isinstance(value.func, ast.Attribute) and self.kind(value.func.value) in TENSORISH
-                    or (self.dotted(value.func) or "").startswith("torch.")):
-                for n in t.elts:   # x, feat_size = stage(x, feat_size): a module's parts may be sizes
-                    if isinstance(n, ast.Name):
-                        self.scopes[-1][n.id + "#part"] = "part"
-        aliased = value.body if isinstance(value, ast.IfExp) else value  # `a if cuda else noop`
-        if self.cuda_type(aliased) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            self.cuda_types.add(node.targets[0].id)   # Tensor = torch.cuda.FloatTensor if cuda else torch.FloatTensor
-        dotted = self.dotted(aliased) if isinstance(aliased, ast.Attribute) else None
-        if dotted and dotted.endswith(".synchronize") and len(node.targets) == 1 \
-                and isinstance(node.targets[0], ast.Name):
-            self.aliases[node.targets[0].id] = dotted  # synchronize = torch.cuda.synchronize
-
-    def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
-        if node.value is not None:
-            self.visit(node.value)
-        k = self.annotation_kind(node.annotation) or (self.kind(node.value) if node.value else None)
-        self.bind(node.target, k)
-
-    def visit_AugAssign(self, node: ast.AugAssign) -> None:
-        self.visit(node.value)
-        self.visit_target(node.target)
-        self.host_write(node.target, node.value, augmented=True)
-        if isinstance(node.target, ast.Name):
-            self.bind(node.target, self.kind(ast.BinOp(node.target, node.op, node.value)))
-
-    def visit_target(self, t: ast.AST) -> None:
-        if isinstance(t, (ast.Subscript, ast.Attribute)):
-            self.visit(t.value)
-            if isinstance(t, ast.Subscript):
-                self.index_rule(t)
-                self.scalar_index(t)
-                self.visit(t.slice)
-
-    def visit_Expr(self, node: ast.Expr) -> None:
-        v = node.value   # losses.append(loss): a list of device tensors; xs.append(x.cpu()): of host ones
-        if isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and v.func.attr == "append" \
-                and isinstance(v.func.value, ast.Name) and len(v.args) == 1:
-            k, old = self.kind(v.args[0]), self.lookup(v.func.value.id)
-            if k in TENSORISH and old in (None, "tlist"):
-                self.bind(v.func.value, "tlist")
-                if k == "mask":
-                    self.mask_lists.add(v.func.value.id)   # fg_masks.append(fg_mask)
-            elif k == "host" and old in (None, "hlist"):
-                self.bind(v.func.value, "hlist")
-        self.generic_visit(node)
 
     # -- the rules on expressions
     def visit_Call(self, node: ast.Call) -> None:
@@ -479,14 +193,6 @@ class Checker(FlowRules, CallRules, SyncRules, CopyRules, InsideRules, EnvRules,
             return self.visit_off(*node.args, *[k.value for k in node.keywords])
         self.generic_visit(node)
 
-
-def _seed_names(body: list[ast.stmt], looping: set[str]) -> set[str]:
-    """The names passed to calls of defs that hold a step loop (`sample_euler(model, x, sigmas)`):
-    what a helper returns into them is worth learning (calls.return_kind)."""
-    if not looping:
-        return set()
-    return {a.id for st in body for n in ast.walk(st) if isinstance(n, ast.Call) and name_of(n.func) in looping
-            for a in [*n.args, *(k.value for k in n.keywords)] if isinstance(a, ast.Name)}
 
 
 __all__ = ["RULES", "SYNC_RULES", "TITLES", "HOOK_NAMES", "Finding", "Checker", "MAX_DEPTH"]

@@ -1,0 +1,260 @@
+"""What a call makes, as `gobrrr lint` tells it: the kind (kinds.py) of a call's result.
+
+    functions   Python builtins (len, sum of device tensors, getattr of a flag), numpy, math, time; a
+                predicate (`is_fp8(p)`, `has_nan(x)`) answers with a Python bool
+    torch       factories with or without device= (`factory_kind`), masks, from_numpy, torch.nn ops
+    methods     of a tensor: .cpu(), .to(device) or .to(dtype) (`copy_target`), .pin_memory(), views of pinned
+                memory, .type(); of a module: .to() is still a module, .forward() a tensor
+    loaders     DataLoader(pin_memory=...) (`loader_kind`), wrapped (tqdm, enumerate, accelerator.prepare),
+                and what iterating one yields (`iter_kind`); a tokenizer's batch
+    the project what its own defs return (`return_kind`: calls.CallRules reads their bodies)
+
+A mixin of kinds.Kinds: it relies on `kind()`, `dotted()`, `lookup()`, `is_model()`, `device_of()`,
+`copy_target()`, `annotation_kind()`, `aliases` and `local_defs`.
+"""
+from __future__ import annotations
+
+import ast
+import re
+
+from gobrrr.lint.loops import LOADER_NAME, is_model_name, name_of
+from gobrrr.lint.names import (
+    BATCHES,
+    DEVICE_WRAPPERS,
+    FACTORIES,
+    HOSTISH,
+    ITEM_KIND,
+    LOADERS_PINNED,
+    MASK_FUNCS,
+    NOT_TENSOR_METHODS,
+    NOT_TENSOR_TORCH,
+    NUM_BUILTINS,
+    NUMBER_METHODS,
+    STR_METHODS,
+    TENSOR_METHODS,
+    TENSORISH,
+    VIEW_METHODS,
+)
+
+_DATA_WORDS = {"data", "dataset", "ds", "batches", "train", "val", "valid", "test", "eval", "dl"}
+_PREDICATE = re.compile(r"(^_*|[a-z0-9]_)(is|has|should|can|needs?|uses?|supports?|check_is)_")   # param_is_not_shared
+_TOKENIZER = re.compile(r"tokeni[sz]er|processor|feature_extractor|^tok$", re.I)
+_LOADER_NAME = LOADER_NAME
+_DIST_METHODS = {"sample", "rsample", "log_prob", "entropy", "cdf", "icdf", "sample_n", "mode", "mean", "stddev"}
+
+
+class CallKinds:
+    """The kind of a call's result: functions, torch, methods, loaders and the project's defs."""
+
+    def return_kind(self, node: ast.Call) -> str | None:
+        """What a project function returns (rules.Checker reads its body): None if unknown, "" if
+        known to be neither a tensor nor a list of them."""
+        return None
+
+    def call_kind(self, node: ast.Call) -> str | None:
+        func = node.func
+        name = self.dotted(func)
+        if any(k.arg == "return_tensors" for k in node.keywords) and (
+                _TOKENIZER.search(name_of(func)) or (isinstance(func, ast.Attribute) and _TOKENIZER.search(
+                    name_of(func.value)))):
+            return "batch_tok"   # tokenizer(texts, return_tensors="pt"): a fresh host batch, pageable
+        if isinstance(func, (ast.Name, ast.Attribute)) and _PREDICATE.search(name_of(func)) \
+                and not (isinstance(func, ast.Attribute) and self.kind(func.value) in TENSORISH):
+            return "num"   # self._is_fp8_param(p), has_nan(x): a predicate answers with a Python bool
+        if isinstance(func, ast.Name):
+            if func.id in NUM_BUILTINS:
+                return "num"
+            if func.id == "getattr":   # getattr(param, "is_expert", False): a Python attribute someone set
+                return "num" if len(node.args) > 2 and self.kind(node.args[2]) == "num" else None
+            own = self.local_defs.get(func.id)
+            if own is not None and own.returns is not None:   # def _avg_emulated(...) -> bool
+                return self.annotation_kind(own.returns)
+            if func.id in ("abs", "sum", "min", "max"):
+                kinds = {self.kind(a) for a in node.args}
+                if kinds & (TENSORISH | {"tlist"}):
+                    return "tensor"   # sum(losses) of device tensors is a device tensor
+                return "num" if kinds <= {"num", "numpy", "host"} else None
+            if func.id in ("str", "repr", "format"):
+                return "str"
+            if func.id in ("tqdm", "iter", "progress_bar", "trange", "cycle", "islice") and node.args:
+                k = self.iter_kind(node.args[0])
+                return k if k and k.startswith(("loader", "enum_")) else None   # a wrapped loader is a loader
+            if func.id == "enumerate" and node.args:
+                k = self.iter_kind(node.args[0])
+                return "enum_" + k if k and k.startswith("loader") else None   # pbar = enumerate(loader)
+            if func.id == "next" and node.args:
+                k = self.iter_kind(node.args[0])
+                return ITEM_KIND.get(k) if k and k.startswith("loader") else None
+        if name:
+            root, _, last = name.rpartition(".")
+            if last == "DataLoader":
+                return self.loader_kind(node)
+            if last == "BatchSampler":
+                return "hlist"   # for indices in BatchSampler(SubsetRandomSampler(range(n)), mb, False): host index lists
+            if last == "Variable" and node.args:
+                return self.kind(node.args[0])   # torch.autograd.Variable(t) (old PyTorch) is t
+            if last in LOADERS_PINNED:
+                if last == "Prefetcher" and self.device_of(_arg(node, 1, "device")) != "cpu":
+                    return "loader_device"
+                return "loader_pinned"
+            if root in ("time", "math", "random", "os", "sys", "statistics", "os.path"):
+                return "num" if root not in ("os", "os.path") else None
+            if root in ("numpy", "np"):
+                return "numpy"
+            if last in ("clip_grad_norm_", "clip_grad_norm", "get_total_norm"):
+                return "tensor"  # the total norm, on the device
+            if root == "torch" and last == "from_numpy":
+                return "host"
+            if root == "torch" and last in FACTORIES:
+                return self.factory_kind(node)
+            if root == "torch" and last in MASK_FUNCS:
+                return "mask"
+            if name == "torch.device" and node.args and self.device_of(node.args[0]) == "cpu":
+                return "cpudev"
+            if root == "torch" and (last.startswith("is_") or last in NOT_TENSOR_TORCH):
+                return "num" if last.startswith("is_") or last == "equal" else None
+            if name in ("torch.cat", "torch.stack", "torch.concat") and node.args and isinstance(node.args[0], ast.Name) \
+                    and node.args[0].id in getattr(self, "mask_lists", ()):
+                return "mask"   # torch.cat(fg_masks) of the masks appended per image
+            if root == "torch" and not last[:1].isupper():
+                kinds = {self.kind(a.value if isinstance(a, ast.Starred) else a) for a in node.args}
+                return "host" if not kinds & TENSORISH and kinds & ({"host", "hlist"} | BATCHES) else "tensor"
+            if root.startswith("torch.") and root.split(".")[1] in ("nn", "linalg", "fft", "special") \
+                    and not last[:1].isupper() and root != "torch.nn" and "init" not in root and "utils" not in root:
+                return "tensor"
+            if root.startswith("torch."):
+                return None
+            if last[:1].isupper():
+                return "obj"  # a class: a module, a meter, a config; not a tensor
+        summary = self.return_kind(node)
+        numpy_in = isinstance(func, ast.Name) and not node.keywords and {self.kind(a) for a in node.args} == {"numpy"}
+        if summary is not None:
+            return summary or ("host" if numpy_in else None)   # "": a project function returning a mixed tuple
+        if id(node) in getattr(self, "read_defs", ()):
+            return "host" if numpy_in else None   # a project def read that returns nothing certain: no guess
+        if isinstance(func, ast.Attribute) and func.attr in DEVICE_WRAPPERS and len(node.args) == 1:
+            k = self.iter_kind(node.args[0])
+            if k and k.startswith("loader"):
+                return "loader_device"   # accelerator.prepare(loader): its batches arrive on the device
+        if isinstance(func, ast.Attribute):
+            return self.method_kind(node, func)
+        if (self.is_model(func) and (node.args or node.keywords)) or re.search(r"loss|criterion", name_of(func), re.I):
+            return "tensor"  # a model's forward or a loss
+        kinds = {self.kind(a) for a in node.args}
+        if kinds & TENSORISH:
+            return "tensor"  # an unknown callable fed a device tensor (a layer, a loss)
+        if kinds == {"numpy"} and not node.keywords and isinstance(func, ast.Name):
+            return "host"    # transforms(np_image): what it makes of a numpy array is on the host
+        return None
+
+    def method_kind(self, node: ast.Call, func: ast.Attribute) -> str | None:
+        recv = self.kind(func.value)
+        method = func.attr
+        if method == "type" and node.args and (self.kind(node.args[0]) == "ttype" or getattr(
+                self, "cuda_type", None) and self.cuda_type(node.args[0])):
+            return "tensor"   # x.type(torch.cuda.FloatTensor), x.type(dtype) with dtype = xin[0].type()
+        if method == "type" and not node.args and not node.keywords and recv not in HOSTISH:
+            return "ttype"   # xin[0].type(): 'torch.cuda.FloatTensor', a type name that moves what it is given
+        if method == "type_as" and node.args and self.kind(node.args[0]) in TENSORISH:
+            return "tensor"
+        if method in NUMBER_METHODS:
+            return "num"
+        if method in STR_METHODS or recv == "str":
+            return "str" if method in STR_METHODS else None
+        if recv in ("numpy", "num"):
+            return recv
+        if method in ("cuda", "to"):
+            if recv == "obj" or (recv is None and self.is_model(func.value)):
+                return "obj"  # model.to(device) is still a module
+            if recv is None and _loaded_module(func.value):
+                return "obj"  # pickle.load(f)['ema'].to(device), torch.load(...)['model'].cuda(): a module moved
+            target = self.copy_target(node)
+            if target == "cuda":
+                return "tensor"
+            if target == "cpu":
+                return "host"
+            if recv in ("pinned", "batch_pinned"):
+                return "host" if recv == "pinned" else "batch_host"  # .to(dtype) makes a pageable copy
+            return recv
+        if method in _DIST_METHODS and isinstance(func.value, ast.Name) and self.lookup(func.value.id + "#ddist"):
+            return "tensor"   # probs.sample(), probs.log_prob(a) of a distribution of device tensors
+        if recv == "obj" or method in NOT_TENSOR_METHODS:
+            if method in ("forward", "generate") or (recv == "obj" and is_model_name(method)):
+                return "generated" if method == "generate" else "tensor"
+            return None
+        if method == "numpy":
+            return "numpy"
+        if method == "pin_memory":
+            return "batch_pinned" if recv in BATCHES else "pinned"
+        if method == "cpu":
+            return "host"
+        if recv == "pinned":
+            return "pinned" if method in VIEW_METHODS else "host"  # a view keeps the pinned storage
+        if recv == "batch_pinned":
+            return "batch_pinned" if method in VIEW_METHODS else "batch_host"
+        if recv in BATCHES or recv == "host":
+            return recv
+        if method == "bool" or method in MASK_FUNCS:
+            return "mask" if recv in TENSORISH else recv
+        if recv in TENSORISH:   # a mask's views and copies are masks too
+            return "mask" if recv == "mask" and method in {"any", "all", "clone", "repeat", *VIEW_METHODS} else "tensor"
+        if is_model_name(method) and isinstance(func.value, ast.Name) and func.value.id == "self":
+            return "tensor"  # self.model(x)
+        if method in ("forward", "generate") and self.is_model(func.value):
+            return "generated" if method == "generate" else "tensor"
+        if method in TENSOR_METHODS:
+            return "tensor" if recv is None and not isinstance(func.value, ast.Constant) else None
+        if recv is None and {self.kind(a) for a in node.args} & TENSORISH:
+            return "tensor"  # utils.reduce(loss), self.fc(x): fed a device tensor, gives one
+        return None
+
+    def factory_kind(self, node: ast.Call) -> str | None:
+        kw = {k.arg: k.value for k in node.keywords if k.arg}
+        name = self.dotted(node.func) or ""
+        if name.endswith(".as_tensor") and "device" not in kw and node.args \
+                and self.kind(node.args[0]) in TENSORISH:
+            return "tensor"   # torch.as_tensor(sigma) of a device tensor is that tensor, where it is
+        if "device" not in kw and any(k.arg is None for k in node.keywords):
+            return None   # torch.randint(*args, **kwargs): the device may be in kwargs
+        if "device" in kw and self.device_of(kw["device"]) != "cpu":
+            dtype = self.dotted(kw["dtype"]) if "dtype" in kw else ""
+            return "mask" if dtype in ("torch.bool", "bool") else "tensor"
+        pin = kw.get("pin_memory")
+        if pin is not None and not (isinstance(pin, ast.Constant) and not pin.value):
+            return "pinned"
+        return "host"
+
+    def loader_kind(self, node: ast.Call) -> str:
+        pin = next((k.value for k in node.keywords if k.arg == "pin_memory"), None)
+        if pin is None and any(k.arg is None for k in node.keywords):
+            return "loader"  # DataLoader(ds, **kwargs): pinning decided elsewhere
+        if pin is None or (isinstance(pin, ast.Constant) and not pin.value):
+            return "loader_pageable"
+        return "loader_pinned"
+
+    def iter_kind(self, it: ast.AST, unpacked: bool = False) -> str | None:
+        """The kind of the iterable of a `for`: a known loader, or one by its name (`train_loader`)."""
+        k = self.kind(it)
+        if k in (None, "obj") and isinstance(it, (ast.Name, ast.Attribute)) and _LOADER_NAME.search(name_of(it)):
+            return "loader"
+        if k in (None, "obj") and unpacked and isinstance(it, (ast.Name, ast.Attribute)) \
+                and set(re.split(r"_", name_of(it).lower())) & _DATA_WORDS:
+            return "loader"   # for source, targets in self.train_data: a dataset's (x, y) pairs
+        if k in (None, "obj") and isinstance(it, ast.Call) and it.args and not isinstance(it.args[0], ast.Starred):
+            inner = self.iter_kind(it.args[0])   # tqdm(loader), logger.log_every(loader, 10), islice(loader, n)
+            return inner if inner and inner.startswith("loader") else k
+        return k
+
+
+
+def _loaded_module(node: ast.AST) -> bool:
+    """`pickle.load(f)['ema']`, `torch.load(path)['model']`: a module taken from what was loaded."""
+    return isinstance(node, ast.Subscript) and isinstance(node.value, ast.Call) \
+        and isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str) and is_model_name(node.slice.value)
+
+
+def _arg(node: ast.Call, pos: int, name: str) -> ast.AST | None:
+    for k in node.keywords:
+        if k.arg == name:
+            return k.value
+    return node.args[pos] if len(node.args) > pos else None

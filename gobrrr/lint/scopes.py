@@ -1,0 +1,255 @@
+"""How the lint's walk learns what names hold: imports, defs, lambdas, classes and assignments.
+
+    imports      `import torch as th`, `from torch.nn import functional as F`: aliases that kinds.dotted resolves
+    defs         a def's scope: parameters typed by their annotations and defaults, a hook's or a forward's by
+                 their usual names (HOOK_NAMES), a hot callee's by its call site (`seed`), a nested def's by
+                 what the def around it assigns (`closure_scope`); regions saved and restored around the body
+    lambdas      deferred (a callback) unless map() / sorted() run them right away
+    assignments  each target bound to the kind of its value: tuples item by item, a helper's returned parts,
+                 accelerator.prepare's loaders, env.step's results, `best = scores.argmax()` as 0-d,
+                 `xs.append(x)` making a list of device (or host) tensors
+
+A mixin of rules.Checker: it relies on kinds.Kinds (`kind()`, `bind()`, `scopes`, `aliases`), the walk's
+state (`region`, `chain`, `loop_stack`, `loaders`, `hotmap`, `project`) and the rule mixins' hooks on
+assignments (`host_write`, `index_rule`, `note_elements`, `note_distribution`, `env_results`).
+"""
+from __future__ import annotations
+
+import ast
+
+from gobrrr.lint.hot import is_model_name
+from gobrrr.lint.loops import name_of
+from gobrrr.lint.names import DEVICE_WRAPPERS, TENSORISH
+
+# a module's forward: parameters that hold tensors (or lists and dicts of them) by their usual names
+_FORWARD_TENSORS = {"x", "input", "inputs", "outputs", "output", "logits", "targets", "labels", "hidden_states",
+                    "y", "src", "tgt", "query", "key", "value", "obs", "observations"}
+_HOOK_TENSORS = {"inputs", "outputs", "output", "x", "y", "logits", "loss", "labels", "targets", "images", "data"}
+HOOK_NAMES = _FORWARD_TENSORS | _HOOK_TENSORS
+
+
+class ScopeWalk:
+    """Binding names as the walk meets them (see the module doc)."""
+
+    def visit_Import(self, node: ast.Import) -> None:
+        for a in node.names:
+            if a.asname:
+                self.aliases[a.asname] = a.name
+            self.scopes[-1][(a.asname or a.name).split(".")[0]] = None
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        for a in node.names:
+            self.aliases[a.asname or a.name] = f"{node.module}.{a.name}" if node.module else a.name
+
+    def _function(self, node, region: str | None = None, chain: tuple[str, ...] = (), seed: dict | None = None,
+                  types: dict | None = None) -> None:
+        if not chain:
+            for d in node.decorator_list:
+                self.visit(d)
+        saved = (self.region, self.loaders, self.scope_node, self.chain, self.types, self.loop_stack, self.left)
+        self.left = False
+        hook = id(node) in self.hotmap.hooks
+        per_step = hook or id(node) in self.hotmap.step_fns
+        self.region = region or ("hot" if per_step else None)
+        self.loaders, self.scope_node, self.chain, self.types, self.loop_stack = [], node, chain, types or {}, []
+        self.functions.append(node.name)
+        saved_seeding, saved_looping = self.seeding, self.looping_def   # what helpers return is learnt in a def
+        self.looping_def = node.name in self.hotmap.looping   # that holds a step loop or calls one that does
+        seeds = self.project.per_file.setdefault(id(self.src), {}).setdefault("seed_names", {})
+        if id(node) not in seeds:
+            seeds[id(node)] = seed_names(node.body, self.project.looping) \
+                if self.src.calls.get(node.name, set()) & self.project.looping else set()
+        self.seeding = seeds[id(node)]
+        self.defs.append(node)
+        scope: dict[str, str | None] = {}
+        args = node.args
+        params = [*args.posonlyargs, *args.args, *args.kwonlyargs]
+        for a in params:
+            scope[a.arg] = self.annotation_kind(a.annotation)
+        for a, d in [*zip(reversed([*args.posonlyargs, *args.args]), reversed(args.defaults)),
+                     *zip(args.kwonlyargs, args.kw_defaults)]:
+            if isinstance(d, ast.Constant) and d.value is None:
+                scope[a.arg + "#opt"] = "opt"   # `x: Tensor | None = None`: `if not x:` tests for None
+            if d is not None and scope.get(a.arg) is None and self.kind(d) == "num" \
+                    and not (isinstance(d, ast.Constant) and d.value is None):   # `labels=None`: a tensor or nothing
+                scope[a.arg] = "num"
+                scope[a.arg + "#dflt"] = "dflt"   # a guess from the default: what a call passes wins
+        if hook:   # a framework (or the step loop) hands the hook device batches, outputs and a model
+            for a in params[1:]:
+                if scope.get(a.arg) is None:
+                    tensors = _FORWARD_TENSORS if node.name == "forward" else _HOOK_TENSORS
+                    batch = "batch" in a.arg   # forward(self, batched_inputs): a host batch it copies itself
+                    scope[a.arg] = "num" if "idx" in a.arg else "batch" if batch and node.name == "forward" \
+                        else "tensor" if a.arg in tensors or batch else "obj" if is_model_name(a.arg) or "module" in a.arg \
+                        or a.arg == "trainer" else None
+        for name, k in (seed or {}).items():   # `sample(z, temperature, cfg_iter)` with a CUDA cfg_iter passes
+            if scope.get(name) is None or (k in TENSORISH and scope.get(name + "#dflt")):   # `cfg=1.0` a tensor
+                scope[name] = k
+        closure = self.closure_scope(node) if chain else None
+        if closure is not None:
+            self.scopes.append(closure)
+        self.scopes.append(scope)
+        for stmt in node.body:
+            self.visit(stmt)
+        self.check_loaders()
+        self.scopes.pop()
+        if closure is not None:
+            self.scopes.pop()
+        self.functions.pop()
+        self.defs.pop()
+        self.region, self.loaders, self.scope_node, self.chain, self.types, self.loop_stack, self.left = saved
+        self.seeding, self.looping_def = saved_seeding, saved_looping
+
+    def closure_scope(self, node) -> dict | None:
+        """A nested def walked as hot on its own (a loss_fn its factory returned): what the def around it
+        assigns, in order, so that `smld_sigma_array = torch.flip(vesde.discrete_sigmas, (0,))` is known
+        as a host table inside it."""
+        outer = self.src.parent.get(id(node))
+        if outer is None or not isinstance(outer, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            return None
+        scope: dict = {}
+        self.scopes.append(scope)
+        try:
+            for st in outer.body:
+                if isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name):
+                    scope[st.targets[0].id] = self.kind(st.value)
+        finally:
+            self.scopes.pop()
+        return scope
+
+    def visit_FunctionDef(self, node) -> None:
+        self._function(node)
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+    def visit_Lambda(self, node: ast.Lambda) -> None:
+        saved, self.region = self.region, (self.region if id(node) in self.eager_lambdas else None)
+        a = node.args
+        self.scopes.append({p.arg: None for p in [*a.posonlyargs, *a.args, *a.kwonlyargs]})
+        self.visit(node.body)   # deferred (a callback, `default(x, lambda: ...)`) unless map() runs it now
+        self.scopes.pop()
+        self.region = saved
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> None:
+        self.scopes.append({})
+        self.generic_visit(node)
+        self.scopes.pop()
+
+    def visit_Assign(self, node: ast.Assign) -> None:
+        self.assigning = {t.id for t in node.targets if isinstance(t, ast.Name)} if self.seeding else set()
+        try:
+            self._assign(node)
+        finally:
+            self.assigning = set()
+        self.note_elements(node)   # after the binding, which clears a name's marks
+
+    def _assign(self, node: ast.Assign) -> None:
+        self.visit(node.value)
+        zero_d = self.zero_d(node.value)
+        self.note_distribution(node)
+        for t in node.targets:
+            self.visit_target(t)
+            self.host_write(t, node.value)
+        value = node.value
+        if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) \
+                and value.func.attr in DEVICE_WRAPPERS and len(node.targets) == 1 \
+                and isinstance(node.targets[0], ast.Tuple) and len(node.targets[0].elts) == len(value.args):
+            # model, opt, loader = accelerator.prepare(model, opt, loader): the loader yields device batches
+            for t, a in zip(node.targets[0].elts, value.args):
+                k = self.iter_kind(a)
+                self.bind(t, "loader_device" if k and k.startswith("loader") else self.kind(a))
+            return
+        if isinstance(value, ast.Tuple) and all(isinstance(t, ast.Tuple) for t in node.targets):
+            for t in node.targets:
+                for a, v in zip(t.elts, value.elts):
+                    self.bind(a, self.kind(v))
+            return
+        if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr == "step" \
+                and value.args and len(node.targets) == 1 and isinstance(node.targets[0], ast.Tuple) \
+                and len(node.targets[0].elts) in (4, 5):
+            k = self.env_results(node)   # obs, reward, done, info = env.step(action): info is a dict
+            for i, t in enumerate(node.targets[0].elts):
+                self.bind(t, None if i == len(node.targets[0].elts) - 1 else k)
+            return
+        if len(node.targets) == 1 and isinstance(node.targets[0], ast.Tuple) \
+                and not any(isinstance(t, ast.Starred) for t in node.targets[0].elts) \
+                and (parts := self.unpacked_kinds(value, len(node.targets[0].elts))) is not None:
+            for t, k in zip(node.targets[0].elts, parts):   # a, b = helper(x): each item as the helper returns it
+                self.bind(t, k)
+                if isinstance(t, ast.Name):
+                    self.scopes[-1][t.id + "#part"] = "part"   # a helper's guess: no evidence for a size rule
+            return
+        k = self.kind(value)
+        if zero_d:
+            for t in node.targets:
+                if isinstance(t, ast.Name):
+                    self.bind(t, k)
+                    self.scopes[-1][t.id + "#0d"] = "0d"   # best = scores.argmax(): one element, as an index an .item()
+            return
+        if k == "tensor" and self.guessed(value):
+            if any(isinstance(t, ast.Tuple) for t in node.targets):
+                k = None   # `q, was_thd = helper(q)`: a guess that a call returns a tensor says nothing of its parts
+            self.guesses.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        for t in node.targets:
+            self.bind(t, k)
+            if k == "loader_pageable" and isinstance(t, ast.Name):
+                self.loaders.append({"name": t.id, "node": value, "scope": self.scope_node})
+            if isinstance(t, ast.Tuple) and isinstance(value, ast.Call) and not (
+                    isinstance(value.func, ast.Attribute) and self.kind(value.func.value) in TENSORISH
+                    or (self.dotted(value.func) or "").startswith("torch.")):
+                for n in t.elts:   # x, feat_size = stage(x, feat_size): a module's parts may be sizes
+                    if isinstance(n, ast.Name):
+                        self.scopes[-1][n.id + "#part"] = "part"
+        aliased = value.body if isinstance(value, ast.IfExp) else value  # `a if cuda else noop`
+        if self.cuda_type(aliased) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            self.cuda_types.add(node.targets[0].id)   # Tensor = torch.cuda.FloatTensor if cuda else torch.FloatTensor
+        dotted = self.dotted(aliased) if isinstance(aliased, ast.Attribute) else None
+        if dotted and dotted.endswith(".synchronize") and len(node.targets) == 1 \
+                and isinstance(node.targets[0], ast.Name):
+            self.aliases[node.targets[0].id] = dotted  # synchronize = torch.cuda.synchronize
+
+    def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
+        if node.value is not None:
+            self.visit(node.value)
+        k = self.annotation_kind(node.annotation) or (self.kind(node.value) if node.value else None)
+        self.bind(node.target, k)
+
+    def visit_AugAssign(self, node: ast.AugAssign) -> None:
+        self.visit(node.value)
+        self.visit_target(node.target)
+        self.host_write(node.target, node.value, augmented=True)
+        if isinstance(node.target, ast.Name):
+            self.bind(node.target, self.kind(ast.BinOp(node.target, node.op, node.value)))
+
+    def visit_target(self, t: ast.AST) -> None:
+        if isinstance(t, (ast.Subscript, ast.Attribute)):
+            self.visit(t.value)
+            if isinstance(t, ast.Subscript):
+                self.index_rule(t)
+                self.scalar_index(t)
+                self.visit(t.slice)
+
+    def visit_Expr(self, node: ast.Expr) -> None:
+        v = node.value   # losses.append(loss): a list of device tensors; xs.append(x.cpu()): of host ones
+        if isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and v.func.attr == "append" \
+                and isinstance(v.func.value, ast.Name) and len(v.args) == 1:
+            k, old = self.kind(v.args[0]), self.lookup(v.func.value.id)
+            if k in TENSORISH and old in (None, "tlist"):
+                self.bind(v.func.value, "tlist")
+                if k == "mask":
+                    self.mask_lists.add(v.func.value.id)   # fg_masks.append(fg_mask)
+            elif k == "host" and old in (None, "hlist"):
+                self.bind(v.func.value, "hlist")
+        self.generic_visit(node)
+
+
+def seed_names(body: list[ast.stmt], looping: set[str]) -> set[str]:
+    """The names passed to calls of defs that hold a step loop (`sample_euler(model, x, sigmas)`):
+    what a helper returns into them is worth learning (calls.return_kind)."""
+    if not looping:
+        return set()
+    return {a.id for st in body for n in ast.walk(st) if isinstance(n, ast.Call) and name_of(n.func) in looping
+            for a in [*n.args, *(k.value for k in n.keywords)] if isinstance(a, ast.Name)}
+
+
+__all__ = ["HOOK_NAMES", "ScopeWalk", "seed_names"]
