@@ -70,7 +70,7 @@ class CallKinds:
             if own is not None and own.returns is not None:   # def _avg_emulated(...) -> bool
                 return self.annotation_kind(own.returns)
             if func.id in ("abs", "sum", "min", "max"):
-                kinds = {self.kind(a) for a in node.args}
+                kinds = {self.kind(_values_of(a)) if _values_of(a) is not None else self.kind(a) for a in node.args}
                 if kinds & (TENSORISH | {"tlist"}):
                     return "tensor"   # sum(losses) of device tensors is a device tensor
                 return "num" if kinds <= {"num", "numpy", "host"} else None
@@ -258,3 +258,11 @@ def _arg(node: ast.Call, pos: int, name: str) -> ast.AST | None:
         if k.arg == name:
             return k.value
     return node.args[pos] if len(node.args) > pos else None
+
+
+def _values_of(node: ast.AST) -> ast.AST | None:
+    """The dict of `d.values()` (sum(loss_dict.values()) sums what the dict holds), else None."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "values" \
+            and not node.args and not node.keywords:
+        return node.func.value
+    return None

@@ -178,6 +178,8 @@ def summarize(checker_cls, project: Project, src: Source, fn, kinds: dict, depth
     c.defs = c._enclosing(fn)
     c._function(fn, region="off", chain=("summary",), seed=kinds)
     found = set(c.returns)
+    if found == {"tensor", "tlist"}:
+        found = {"tlist"}   # `return data` (a loss dict passed in) or `{k: v for ...}` of reduced tensors: a container
     k = found.pop() if len(found) == 1 else None
     items = set(c.return_items)
     parts = None

@@ -42,6 +42,9 @@ class SyncRules:
         elif isinstance(func, ast.Name) and func.id in ("float", "int", "bool") and len(node.args) == 1 \
                 and self.kind(node.args[0]) in TENSORISH:
             self.flag(node, "GB002", what=f"`{func.id}()` of a tensor")
+        elif name.startswith("math.") and name.count(".") == 1 and any(self.kind(a) in TENSORISH for a in node.args):
+            # math.isfinite(loss), math.log(t): math converts its argument with float() (an .item())
+            self.flag(node, "GB002", what=f"`{name}()` of a tensor (math reads it with float())")
         elif isinstance(func, ast.Name) and func.id in ("max", "min") and len(node.args) >= 2 and not node.keywords \
                 and any(self.kind(a) in TENSORISH for a in node.args) and self.lookup(func.id) is None:
             self.flag(node, "GB002", what=f"the builtin `{func.id}()` of tensors (it compares them as Python bools)")
