@@ -55,3 +55,96 @@ def test_math_of_host_numbers_is_quiet():
             ok = math.isfinite(total) and math.isfinite(lr) and math.log(len(values)) > 0
     """
     assert not [f for f in default(body) if f[0] == "GB002"], default(body)
+
+
+# -- calls dispatched through a dict of functions
+def test_a_dict_of_bound_methods_set_in_init_makes_each_hot():
+    """`self.loss_map = {'boxes': self.loss_boxes, ...}` in __init__, `self.loss_map[name](out)` in forward:
+    the call reaches every value of the dict; a module-level table of functions likewise."""
+    body = """
+    def l1(x):
+        return x.sum().item()
+
+    LOSSES = {"l1": l1}
+
+    class Criterion(nn.Module):
+        def __init__(self, names):
+            super().__init__()
+            self.names = names
+            self.loss_map = {"a": self.loss_a, "b": self.loss_b}
+
+        def loss_a(self, x):
+            return float(x.max())
+
+        def loss_b(self, x):
+            return x.min().cpu()
+
+        def forward(self, x):
+            out = [self.loss_map[n](x) for n in self.names]
+            return out + [LOSSES[n](x) for n in self.names]
+    """
+    found = default(body)
+    for line in (3, 14, 17):
+        assert ("GB002", line) in found, found
+
+
+def test_a_called_attribute_handed_in_by_a_config_runs_the_class_it_is_named_after():
+    """`self.matcher = matcher` (a parameter a config injects), `indices = self.matcher(out, targets)`:
+    HungarianMatcher's forward runs, and its host index tensors index device tensors in the loss."""
+    body = """
+    from scipy.optimize import linear_sum_assignment
+
+    class HungarianMatcher(nn.Module):
+        @torch.no_grad()
+        def forward(self, outputs, targets):
+            C = outputs["pred_logits"].cpu()
+            indices = [linear_sum_assignment(c) for c in C]
+            return [(torch.as_tensor(i, dtype=torch.int64), torch.as_tensor(j)) for i, j in indices]
+
+    class SetCriterion(nn.Module):
+        def __init__(self, matcher):
+            super().__init__()
+            self.matcher = matcher
+
+        def forward(self, outputs, targets):
+            indices = self.matcher(outputs, targets)
+            idx = torch.cat([src for (src, _) in indices])
+            return outputs["pred_boxes"][idx].sum()
+    """
+    assert ("GB011", 19) in default(body), default(body)
+
+
+def test_a_called_attribute_only_partly_named_like_a_class_pins_nothing():
+    """`self.a2c_network(obs)` ends with the name of several `Network` classes but names none of them: its
+    outputs stay the tensors a module's call gives."""
+    body = """
+    class Network(nn.Module):
+        def forward(self, x):
+            return [1, 2], None
+
+    class Model(nn.Module):
+        def __init__(self, a2c_network):
+            super().__init__()
+            self.a2c_network = a2c_network
+
+        def forward(self, obs):
+            logits, value = self.a2c_network(obs)
+            return value.item()
+    """
+    assert ("GB002", 13) in default(body), default(body)
+
+
+def test_a_dict_of_numbers_indexed_in_a_step_is_not_a_call():
+    """`self.weight_dict[k] * loss[k]`: a table of weights, nothing to follow; a dict of strings called
+    through getattr stays quiet too."""
+    body = """
+    class Criterion(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight_dict = {"a": 1.0, "b": 2.0}
+            self.acts = {"a": "relu"}
+
+        def forward(self, x):
+            return sum(self.weight_dict[k] * getattr(F, self.acts[k])(x).mean() for k in self.weight_dict)
+    """
+    assert default(body) == [], default(body)

@@ -17,6 +17,8 @@
                  fn(x)             with `fn = functools.partial(g, k=v)` in a def around: g, given k=v too;
                                    with `fn = get_step_fn(cfg)`: the def nested in get_step_fn that it returns
                  wrap(g)(x)        g: a wrapper made at the call site (`retry_if_cuda_oom(self.matcher)(iou)`)
+                 table[k](x)       every function of the dict literal assigned to table (in the def around,
+                                   at module level, or to self.table in a method: `loss_map[loss](out, y)`)
                  Cls(x)            its __init__: a constructor called in hot code runs every step
                  pkg.mod.f(x)      through a chain of modules (`import k_diffusion as K; K.sampling.f`)
                  torch.min(a, b)   nothing: a module from outside the project is never a project method
@@ -99,7 +101,8 @@ class Project(Index):
                 and isinstance(f.args[0], (ast.Name, ast.Attribute)):   # retry_if_cuda_oom(self.matcher)(iou):
             return self.resolve(src, ast.Call(func=f.args[0], args=call.args, keywords=call.keywords),  # a wrapper
                                 scope, types, fallback)   # made at the call site runs what it wraps
-        if isinstance(f, ast.Subscript):   # loss_map[name](...) with loss_map = {"a": self.loss_a, ...}
+        if isinstance(f, ast.Subscript):   # loss_map[name](...) with loss_map = {"a": self.loss_a, ...}, or
+            # self.loss_map[name](...) with the dict set in __init__: each value runs
             return [hit for v in self._dict_values(src, f.value, scope)
                     for hit in self.resolve(src, ast.Call(func=v, args=call.args, keywords=call.keywords), scope, types)]
         if not isinstance(f, ast.Attribute):
@@ -115,6 +118,10 @@ class Project(Index):
             insts = self.instances_of(src, f, scope, types)   # self.criterion(out, y)
             if insts:
                 return self._forwards(insts)
+            if cls is not None and f.attr not in self._set_attrs(src, cls):   # self.matcher(out, y), the matcher
+                key = f.attr.replace("_", "").lower()   # handed to __init__ by a config: HungarianMatcher (a class
+                return self._forwards([c for c in self._named_like(f) if c[1].name.lower().endswith(key)])   # named
+                # after the attribute; `self.a2c_network` pins no Network class)
         elif isinstance(recv, ast.Name):
             hit = self.lookup(src, recv.id)
             if hit and hit[0] == "module":
@@ -179,6 +186,19 @@ class Project(Index):
                           for hit in returned_defs(fs, fn)]
         return found
 
+    def _set_attrs(self, src: Source, cls: ast.ClassDef) -> set[str]:
+        """The self attributes a method of cls assigns something other than a parameter of its own."""
+        out = set()
+        for fn in cls.body:
+            if not isinstance(fn, DEFS):
+                continue
+            params = {a.arg for a in [*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs]}
+            for n in ast.walk(fn):
+                if isinstance(n, ast.Assign) and not (isinstance(n.value, ast.Name) and n.value.id in params):
+                    out |= {t.attr for t in n.targets if isinstance(t, ast.Attribute)
+                            and isinstance(t.value, ast.Name) and t.value.id == "self"}
+        return out
+
     def _named_like(self, recv: ast.AST) -> list:
         """The project classes an object of unknown origin is named after (`replay_buffer`, `self.rollout_buffer`
         -> ReplayBuffer, DictRolloutBuffer): the class name, lower-cased, equals or ends with the object's
@@ -226,12 +246,21 @@ class Project(Index):
         return bool(common)
 
     def _dict_values(self, src: Source, node: ast.AST, scope) -> list[ast.AST]:
-        if not isinstance(node, ast.Name) or scope is None:
+        """The functions a dict of callables holds, for `table[key](...)`: a dict literal assigned to the
+        name in the def around (or at module level), or to the self attribute in any method of the class."""
+        if isinstance(node, ast.Name):
+            where, target = ([scope] if scope is not None else []) + [src.tree], node.id
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+            cls = self._class_around(src, scope)
+            where, target = ([cls] if cls is not None else []), "self." + node.attr
+        else:
             return []
-        for n in ast.walk(scope):
-            if isinstance(n, ast.Assign) and isinstance(n.value, ast.Dict) \
-                    and any(isinstance(t, ast.Name) and t.id == node.id for t in n.targets):
-                return [v for v in n.value.values if isinstance(v, (ast.Name, ast.Attribute))]
+        for body in where:
+            nodes = body.body if body is src.tree else ast.walk(body)   # module level: its own statements only
+            for n in nodes:
+                if isinstance(n, ast.Assign) and isinstance(n.value, ast.Dict) \
+                        and any(ast.unparse(t) == target for t in n.targets if isinstance(t, (ast.Name, ast.Attribute))):
+                    return [v for v in n.value.values if isinstance(v, (ast.Name, ast.Attribute))]
         return []
 
     def _forwards(self, insts) -> list:
