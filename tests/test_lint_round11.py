@@ -3,7 +3,22 @@ dreamerv3-torch, imagen-pytorch; tuned on here, so no longer unseen), each from 
 default run, with the look-alike shapes that must stay quiet."""
 from __future__ import annotations
 
-from tests.test_lint_round4 import default
+import textwrap
+
+from gobrrr.lint.check import lint_source
+from tests.test_lint_round4 import HEAD, default
+
+
+def lint_chain(body: str) -> list[tuple[str, int, list[str]]]:
+    """(rule, line, chain) of the default run; lines count from the snippet's first line, as default()'s do."""
+    off = HEAD.count("\n")
+    out = lint_source(HEAD + textwrap.dedent(body), "train.py")
+    return sorted((f.rule, f.line - off, [_shift(c, off) for c in f.chain]) for f in out)
+
+
+def _shift(loc: str, off: int) -> str:
+    path, line = loc.rsplit(":", 1)
+    return f"{path}:{int(line) - off}"
 
 
 # -- math.* on a device scalar
@@ -146,5 +161,41 @@ def test_a_dict_of_numbers_indexed_in_a_step_is_not_a_call():
 
         def forward(self, x):
             return sum(self.weight_dict[k] * getattr(F, self.acts[k])(x).mean() for k in self.weight_dict)
+    """
+    assert default(body) == [], default(body)
+
+
+# -- module-level lambdas bound to a name
+def test_a_module_level_lambda_called_in_a_step_is_walked_like_a_def():
+    """`to_np = lambda x: x.detach().cpu().numpy()` (dreamerv3's models.py and tools.py), called on a loss
+    in the step: its .cpu() is reported at the lambda, with the chain, as a helper def's would be."""
+    body = """
+    to_np = lambda x: x.detach().cpu().numpy()
+
+    def train(model, loader, opt):
+        for x in loader:
+            loss = model(x.cuda(non_blocking=True))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            metrics = {"loss": to_np(loss)}
+    """
+    found = lint_chain(body)
+    assert found == [("GB002", 2, ["train.py:10"])], found
+
+
+def test_a_module_level_lambda_outside_the_step_or_without_a_sync_is_quiet():
+    """The same lambda used only after training, and `scale = lambda x, k: x * k` in the step: nothing to say."""
+    body = """
+    to_np = lambda x: x.detach().cpu().numpy()
+    scale = lambda x, k: x * k
+
+    def train(model, loader, opt):
+        for x in loader:
+            loss = model(scale(x.cuda(non_blocking=True), 2))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        return to_np(loss)
     """
     assert default(body) == [], default(body)

@@ -1,7 +1,7 @@
 """One checked file, parsed and indexed once per run: what the call graph (graph.py) needs of it.
 
-    parse      the file's module-level functions, its classes, its imports (star imports kept
-               apart), the classes assigned to names (`net = QNetwork(...)`, `self.crit =
+    parse      the file's module-level functions (and lambdas bound to a name), its classes, its imports
+               (star imports kept apart), the classes assigned to names (`net = QNetwork(...)`, `self.crit =
                SetCriterion(...)`), constructor calls per scope, and per def its class and the def it
                is nested in; `self.attr = param` in `__init__` so that a constructor's callers type it
     walk       every node of a tree in one flat list (cheaper than ast.walk), and per def the names
@@ -70,6 +70,8 @@ def parse(path: Path, text: str) -> Source:
     src = Source(path, text, tree, walk(tree, calls))
     src.calls = calls
     src.functions = {s.name: s for s in tree.body if isinstance(s, DEFS)}
+    for name, lam in _named_lambdas(tree):   # to_np = lambda x: x.detach().cpu().numpy(): a function like a def
+        src.functions.setdefault(name, lambda_def(name, lam))
     _index_scopes(src, tree, None, None)
     for node in src.nodes:
         if isinstance(node, ast.ClassDef):
@@ -89,6 +91,22 @@ def parse(path: Path, text: str) -> Source:
                 else:
                     src.imports.setdefault(a.name.split(".")[0], (a.name.split(".")[0], None))
     return src
+
+
+def _named_lambdas(tree: ast.Module):
+    """(name, Lambda) of each module-level `name = lambda ...:` statement."""
+    for st in tree.body:
+        if isinstance(st, ast.Assign) and isinstance(st.value, ast.Lambda) and len(st.targets) == 1 \
+                and isinstance(st.targets[0], ast.Name):
+            yield st.targets[0].id, st.value
+
+
+def lambda_def(name: str, lam: ast.Lambda) -> ast.FunctionDef:
+    """A def standing for a named lambda: its parameters, and one statement returning its body (the body's
+    own nodes, so that a finding in it points at the lambda's line)."""
+    ret = ast.copy_location(ast.Return(value=lam.body), lam.body)
+    fn = ast.FunctionDef(name=name, args=lam.args, body=[ret], decorator_list=[], returns=None)
+    return ast.copy_location(fn, lam)
 
 
 def _index_scopes(src: Source, node: ast.AST, scope: ast.AST | None, cls: ast.ClassDef | None) -> None:
