@@ -69,6 +69,7 @@ class Project(Index):
         self.per_class: dict[int, dict] = {}   # id(ClassDef) -> what its methods set self attributes to (calls._class_attrs)
         self.looping: set[str] = set()   # names of the defs that hold a step loop (set by check.check_sources)
         self.hotmaps: dict = {}     # id(Source) -> its HotMap, once built
+        self._assigned: dict[int, set[str]] = {}   # id(ClassDef) -> the self attributes it sets (_set_attrs)
 
     # -- calls
     def resolve(self, src: Source, call: ast.Call, scope: ast.AST | None, types=None,
@@ -118,10 +119,10 @@ class Project(Index):
             insts = self.instances_of(src, f, scope, types)   # self.criterion(out, y)
             if insts:
                 return self._forwards(insts)
-            if cls is not None and f.attr not in self._set_attrs(src, cls):   # self.matcher(out, y), the matcher
-                key = f.attr.replace("_", "").lower()   # handed to __init__ by a config: HungarianMatcher (a class
-                return self._forwards([c for c in self._named_like(f) if c[1].name.lower().endswith(key)])   # named
-                # after the attribute; `self.a2c_network` pins no Network class)
+            key = f.attr.replace("_", "").lower()   # self.matcher(out, y), the matcher handed to __init__ by a
+            named = [c for c in self._named_like(f) if c[1].name.lower().endswith(key)]   # config: HungarianMatcher
+            if named and cls is not None and f.attr not in self._set_attrs(src, cls):   # (a class named after
+                return self._forwards(named)   # the attribute; `self.a2c_network` pins no Network class)
         elif isinstance(recv, ast.Name):
             hit = self.lookup(src, recv.id)
             if hit and hit[0] == "module":
@@ -187,8 +188,10 @@ class Project(Index):
         return found
 
     def _set_attrs(self, src: Source, cls: ast.ClassDef) -> set[str]:
-        """The self attributes a method of cls assigns something other than a parameter of its own."""
-        out = set()
+        """The self attributes a method of cls assigns something other than a parameter of its own (cached)."""
+        if id(cls) in self._assigned:
+            return self._assigned[id(cls)]
+        out = self._assigned[id(cls)] = set()
         for fn in cls.body:
             if not isinstance(fn, DEFS):
                 continue
