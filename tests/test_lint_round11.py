@@ -199,3 +199,70 @@ def test_a_module_level_lambda_outside_the_step_or_without_a_sync_is_quiet():
         return to_np(loss)
     """
     assert default(body) == [], default(body)
+
+
+# -- a host tensor kept as a plain attribute, copied in forward
+def test_a_host_table_a_helper_builds_in_init_and_forward_copies_is_a_per_step_copy():
+    """`self.anchors, self.valid_mask = self._generate_anchors()` in __init__ (the helper's `device='cpu'`
+    default), `self.anchors.to(memory.device)` in forward (RT-DETR's decoder): a plain attribute does not move
+    with the module, so each forward copies it from pageable memory."""
+    body = """
+    class Decoder(nn.Module):
+        def __init__(self, n):
+            super().__init__()
+            self.anchors, self.valid_mask = self._generate_anchors(n)
+
+        def _generate_anchors(self, n, device="cpu"):
+            anchors = torch.arange(n, dtype=torch.float32).to(device)
+            return anchors, anchors > 0
+
+        def forward(self, memory):
+            anchors, valid = self.anchors.to(memory.device), self.valid_mask.to(memory.device)
+            return memory * valid + anchors
+    """
+    assert ("GB010", 12) in default(body), default(body)
+
+
+def test_a_device_default_passed_on_by_name_keeps_its_value():
+    """`sample_affine(p, n)` leaves `device="cpu"` and hands it on (`scale_mat(s, device=device)`): the
+    matrices are host tensors, and writing host values into them copies nothing (stylegan2's augment)."""
+    body = """
+    def scale_mat(s, device="cpu"):
+        mat = torch.eye(3, device=device).unsqueeze(0).repeat(s.shape[0], 1, 1)
+        mat[:, 0, 0] = s
+        return mat
+
+    def sample_affine(n, device="cpu"):
+        s = torch.empty(n, device=device).log_normal_()
+        return scale_mat(s, device=device)
+
+    def train(model, loader, opt):
+        for x in loader:
+            g = sample_affine(x.shape[0])
+            loss = model(x.cuda(non_blocking=True), g.cuda(non_blocking=True))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    """
+    assert not [f for f in default(body) if f[1] == 4], default(body)
+
+
+def test_buffers_parameters_and_device_attributes_moved_in_forward_are_quiet():
+    """A registered buffer, an nn.Parameter, an attribute made on the device, or one a forward caches after
+    its first copy: `.to(x.device)` of each copies nothing per step."""
+    body = """
+    class Decoder(nn.Module):
+        def __init__(self, n, device):
+            super().__init__()
+            self.register_buffer("anchors", torch.ones(n))
+            self.scale = nn.Parameter(torch.ones(n))
+            self.table = torch.arange(n, device=device)
+            self.grid = None
+
+        def forward(self, x):
+            if self.grid is None:
+                self.grid = torch.ones(4).to(x.device)
+            a = self.anchors.to(x.device) + self.scale.to(x.device)
+            return x + a + self.table.to(x.device) + self.grid.to(x.device)
+    """
+    assert default(body) == [], default(body)

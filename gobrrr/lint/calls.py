@@ -32,9 +32,12 @@ class CallRules:
 
     def return_kind(self, node: ast.Call) -> str | None:
         """What the project def this call runs returns, learnt by walking its body with the call's
-        argument kinds (two calls deep, in hot code): a CPU matcher's index list, a helper's tensor."""
+        argument kinds (two calls deep, in hot code): a CPU matcher's index list, a helper's tensor; in
+        set-up code only for a def holding a step loop, or for self attributes set in __init__
+        (`self.anchors, self.valid_mask = self._generate_anchors()`: host tables a forward copies)."""
         set_up = self.region != "hot" and not self.summary_depth and not self.assigning & self.seeding
-        if set_up and not (self.looping_def and self.region is None) or self.summary_depth >= 2 \
+        if set_up and not (self.looping_def and self.region is None) and not self.init_attrs \
+                or self.summary_depth >= 2 \
                 or not isinstance(node.func, (ast.Name, ast.Attribute)):
             return None
         if set_up:   # `sigmas = self.sample_schedule(n)` before the step loop: a tensor, host data, not an
@@ -114,6 +117,9 @@ class CallRules:
             kinds[fn.args.vararg.arg] = "hlist" if items <= {"host", "pinned", "hlist"} else \
                 "tlist" if items <= TENSORISH else None
         kinds.update(_constants(fn, dict(pairs), node))
+        for p, a in pairs:   # scale_mat(..., device=device) with the caller's device left at "cpu": still "cpu"
+            if isinstance(a, ast.Name) and isinstance(self.lookup(a.id + "#val"), str) and p in kinds:
+                kinds[p + "#val"] = self.lookup(a.id + "#val")
         return kinds, types
 
     def follow(self, node: ast.Call) -> None:

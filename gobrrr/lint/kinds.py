@@ -226,6 +226,10 @@ class Kinds(CallKinds):
             return None  # torch.float16 and friends: a dtype
         if isinstance(node, ast.Attribute) and node.attr == "device":   # .to(t.device): where t is
             return "cpu" if self.kind(node.value) in ({"host", "pinned", "numpy"} | BATCHES) else "cuda"
+        if isinstance(node, ast.Name) and isinstance(self.lookup(node.id + "#val"), str):
+            passed = self.lookup(node.id + "#val")   # device='cpu', a parameter the call leaves at (or sets to)
+            if passed[:1] in ("'", '"'):             # a constant: that device
+                return self.device_of(ast.Constant(passed[1:-1]))
         if isinstance(node, (ast.Name, ast.Attribute)):
             tail = name.rsplit(".", 1)[-1].lower()
             if "dtype" in tail or "type" == tail:

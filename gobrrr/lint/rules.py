@@ -82,6 +82,7 @@ class Checker(ScopeWalk, FlowRules, CallRules, SyncRules, CopyRules, InsideRules
         self.cuda_types: set[str] = set()       # names bound to torch.cuda.FloatTensor and friends
         self.seeding: set[str] = set()          # names this def hands to a def holding a step loop (note_seed)
         self.assigning: set[str] = set()        # the names the assignment being walked binds
+        self.init_attrs = False                 # it binds only self attributes, in __init__ (calls.return_kind)
         self.seeds: list[tuple] = []            # (Source, def holding a step loop, kinds of its parameters)
         self.left = False                       # this call has returned (flow.static_truth): the rest is dead
         self.mask_lists: set[str] = set()       # lists that masks are appended to (torch.cat of them is a mask)

@@ -137,10 +137,12 @@ class ScopeWalk:
 
     def visit_Assign(self, node: ast.Assign) -> None:
         self.assigning = {t.id for t in node.targets if isinstance(t, ast.Name)} if self.seeding else set()
+        self.init_attrs = bool(self.defs) and getattr(self.defs[-1], "name", "") == "__init__" \
+            and all(_self_attr(e) for t in node.targets for e in (t.elts if isinstance(t, ast.Tuple) else [t]))
         try:
             self._assign(node)
         finally:
-            self.assigning = set()
+            self.assigning, self.init_attrs = set(), False
         self.note_elements(node)   # after the binding, which clears a name's marks
 
     def _assign(self, node: ast.Assign) -> None:
@@ -241,6 +243,10 @@ class ScopeWalk:
             elif k == "host" and old in (None, "hlist"):
                 self.bind(v.func.value, "hlist")
         self.generic_visit(node)
+
+
+def _self_attr(node: ast.AST) -> bool:
+    return isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"
 
 
 def seed_names(body: list[ast.stmt], looping: set[str]) -> set[str]:
