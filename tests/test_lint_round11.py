@@ -266,3 +266,63 @@ def test_buffers_parameters_and_device_attributes_moved_in_forward_are_quiet():
             return x + a + self.table.to(x.device) + self.grid.to(x.device)
     """
     assert default(body) == [], default(body)
+
+
+# -- a project decorator on a hot function
+def test_the_wrapper_of_a_project_decorator_on_a_hot_function_is_hot():
+    """`@partial(cast_torch_tensor, cast_fp16=True) def forward` (imagen-pytorch's trainer): the decorator's
+    `inner` runs on every call, so its copies of the arguments are per-step code, reported with the chain."""
+    body = """
+    from functools import partial, wraps
+
+    def cast_torch_tensor(fn, cast_fp16=False):
+        @wraps(fn)
+        def inner(model, *args, **kwargs):
+            args = [torch.from_numpy(a).to(model.device) for a in args]
+            return fn(model, *args, **kwargs)
+        return inner
+
+    class Trainer:
+        @partial(cast_torch_tensor, cast_fp16=True)
+        def forward(self, x):
+            return self.model(x)
+
+    def train(opt, loader):
+        trainer = Trainer()
+        for x in loader:
+            loss = trainer.forward(x)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    """
+    assert lint_chain(body) == [("GB001", 7, ["train.py:19", "train.py:13"])], lint_chain(body)
+
+
+def test_a_project_decorator_on_a_cold_function_and_torch_decorators_are_quiet():
+    """The same decorator on a function only called after training, and `@torch.no_grad()` on the hot one:
+    nothing runs per step that syncs."""
+    body = """
+    def to_device(fn):
+        def inner(*args):
+            return fn(*[torch.from_numpy(a).cuda() for a in args])
+        return inner
+
+    @to_device
+    def evaluate(model, x):
+        return model(x)
+
+    @torch.no_grad()
+    def ema_update(ema, model):
+        for p, q in zip(ema.parameters(), model.parameters()):
+            p.mul_(0.99).add_(q, alpha=0.01)
+
+    def train(model, ema, opt, loader, data):
+        for x in loader:
+            loss = model(x.cuda(non_blocking=True))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            ema_update(ema, model)
+        return evaluate(model, data)
+    """
+    assert default(body) == [], default(body)

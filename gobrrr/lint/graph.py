@@ -20,6 +20,7 @@
                  table[k](x)       every function of the dict literal assigned to table (in the def around,
                                    at module level, or to self.table in a method: `loss_map[loss](out, y)`)
                  Cls(x)            its __init__: a constructor called in hot code runs every step
+                 @deco def f       (wrappers) the inner def a project decorator returns runs with f, per call
                  pkg.mod.f(x)      through a chain of modules (`import k_diffusion as K; K.sampling.f`)
                  torch.min(a, b)   nothing: a module from outside the project is never a project method
                  obj(x), unknown   an object built from a config: the class named like it (augment_pipe ->
@@ -69,7 +70,7 @@ class Project(Index):
         self.per_class: dict[int, dict] = {}   # id(ClassDef) -> what its methods set self attributes to (calls._class_attrs)
         self.looping: set[str] = set()   # names of the defs that hold a step loop (set by check.check_sources)
         self.hotmaps: dict = {}     # id(Source) -> its HotMap, once built
-        self._assigned: dict[int, set[str]] = {}   # id(ClassDef) -> the self attributes it sets (_set_attrs)
+        self._assigned: dict = {}   # id(ClassDef) -> the self attributes it sets (_set_attrs); a def's wrappers
 
     # -- calls
     def resolve(self, src: Source, call: ast.Call, scope: ast.AST | None, types=None,
@@ -160,6 +161,28 @@ class Project(Index):
         if len(only) == 1:
             return only[:1]
         return only if 1 < len(only) <= 8 and self._one_hierarchy(only) else []
+
+    def wrappers(self, src: Source, fn: ast.AST) -> list[tuple[Source, ast.AST]]:
+        """The inner defs that fn's project decorators put around it (`@cast_torch_tensor`, whose `inner`
+        runs on every call of fn; `@partial(deco, k=v)`; `@deco(k=v)`, a factory of decorators), cached."""
+        key = ("wrappers", id(fn))
+        if key not in self._assigned:
+            scope = src.parent.get(id(fn))
+            found: list = []
+            for d in getattr(fn, "decorator_list", []):
+                target, levels = d, 1
+                if isinstance(d, ast.Call) and name_of(d.func) == "partial" and d.args:
+                    target = d.args[0]
+                elif isinstance(d, ast.Call):
+                    target, levels = d.func, 2
+                if not isinstance(target, (ast.Name, ast.Attribute)):
+                    continue
+                defs = self.resolve(src, ast.Call(func=target, args=[], keywords=[]), scope, fallback=False)
+                for _ in range(levels):
+                    defs = [w for ds, df in defs[:3] for w in returned_defs(ds, df)]
+                found += defs
+            self._assigned[key] = found
+        return self._assigned[key]
 
     def _callables(self, name: str, call: ast.Call) -> list:
         """An object built where the lint cannot see (a config names its class) and called:

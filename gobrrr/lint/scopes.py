@@ -61,6 +61,10 @@ class ScopeWalk:
                 if self.src.calls.get(node.name, set()) & self.project.looping else set()
         self.seeding = seeds[id(node)]
         self.defs.append(node)
+        if self.region == "hot" and not self.silent and not self.summary_depth:   # @cast_torch_tensor def forward:
+            for target_src, inner in self.project.wrappers(self.src, node):   # its wrapper runs on every call
+                self.pending.append((target_src, inner, {}, {}, (*self.chain, f"{self.src.name}:{node.lineno}"),
+                                     list(self.functions)))
         scope: dict[str, str | None] = {}
         args = node.args
         params = [*args.posonlyargs, *args.args, *args.kwonlyargs]
