@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import textwrap
 
-from gobrrr.lint.check import lint_source
+from gobrrr.lint.check import lint_paths, lint_source, main
+from gobrrr.lint.files import python_files
 from tests.test_lint_round4 import HEAD, default
 
 
@@ -326,3 +327,19 @@ def test_a_project_decorator_on_a_cold_function_and_torch_decorators_are_quiet()
         return evaluate(model, data)
     """
     assert default(body) == [], default(body)
+
+
+# -- the files a run checks
+def test_a_file_named_inside_a_folder_also_named_is_checked_once(tmp_path, capsys):
+    """`gobrrr lint DIR DIR/loop.py` (and `./DIR/loop.py`): one file, one finding, not two of each."""
+    d = tmp_path / "proj"
+    d.mkdir()
+    (d / "loop.py").write_text("import torch\n\ndef train(model, opt, loader):\n    for x in loader:\n"
+                               "        loss = model(x.cuda(non_blocking=True))\n        opt.zero_grad()\n"
+                               "        loss.backward()\n        opt.step()\n        print(loss.item())\n")
+    files, _, _ = python_files([d, d / "loop.py", tmp_path / "proj" / "." / "loop.py"])
+    assert files == [d / "loop.py"]
+    assert len(lint_paths([d, d / "loop.py"])) == 1
+    main([str(d), str(d / "loop.py")])
+    out = capsys.readouterr().out
+    assert "1 finding in 1 file" in out, out

@@ -1,6 +1,6 @@
 """Which files `gobrrr lint` checks: every regular *.py below the paths given, minus hidden, build
-and test folders (unless asked), minus --exclude globs; and one-line problems for paths that
-cannot be checked (missing, a link loop, a FIFO)."""
+and test folders (unless asked), minus --exclude globs, each file once; and one-line problems for
+paths that cannot be checked (missing, a link loop, a FIFO)."""
 from __future__ import annotations
 
 import errno
@@ -46,7 +46,19 @@ def python_files(paths, exclude=(), tests: bool = False) -> tuple[list[Path], li
                 files.append(p)
         else:
             problems.append(f"{p}: not a regular file (a FIFO, socket or device); pass a .py file or a directory")
-    return files, problems, skipped
+    return _once(files), problems, skipped
+
+
+def _once(files: list[Path]) -> list[Path]:
+    """Each file once, by its resolved path (`gobrrr lint DIR DIR/loop.py` names loop.py twice), first seen kept."""
+    seen: set[Path] = set()
+    out = []
+    for f in files:
+        key = f.resolve()
+        if key not in seen:
+            seen.add(key)
+            out.append(f)
+    return out
 
 
 def _path_problem(p: Path) -> str | None:
