@@ -70,11 +70,14 @@ def test_cli_end_to_end_passes_the_exit_code(tmp_path):
     assert st["source"] == "optimizer" and st["recorded"] == 3 and st["seen"] == 8
     assert len(st["ms"]) == 3 and all(ms > 0 for ms in st["ms"])
     assert report["gpu"] is None and report["cuda"] is False
-    # --warmup 1 runs as 2 (see Session.__init__); the window holds exactly the 3 steps after it
+    # --warmup 1 runs as 2 (see Session.__init__); the trace holds the lead-in step (the profiler starting up,
+    # left out of the figures and said so) and the 3 steps after it
     assert report["steps"]["warmup"] == 2 and any("--warmup 1 ran as 2" in n for n in report["notes"])
+    assert len(st["lead_in_ms"]) == 1 and st["lead_in_ms"][0] > 0
+    assert "1 recorded step(s) left out, the profiler starting up" in r.stdout
     trace = json.loads((out / "trace.json").read_text())
     steps = sorted(e["name"] for e in trace["traceEvents"] if e.get("name", "").startswith("ProfilerStep#"))
-    assert steps == ["ProfilerStep#2", "ProfilerStep#3", "ProfilerStep#4"]
+    assert steps == ["ProfilerStep#2", "ProfilerStep#3", "ProfilerStep#4", "ProfilerStep#5"]
 
 
 WATCHED = """
@@ -103,8 +106,9 @@ def test_sync_detective_watches_the_recorded_steps_only(tmp_path):
     cfg = DoctorConfig(steps=3, warmup=2, out_dir=str(tmp_path / "doc"), print_summary=False, settings=DETECTIVE)
     code, report = run_script(str(script), [str(flags)], cfg)
     assert code == 0
-    # step 0 is the start-up window (watched, then dropped), steps 1 warmup, 2-4 recorded, then done
-    assert json.loads(flags.read_text()) == [True, False, True, True, True, False, False, False, False, False]
+    # step 0 is the start-up window (watched, then dropped), step 1 warmup, step 2 the profiler's lead-in (recorded,
+    # not in the figures: not watched), 3-5 recorded, then done
+    assert json.loads(flags.read_text()) == [True, False, False, True, True, True, False, False, False, False]
     assert report["host"]["sync_detective"] == []
     from gobrrr.syncs.watch import watching
     assert not watching()
@@ -202,15 +206,15 @@ def test_python_api_function_and_block(tmp_path):
         return torch.tanh(w @ w)
 
     report = doctor.profile(step_fn, steps=2, warmup=1, out_dir=str(tmp_path / "fn"), print_summary=False)
-    # warmup 1 runs as 2, then 2 recorded steps, one to settle, then 5 plain steps timed without the profiler
-    assert len(calls) == 2 + 2 + 1 + 5 and report["steps"]["recorded"] == 2 and report["steps"]["source"] == "manual"
+    # warmup 1 runs as 2, the lead-in step, 2 recorded steps, one to settle, then 5 plain steps without the profiler
+    assert len(calls) == 2 + 1 + 2 + 1 + 5 and report["steps"]["recorded"] == 2 and report["steps"]["source"] == "manual"
     over = report["overhead"]
     assert over["plain_steps"] == 5 and over["plain_ms"] > 0 and over["ratio"] > 0
     assert over["ratio"] == pytest.approx(over["recorded_ms"] / over["plain_ms"], rel=1e-3)
     _check_outputs(tmp_path / "fn")
 
     with doctor.profile(steps=2, warmup=1, out_dir=str(tmp_path / "blk"), print_summary=False) as doc:
-        for _ in range(4):
+        for _ in range(5):  # 2 warmup, the lead-in, 2 recorded
             step_fn()
             doctor.step()
     assert doc.report["steps"]["recorded"] == 2
@@ -274,7 +278,9 @@ def test_report_from_a_recorded_gpu_trace(tmp_path, capsys):
     from gobrrr.doctor.report import summary
 
     data = ROOT / "tests" / "data"
-    s = Session(DoctorConfig(warmup=2, out_dir=str(tmp_path), print_summary=False), script=str(data / "record_traces.py"))
+    # (recorded before the doctor's lead-in step existed: its 3 steps are all steps of the figures)
+    s = Session(DoctorConfig(warmup=2, lead_in=0, out_dir=str(tmp_path), print_summary=False),
+                script=str(data / "record_traces.py"))
     s._trace_path = data / "traces" / "naive.json.gz"
     s.boundaries, s.step_source = 5, "optimizer"
     s._analyze()
@@ -340,7 +346,7 @@ def test_summary_comes_when_the_window_closes_and_the_script_carries_on(tmp_path
     out = tmp_path / "doc"
     script = _script(tmp_path, CARRIES_ON)
     cfg = DoctorConfig(steps=2, warmup=2, out_dir=str(out), print_summary=True, plain_steps=2)
-    code, report = run_script(str(script), [str(out), "7", "-1"], cfg)
+    code, report = run_script(str(script), [str(out), "8", "-1"], cfg)  # 2 warmup, lead-in, 2, settle, 2 plain
     assert code == 0
     cap = capsys.readouterr()
     # the summary was printed, and the files written, before the script went on to its last line
@@ -348,7 +354,7 @@ def test_summary_comes_when_the_window_closes_and_the_script_carries_on(tmp_path
     assert cap.out.count("  steps: 2 recorded") == 1  # printed once, not again at the end
     assert "recorded 2 steps" in cap.err and "the script carries on" in cap.err
     assert "the script ended with exit code 0" in cap.err
-    assert json.loads((out / "report.json").read_text())["exit_code"] == 0 and report["steps"]["seen"] == 7
+    assert json.loads((out / "report.json").read_text())["exit_code"] == 0 and report["steps"]["seen"] == 8
 
 
 @pytest.mark.timeout(60)
@@ -358,14 +364,15 @@ def test_a_step_cut_short_by_the_end_of_the_script_is_not_counted(tmp_path):
     out = tmp_path / "doc"
     script = _script(tmp_path, CARRIES_ON)
     cfg = DoctorConfig(steps=3, warmup=2, out_dir=str(out), print_summary=False, settings=DETECTIVE)
-    code, report = run_script(str(script), [str(out), "8", "3"], cfg)  # raises after the 4th optimizer step
+    code, report = run_script(str(script), [str(out), "8", "4"], cfg)  # raises after the 5th optimizer step
     assert code == 1 and report["error"]["type"] == "RuntimeError"
     st = report["steps"]
-    assert st["seen"] == 4 and st["recorded"] == 2 and len(st["ms"]) == 2
+    assert st["seen"] == 5 and st["recorded"] == 2 and len(st["ms"]) == 2 and len(st["lead_in_ms"]) == 1
     assert any("ended after 2 recorded step(s) of 3" in n for n in report["notes"])
     assert any("partial step is left out" in n for n in report["notes"])
     trace = json.loads((out / "trace.json").read_text())
     steps = sorted(e["name"] for e in trace["traceEvents"] if e.get("name", "").startswith("ProfilerStep#"))
-    assert steps == ["ProfilerStep#2", "ProfilerStep#3", "ProfilerStep#4"]  # the partial one is kept there
+    # the lead-in step, the 2 complete ones, and the partial one are kept there
+    assert steps == ["ProfilerStep#2", "ProfilerStep#3", "ProfilerStep#4", "ProfilerStep#5"]
     # the sync detective's table covers the same two complete steps (one stand-in sync each), not the third
     assert [d["count"] for d in report["host"]["sync_detective"]] == [2], report["host"]["sync_detective"]

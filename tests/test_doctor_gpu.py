@@ -24,11 +24,12 @@ def _line(text: str) -> str:
 
 def _doctor(tmp_path: Path, mode: str) -> dict:
     out = tmp_path / mode
-    # seed_loop.py runs 5 warm-up + 10 timed steps and drains the GPU (a sync) at the start of step 5:
-    # --warmup 6 starts the recording after that drain, so the window is the loop as written
+    # seed_loop.py runs 5 warm-up + 11 timed steps and drains the GPU (a sync) at the start of step 5:
+    # --warmup 6 starts the recording after that drain, so the window is the loop as written (6 warmup, the
+    # profiler's lead-in, 5 recorded, one to settle, 3 plain: 16 boundaries)
     # --detective: these tests also check the runtime sync detective's table (off by default: overhead.py)
     cmd = [sys.executable, "-m", "gobrrr", "doctor", "--steps", "5", "--warmup", "6", "--plain-steps", "3", "--detective",
-           "--out", str(out), str(SEED), "--mode", mode, "--steps", "10"]
+           "--out", str(out), str(SEED), "--mode", mode, "--steps", "11"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=ROOT)
     print(r.stdout[-6000:])
     assert r.returncode == 0, r.stderr[-3000:]
@@ -89,7 +90,7 @@ def _imagenet_line(text: str) -> str:
 def _doctor_imagenet(tmp_path: Path, name: str, *script_args: str) -> dict:
     out = tmp_path / name
     cmd = [sys.executable, "-m", "gobrrr", "doctor", "--steps", "3", "--warmup", "3", "--plain-steps", "3", "--detective",
-           "--out", str(out), str(IMAGENET), "--steps", "10", "--print-freq", "100", *script_args]
+           "--out", str(out), str(IMAGENET), "--steps", "11", "--print-freq", "100", *script_args]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=170, cwd=ROOT)
     print(r.stdout[-6000:], r.stderr[-3000:])
     assert r.returncode == 0, r.stderr[-3000:]
@@ -167,10 +168,10 @@ def test_nanogpt_like_overhead_and_advice(tmp_path, compiled):
     over = report["overhead"]
     assert "overhead: recorded steps" in r.stdout
     # the script's own timing, outside the doctor's window: iterations after the plain steps were timed
-    # (boundary k is iteration k-1's opt.step(); plain steps run from boundary W+N+1 to W+N+1+P, and the
-    # report is built in iteration W+N+P's step)
+    # (boundary k is iteration k-1's opt.step(); after W warmup steps, the profiler's lead-in step and N recorded
+    # ones, plain steps run from boundary W+1+N+1 to W+1+N+1+P, and the report is built in iteration W+1+N+P's step)
     own = [float(m.group(2)) for m in re.finditer(r"iter (\d+): loss \S+, time ([\d.]+)ms", r.stdout)
-           if int(m.group(1)) >= W + N + P + 1]
+           if int(m.group(1)) >= W + 1 + N + P + 1]
     assert len(own) >= 5
     for a in report["advice"]:
         assert "torchinductor" not in a["site"] and "/tmp/" not in a["site"], a

@@ -37,7 +37,7 @@ def log_metrics(step):
         time.sleep(0.1)  # LATE: a rank-only chore, every step
 
 
-for step in range(9):
+for step in range(10):  # 3 warmup, the lead-in, 3 recorded, one to settle, 2 plain
     x = torch.randn(32, 64)
     log_metrics(step)
     loss = model(x).square().mean()
@@ -131,7 +131,7 @@ model = torch.nn.Sequential(*[m for _ in range(12) for m in (torch.nn.Linear(102
 model = ddp(model, bucket_mb=4.5, first_bucket_mb=4.5) if sys.argv[1] == "on" else NaiveDDP(model)
 opt = torch.optim.SGD(model.parameters(), lr=0.001)
 x = torch.randn(8, 1024)
-for step in range(14):
+for step in range(15):  # 3 warmup, the lead-in, 8 recorded, one to settle, 2 plain
     loss = model(x).square().mean()
     loss.backward()
     opt.step()
@@ -201,7 +201,7 @@ LAYOUTS = {
 def test_gobrrr_train_layouts_name_their_communication(tmp_path, flags):
     name, must = LAYOUTS[flags]
     r = _torchrun(tmp_path, 2, ["--out", "d", "--steps", "3", "--plain-steps", "2", "--quiet", "-m", "gobrrr", "train",
-                                "--model", "tiny", "--device", "cpu", "--data", "synthetic", "--steps", "9",
+                                "--model", "tiny", "--device", "cpu", "--data", "synthetic", "--steps", "10",
                                 "--batch-size", "2", "--seq-len", "16", "--no-progress", "--out", "run"] + flags.split())
     assert r.returncode == 0, r.stderr[-3000:]
     lay = _merged(tmp_path / "d", 2)["ranks"]["layout"]

@@ -30,6 +30,7 @@ def build_report(s) -> dict:
     if s.script:
         roots.insert(0, str(Path(s.script).resolve().parent))
     fig = tr = None
+    lead_in_ms: list[float] = []
     comm = None
     sync_report = s.sync_report
     if s._trace_path is not None and s._trace_path.exists():
@@ -44,6 +45,7 @@ def build_report(s) -> dict:
                 sync_report = s._sync_at_step if s._sync_at_step is not None else sync_report
                 notes.append(f"the script ended inside step {complete + 1} of the recording: that partial "
                              "step is left out of the figures (it is in trace.json)")
+            lead_in_ms = lead_in(tr, s.lead_in)
             fig = timeline.analyze(tr, source_roots=roots, user_paths=s.cfg.user_paths)
         except Exception as e:  # keep the run's report (steps, exit code, lint) even then
             notes.append(f"the trace could not be analysed ({type(e).__name__}: {e}); trace.json is kept "
@@ -93,12 +95,13 @@ def build_report(s) -> dict:
                      "steps were over: nothing was recorded; rerun with a smaller --warmup")
     elif s.late_reason == "compile" and s._trace_path is not None:
         notes.append(f"torch.compile compiled before the first step: that start-up recording was dropped, and "
-                     f"steps {s._step0}..{s._step0 + s.cfg.steps - 1} were recorded by a fresh profiler")
+                     f"steps {s._step0 + s.lead_in}..{s._step0 + s.lead_in + s.cfg.steps - 1} were recorded by a fresh "
+                     "profiler")
     elif s.late_reason == "window" and s._trace_path is not None:
         notes.append(f"no step came within the {s.cfg.window_s:g} s time window; steps "
-                     f"{s._step0}..{s._step0 + s.cfg.steps - 1} were recorded when they came")
-    elif s.boundaries < s.warmup + s.cfg.steps and not s.late_reason:
-        notes.append(f"the script ended after {s.boundaries - s.warmup} recorded step(s) of "
+                     f"{s._step0 + s.lead_in}..{s._step0 + s.lead_in + s.cfg.steps - 1} were recorded when they came")
+    elif s.boundaries < s.warmup + s.lead_in + s.cfg.steps and not s.late_reason:
+        notes.append(f"the script ended after {max(s.boundaries - s.warmup - s.lead_in, 0)} recorded step(s) of "
                      f"{s.cfg.steps}")
     fig_dict = fig.to_dict() if fig else {}
     gpu = _gpu_part(fig_dict) if fig is not None and fig.has_gpu else None
@@ -113,7 +116,7 @@ def build_report(s) -> dict:
         "torch": torch.__version__,
         "rank": s.rank.to_dict() if s.rank is not None else None,
         "steps": {"source": source, "requested": s.cfg.steps, "warmup": s.warmup,
-                  "seen": s.boundaries, "recorded": len(steps_ms), "ms": steps_ms,
+                  "seen": s.boundaries, "recorded": len(steps_ms), "ms": steps_ms, "lead_in_ms": lead_in_ms,
                   "median_ms": round(statistics.median(steps_ms), 4) if steps_ms else None},
         "overhead": over,
         "gpu": gpu,
@@ -133,6 +136,16 @@ def build_report(s) -> dict:
         collectives.write(s.out / "comm.json", comm, report)
     write_json(s.out / "report.json", report)
     return report
+
+
+def lead_in(tr, n: int) -> list[float]:
+    """Leave the first `n` recorded steps out of the figures (the profiler starts up in them; Session.lead_in)
+    and return their ms. A recording of no more steps than that keeps them all."""
+    if n <= 0 or len(tr.steps) <= n:
+        return []
+    out = [round((e - st) / 1e3, 4) for _, st, e in tr.steps[:n]]
+    tr.steps = tr.steps[n:]
+    return out
 
 
 def snapshot(report):

@@ -171,9 +171,10 @@ def demo_doctor(out_dir) -> dict[str, dict]:
         print(f"gobrrr doctor demo: {seed} is missing; nothing to profile.")
         return {}
     cuda = torch.cuda.is_available()
-    # on a GPU the seed loop drains (syncs) at the start of its step 5: record from step 6 on; after the
-    # recorded steps, one settling step and the plain ones (W + N + 1 + P boundaries: 17 on a GPU, 9 on a CPU)
-    extra = ["--steps", "12"] if cuda else ["--device", "cpu", "--steps", "8"]
+    # on a GPU the seed loop drains (syncs) at the start of its step 5: record from step 6 on; the lead-in step,
+    # the recorded steps, one settling step and the plain ones (W + 1 + N + 1 + P boundaries: 18 on a GPU, 10 on a
+    # CPU; the seed loop runs 5 + 13 and 1 + 9)
+    extra = ["--steps", "13"] if cuda else ["--device", "cpu", "--steps", "9"]
     steps, warmup, plain = (5, 6, 5) if cuda else (3, 3, 2)
     reports = {}
     for mode in ("naive", "gobrrr"):
