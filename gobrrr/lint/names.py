@@ -33,7 +33,8 @@ STR_METHODS = {"batch_decode", "convert_ids_to_tokens", "lower", "upper", "strip
 NOT_TENSOR_METHODS = {"parameters", "named_parameters", "buffers", "named_buffers", "modules", "named_modules",
                       "children", "named_children", "state_dict", "keys", "items", "values", "get", "train", "eval",
                       "zero_grad", "register_hook", "register_forward_hook", "apply", "append", "extend", "update",
-                      "type", "tolist", "split_with_sizes", "untyped_storage", "storage", "__class__"}
+                      "type", "tolist", "split_with_sizes", "untyped_storage", "storage", "__class__",
+                      "has", "get_fields"}   # detectron2 Instances: no tensor has them
 MASK_FUNCS = {"isnan", "isinf", "isfinite", "logical_and", "logical_or", "logical_not", "logical_xor",
               "eq", "ne", "gt", "ge", "lt", "le", "isin", "isclose", "signbit", "isneginf", "isposinf"}
 NUM_BUILTINS = {"len", "int", "float", "bool", "round", "ord", "hash", "isinstance", "issubclass", "hasattr", "type",
