@@ -69,3 +69,35 @@ def test_instances_has_and_get_fields_are_not_tensor_ops():
     """
     found = default(body)
     assert not [f for f in found if f[0] == "GB007"], found
+
+
+# -- a tuple item that is a mask on the main return and a placeholder tensor on an early one
+MATCHER = """
+def assign(scores, gt):
+    if gt.shape[0] == 0:
+        return torch.zeros_like(scores), torch.zeros_like(scores[..., 0])
+    fg = (scores * gt).amax(-1) > 0.5
+    return scores * 2, {FG}
+
+def train(model, loader, opt):
+    for x, y in loader:
+        out = model(x.to(DEVICE))
+        target, fg_mask = assign(out, y.to(DEVICE))
+        loss = (out[fg_mask] - target[fg_mask]).sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+"""
+
+
+def test_a_returned_mask_with_an_early_placeholder_return_is_still_a_mask():
+    """yolov10's TaskAlignedAssigner returns `fg_mask.bool()`, or `torch.zeros_like(...)` when there are no
+    boxes: the caller's `pred_bboxes[fg_mask]` is boolean-mask indexing on the path that matters."""
+    found = default(MATCHER.replace("{FG}", "fg.bool()"))
+    assert ("GB008", 12) in found, found
+
+
+def test_a_returned_tensor_on_both_paths_is_not_taken_for_a_mask():
+    """The same helper returning an index tensor (argmax) on the main path: indexing by it is no mask."""
+    found = default(MATCHER.replace("{FG}", "fg.long().argmax(-1)"))
+    assert ("GB008", 12) not in found, found
