@@ -101,3 +101,32 @@ def test_a_returned_tensor_on_both_paths_is_not_taken_for_a_mask():
     """The same helper returning an index tensor (argmax) on the main path: indexing by it is no mask."""
     found = default(MATCHER.replace("{FG}", "fg.long().argmax(-1)"))
     assert ("GB008", 12) not in found, found
+
+
+# -- a row of a mask is a mask
+NMS = """
+def nms(prediction, conf):
+    xc = prediction[..., 4] > conf
+    out = []
+    for xi, x in enumerate(prediction):
+        x = x[{ROW}]
+        out.append(x)
+    return out
+
+def val(model, loader):
+    for x, y in loader:
+        preds = nms(model(x.to(DEVICE)), 0.25)
+"""
+
+
+def test_a_row_of_a_mask_indexing_a_tensor_is_boolean_mask_indexing():
+    """yolov10's (and yolov5's) non_max_suppression: `xc = prediction[..., 4] > conf`, then `x = x[xc[xi]]`
+    per image: the row is still a boolean mask, so the output's size is read on the host."""
+    found = default(NMS.replace("{ROW}", "xc[xi]"))
+    assert ("GB008", 6) in found, found
+
+
+def test_a_mask_indexed_by_another_tensor_is_not_taken_for_a_mask():
+    """`xc[idx]` with a device index tensor: what it holds is not followed, so nothing is claimed."""
+    found = default(NMS.replace("{ROW}", "xc[x.argmax(-1)]"))
+    assert ("GB008", 6) not in found, found
