@@ -130,3 +130,42 @@ def test_a_mask_indexed_by_another_tensor_is_not_taken_for_a_mask():
     """`xc[idx]` with a device index tensor: what it holds is not followed, so nothing is claimed."""
     found = default(NMS.replace("{ROW}", "xc[x.argmax(-1)]"))
     assert ("GB008", 6) not in found, found
+
+
+# -- a project's own progress bar class wrapping the loader
+VALIDATOR = """
+from tqdm import tqdm
+
+class TQDM(tqdm):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+
+class Validator:
+    def __init__(self, device, dataloader=None):
+        self.device = device
+        self.dataloader = dataloader
+
+    def preprocess(self, batch):
+        for k in ["img", "cls"]:
+            batch[k] = batch[k].to(self.device)
+        return batch
+
+    def __call__(self, model):
+        bar = {BAR}(self.dataloader, total=len(self.dataloader))
+        for i, batch in enumerate(bar):
+            batch = self.preprocess(batch)
+            preds = model(batch["img"])
+"""
+
+
+def test_a_project_progress_bar_named_tqdm_wraps_a_loader():
+    """ultralytics' validator: `bar = TQDM(self.dataloader, ...)`, its own tqdm subclass; the batches it
+    yields are the loader's, so `batch[k].to(self.device)` is the blocking copy of every batch."""
+    found = default(VALIDATOR.replace("{BAR}", "TQDM"))
+    assert ("GB009", 15) in found, found
+
+
+def test_a_project_class_wrapping_something_else_is_not_a_loader():
+    """A wrapper of another name (a Timer) says nothing about what it iterates."""
+    found = default(VALIDATOR.replace("{BAR}", "Timer").replace("self.dataloader,", "self.items,"))
+    assert ("GB009", 15) not in found, found
