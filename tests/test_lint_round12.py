@@ -169,3 +169,36 @@ def test_a_project_class_wrapping_something_else_is_not_a_loader():
     """A wrapper of another name (a Timer) says nothing about what it iterates."""
     found = default(VALIDATOR.replace("{BAR}", "Timer").replace("self.dataloader,", "self.items,"))
     assert ("GB009", 15) not in found, found
+
+
+# -- a full reduction of a device tensor as a size
+PAD = """
+def pad_targets(targets, batch_size):
+    i = targets[:, 0]
+    _, counts = i.unique(return_counts=True)
+    out = torch.zeros(batch_size, {SIZE}, 5, device=targets.device)
+    return out
+
+def train(model, loader, opt):
+    for x, y in loader:
+        t = pad_targets(y.to(DEVICE), 16)
+        loss = model(x.to(DEVICE), t).sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+"""
+
+
+def test_a_full_reduction_of_a_device_tensor_as_a_size_is_read_on_the_host():
+    """yolov10's v8DetectionLoss.preprocess: `torch.zeros(batch_size, counts.max(), 5, device=...)` with
+    counts from `unique(return_counts=True)`: torch reads the 0-d maximum with .item() every step."""
+    found = default(PAD.replace("{SIZE}", "counts.max()"))
+    assert ("GB002", 5) in found, found
+
+
+def test_a_reduction_along_a_dim_or_of_a_parameter_as_a_size_is_quiet():
+    """`targets.max()` of a parameter (the caller's guess) and `len(counts)` say nothing more."""
+    found = default(PAD.replace("{SIZE}", "len(counts)"))
+    assert ("GB002", 5) not in found, found
+    found = default(PAD.replace("{SIZE}", "targets.max()"))
+    assert ("GB002", 5) not in found, found
