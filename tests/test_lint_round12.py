@@ -202,3 +202,35 @@ def test_a_reduction_along_a_dim_or_of_a_parameter_as_a_size_is_quiet():
     assert ("GB002", 5) not in found, found
     found = default(PAD.replace("{SIZE}", "targets.max()"))
     assert ("GB002", 5) not in found, found
+
+
+# -- an attribute reset to None, then set to a device tensor
+TRAINER = """
+class Trainer:
+    def __init__(self, model, loader, opt):
+        self.model, self.loader, self.opt = model, loader, opt
+        self.tloss = None
+
+    def train(self, pbar):
+        self.tloss = None
+        for i, batch in enumerate(self.loader):
+            loss, items = self.model(batch.to(DEVICE))
+            self.opt.zero_grad()
+            loss.backward()
+            self.opt.step()
+            self.tloss = {VALUE}
+            pbar.set_description("%11.4g" * 3 % (*self.tloss,))
+"""
+
+
+def test_an_attribute_reset_to_none_keeps_the_kind_the_step_gives_it():
+    """ultralytics' trainer: `self.tloss = None` at set-up and each epoch, then the running mean of the
+    loss items, formatted into the progress bar's description every step."""
+    found = default(TRAINER.replace("{VALUE}", "(self.tloss * i + items) / (i + 1) if self.tloss is not None else items"))
+    assert ("GB003", 15) in found, found
+
+
+def test_an_attribute_reset_to_none_and_set_to_host_numbers_is_quiet():
+    """The same attribute holding read-back numbers (`items.tolist()`): formatting them syncs nothing more."""
+    found = default(TRAINER.replace("{VALUE}", "[0.0, 1.0, 2.0]"))
+    assert ("GB003", 15) not in found, found

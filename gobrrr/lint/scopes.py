@@ -185,6 +185,8 @@ class ScopeWalk:
                 if isinstance(t, ast.Name):
                     self.scopes[-1][t.id + "#part"] = "part"   # a helper's guess: no evidence for a size rule
             return
+        if isinstance(value, ast.Constant) and value.value is None and all(_self_attr(t) for t in node.targets):
+            return   # self.tloss = None: a reset before the step assigns what the attribute holds
         k = self.kind(value)
         if zero_d:
             for t in node.targets:
