@@ -234,3 +234,45 @@ def test_an_attribute_reset_to_none_and_set_to_host_numbers_is_quiet():
     """The same attribute holding read-back numbers (`items.tolist()`): formatting them syncs nothing more."""
     found = default(TRAINER.replace("{VALUE}", "[0.0, 1.0, 2.0]"))
     assert ("GB003", 15) not in found, found
+
+
+# -- a with-statement runs the context manager's __enter__ and __exit__
+PROFILE = """
+import time
+
+class Profile:
+    def __init__(self, device=None):
+        self.device = device
+
+    def __enter__(self):
+        self.start = self.time()
+        return self
+
+    def __exit__(self, *exc):
+        self.dt = self.time() - self.start
+
+    def time(self):
+        {SYNC}
+        return time.time()
+
+def val(model, loader, device):
+    dt = (Profile(device), Profile(device))
+    for x in loader:
+        with dt[0]:
+            x = x.to(device, non_blocking=True)
+        with dt[1]:
+            y = model(x)
+"""
+
+
+def test_a_timing_context_manager_used_per_step_runs_its_enter_and_exit():
+    """ultralytics' Profile, used as `with dt[k]:` around each stage of the validator's loop: __enter__ and
+    __exit__ call time(), which synchronizes the device, four times per batch."""
+    found = default(PROFILE.replace("{SYNC}", "torch.cuda.synchronize(self.device)"))
+    assert ("GB004", 16) in found, found
+
+
+def test_a_context_manager_that_only_reads_the_clock_is_quiet():
+    """The same Profile without the synchronize: nothing syncs; and torch's own managers are not followed."""
+    found = default(PROFILE.replace("{SYNC}", "pass"))
+    assert not [f for f in found if f[0] == "GB004"], found
