@@ -276,3 +276,33 @@ def test_a_context_manager_that_only_reads_the_clock_is_quiet():
     """The same Profile without the synchronize: nothing syncs; and torch's own managers are not followed."""
     found = default(PROFILE.replace("{SYNC}", "pass"))
     assert not [f for f in found if f[0] == "GB004"], found
+
+
+# -- the way an isinstance(x, torch.Tensor) test does not take holds no tensor
+CLIP = """
+def clip_boxes(boxes, shape):
+    if {TEST}:
+        boxes[..., 0] = boxes[..., 0].clamp(0, shape[1])
+    else:
+        boxes[..., [0, 2]] = boxes[..., [0, 2]].clip(0, shape[1])
+    return boxes
+
+def val(model, loader):
+    for x, y in loader:
+        out = clip_boxes(model(x.to(DEVICE)), (640, 640))
+"""
+
+
+def test_the_numpy_branch_of_an_isinstance_tensor_test_is_quiet():
+    """ultralytics' clip_boxes: `if isinstance(boxes, torch.Tensor): ... else:  # np.array`: the else
+    branch's `boxes[..., [0, 2]]` indexes a numpy array, no host index copied to the device."""
+    found = default(CLIP.replace("{TEST}", "isinstance(boxes, torch.Tensor)"))
+    assert ("GB011", 6) not in found, found
+    found = default(CLIP.replace("{TEST}", "not torch.is_tensor(boxes)").replace("clip(0", "clamp(0"))
+    assert ("GB011", 4) not in found, found
+
+
+def test_a_branch_on_something_else_still_indexes_the_tensor():
+    """A test that says nothing of the type (`shape[0] > 0`): both ways index the device tensor."""
+    found = default(CLIP.replace("{TEST}", "shape[0] > 0"))
+    assert ("GB011", 6) in found, found

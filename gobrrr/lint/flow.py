@@ -35,6 +35,19 @@ def _type_checked(test: ast.AST) -> set[str]:
             and isinstance(n.args[0], ast.Name) and name_of(n.func) in ("type", "isinstance", "is_tensor")}
 
 
+def _tensor_test(test: ast.AST) -> tuple[str | None, bool]:
+    """(x, True) for `isinstance(x, torch.Tensor)` / `torch.is_tensor(x)`, (x, False) for its `not`:
+    the way the test does not take holds something else (a numpy array)."""
+    positive = True
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        test, positive = test.operand, False
+    if isinstance(test, ast.Call) and test.args and isinstance(test.args[0], ast.Name) and (
+            name_of(test.func) == "is_tensor" and len(test.args) == 1
+            or name_of(test.func) == "isinstance" and len(test.args) == 2 and name_of(test.args[1]) == "Tensor"):
+        return test.args[0].id, positive
+    return None, positive
+
+
 def _leaves(body: list[ast.stmt]) -> bool:
     return bool(body) and isinstance(body[-1], _LEAVES)
 
@@ -182,6 +195,9 @@ class FlowRules:
         scope = self.scopes[-1]
         before = dict(scope)
         truth = self.static_truth(node.test)
+        name, positive = _tensor_test(node.test)   # `if isinstance(boxes, torch.Tensor): ... else:` numpy there
+        if name and not positive and scope.get(name) in TENSORISH:
+            scope[name] = None
         if id(node) in self.hotmap.off_ifs and truth is not True or truth is False:   # `if action is None:`
             # with no action passed is no lazy initialisation: it runs on every such call
             self.visit_off(*node.body)
@@ -191,6 +207,8 @@ class FlowRules:
         body = dict(scope)
         scope.clear()
         scope.update(before)
+        if name and positive and scope.get(name) in TENSORISH:
+            scope[name] = None
         if id(node) in self.hotmap.off_elses or truth is True:
             self.visit_off(*node.orelse)   # `if not torch.jit.is_scripting(): ... else:` never runs eagerly
         else:
