@@ -306,3 +306,31 @@ def test_a_branch_on_something_else_still_indexes_the_tensor():
     """A test that says nothing of the type (`shape[0] > 0`): both ways index the device tensor."""
     found = default(CLIP.replace("{TEST}", "shape[0] > 0"))
     assert ("GB011", 6) in found, found
+
+
+# -- a dict comprehension of numpy arrays
+STATS = """
+def get_stats(stats_lists):
+    stats = {k: {VALUE} for k, v in stats_lists.items()}
+    if len(stats) and stats["tp"].any():
+        return stats
+    return None
+
+def val(model, loader):
+    for x, y in loader:
+        out = model(x.to(DEVICE))
+        s = get_stats({"tp": [out > 0]})
+"""
+
+
+def test_a_dict_of_arrays_read_back_to_numpy_is_tested_on_the_host():
+    """ultralytics' get_stats: `stats = {k: torch.cat(v, 0).cpu().numpy() ...}` (the read-back is its own
+    finding), then `stats["tp"].any()`: numpy's any, no second sync."""
+    found = default(STATS.replace("{VALUE}", "torch.cat(v, 0).cpu().numpy()"))
+    assert ("GB007", 4) not in found, found
+
+
+def test_a_dict_of_device_tensors_tested_with_any_still_syncs():
+    """The same dict of concatenated device tensors: `stats["tp"].any()` decides the branch on the GPU."""
+    found = default(STATS.replace("{VALUE}", "torch.cat(v, 0)"))
+    assert ("GB007", 4) in found, found

@@ -115,6 +115,8 @@ class Kinds(CallKinds):
                 # [{"scores": s, "boxes": b} for ...], {img_id: out for ...}: containers of device tensors
                 if isinstance(node, ast.DictComp) and k in BATCHES:
                     return k   # data = {key: value for key, value in data.items()}: still the batch
+                if isinstance(node, ast.DictComp) and k in ("numpy", "host"):
+                    return "numpy" if k == "numpy" else "hlist"   # {k: torch.cat(v).cpu().numpy() for ...}
                 return "tlist" if k == "tlist" else self._list_kind([k]) if isinstance(node, ast.ListComp) else (
                     "tlist" if k in TENSORISH else None)
             finally:
