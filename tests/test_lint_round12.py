@@ -334,3 +334,38 @@ def test_a_dict_of_device_tensors_tested_with_any_still_syncs():
     """The same dict of concatenated device tensors: `stats["tp"].any()` decides the branch on the GPU."""
     found = default(STATS.replace("{VALUE}", "torch.cat(v, 0)"))
     assert ("GB007", 4) in found, found
+
+
+# -- an evaluation loop inside a rate-limited branch is a step loop of its own
+EVAL = """
+def train(model, opt, train_loader, val_loader, args):
+    for step in range(args.num_iterations):
+        if step % args.val_loss_every == 0:
+            val_loss = 0.0
+            for _ in range(args.val_max_steps):
+                x, y = val_loader.next_batch()
+                x, y = x.to(DEVICE), y.to(DEVICE)
+                loss = model(x, y)
+                val_loss += loss.item()
+        if step % args.log_every == 0:
+            {LOG}
+        x, y = train_loader.next_batch()
+        loss = model(x.to(DEVICE, non_blocking=True), y.to(DEVICE, non_blocking=True))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+"""
+
+
+def test_an_evaluation_loop_run_every_n_steps_is_a_step_loop_of_its_own():
+    """llm.c's train_gpt2.py: `if step % val_loss_every == 0:` runs a validation loop of val_max_steps
+    batches; each of its batches is a step (the README's rule for evaluation loops), so its `.item()` is a
+    per-step finding, while the branch stays rare for the training loop."""
+    found = default(EVAL.replace("{LOG}", "print(loss.item())"))
+    assert ("GB002", 10) in found, found
+
+
+def test_a_read_in_a_rate_limited_branch_without_a_loop_stays_rare():
+    """The logging branch's `.item()` (no loop of its own) is still not a per-step finding."""
+    found = default(EVAL.replace("{LOG}", "print(loss.item())"))
+    assert ("GB002", 12) not in found, found

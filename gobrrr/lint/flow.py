@@ -135,6 +135,9 @@ class FlowRules:
         """Visit what runs every iteration (`every_iteration`, then the body) in the loop's region;
         `else:` runs once, after the loop."""
         saved = self.region
+        if saved == "off" and id(node) in self.hotmap.step_loops and self.rare_depth and not self.summary_depth:
+            saved, self.region = "cold", "cold"   # `if step % val_every == 0: for _ in range(val_steps): ...`:
+            # an evaluation loop run every N steps is a step loop of its own, each of its batches a step
         if saved != "hot" and saved != "off":
             if id(node) in self.hotmap.step_loops:
                 self._carried(node, every_iteration)
@@ -200,7 +203,10 @@ class FlowRules:
             scope[name] = None
         if id(node) in self.hotmap.off_ifs and truth is not True or truth is False:   # `if action is None:`
             # with no action passed is no lazy initialisation: it runs on every such call
+            rare = truth is None and id(node) in self.hotmap.rare_ifs
+            self.rare_depth += rare
             self.visit_off(*node.body)
+            self.rare_depth -= rare
         else:
             for stmt in node.body:
                 self.visit(stmt)

@@ -89,6 +89,7 @@ class Checker(ScopeWalk, FlowRules, CallRules, SyncRules, CopyRules, InsideRules
         self.normal_attrs: set[tuple[str, str]] = set()   # (class, self attribute) bound to a Normal (inside)
         self.dist_attrs: set[tuple[str, str]] = set()     # (class, self attribute) bound to a validated one
         self.summary_depth = 0                  # > 0 in a scratch walk that only learns what a def returns
+        self.rare_depth = 0                     # > 0 inside a rare branch of hot code (flow: its own step loops)
         self.looping_def = False                # in a def that holds a step loop (its set-up learns what helpers return)
         self.collect: ast.AST | None = None     # that def
         self.returns: list = []                 # the kinds of its return values
