@@ -369,3 +369,45 @@ def test_a_read_in_a_rate_limited_branch_without_a_loop_stays_rare():
     """The logging branch's `.item()` (no loop of its own) is still not a per-step finding."""
     found = default(EVAL.replace("{LOG}", "print(loss.item())"))
     assert ("GB002", 12) not in found, found
+
+
+# -- a host table built from torch factories inside a @torch.compile'd forward
+EMBED = """
+import math
+
+class TimestepEmbedder(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.mlp = nn.Linear(dim, dim)
+        self.dim = dim
+
+    @staticmethod
+    def embedding(t, dim):
+        freqs = torch.exp(-math.log(10000) * torch.arange(start=0, end=dim // 2) / (dim // 2)).to(t.device)
+        args = t[:, None] * freqs[None]
+        return torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
+
+    {DECORATOR}
+    def forward(self, t):
+        return self.mlp(self.embedding(t, self.dim))
+
+def train(model, emb, loader, opt):
+    for x, t in loader:
+        loss = model(x.to(DEVICE), emb(t.to(DEVICE))).sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+"""
+
+
+def test_a_factory_table_moved_in_a_compiled_forward_is_quiet():
+    """minRF's MMDiT TimestepEmbedder: `torch.exp(... torch.arange(...) ...).to(t.device)` in a helper of a
+    @torch.compile()'d forward: Inductor builds the table on the device, there is no copy per step."""
+    found = default(EMBED.replace("{DECORATOR}", "@torch.compile()"))
+    assert ("GB010", 12) not in found, found
+
+
+def test_the_same_table_moved_in_an_eager_forward_is_a_per_step_copy():
+    """The eager twin (DiT's): the arange is built on the host and copied every step."""
+    found = default(EMBED.replace("{DECORATOR}", ""))
+    assert ("GB010", 12) in found, found
