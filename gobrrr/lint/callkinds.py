@@ -76,7 +76,7 @@ class CallKinds:
                 return "num" if kinds <= {"num", "numpy", "host"} else None
             if func.id in ("str", "repr", "format"):
                 return "str"
-            if func.id in ("tqdm", "iter", "progress_bar", "trange", "cycle", "islice") and node.args:
+            if func.id.lower() in ("tqdm", "iter", "progress_bar", "trange", "cycle", "islice") and node.args:
                 k = self.iter_kind(node.args[0])
                 return k if k and k.startswith(("loader", "enum_")) else None   # a wrapped loader is a loader
             if func.id == "enumerate" and node.args:

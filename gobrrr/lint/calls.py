@@ -190,9 +190,18 @@ def summarize(checker_cls, project: Project, src: Source, fn, kinds: dict, depth
     items = set(c.return_items)
     parts = None
     if items and None not in items and len({len(t) for t in items}) == 1:
-        parts = tuple(col[0] if len(set(col)) == 1 else None for col in zip(*items))
+        parts = tuple(_agreed(set(col)) for col in zip(*items))
     project.summaries[key] = (k, parts)
     return k, parts
+
+
+def _agreed(kinds: set) -> str | None:
+    """One item's kind over every return: the one they share; a mask where one return makes it a mask
+    and another a placeholder tensor (`return ..., fg_mask.bool()` after an early `return ...,
+    torch.zeros_like(x)` when there is nothing to match): what indexes with it on the main path."""
+    if kinds == {"mask", "tensor"}:
+        return "mask"
+    return kinds.pop() if len(kinds) == 1 else None
 
 
 def host_attrs(checker_cls, project: Project, flags: dict) -> dict[str, str]:

@@ -133,6 +133,8 @@ def check_sources(sources: list[Source], assume_gpu: bool = False,
     seen = {h for c in checkers.values() for h in c.hotmap.hooks}   # step_fns may come again, typed
     consts: dict[int, dict] = {}      # id(def) -> the parameter constants it was walked with (flow.static_truth)
     hooks, typed = set(seen), set()   # a hook walked again once, when a call types a parameter its name did not
+    walked, retyped = {}, set()      # id(def) -> the kinds of its first walk: walked again once when a later call
+    #                                   hands device tensors where that walk had none (a hook's untyped walk reached it first)
     while True:
         for c in checkers.values():   # a CPU-only file whose step loop calls into a GPU file runs on the GPU
             if c.waiting and any(gpu[id(p[0])] for p in c.waiting):
@@ -148,9 +150,13 @@ def check_sources(sources: list[Source], assume_gpu: bool = False,
             again = _fewer_constants(consts[id(fn)], kinds) if id(fn) in consts else None
             if again is not None:   # another call passes other constants: walk it with only those both share
                 kinds = {k: v for k, v in kinds.items() if "#val" not in k} | again
-            elif id(fn) in seen and not (id(fn) in hooks and id(fn) not in typed and _types_more(fn, kinds)):
+            elif id(fn) in seen and not (_types_more(fn, kinds) and id(fn) in hooks and id(fn) not in typed
+                                         or id(fn) not in retyped and _typed_now(walked.get(id(fn)), kinds)):
                 continue
+            if id(fn) in walked:
+                retyped.add(id(fn))
             typed.add(id(fn))
+            walked[id(fn)] = kinds
             consts[id(fn)] = {k: v for k, v in kinds.items() if "#val" in k}
             seen.add(id(fn))
             c = checkers[id(target)]
@@ -176,6 +182,13 @@ def _fewer_constants(old: dict, kinds: dict) -> dict | None:
     action)`: the branch on `action is None` goes both ways); None if the walk already covers it."""
     shared = {k: v for k, v in old.items() if kinds.get(k) == v}
     return shared if shared != old else None
+
+
+def _typed_now(old: dict | None, kinds: dict) -> bool:
+    """A def first walked with unknown parameters (`get_pos_mask` reached from an untyped `forward`)
+    is now called with device tensors in them."""
+    return old is not None and any(v in TENSORISH and old.get(k) not in TENSORISH
+                                   for k, v in kinds.items() if "#" not in k)
 
 
 def _types_more(fn, kinds: dict) -> bool:

@@ -35,6 +35,19 @@ def _type_checked(test: ast.AST) -> set[str]:
             and isinstance(n.args[0], ast.Name) and name_of(n.func) in ("type", "isinstance", "is_tensor")}
 
 
+def _tensor_test(test: ast.AST) -> tuple[str | None, bool]:
+    """(x, True) for `isinstance(x, torch.Tensor)` / `torch.is_tensor(x)`, (x, False) for its `not`:
+    the way the test does not take holds something else (a numpy array)."""
+    positive = True
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        test, positive = test.operand, False
+    if isinstance(test, ast.Call) and test.args and isinstance(test.args[0], ast.Name) and (
+            name_of(test.func) == "is_tensor" and len(test.args) == 1
+            or name_of(test.func) == "isinstance" and len(test.args) == 2 and name_of(test.args[1]) == "Tensor"):
+        return test.args[0].id, positive
+    return None, positive
+
+
 def _leaves(body: list[ast.stmt]) -> bool:
     return bool(body) and isinstance(body[-1], _LEAVES)
 
@@ -122,6 +135,9 @@ class FlowRules:
         """Visit what runs every iteration (`every_iteration`, then the body) in the loop's region;
         `else:` runs once, after the loop."""
         saved = self.region
+        if saved == "off" and id(node) in self.hotmap.step_loops and self.rare_depth and not self.summary_depth:
+            saved, self.region = "cold", "cold"   # `if step % val_every == 0: for _ in range(val_steps): ...`:
+            # an evaluation loop run every N steps is a step loop of its own, each of its batches a step
         if saved != "hot" and saved != "off":
             if id(node) in self.hotmap.step_loops:
                 self._carried(node, every_iteration)
@@ -182,15 +198,23 @@ class FlowRules:
         scope = self.scopes[-1]
         before = dict(scope)
         truth = self.static_truth(node.test)
+        name, positive = _tensor_test(node.test)   # `if isinstance(boxes, torch.Tensor): ... else:` numpy there
+        if name and not positive and scope.get(name) in TENSORISH:
+            scope[name] = None
         if id(node) in self.hotmap.off_ifs and truth is not True or truth is False:   # `if action is None:`
             # with no action passed is no lazy initialisation: it runs on every such call
+            rare = truth is None and id(node) in self.hotmap.rare_ifs
+            self.rare_depth += rare
             self.visit_off(*node.body)
+            self.rare_depth -= rare
         else:
             for stmt in node.body:
                 self.visit(stmt)
         body = dict(scope)
         scope.clear()
         scope.update(before)
+        if name and positive and scope.get(name) in TENSORISH:
+            scope[name] = None
         if id(node) in self.hotmap.off_elses or truth is True:
             self.visit_off(*node.orelse)   # `if not torch.jit.is_scripting(): ... else:` never runs eagerly
         else:

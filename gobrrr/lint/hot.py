@@ -118,7 +118,8 @@ class HotMap:
             facts.stepping |= stepping_defs(nodes, facts)
         self.facts = facts
         self.models = self.facts.models
-        self.off_ifs: set[int] = set()           # id(If) whose body is rare
+        self.off_ifs: set[int] = set()           # id(If) whose body is rare (or never runs on the GPU)
+        self.rare_ifs: set[int] = set()          # id(If) whose body runs every N steps (`step % val_every == 0`)
         self.hooks: set[int] = set()             # id(def) of per-step hooks (framework hooks, forward, step)
         self.step_fns: set[int] = set()          # id(def) of methods (or looped functions) that step once
         self.timed: set[int] = set()             # lines of synchronize() calls used for timing
@@ -128,8 +129,11 @@ class HotMap:
         for n in nodes:
             if isinstance(n, ast.If):
                 cuda = _cuda_test(n.test)
-                if self.rare(n) or _graph_mode(n.test) or cuda is False:
+                rare = self.rare(n)
+                if rare or _graph_mode(n.test) or cuda is False:
                     self.off_ifs.add(id(n))
+                if rare:
+                    self.rare_ifs.add(id(n))
                 elif isinstance(n.test, ast.UnaryOp) and isinstance(n.test.op, ast.Not) and _graph_mode(n.test.operand) \
                         or cuda:
                     self.off_elses.add(id(n))   # the GPU is assumed: `else:` of `if use_cuda:` is the CPU path

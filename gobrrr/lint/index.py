@@ -249,6 +249,8 @@ class Index:
     def instances_of(self, src: Source, node: ast.AST, scope: ast.AST | None, types=None) -> list:
         """[(Source, ClassDef)] of the project classes assigned to a name or self attribute."""
         made: list = []
+        if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name):   # dt[0] of dt = (A(), A())
+            node = ast.Name(id=node.value.id + "[]", ctx=ast.Load())
         if isinstance(node, ast.Name):
             if types and node.id in types:
                 return types[node.id]

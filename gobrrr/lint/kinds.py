@@ -115,6 +115,8 @@ class Kinds(CallKinds):
                 # [{"scores": s, "boxes": b} for ...], {img_id: out for ...}: containers of device tensors
                 if isinstance(node, ast.DictComp) and k in BATCHES:
                     return k   # data = {key: value for key, value in data.items()}: still the batch
+                if isinstance(node, ast.DictComp) and k in ("numpy", "host"):
+                    return "numpy" if k == "numpy" else "hlist"   # {k: torch.cat(v).cpu().numpy() for ...}
                 return "tlist" if k == "tlist" else self._list_kind([k]) if isinstance(node, ast.ListComp) else (
                     "tlist" if k in TENSORISH else None)
             finally:
@@ -185,8 +187,8 @@ class Kinds(CallKinds):
             if self.dotted(node.value) in ("numpy.r_", "numpy.c_"):
                 return "numpy"   # np.r_[:2, 4:n]: an index array built on the host
             k = self.kind(node.value)
-            if k == "mask":
-                return "tensor"
+            if k == "mask":   # a row of a mask (`xc[xi]`, `mask[:, 0]`) is a mask; what else indexes it, a tensor
+                return "mask" if self._plain_index(node.slice) else "tensor"
             if k == "num" and not isinstance(node.slice, ast.Slice):
                 return "num"   # masks.shape[1], size[0]: an int
             if k in ("tlist", "hlist"):
@@ -195,6 +197,12 @@ class Kinds(CallKinds):
         if isinstance(node, ast.Call):
             return self.call_kind(node)
         return None
+
+    def _plain_index(self, s: ast.AST) -> bool:
+        """An int, a slice or `...` (or a tuple of them): picks rows and columns, keeps the dtype."""
+        parts = s.elts if isinstance(s, ast.Tuple) else [s]
+        return all(isinstance(p, ast.Slice) or isinstance(p, ast.Constant) and (p.value is Ellipsis or type(p.value) is int)
+                   or isinstance(p, ast.Name) and self.lookup(p.id) == "num" for p in parts)
 
     @staticmethod
     def _list_kind(kinds: list) -> str | None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import ast
 
 from gobrrr.lint.hot import iterates, own_nodes, root_name
-from gobrrr.lint.names import BATCHES, DATA_FACTORIES, DTYPE_METHODS, FACTORIES, HOSTISH, TENSORISH, VIEW_METHODS
+from gobrrr.lint.names import BATCHES, COMPILED, DATA_FACTORIES, DTYPE_METHODS, FACTORIES, HOSTISH, TENSORISH, VIEW_METHODS
 
 _HOST_INDEX = {"numpy", "host", "pinned", "hlist"}
 
@@ -48,7 +48,8 @@ class CopyRules:
                 self.flag(node, "GB001")
             elif nb_true and recv in ("host", "batch_host"):
                 self.flag(node, "GB005")
-            elif recv in ("host", "hlist") and blocking and self.looping() and not self.per_prompt():
+            elif recv in ("host", "hlist") and blocking and self.looping() and not self.per_prompt() \
+                    and not self._compiled_constant(func.value):
                 self.flag(node, "GB010", what=_short(node))   # hlist: an item of a list of host tensors
             if recv in BATCHES and blocking and self.looping() and (recv != "batch_tok" or self.updating()):
                 self.flag(node, "GB009", what=_short(node))
@@ -65,6 +66,14 @@ class CopyRules:
                 and not (name == "torch.as_tensor" and self._on_its_own_device(node.args[0], kw["device"])) \
                 and not (isinstance(node.args[0], (ast.List, ast.Tuple)) and not node.args[0].elts):   # [] copies nothing
             self.flag(node, "GB010", what=_short(node))   # torch.tensor(host_list, device="cuda")
+
+    def _compiled_constant(self, value: ast.AST) -> bool:
+        """A host table built from torch factories (`torch.exp(-c * torch.arange(half) / half)`) in code
+        that a @torch.compile'd def runs: Inductor builds it on the device, no copy at run time."""
+        return COMPILED in self.functions and any(
+            isinstance(n, ast.Call) and (self.dotted(n.func) or "").startswith("torch.")
+            and (self.dotted(n.func) or "")[6:] in FACTORIES for n in ast.walk(value)) and not any(
+            isinstance(n, ast.Name) and self.kind(n) in ("host", "hlist", "numpy") for n in ast.walk(value))
 
     def cuda_type(self, node: ast.AST) -> bool:
         """`torch.cuda.FloatTensor`, or a name bound to one (`Tensor = torch.cuda.FloatTensor if cuda else ...`)."""

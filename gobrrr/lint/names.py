@@ -33,7 +33,8 @@ STR_METHODS = {"batch_decode", "convert_ids_to_tokens", "lower", "upper", "strip
 NOT_TENSOR_METHODS = {"parameters", "named_parameters", "buffers", "named_buffers", "modules", "named_modules",
                       "children", "named_children", "state_dict", "keys", "items", "values", "get", "train", "eval",
                       "zero_grad", "register_hook", "register_forward_hook", "apply", "append", "extend", "update",
-                      "type", "tolist", "split_with_sizes", "untyped_storage", "storage", "__class__"}
+                      "type", "tolist", "split_with_sizes", "untyped_storage", "storage", "__class__",
+                      "has", "get_fields"}   # detectron2 Instances: no tensor has them
 MASK_FUNCS = {"isnan", "isinf", "isfinite", "logical_and", "logical_or", "logical_not", "logical_xor",
               "eq", "ne", "gt", "ge", "lt", "le", "isin", "isclose", "signbit", "isneginf", "isposinf"}
 NUM_BUILTINS = {"len", "int", "float", "bool", "round", "ord", "hash", "isinstance", "issubclass", "hasattr", "type",
@@ -58,6 +59,7 @@ TENSOR_METHODS = {"any", "all", "sum", "mean", "max", "min", "norm", "argmax", "
 DATA_DEPENDENT = {"nonzero", "unique", "unique_consecutive", "masked_select", "argwhere"}
 DEVICE_WRAPPERS = {"prepare", "prepare_data_loader", "setup_dataloaders"}   # accelerate / Lightning Fabric
 LOADERS_PINNED = {"Prefetcher", "PinnedWorkerLoader", "from_dataloader"}
+COMPILED = "<torch.compile>"   # in Checker.functions: a @torch.compile'd def runs this code
 TENSORISH = {"tensor", "mask", "generated"}   # generated: model.generate()'s tokens, made to be read on the host
 BATCHES = {"batch_host", "batch_pinned", "batch", "batch_tok"}   # batch_tok: a tokenizer's return_tensors="pt" output
 HOSTISH = {"num", "host", "pinned", "numpy", "str", "ttype", "obj", "hlist", "cpudev", "loader_pinned", "loader_pageable",

@@ -89,6 +89,7 @@ class Checker(ScopeWalk, FlowRules, CallRules, SyncRules, CopyRules, InsideRules
         self.normal_attrs: set[tuple[str, str]] = set()   # (class, self attribute) bound to a Normal (inside)
         self.dist_attrs: set[tuple[str, str]] = set()     # (class, self attribute) bound to a validated one
         self.summary_depth = 0                  # > 0 in a scratch walk that only learns what a def returns
+        self.rare_depth = 0                     # > 0 inside a rare branch of hot code (flow: its own step loops)
         self.looping_def = False                # in a def that holds a step loop (its set-up learns what helpers return)
         self.collect: ast.AST | None = None     # that def
         self.returns: list = []                 # the kinds of its return values
@@ -166,6 +167,21 @@ class Checker(ScopeWalk, FlowRules, CallRules, SyncRules, CopyRules, InsideRules
             out.insert(0, s)
             s = self.src.parent.get(id(s))
         return out
+
+    def visit_With(self, node: ast.With) -> None:
+        """`with dt[0]:` / `with timer:` in hot code runs the project class's __enter__ and __exit__
+        (ultralytics' Profile, which synchronizes the device to time each stage)."""
+        if self.region == "hot" and not self.silent:
+            for item in node.items:
+                ctx = item.context_expr
+                if isinstance(ctx, ast.Subscript):
+                    ctx = ctx.value
+                if isinstance(ctx, ast.Name) or isinstance(ctx, ast.Attribute) and isinstance(ctx.value, ast.Name) \
+                        and ctx.value.id == "self":
+                    for m in ("__enter__", "__exit__"):
+                        self.follow(ast.copy_location(ast.Call(func=ast.Attribute(
+                            value=item.context_expr, attr=m, ctx=ast.Load()), args=[], keywords=[]), node))
+        self.generic_visit(node)
 
     # -- the rules on expressions
     def visit_Call(self, node: ast.Call) -> None:

@@ -19,7 +19,7 @@ import ast
 
 from gobrrr.lint.hot import is_model_name
 from gobrrr.lint.loops import name_of
-from gobrrr.lint.names import DEVICE_WRAPPERS, TENSORISH
+from gobrrr.lint.names import COMPILED, DEVICE_WRAPPERS, TENSORISH
 
 # a module's forward: parameters that hold tensors (or lists and dicts of them) by their usual names
 _FORWARD_TENSORS = {"x", "input", "inputs", "outputs", "output", "logits", "targets", "labels", "hidden_states",
@@ -53,6 +53,8 @@ class ScopeWalk:
         self.region = region or ("hot" if per_step else None)
         self.loaders, self.scope_node, self.chain, self.types, self.loop_stack = [], node, chain, types or {}, []
         self.functions.append(node.name)
+        if any(name_of(d.func if isinstance(d, ast.Call) else d) == "compile" for d in node.decorator_list):
+            self.functions.append(COMPILED)   # @torch.compile(): what it runs is traced into a graph
         saved_seeding, saved_looping = self.seeding, self.looping_def   # what helpers return is learnt in a def
         self.looping_def = node.name in self.hotmap.looping   # that holds a step loop or calls one that does
         seeds = self.project.per_file.setdefault(id(self.src), {}).setdefault("seed_names", {})
@@ -99,6 +101,8 @@ class ScopeWalk:
         self.scopes.pop()
         if closure is not None:
             self.scopes.pop()
+        if self.functions[-1] == COMPILED:
+            self.functions.pop()
         self.functions.pop()
         self.defs.pop()
         self.region, self.loaders, self.scope_node, self.chain, self.types, self.loop_stack, self.left = saved
@@ -185,6 +189,8 @@ class ScopeWalk:
                 if isinstance(t, ast.Name):
                     self.scopes[-1][t.id + "#part"] = "part"   # a helper's guess: no evidence for a size rule
             return
+        if isinstance(value, ast.Constant) and value.value is None and all(_self_attr(t) for t in node.targets):
+            return   # self.tloss = None: a reset before the step assigns what the attribute holds
         k = self.kind(value)
         if zero_d:
             for t in node.targets:

@@ -125,6 +125,12 @@ def _index_scopes(src: Source, node: ast.AST, scope: ast.AST | None, cls: ast.Cl
                     and isinstance(child.value, ast.Tuple) and len(child.targets[0].elts) == len(child.value.elts):
                 for t, v in zip(child.targets[0].elts, child.value.elts):   # `actor, critic = Actor(), Critic()`
                     _index_scopes(src, ast.Module(body=[ast.Assign(targets=[t], value=v)], type_ignores=[]), scope, cls)
+            elif isinstance(child, ast.Assign) and isinstance(child.value, (ast.Tuple, ast.List)) and child.value.elts \
+                    and all(_constructed(e) is not None for e in child.value.elts):
+                for t in child.targets:   # dt = (Profile(), Profile()): dt[i] is one of them
+                    if isinstance(t, ast.Name):
+                        src.instances.setdefault((id(scope), t.id + "[]"), []).extend(
+                            _constructed(e) for e in child.value.elts)
             elif isinstance(child, (ast.Assign, ast.AnnAssign)) and child.value is not None:
                 made = _constructed(child.value)
                 targets = child.targets if isinstance(child, ast.Assign) else [child.target]

@@ -164,7 +164,11 @@ class SyncRules:
             if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) else set()
         for a in args:
             root = a.value if isinstance(a, ast.Subscript) else a
-            if isinstance(a, (ast.Name, ast.Subscript)) and self.kind(a) in TENSORISH \
+            if isinstance(a, ast.Call) and self.zero_d(a) and isinstance(a.func, ast.Attribute):
+                root = a.func.value   # torch.zeros(b, counts.max(), 5): a full reduction of a tensor made here
+                if isinstance(root, ast.Name) and not (root.id in params or self.lookup(root.id + "#part")):
+                    return a
+            elif isinstance(a, (ast.Name, ast.Subscript)) and self.kind(a) in TENSORISH \
                     and not (isinstance(root, ast.Name) and (root.id in params or self.lookup(root.id + "#part"))):
                 return a
         return None
