@@ -116,6 +116,12 @@ class CallKinds:
             if name in ("torch.cat", "torch.stack", "torch.concat") and node.args and isinstance(node.args[0], ast.Name) \
                     and node.args[0].id in getattr(self, "mask_lists", ()):
                 return "mask"   # torch.cat(fg_masks) of the masks appended per image
+            if name in ("torch.cat", "torch.stack") and node.args and isinstance(node.args[0], (ast.Tuple, ast.List)) \
+                    and node.args[0].elts and all(self.kind(e) == "mask" for e in node.args[0].elts):
+                return "mask"   # torch.stack((torch.ones_like(j), j, k)) of masks
+            if root == "torch" and last in ("ones_like", "zeros_like") and node.args and len(node.args) == 1 \
+                    and not node.keywords and self.kind(node.args[0]) == "mask":
+                return "mask"   # torch.ones_like(j) keeps j's bool dtype
             if root == "torch" and not last[:1].isupper():
                 kinds = {self.kind(a.value if isinstance(a, ast.Starred) else a) for a in node.args}
                 return "host" if not kinds & TENSORISH and kinds & ({"host", "hlist"} | BATCHES) else "tensor"

@@ -48,6 +48,9 @@ class SyncRules:
         elif isinstance(func, ast.Name) and func.id in ("max", "min") and len(node.args) >= 2 and not node.keywords \
                 and any(self.kind(a) in TENSORISH for a in node.args) and self.lookup(func.id) is None:
             self.flag(node, "GB002", what=f"the builtin `{func.id}()` of tensors (it compares them as Python bools)")
+        bound = self.scalar_bound(node, name, method)
+        if bound is not None:   # gj.clamp_(0, gain[3] - 1): a 0-d device bound beside a number takes the Scalar overload
+            self.flag(node, "GB002", what=f"a one-element tensor as a clamp bound (`{ast.unparse(bound)[:30]}`)")
         size = self.size_argument(node, func, name, method, kw)
         if size is not None:   # topk(k=ks[i]), range(n), x.new_zeros((n, 4)): a device scalar read as an int
             self.flag(node, "GB002", what=f"a tensor as a count or size (`{ast.unparse(size)[:30]}`)")
@@ -123,6 +126,21 @@ class SyncRules:
         else:
             return None
         return self._made_here(args)
+
+    def scalar_bound(self, node: ast.Call, name: str, method) -> ast.AST | None:
+        """`x.clamp_(0, gain[3] - 1)`: one bound a Python number, the other an element of a device tensor
+        made here; PyTorch takes the (Scalar, Scalar) overload and reads the tensor with .item()."""
+        if method not in ("clamp", "clamp_", "clip", "clip_") or name.startswith("numpy.") or node.keywords:
+            return None
+        args = node.args[1:] if name in ("torch.clamp", "torch.clip") else node.args
+        if len(args) != 2 or not any(isinstance(a, ast.Constant) and type(a.value) in (int, float) for a in args):
+            return None
+        for a in args:
+            e = a.left if isinstance(a, ast.BinOp) and isinstance(a.right, ast.Constant) else a
+            if isinstance(e, ast.Subscript) and isinstance(e.slice, ast.Constant) and type(e.slice.value) is int \
+                    and isinstance(e.value, ast.Name) and self._made_here([e.value]) is not None:
+                return a
+        return None
 
     def scalar_index(self, node: ast.Subscript) -> None:
         """GB002 for a device scalar as a slice bound (`x[:, :h]`, h = size[0]) or a one-element
