@@ -87,3 +87,24 @@ def test_clamp_bounds_that_are_numbers_or_whole_tensors_stay_quiet():
     for bound in ("6", "gain", "len(p) - 1"):
         found = default(CLAMP.replace("{BOUND}", bound))
         assert ("GB002", 5) not in found, (bound, found)
+
+
+# -- a mask moved to the device is still a mask
+MOVED = """
+def build(p, targets):
+    device = torch.device(targets.device)
+    cost = targets * 2
+    m = (cost.sum(0) > 0.0).to({TO})
+    return targets[:, m]
+""" + TRAIN.replace("find(", "build(")
+
+
+def test_a_mask_moved_with_to_device_still_indexes_as_a_mask():
+    """yolov7's `fg_mask_inboxes = (matching_matrix.sum(0) > 0.0).to(device)`, then `all_b[fg_mask_inboxes]`."""
+    found = default(MOVED.replace("{TO}", "device"))
+    assert ("GB008", 6) in found, found
+
+
+def test_a_mask_moved_and_cast_to_long_is_an_index_not_a_mask():
+    found = default(MOVED.replace("{TO}", "device, torch.long"))
+    assert ("GB008", 6) not in found, found

@@ -175,8 +175,8 @@ class CallKinds:
             if recv is None and _loaded_module(func.value):
                 return "obj"  # pickle.load(f)['ema'].to(device), torch.load(...)['model'].cuda(): a module moved
             target = self.copy_target(node)
-            if target == "cuda":
-                return "tensor"
+            if target == "cuda":   # (cost.sum(0) > 0).to(device): a mask moved is a mask (unless a dtype is named)
+                return "mask" if recv == "mask" and len(node.args) + len(node.keywords) == 1 else "tensor"
             if target == "cpu":
                 return "host"
             if recv in ("pinned", "batch_pinned"):
