@@ -108,3 +108,38 @@ def test_a_mask_moved_with_to_device_still_indexes_as_a_mask():
 def test_a_mask_moved_and_cast_to_long_is_an_index_not_a_mask():
     found = default(MOVED.replace("{TO}", "device, torch.long"))
     assert ("GB008", 6) not in found, found
+
+
+# -- a CUDA default tensor type: factories without device= make CUDA tensors
+DEFAULT = """
+torch.set_default_tensor_type({TYPE})
+
+def train(model, loader, opt):
+    for x, y in loader:
+        idx = torch.randperm(8)
+        for start in range(0, 8, 2):
+            rows = idx[start:start + 2].tolist()
+        loss = model(torch.tensor(x)).sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+"""
+
+
+def test_a_cuda_default_tensor_type_puts_factories_on_the_device():
+    """recurrent-ppo's train.py sets `torch.cuda.FloatTensor` as the default type: `torch.randperm(n)` is a
+    CUDA tensor (its `.tolist()` a readback) and `torch.tensor(obs)` a copy of host data to the device."""
+    found = default(DEFAULT.replace("{TYPE}", "'torch.cuda.FloatTensor'"))
+    assert ("GB002", 8) in found and ("GB010", 9) in found, found
+
+
+def test_a_cpu_default_tensor_type_leaves_factories_on_the_host():
+    found = default(DEFAULT.replace("{TYPE}", "'torch.FloatTensor'"))
+    assert ("GB002", 8) not in found and ("GB010", 9) not in found, found
+
+
+def test_typed_constructors_stay_on_the_host_under_a_cuda_default():
+    """ssd.pytorch: `torch.LongTensor(n)` is a CPU LongTensor whatever the default type."""
+    body = DEFAULT.replace("{TYPE}", "'torch.cuda.FloatTensor'").replace("torch.randperm(8)", "torch.LongTensor(8)")
+    found = default(body)
+    assert ("GB002", 8) not in found, found
