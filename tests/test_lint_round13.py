@@ -143,3 +143,32 @@ def test_typed_constructors_stay_on_the_host_under_a_cuda_default():
     body = DEFAULT.replace("{TYPE}", "'torch.cuda.FloatTensor'").replace("torch.randperm(8)", "torch.LongTensor(8)")
     found = default(body)
     assert ("GB002", 8) not in found, found
+
+
+# -- a def that builds its own module on the CPU and never names a device
+HOST_MODEL = """
+def evaluate(path, env, episodes=10):
+    model = Net(4, 2)
+    model.load_state_dict(torch.load(path, map_location="cpu")["model"])
+    {MOVE}
+    obs = env.initial()
+    returns = []
+    while len(returns) < episodes:
+        out = model(obs)
+        obs = env.step(out["action"])
+        if obs["done"].item():
+            returns.append(obs["episode_return"].item())
+    return returns
+"""
+
+
+def test_a_def_that_builds_its_module_and_names_no_device_runs_on_the_host():
+    """torchbeast's test(): `model = Net(...)` loaded with map_location="cpu" and called in an episode
+    loop; its outputs, and what the environment returns for them, are host tensors: `.item()` is free."""
+    found = default(HOST_MODEL.replace("{MOVE}", "pass"))
+    assert ("GB002", 11) not in found and ("GB002", 12) not in found, found
+
+
+def test_the_same_def_moving_its_module_to_the_gpu_is_still_checked():
+    found = default(HOST_MODEL.replace("{MOVE}", "model.cuda()"))
+    assert ("GB002", 11) in found, found
