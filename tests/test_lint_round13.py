@@ -172,3 +172,44 @@ def test_a_def_that_builds_its_module_and_names_no_device_runs_on_the_host():
 def test_the_same_def_moving_its_module_to_the_gpu_is_still_checked():
     found = default(HOST_MODEL.replace("{MOVE}", "model.cuda()"))
     assert ("GB002", 11) in found, found
+
+
+# -- environments stepped in worker processes through pipes
+WORKERS = """
+class Trainer:
+    def __init__(self):
+        self.actions = torch.zeros(128, 8, device=DEVICE)
+
+    def run(self):
+        for update in range(100):
+            self.sample()
+            self.train_epochs()
+
+    def train_epochs(self):
+        for epoch in range(4):
+            loss = self.model(torch.as_tensor(self.obs).to(DEVICE)).sum()
+            self.opt.zero_grad()
+            loss.backward()
+            self.opt.step()
+
+    def sample(self):
+        for t in range(128):
+            action = self.actions[t]
+            for w, worker in enumerate(self.workers):
+                worker.child.send(({CMD}, action[w].cpu().numpy()))
+            for w, worker in enumerate(self.workers):
+                obs, reward, done, info = worker.child.recv()
+                self.obs[w] = obs
+"""
+
+
+def test_a_loop_that_sends_step_to_its_workers_steps_environments():
+    """recurrent-ppo's rollout: `worker.child.send(("step", action))` for each worker: the loop around it
+    is an environment step, its per-worker action readback (`.cpu()`) a per-step sync."""
+    found = default(WORKERS.replace("{CMD}", '"step"'))
+    assert ("GB002", 22) in found, found
+
+
+def test_a_loop_that_sends_other_commands_to_its_workers_is_not_an_env_step():
+    found = default(WORKERS.replace("{CMD}", '"reset"'))
+    assert ("GB002", 22) not in found, found
