@@ -213,3 +213,34 @@ def test_a_loop_that_sends_step_to_its_workers_steps_environments():
 def test_a_loop_that_sends_other_commands_to_its_workers_is_not_an_env_step():
     found = default(WORKERS.replace("{CMD}", '"reset"'))
     assert ("GB002", 22) not in found, found
+
+
+# -- a mask carried in a batch dict by name
+MASK_KEY = """
+def train(model, loader, opt):
+    for samples in loader:
+        samples = {k: v.to(DEVICE) for k, v in samples.items()}
+        value = model(samples["obs"])
+        value = value[samples[{KEY}]]
+        loss = value.sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+"""
+
+
+def test_a_device_tensor_indexed_by_a_batch_dicts_mask_entry_is_a_boolean_mask():
+    """recurrent-ppo's `value[samples["loss_mask"]]`: the padding mask a minibatch dict carries."""
+    found = default(MASK_KEY.replace("{KEY}", '"loss_mask"'))
+    assert ("GB008", 6) in found, found
+
+
+def test_a_batch_dicts_index_entry_is_not_a_mask():
+    found = default(MASK_KEY.replace("{KEY}", '"indices"'))
+    assert ("GB008", 6) not in found, found
+
+
+def test_a_host_batchs_mask_entry_indexing_a_host_tensor_stays_quiet():
+    body = MASK_KEY.replace("{KEY}", '"loss_mask"').replace('"obs"])', '"obs"]).cpu()')
+    found = default(body)
+    assert ("GB008", 6) not in found, found

@@ -197,6 +197,12 @@ class SyncRules:
             self.flag(node, "GB003", what="formatting")
         self.generic_visit(node)
 
+    def mask_key(self, node: ast.AST) -> bool:
+        """`samples["loss_mask"]`: a mask a batch dict carries by name (not a host one), as an index."""
+        return isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) \
+            and isinstance(node.slice.value, str) and node.slice.value.endswith("mask") \
+            and self.kind(node) not in HOSTISH and self.kind(node.value) not in HOSTISH
+
     def visit_BinOp(self, node: ast.BinOp) -> None:
         right = [e.value if isinstance(e, ast.Starred) else e for e in node.right.elts] \
             if isinstance(node.right, ast.Tuple) else [node.right]   # "%.4g %.4g" % (*mloss, n)
@@ -211,7 +217,8 @@ class SyncRules:
         self.scalar_index(node)
         if self.looping() and isinstance(node.ctx, ast.Load) and self.kind(node.value) not in HOSTISH:
             parts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
-            if any(self.kind(p) == "mask" for p in parts):
+            if any(self.kind(p) == "mask" for p in parts) or self.kind(node.value) in TENSORISH and any(
+                    self.mask_key(p) for p in parts):
                 self.flag(node, "GB008", what="boolean-mask indexing `x[mask]`")
         self.generic_visit(node)
 
