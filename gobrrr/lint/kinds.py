@@ -175,6 +175,8 @@ class Kinds(CallKinds):
             k = self.kind(node.value)
             if k in TENSORISH and node.attr in self.python_attrs:
                 return None   # p.sequence_parallel, set as `param.sequence_parallel = True` somewhere: a flag
+            if k == "mask" and node.attr in ("T", "mT", "data"):
+                return "mask"   # j, k = (mask).T: a mask's transpose, and its rows, are masks
             if k in TENSORISH:
                 return "generated" if k == "generated" else "tensor"  # .data, .T, a model output's .loss / .logits
             if k in ("host", "pinned", "numpy") or k in BATCHES:

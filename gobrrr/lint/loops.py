@@ -277,6 +277,22 @@ def env_steps(node: ast.AST) -> bool:
         and len(node.targets[0].elts) in (4, 5)
 
 
+def sends_step(loop: ast.AST) -> bool:
+    """`worker.child.send(("step", action))` in a loop over the workers just inside: environments stepped
+    in worker processes through pipes (recurrent-ppo, SubprocVecEnv-style code); the loop around it is
+    the step, not the loop over the workers."""
+    stack, inner = list(loop.body), []
+    while stack:   # the loops just inside this one (through with / if / try), not deeper
+        n = stack.pop()
+        if isinstance(n, ast.For):
+            inner += own_level(n.body)
+        elif isinstance(n, ast.stmt) and not isinstance(n, (*LOOPS, *DEFS)):
+            stack += [c for c in ast.iter_child_nodes(n) if isinstance(c, ast.stmt)]
+    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "send" and n.args
+               and isinstance(n.args[0], ast.Tuple) and n.args[0].elts and isinstance(n.args[0].elts[0], ast.Constant)
+               and n.args[0].elts[0].value == "step" for n in inner)
+
+
 def stepping_defs(nodes: list[ast.AST], facts: Facts, strict: bool = False) -> set[str]:
     """Names of the defs among `nodes` whose own level updates (backward / optimizer step, or a call
     of a def that does)."""
@@ -351,7 +367,7 @@ def step_loops(tree: ast.AST, facts: Facts, rare) -> tuple[set[int], set[int], s
         own = list(own_level(node.body, rare))
         calls = [n for n in own if isinstance(n, ast.Call)]
         kinds = {facts.step_kind(n) for n in calls}
-        if any(env_steps(n) for n in own):
+        if any(env_steps(n) for n in own) or sends_step(node):
             kinds.add("env")
         if calls and _takes_batches(node, calls):
             kinds.add("data")

@@ -61,7 +61,8 @@ class CopyRules:
                 and self.kind(node.args[0]) in BATCHES:
             self.flag(node, "GB009", what=_short(node))   # x_dev.copy_(batch): a blocking copy into a device buffer
         elif name.startswith("torch.") and name.count(".") == 1 and name[6:] in DATA_FACTORIES and self.looping() \
-                and node.args and not self.per_prompt() and "device" in kw and self.device_of(kw["device"]) == "cuda" \
+                and node.args and not self.per_prompt() \
+                and (self.device_of(kw["device"]) == "cuda" if "device" in kw else self.default_cuda(name)) \
                 and self.kind(node.args[0]) not in TENSORISH \
                 and not (name == "torch.as_tensor" and self._on_its_own_device(node.args[0], kw["device"])) \
                 and not (isinstance(node.args[0], (ast.List, ast.Tuple)) and not node.args[0].elts):   # [] copies nothing

@@ -67,6 +67,6 @@ HOSTISH = {"num", "host", "pinned", "numpy", "str", "ttype", "obj", "hlist", "cp
            "loader", *BATCHES}
 # what iterating (or unpacking) a value of one kind gives
 ITEM_KIND = {"loader_pageable": "batch_host", "loader_pinned": "batch_pinned", "loader_device": "tensor",
-             "loader": "batch", "host": "host", "pinned": "pinned", "tensor": "tensor", "mask": "tensor",
+             "loader": "batch", "host": "host", "pinned": "pinned", "tensor": "tensor", "mask": "mask",
              "batch_host": "batch_host", "batch_pinned": "batch_pinned", "batch": "batch", "numpy": "numpy",
              "tlist": "tensor", "hlist": "hlist"}

@@ -24,7 +24,7 @@ from gobrrr.lint.env import EnvRules, env_makers
 from gobrrr.lint.findings import RULES, SYNC_RULES, TITLES, Finding
 from gobrrr.lint.flow import FlowRules
 from gobrrr.lint.graph import Project
-from gobrrr.lint.hot import HotMap
+from gobrrr.lint.hot import HotMap, host_model_def
 from gobrrr.lint.inside import InsideRules
 from gobrrr.lint.kinds import Kinds
 from gobrrr.lint.loops import name_of
@@ -85,6 +85,7 @@ class Checker(ScopeWalk, FlowRules, CallRules, SyncRules, CopyRules, InsideRules
         self.init_attrs = False                 # it binds only self attributes, in __init__ (calls.return_kind)
         self.seeds: list[tuple] = []            # (Source, def holding a step loop, kinds of its parameters)
         self.left = False                       # this call has returned (flow.static_truth): the rest is dead
+        self._host_defs: dict[int, bool] = {}   # id(def) -> hot.host_model_def
         self.mask_lists: set[str] = set()       # lists that masks are appended to (torch.cat of them is a mask)
         self.normal_attrs: set[tuple[str, str]] = set()   # (class, self attribute) bound to a Normal (inside)
         self.dist_attrs: set[tuple[str, str]] = set()     # (class, self attribute) bound to a validated one
@@ -100,7 +101,7 @@ class Checker(ScopeWalk, FlowRules, CallRules, SyncRules, CopyRules, InsideRules
 
     # -- reporting
     def flag(self, node: ast.AST, rule: str, hot: bool | None = None, fix: str | None = None, **fmt) -> None:
-        if self.region == "off" or self.silent:
+        if self.region == "off" or self.silent or not self.chain and self.on_host_model():
             return
         hot = self.region == "hot" if hot is None else hot
         message, default_fix = RULES[rule]
@@ -116,6 +117,15 @@ class Checker(ScopeWalk, FlowRules, CallRules, SyncRules, CopyRules, InsideRules
                                          (fix or default_fix).format(**fmt), hot, chain)
             self.spans[key] = range(node.lineno, (getattr(node, "end_lineno", None) or node.lineno) + 1)
             self.names_at[key] = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+
+    def on_host_model(self) -> bool:
+        """In a def that builds and calls its own module and never names a device (hot.host_model_def)."""
+        fn = self.defs[-1] if self.defs else None
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) or self.default_cuda("torch.zeros"):
+            return False
+        if id(fn) not in self._host_defs:
+            self._host_defs[id(fn)] = host_model_def(fn)
+        return self._host_defs[id(fn)]
 
     def updating(self) -> bool:
         """In a loop that trains (backward / optimizer step), or in a helper or hook of one: not a

@@ -246,7 +246,8 @@ class ScopeWalk:
         if isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and v.func.attr == "append" \
                 and isinstance(v.func.value, ast.Name) and len(v.args) == 1:
             k, old = self.kind(v.args[0]), self.lookup(v.func.value.id)
-            if k in TENSORISH and old in (None, "tlist"):
+            if (k in TENSORISH or k == "tlist" and isinstance(v.args[0], ast.Tuple)) and old in (None, "tlist"):
+                # indices.append((b, a, gj, gi)): a list of tuples of device tensors; indices[i] unpacks to them
                 self.bind(v.func.value, "tlist")
                 if k == "mask":
                     self.mask_lists.add(v.func.value.id)   # fg_masks.append(fg_mask)

@@ -48,6 +48,9 @@ class SyncRules:
         elif isinstance(func, ast.Name) and func.id in ("max", "min") and len(node.args) >= 2 and not node.keywords \
                 and any(self.kind(a) in TENSORISH for a in node.args) and self.lookup(func.id) is None:
             self.flag(node, "GB002", what=f"the builtin `{func.id}()` of tensors (it compares them as Python bools)")
+        bound = self.scalar_bound(node, name, method)
+        if bound is not None:   # gj.clamp_(0, gain[3] - 1): a 0-d device bound beside a number takes the Scalar overload
+            self.flag(node, "GB002", what=f"a one-element tensor as a clamp bound (`{ast.unparse(bound)[:30]}`)")
         size = self.size_argument(node, func, name, method, kw)
         if size is not None:   # topk(k=ks[i]), range(n), x.new_zeros((n, 4)): a device scalar read as an int
             self.flag(node, "GB002", what=f"a tensor as a count or size (`{ast.unparse(size)[:30]}`)")
@@ -124,6 +127,21 @@ class SyncRules:
             return None
         return self._made_here(args)
 
+    def scalar_bound(self, node: ast.Call, name: str, method) -> ast.AST | None:
+        """`x.clamp_(0, gain[3] - 1)`: one bound a Python number, the other an element of a device tensor
+        made here; PyTorch takes the (Scalar, Scalar) overload and reads the tensor with .item()."""
+        if method not in ("clamp", "clamp_", "clip", "clip_") or name.startswith("numpy.") or node.keywords:
+            return None
+        args = node.args[1:] if name in ("torch.clamp", "torch.clip") else node.args
+        if len(args) != 2 or not any(isinstance(a, ast.Constant) and type(a.value) in (int, float) for a in args):
+            return None
+        for a in args:
+            e = a.left if isinstance(a, ast.BinOp) and isinstance(a.right, ast.Constant) else a
+            if isinstance(e, ast.Subscript) and isinstance(e.slice, ast.Constant) and type(e.slice.value) is int \
+                    and isinstance(e.value, ast.Name) and self._made_here([e.value]) is not None:
+                return a
+        return None
+
     def scalar_index(self, node: ast.Subscript) -> None:
         """GB002 for a device scalar as a slice bound (`x[:, :h]`, h = size[0]) or a one-element
         tensor as an index (`labels[best] = 1`, best = scores.argmax()): read with .item()."""
@@ -179,6 +197,12 @@ class SyncRules:
             self.flag(node, "GB003", what="formatting")
         self.generic_visit(node)
 
+    def mask_key(self, node: ast.AST) -> bool:
+        """`samples["loss_mask"]`: a mask a batch dict carries by name (not a host one), as an index."""
+        return isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) \
+            and isinstance(node.slice.value, str) and node.slice.value.endswith("mask") \
+            and self.kind(node) not in HOSTISH and self.kind(node.value) not in HOSTISH
+
     def visit_BinOp(self, node: ast.BinOp) -> None:
         right = [e.value if isinstance(e, ast.Starred) else e for e in node.right.elts] \
             if isinstance(node.right, ast.Tuple) else [node.right]   # "%.4g %.4g" % (*mloss, n)
@@ -193,7 +217,8 @@ class SyncRules:
         self.scalar_index(node)
         if self.looping() and isinstance(node.ctx, ast.Load) and self.kind(node.value) not in HOSTISH:
             parts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
-            if any(self.kind(p) == "mask" for p in parts):
+            if any(self.kind(p) == "mask" for p in parts) or self.kind(node.value) in TENSORISH and any(
+                    self.mask_key(p) for p in parts):
                 self.flag(node, "GB008", what="boolean-mask indexing `x[mask]`")
         self.generic_visit(node)
 
