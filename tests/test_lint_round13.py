@@ -145,6 +145,14 @@ def test_typed_constructors_stay_on_the_host_under_a_cuda_default():
     assert ("GB002", 8) not in found, found
 
 
+def test_from_numpy_stays_on_the_host_under_a_cuda_default():
+    """ssd.pytorch's dataset and test loop: `torch.from_numpy(img)` shares the array's host memory whatever the
+    default type, so it copies nothing to the device."""
+    body = DEFAULT.replace("{TYPE}", "'torch.cuda.FloatTensor'").replace("torch.tensor(x)", "torch.from_numpy(x)")
+    found = default(body)
+    assert ("GB010", 9) not in found, found
+
+
 # -- a def that builds its own module on the CPU and never names a device
 HOST_MODEL = """
 def evaluate(path, env, episodes=10):

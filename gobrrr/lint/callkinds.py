@@ -233,8 +233,11 @@ class CallKinds:
     def default_cuda(self, name: str) -> bool:
         """The project sets a CUDA default tensor type: torch.zeros(...), torch.tensor(obs) with no device=
         make CUDA tensors; the typed constructors (`torch.LongTensor(n)`) stay on the host (and
-        `torch.Tensor(n)`, a reading the judges left on the host)."""
-        return name.rsplit(".", 1)[-1][:1].islower() and getattr(getattr(self, "project", None), "default_cuda", False)
+        `torch.Tensor(n)`, a reading the judges left on the host), and so does `torch.from_numpy`, which
+        shares the array's host memory whatever the default type."""
+        leaf = name.rsplit(".", 1)[-1]
+        return leaf[:1].islower() and leaf != "from_numpy" \
+            and getattr(getattr(self, "project", None), "default_cuda", False)
 
     def loader_kind(self, node: ast.Call) -> str:
         pin = next((k.value for k in node.keywords if k.arg == "pin_memory"), None)
