@@ -95,12 +95,11 @@ def build_report(s) -> dict:
                      "steps were over: nothing was recorded; rerun with a smaller --warmup")
     elif s.late_reason == "compile" and s._trace_path is not None:
         notes.append(f"torch.compile compiled before the first step: that start-up recording was dropped, and "
-                     f"steps {s._step0 + s.lead_in}..{s._step0 + s.lead_in + s.cfg.steps - 1} were recorded by a fresh "
-                     "profiler")
+                     f"steps {_figure_steps(s)} were recorded by a fresh profiler")
     elif s.late_reason == "window" and s._trace_path is not None:
-        notes.append(f"no step came within the {s.cfg.window_s:g} s time window; steps "
-                     f"{s._step0 + s.lead_in}..{s._step0 + s.lead_in + s.cfg.steps - 1} were recorded when they came")
-    elif s.boundaries < s.warmup + s.lead_in + s.cfg.steps and not s.late_reason:
+        notes.append(f"no step came within the {s.cfg.window_s:g} s time window; steps {_figure_steps(s)} were "
+                     "recorded when they came")
+    elif s.boundaries < s.warmup + s.recorded and not s.late_reason:
         notes.append(f"the script ended after {max(s.boundaries - s.warmup - s.lead_in, 0)} recorded step(s) of "
                      f"{s.cfg.steps}")
     fig_dict = fig.to_dict() if fig else {}
@@ -136,6 +135,12 @@ def build_report(s) -> dict:
         collectives.write(s.out / "comm.json", comm, report)
     write_json(s.out / "report.json", report)
     return report
+
+
+def _figure_steps(s) -> str:
+    """The step numbers in the figures, "first..last": after the recording's lead-in."""
+    first = s._step0 + s.lead_in
+    return f"{first}..{first + s.cfg.steps - 1}"
 
 
 def lead_in(tr, n: int) -> list[float]:

@@ -38,9 +38,9 @@ def summary(r: dict) -> str:
     else:
         med = f", median {st['median_ms']:.2f} ms/step" if st.get("median_ms") is not None else ""
         who = " on rank 0 (every rank recorded the same steps)" if ranks else ""
-        sett = st.get("lead_in_ms") or []
-        left = (f"; before them {len(sett)} recorded step(s) left out, the profiler starting up "
-                f"({', '.join(f'{x:.1f}' for x in sett)} ms)") if sett else ""
+        lead = st.get("lead_in_ms") or []
+        left = (f"; before them {len(lead)} recorded step(s) left out, the profiler starting up "
+                f"({', '.join(f'{x:.1f}' for x in lead)} ms)") if lead else ""
         out.append(f"  steps: {st['recorded']} recorded after {st['warmup']} warmup "
                    f"({st['source']} steps){med}{who}{left}")
     ov = r.get("overhead") or {}

@@ -10,12 +10,11 @@ The script runs as `__main__` (runpy), with its own argv. The doctor records a b
    only the first optimizer that steps counts) or where it calls `gobrrr.doctor.step()`
    (manual marks win over optimizer steps). At the first step the start-up recording is
    dropped; the warmup steps run with no profiler, except the last when W >= 3 (default 3), in
-   which a fresh profiler warms up (torch's WARMUP action: kineto set up, nothing kept, so its
-   the rest of its start-up comes with recording); from boundary W (1 runs as 2: see Session) it records a
-   lead-in step (kept in trace.json, left out of the figures: the Python tracer and the activity
-   buffers start in it), then N steps, each marked `ProfilerStep#k`, then stops: the trace covers
-   1 + N steps, not the run. Steps
-   that first come after the time window closed, or after torch.compile compiled before the first
+   which a fresh profiler warms up (torch's WARMUP action: kineto set up, nothing kept); from
+   boundary W (1 runs as 2: see Session) it records a lead-in step (kept in trace.json, left out of
+   the figures: the Python tracer and the activity buffers start in it), then N steps, each marked
+   `ProfilerStep#k`, then stops: the trace covers 1 + N steps, not the run. Steps that first
+   come after the time window closed, or after torch.compile compiled before the first
    step (compile_watch.py), are recorded the same way.
 3. When the N-th recorded step ends the profiler stops (the trace is saved); one step lets the
    GPU's queue fill again, then `plain_steps` steps run with no profiler and no sync detective:
@@ -125,6 +124,7 @@ class Session:
         # on (BENCHMARKS.md, doctor). That step is recorded (it stays in trace.json) but left out of the
         # figures (build.py). --warmup 0 records from the start, as asked: nothing is left out there.
         self.lead_in = cfg.lead_in if self.warmup >= 1 else 0
+        self.recorded = self.lead_in + cfg.steps   # steps the recording profiler records
         self.script, self.argv = script, list(argv or [])
         self.cuda = torch.cuda.is_available()
         self.rank: RankInfo | None = rank_from_env()
@@ -190,7 +190,7 @@ class Session:
         """A profiler that records the N steps after boundary `_step0`, warming up in the step before it
         (`profiler_warmup`; torch.profiler.schedule's warmup)."""
         A = self.torch.profiler.ProfilerAction
-        j, N = k - self._step0, self.cfg.steps + self.lead_in
+        j, N = k - self._step0, self.recorded
         if j < 0:
             return A.WARMUP if j >= -self.profiler_warmup else A.NONE
         return A.RECORD if j < N - 1 else A.RECORD_AND_SAVE if j == N - 1 else A.NONE
@@ -293,7 +293,7 @@ class Session:
 
     def _boundary(self, source: str) -> None:
         self.boundaries += 1
-        k, W, N = self.boundaries, self.warmup, self.cfg.steps + self.lead_in
+        k, W, N = self.boundaries, self.warmup, self.recorded
         self._busy = True
         try:
             if self.mode == "settle":  # the step after the trace was saved refilled the GPU's queue: not plain
@@ -429,7 +429,7 @@ class Session:
     def _complete_steps(self) -> int:
         """Recorded steps that ran to their end (a script can end or raise inside one)."""
         start = self._step0 if self._step0 else (self.warmup if self.warmup >= 1 else 0)
-        return max(0, min(self.cfg.steps + self.lead_in, self.boundaries - start))
+        return max(0, min(self.recorded, self.boundaries - start))
 
     def _watch(self) -> None:
         """Start the sync detective for a new recording (it replaces an earlier one's report), when the
