@@ -433,6 +433,11 @@ def defaults_of_one(nodes: list[ast.AST]) -> tuple[set[str], set[str]]:
     attribute (`logging_steps: int = 1`, `= field(default=1)`), an argparse option (`--log-interval`,
     `default=1`). A default of None (unset; the branch guards on it) says nothing either way."""
     ones, others = set(), set()
+
+    def sort(name: str, default: ast.AST | None) -> None:   # a number default: 1, or another
+        if isinstance(default, ast.Constant) and default.value is not None and not isinstance(default.value, str):
+            (ones if default.value == 1 and default.value is not True else others).add(name)
+
     for n in nodes:
         if isinstance(n, ast.ClassDef):
             for st in n.body:
@@ -442,17 +447,14 @@ def defaults_of_one(nodes: list[ast.AST]) -> tuple[set[str], set[str]]:
                     v = st.value
                     if isinstance(v, ast.Call) and name_of(v.func) == "field":
                         v = next((k.value for k in v.keywords if k.arg == "default"), None)
-                    if isinstance(v, ast.Constant) and v.value is not None and not isinstance(v.value, str):
-                        (ones if v.value == 1 and v.value is not True else others).add(target.id)
+                    sort(target.id, v)
         elif isinstance(n, ast.Call) and name_of(n.func) == "add_argument":
             flags = [a.value for a in n.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
             if not flags:
                 continue
             dest = next((k.value.value for k in n.keywords if k.arg == "dest" and isinstance(k.value, ast.Constant)),
                         flags[-1].lstrip("-").replace("-", "_"))
-            d = next((k.value for k in n.keywords if k.arg == "default"), None)
-            if isinstance(d, ast.Constant) and d.value is not None and not isinstance(d.value, str):
-                (ones if d.value == 1 and d.value is not True else others).add(dest)
+            sort(dest, next((k.value for k in n.keywords if k.arg == "default"), None))
     return ones, others
 
 
