@@ -206,8 +206,10 @@ def test_python_api_function_and_block(tmp_path):
         return torch.tanh(w @ w)
 
     report = doctor.profile(step_fn, steps=2, warmup=1, out_dir=str(tmp_path / "fn"), print_summary=False)
-    # warmup 1 runs as 2, the lead-in step, 2 recorded steps, one to settle, then 5 plain steps without the profiler
-    assert len(calls) == 2 + 1 + 2 + 1 + 5 and report["steps"]["recorded"] == 2 and report["steps"]["source"] == "manual"
+    # warmup 1 runs as 2, the lead-in step, 2 recorded steps; one step between, a lead-in and 3 line steps with
+    # Python stacks; one to settle, then 5 plain steps without the profiler
+    assert len(calls) == 2 + 1 + 2 + (1 + 1 + 3) + 1 + 5
+    assert report["steps"]["recorded"] == 2 and report["steps"]["source"] == "manual"
     over = report["overhead"]
     assert over["plain_steps"] == 5 and over["plain_ms"] > 0 and over["ratio"] > 0
     assert over["ratio"] == pytest.approx(over["recorded_ms"] / over["plain_ms"], rel=1e-3)
@@ -346,7 +348,8 @@ def test_summary_comes_when_the_window_closes_and_the_script_carries_on(tmp_path
     out = tmp_path / "doc"
     script = _script(tmp_path, CARRIES_ON)
     cfg = DoctorConfig(steps=2, warmup=2, out_dir=str(out), print_summary=True, plain_steps=2)
-    code, report = run_script(str(script), [str(out), "8", "-1"], cfg)  # 2 warmup, lead-in, 2, settle, 2 plain
+    # 2 warmup, lead-in, 2 recorded; 1, lead-in, 3 line steps; settle, 2 plain: 13 boundaries
+    code, report = run_script(str(script), [str(out), "13", "-1"], cfg)
     assert code == 0
     cap = capsys.readouterr()
     # the summary was printed, and the files written, before the script went on to its last line
@@ -354,7 +357,7 @@ def test_summary_comes_when_the_window_closes_and_the_script_carries_on(tmp_path
     assert cap.out.count("  steps: 2 recorded") == 1  # printed once, not again at the end
     assert "recorded 2 steps" in cap.err and "the script carries on" in cap.err
     assert "the script ended with exit code 0" in cap.err
-    assert json.loads((out / "report.json").read_text())["exit_code"] == 0 and report["steps"]["seen"] == 8
+    assert json.loads((out / "report.json").read_text())["exit_code"] == 0 and report["steps"]["seen"] == 13
 
 
 @pytest.mark.timeout(60)

@@ -32,7 +32,7 @@ class Net(nn.Module):
 model = Net()
 compiled = torch.compile(model)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
-for i in range(8):  # 3 warmup, the lead-in, 2 recorded, one to settle, 1 plain
+for i in range(13):  # 3 warmup, the lead-in, 2 recorded; 1, lead-in, 3 line steps; one to settle, 1 plain
     x, y = torch.randn(32, 64), torch.randint(0, 8, (32,))
     loss = compiled(x, y)  # CALL
     loss.backward()
@@ -81,7 +81,7 @@ def test_compiled_loop_is_charged_to_the_calling_line(tmp_path):
     # the host time inside the compiled graphs (generated code) is the calling line's, marked compiled
     from gobrrr.doctor.trace import parse
 
-    tr = parse(tmp_path / "d" / "trace.json")
+    tr = parse(tmp_path / "d" / "trace-lines.json")  # the steps recorded with Python stacks
     host = HostAttribution(tr, SourceResolver([tmp_path]))
     th = host.main
     graph = [f for f in tr.frames[th] if is_graph_frame(f) and f.end - f.ts > 1.0]

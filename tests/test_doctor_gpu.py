@@ -26,10 +26,11 @@ def _doctor(tmp_path: Path, mode: str) -> dict:
     out = tmp_path / mode
     # seed_loop.py runs 5 warm-up + 11 timed steps and drains the GPU (a sync) at the start of step 5:
     # --warmup 6 starts the recording after that drain, so the window is the loop as written (6 warmup, the
-    # profiler's lead-in, 5 recorded, one to settle, 3 plain: 16 boundaries)
+    # profiler's lead-in, 5 recorded; one step, a lead-in and 3 line steps with Python stacks; one to settle,
+    # 3 plain: 21 boundaries, so --steps 16)
     # --detective: these tests also check the runtime sync detective's table (off by default: overhead.py)
     cmd = [sys.executable, "-m", "gobrrr", "doctor", "--steps", "5", "--warmup", "6", "--plain-steps", "3", "--detective",
-           "--out", str(out), str(SEED), "--mode", mode, "--steps", "11"]
+           "--out", str(out), str(SEED), "--mode", mode, "--steps", "16"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=ROOT)
     print(r.stdout[-6000:])
     assert r.returncode == 0, r.stderr[-3000:]
@@ -37,6 +38,7 @@ def _doctor(tmp_path: Path, mode: str) -> dict:
     assert "overhead: recorded steps" in r.stdout and report["overhead"]["plain_steps"] == 3
     assert (out / "timeline.png").stat().st_size > 10_000
     assert "traceEvents" in json.loads((out / "trace.json").read_text())
+    assert report["lines"]["steps"] == 3 and "traceEvents" in json.loads((out / "trace-lines.json").read_text())
     return report
 
 
@@ -90,7 +92,7 @@ def _imagenet_line(text: str) -> str:
 def _doctor_imagenet(tmp_path: Path, name: str, *script_args: str) -> dict:
     out = tmp_path / name
     cmd = [sys.executable, "-m", "gobrrr", "doctor", "--steps", "3", "--warmup", "3", "--plain-steps", "3", "--detective",
-           "--out", str(out), str(IMAGENET), "--steps", "11", "--print-freq", "100", *script_args]
+           "--out", str(out), str(IMAGENET), "--steps", "16", "--print-freq", "100", *script_args]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=170, cwd=ROOT)
     print(r.stdout[-6000:], r.stderr[-3000:])
     assert r.returncode == 0, r.stderr[-3000:]
@@ -132,7 +134,7 @@ def test_imagenet_script_with_too_few_workers_waits_for_the_loader(tmp_path):
 
 
 NANOGPT = ROOT / "tests" / "data" / "traces" / "nanogpt_like.py"
-NANO_ARGS = ["--iters", "28", "--layers", "6", "--accum", "2"]  # GPT-2 width, T=1024, B=12: a nanoGPT-shaped step
+NANO_ARGS = ["--iters", "30", "--layers", "6", "--accum", "2"]  # GPT-2 width, T=1024, B=12: a nanoGPT-shaped step
 
 
 @pytest.mark.gpu
@@ -168,10 +170,12 @@ def test_nanogpt_like_overhead_and_advice(tmp_path, compiled):
     over = report["overhead"]
     assert "overhead: recorded steps" in r.stdout
     # the script's own timing, outside the doctor's window: iterations after the plain steps were timed
-    # (boundary k is iteration k-1's opt.step(); after W warmup steps, the profiler's lead-in step and N recorded
-    # ones, plain steps run from boundary W+1+N+1 to W+1+N+1+P, and the report is built in iteration W+1+N+P's step)
+    # (boundary k is iteration k-1's opt.step(); after W warmup steps, the profiler's lead-in step, N recorded ones
+    # and the line steps (one step between, a lead-in and L), plain steps run from boundary W+1+N+(2+L)+1 to
+    # W+1+N+(2+L)+1+P, and the report is built in iteration W+1+N+(2+L)+P's step)
+    L = 3
     own = [float(m.group(2)) for m in re.finditer(r"iter (\d+): loss \S+, time ([\d.]+)ms", r.stdout)
-           if int(m.group(1)) >= W + 1 + N + P + 1]
+           if int(m.group(1)) >= W + 1 + N + (2 + L) + P + 1]
     assert len(own) >= 5
     for a in report["advice"]:
         assert "torchinductor" not in a["site"] and "/tmp/" not in a["site"], a

@@ -22,7 +22,7 @@ TRAIN = """
 import torch
 model = torch.nn.Linear(32, 8)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
-for i in range(10):
+for i in range(15):  # 3 warmup, lead-in, 2 recorded; 1, lead-in, 3 line steps; settle, 3 plain
     model(torch.randn(16, 32)).square().mean().backward()
     opt.step()
     opt.zero_grad()
@@ -86,7 +86,10 @@ def test_no_usdt_lines_and_the_overhead_line(tmp_path):
     assert "USDT" not in r.stderr and "USDT" not in r.stdout and "profiler_start" not in r.stderr, r.stderr
     assert "overhead: recorded steps" in r.stdout and "plain steps" in r.stdout
     over = json.loads((out / "report.json").read_text())["overhead"]
-    assert over["plain_steps"] == 3 and over["ratio"] > 0 and over["settings"]["stack"] is True
+    # the figure steps record no Python stacks; three line steps after them do (lines.py)
+    assert over["plain_steps"] == 3 and over["ratio"] > 0 and over["settings"]["stack"] is False
+    report = json.loads((out / "report.json").read_text())
+    assert report["lines"]["steps"] == 3 and "lines: named from 3 more steps" in r.stdout
 
 
 def test_the_quiet_filter_passes_everything_else(tmp_path):

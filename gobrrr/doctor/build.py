@@ -9,6 +9,7 @@ way becomes a note: a report is always written.
 from __future__ import annotations
 
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
 from gobrrr.doctor.files import write_json
@@ -50,6 +51,9 @@ def build_report(s) -> dict:
         except Exception as e:  # keep the run's report (steps, exit code, lint) even then
             notes.append(f"the trace could not be analysed ({type(e).__name__}: {e}); trace.json is kept "
                          "for Perfetto; please report this")
+    lines_tr, lines_info = None, None
+    if fig is not None and s.split:
+        lines_tr, lines_info = _lines(s, tr, fig, roots, notes)
     if fig is not None:
         sites = {k: v.key for k, v in getattr(fig, "call_sites", {}).items()}
         title = f"gobrrr doctor: {Path(s.script).name if s.script else 'profile'}  -  "
@@ -76,7 +80,7 @@ def build_report(s) -> dict:
     if lint_note:
         notes.append(lint_note)
     if tr is not None and findings:
-        ran = advice.ran_in_window(findings, tr)
+        ran = advice.ran_in_window(findings, lines_tr or tr)  # which code ran: the steps with Python stacks
         if len(ran) < len(findings):
             notes.append(f"{len(findings) - len(ran)} lint finding(s) in code that did not run in the recorded "
                          "steps left out (`gobrrr lint` lists them all)")
@@ -99,12 +103,15 @@ def build_report(s) -> dict:
     elif s.late_reason == "window" and s._trace_path is not None:
         notes.append(f"no step came within the {s.cfg.window_s:g} s time window; steps {_figure_steps(s)} were "
                      "recorded when they came")
-    elif s.boundaries < s.warmup + s.recorded and not s.late_reason:
+    elif s.boundaries < s.warmup + s.lead_in + s.cfg.steps and not s.late_reason:
         notes.append(f"the script ended after {max(s.boundaries - s.warmup - s.lead_in, 0)} recorded step(s) of "
                      f"{s.cfg.steps}")
     fig_dict = fig.to_dict() if fig else {}
     gpu = _gpu_part(fig_dict) if fig is not None and fig.has_gpu else None
-    over = overhead_figures(steps_ms, s.plain_ms, s.cfg.settings, gpu)
+    settings = replace(s.cfg.settings, stack=False) if s.split else s.cfg.settings  # the figure steps'
+    over = overhead_figures(steps_ms, s.plain_ms, settings, gpu)
+    if lines_info is not None and over.get("plain_ms"):
+        lines_info["ratio"] = round(lines_info["mean_ms"] / over["plain_ms"], 4) if lines_info["mean_ms"] else None
     if steps_ms and s.cfg.plain_steps and len(s.plain_ms) < s.cfg.plain_steps:
         notes.append(f"plain step time from {len(s.plain_ms)} of {s.cfg.plain_steps} steps: the script ended "
                      "first" if s.plain_ms else "no plain step was timed: the script ended right after the "
@@ -118,6 +125,7 @@ def build_report(s) -> dict:
                   "seen": s.boundaries, "recorded": len(steps_ms), "ms": steps_ms, "lead_in_ms": lead_in_ms,
                   "median_ms": round(statistics.median(steps_ms), 4) if steps_ms else None},
         "overhead": over,
+        "lines": lines_info,
         "gpu": gpu,
         # syncs: blocking CUDA calls seen in the trace; sync_detective: the runtime detective's
         # sites over the same window (None when it did not watch: --detective turns it on)
@@ -129,7 +137,8 @@ def build_report(s) -> dict:
         "notes": notes,
         "files": {"report": str(s.out / "report.json"),
                   "timeline": str(s.out / "timeline.png") if (s.out / "timeline.png").exists() else None,
-                  "trace": str(s._trace_path) if s._trace_path else None},
+                  "trace": str(s._trace_path) if s._trace_path else None,
+                  "trace_lines": str(s._lines_path) if lines_tr is not None else None},
     }
     if s.rank is not None:
         collectives.write(s.out / "comm.json", comm, report)
@@ -137,9 +146,35 @@ def build_report(s) -> dict:
     return report
 
 
+def _lines(s, tr, fig, roots: list[str], notes: list[str]):
+    """The line steps (recorded with Python stacks after the figure steps): their sites carried onto `fig`
+    (lines.py). Returns (their trace, what the report says of them), or (None, None) with a note."""
+    from gobrrr.doctor import lines, timeline
+
+    path = s._lines_path
+    if path is None or not path.exists():
+        notes.append("no line steps were recorded (the script ended first): the figures name no line of yours; "
+                     "run it for a few more steps, or pass --line-steps 0 to record the stacks in the figure steps")
+        return None, None
+    try:
+        ltr = timeline.parse(path)
+        complete = s._complete_steps("lines")
+        if 1 <= complete < len(ltr.steps):
+            ltr.steps = ltr.steps[:complete]
+        lead_in(ltr, s.lead_in)
+        lfig = timeline.analyze(ltr, source_roots=roots, user_paths=s.cfg.user_paths)
+        info = lines.carry(fig, lfig, tr, ltr)
+    except Exception as e:
+        notes.append(f"the line steps could not be read ({type(e).__name__}: {e}); the figures stand without "
+                     "lines; please report this")
+        return None, None
+    info["first_step"] = s._line_step0 + s.lead_in
+    return ltr, info
+
+
 def _figure_steps(s) -> str:
     """The step numbers in the figures, "first..last": after the recording's lead-in."""
-    first = s._step0 + s.lead_in
+    first = s._fig_step0 + s.lead_in
     return f"{first}..{first + s.cfg.steps - 1}"
 
 

@@ -10,10 +10,11 @@ import sys
 import traceback
 from pathlib import Path
 
+from gobrrr.doctor.config import DoctorConfig
 from gobrrr.doctor.overhead import ProfilerSettings
 from gobrrr.doctor.ranks import rank_from_env
 from gobrrr.doctor.report import side_by_side
-from gobrrr.doctor.session import NO_GPU_NOTE, DoctorConfig, Session
+from gobrrr.doctor.session import NO_GPU_NOTE, Session
 
 
 def check_script(script: str) -> Path:
@@ -100,6 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--window-s", type=float, default=10.0,
                    help="seconds recorded when the script never steps (default 10)")
     p.add_argument("--no-stack", action="store_true", help="no Python stacks: lighter, but no line of yours is named")
+    p.add_argument("--line-steps", type=int, default=3,
+                   help="steps recorded with Python stacks after the figure steps, to name your lines (default 3; "
+                        "0: stacks in the figure steps, dearer figures)")
     p.add_argument("--detective", action="store_true", help="run the sync detective over the recorded steps too")
     p.add_argument("--shapes", action="store_true", help="record input shapes of every op (heavier)")
     p.add_argument("--memory", action="store_true", help="record allocations (heavier)")
@@ -126,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         user = list(a.user_path) or (["gobrrr/train"] if (a.module or "").split(".")[0] == "gobrrr" else [])
         cfg = DoctorConfig(steps=a.steps, warmup=a.warmup, out_dir=a.out, window_s=a.window_s,
                            print_summary=not a.quiet, plain_steps=a.plain_steps, user_paths=user,
+                           line_steps=a.line_steps,
                            rank_wait_s=a.rank_wait_s,
                            settings=ProfilerSettings(stack=not a.no_stack, detective=a.detective, shapes=a.shapes,
                                                      memory=a.memory))
@@ -171,15 +176,16 @@ def demo_doctor(out_dir) -> dict[str, dict]:
         print(f"gobrrr doctor demo: {seed} is missing; nothing to profile.")
         return {}
     cuda = torch.cuda.is_available()
-    # on a GPU the seed loop drains (syncs) at the start of its step 5: record from step 6 on; the lead-in step,
-    # the recorded steps, one settling step and the plain ones (W + 1 + N + 1 + P boundaries: 18 on a GPU, 10 on a
-    # CPU; the seed loop runs 5 + 13 and 1 + 9)
-    extra = ["--steps", "13"] if cuda else ["--device", "cpu", "--steps", "9"]
+    # on a GPU the seed loop drains (syncs) at the start of its step 5: record from step 6 on. The seed loop runs
+    # 5 + --steps boundaries on a GPU (1 + --steps on a CPU); the doctor takes Session.steps_needed() of them
+    # (the warmup, the figure steps, the line steps, one settling step and the plain ones)
     steps, warmup, plain = (5, 6, 5) if cuda else (3, 3, 2)
     reports = {}
     for mode in ("naive", "gobrrr"):
         cfg = DoctorConfig(steps=steps, warmup=warmup, out_dir=str(Path(out_dir) / mode), print_summary=False,
-                           plain_steps=plain)
+                           plain_steps=plain, line_steps=2)
+        needed = Session(cfg, auto_steps=False).steps_needed()
+        extra = ["--steps", str(needed - 5)] if cuda else ["--device", "cpu", "--steps", str(needed - 1)]
         own = io.StringIO()
         with contextlib.redirect_stdout(own):  # the loop's own timing lines: see the docstring
             code, report = run_script(str(seed), ["--mode", mode] + extra, cfg)

@@ -46,6 +46,7 @@ def summary(r: dict) -> str:
     ov = r.get("overhead") or {}
     marked = bool(ov.get("inflated"))
     out += _overhead_lines(ov)
+    out += _line_steps_lines(r.get("lines"))
     for note in r.get("notes", []):
         out.append(f"  note: {note}")
     out += _compiled_lines(r.get("compiled"))
@@ -140,6 +141,15 @@ def _overhead_lines(ov: dict) -> list[str]:
     return [f"  overhead: recorded steps {ov['recorded_ms']:.2f} ms, plain steps {ov['plain_ms']:.2f} ms "
             f"({ov['plain_steps']} after the recording, no profiler): {ov['ratio']:.2f}x "
             f"({ov['added_ms']:+.2f} ms/step; profiler settings: {on})"]
+
+
+def _line_steps_lines(li: dict | None) -> list[str]:
+    """The steps recorded with Python stacks after the figure steps, for the lines (lines.py)."""
+    if not li or not li.get("steps"):
+        return []
+    cost = f", {li['ratio']:.2f}x a plain step" if li.get("ratio") else ""
+    return [f"  lines: named from {li['steps']} more steps recorded with Python stacks ({li['mean_ms']:.2f} ms/step"
+            f"{cost}), their times scaled to the figure steps"]
 
 
 def _compiled_lines(c: dict | None) -> list[str]:

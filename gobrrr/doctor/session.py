@@ -12,11 +12,15 @@ The script runs as `__main__` (runpy), with its own argv. The doctor records a b
    dropped; the warmup steps run with no profiler, except the last when W >= 3 (default 3), in
    which a fresh profiler warms up (torch's WARMUP action: kineto set up, nothing kept); from
    boundary W (1 runs as 2: see Session) it records a lead-in step (kept in trace.json, left out of
-   the figures: the Python tracer and the activity buffers start in it), then N steps, each marked
-   `ProfilerStep#k`, then stops: the trace covers 1 + N steps, not the run. Steps that first
-   come after the time window closed, or after torch.compile compiled before the first
-   step (compile_watch.py), are recorded the same way.
-3. When the N-th recorded step ends the profiler stops (the trace is saved); one step lets the
+   the figures: the activity buffers start in it), then N steps, each marked `ProfilerStep#k`, then
+   stops: the trace covers 1 + N steps, not the run. These figure steps record no Python stacks.
+   Steps that first come after the time window closed, or after torch.compile compiled before the
+   first step (compile_watch.py), are recorded the same way.
+3. The boundary after, a fresh profiler with Python stacks records a lead-in step and `line_steps`
+   (default 3) more into trace-lines.json: they only name the lines (lines.py); stacks cost a
+   compiled step twice what the rest of the profiler does. (`line_steps` 0, a time window, --warmup 0
+   and ranked runs record the stacks in the figure steps instead: one window.)
+   When the last recorded step ends the profiler stops (the trace is saved); one step lets the
    GPU's queue fill again, then `plain_steps` steps run with no profiler and no sync detective:
    their mean is the plain step time, against which the report sets the recorded one (overhead.py).
 4. Then the trace goes through build.py: gobrrr.doctor.timeline (figures), plot (timeline.png),
@@ -47,46 +51,21 @@ import threading
 import time
 import traceback
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import replace
 from pathlib import Path
 
 from gobrrr.doctor.build import NO_GPU_NOTE, build_report, snapshot
 from gobrrr.doctor.compile_watch import CompileWatch
+from gobrrr.doctor.config import DoctorConfig
 from gobrrr.doctor.files import write_json
 from gobrrr.doctor.overhead import ProfilerSettings, make_profiler
 from gobrrr.doctor.quiet import kineto_quiet
 from gobrrr.doctor.ranks import RankInfo, merge_window, rank_from_env, record_exit
 from gobrrr.doctor.report import summary
 
-__all__ = ["DoctorConfig", "Session", "active_session", "step", "profile", "NO_GPU_NOTE"]
+__all__ = ["DoctorConfig", "Session", "active_session", "step", "NO_GPU_NOTE"]
 
 _ACTIVE: contextvars.ContextVar["Session | None"] = contextvars.ContextVar("gobrrr_doctor", default=None)
-
-
-@dataclass
-class DoctorConfig:
-    steps: int = 5              # steps recorded (in the figures)
-    lead_in: int = 1            # recorded steps before them, left out of the figures: the profiler starting up
-    warmup: int = 3             # steps run before recording starts (the last one warms the profiler up)
-    out_dir: str = "gobrrr-doctor"
-    window_s: float = 10.0      # time window when the script never steps
-    draw_steps: int = 3         # steps drawn in timeline.png
-    print_summary: bool = True
-    source_roots: list[str] = field(default_factory=list)
-    plain_steps: int = 5        # steps timed without the profiler after the recording (0: none)
-    settings: ProfilerSettings = field(default_factory=ProfilerSettings)
-    user_paths: list[str] = field(default_factory=list)  # files that count as the user's inside a library
-    rank_wait_s: float = 120.0  # rank 0 waits this long for the other ranks' reports
-
-    def __post_init__(self):
-        if self.steps < 1:
-            raise ValueError(f"--steps must be at least 1, got {self.steps}; pass a positive number of steps")
-        if self.warmup < 0:
-            raise ValueError(f"--warmup must be 0 or more, got {self.warmup}; pass 0 to record from the start")
-        if self.plain_steps < 0:
-            raise ValueError(f"--plain-steps must be 0 or more, got {self.plain_steps}; pass 0 to skip them")
-        if self.lead_in < 0:
-            raise ValueError(f"lead_in must be 0 or more, got {self.lead_in}")
 
 
 def active_session() -> "Session | None":
@@ -124,10 +103,18 @@ class Session:
         # on (BENCHMARKS.md, doctor). That step is recorded (it stays in trace.json) but left out of the
         # figures (build.py). --warmup 0 records from the start, as asked: nothing is left out there.
         self.lead_in = cfg.lead_in if self.warmup >= 1 else 0
-        self.recorded = self.lead_in + cfg.steps   # steps the recording profiler records
+        self.recorded = self.lead_in + cfg.steps   # steps the current recording profiler records
         self.script, self.argv = script, list(argv or [])
         self.cuda = torch.cuda.is_available()
         self.rank: RankInfo | None = rank_from_env()
+        # Figures and lines from steps of their own (lines.py): the figure steps record without Python stacks, the
+        # dearest setting, then `line_steps` steps with them name the lines. A time window, --warmup 0 and a ranked
+        # run (the straggler's line needs the stacks of the very steps it was late in) keep one window with stacks.
+        self.split = cfg.settings.stack and cfg.line_steps > 0 and self.warmup >= 1 and self.rank is None
+        self.phase = "figures"      # which window the recording profiler records: "figures", then "lines"
+        self._fig_step0 = self._line_step0 = 0
+        self._pw = self.profiler_warmup  # the current profiler's WARMUP steps (none for the line steps)
+        self._lines_path: Path | None = None
         self.base_out = Path(cfg.out_dir)
         self.out = self.rank.out_dir(self.base_out) if self.rank is not None else self.base_out
         self.plain_ms: list[float] = []    # plain steps after the recording (overhead.py)
@@ -169,8 +156,9 @@ class Session:
     # (Recording in the start-up profiler's own later cycle cost a nanoGPT-like step 1.4-1.9x on
     # an H200, against ~1.1x for a profiler of its own.)
 
-    def _new_profiler(self, schedule, first_step: int = 0):
-        prof = make_profiler(self.cfg.settings, cuda=self.cuda, schedule=schedule, on_trace_ready=self._on_trace_ready)
+    def _new_profiler(self, schedule, first_step: int = 0, settings: ProfilerSettings | None = None):
+        settings = self.cfg.settings if settings is None else settings
+        prof = make_profiler(settings, cuda=self.cuda, schedule=schedule, on_trace_ready=self._on_trace_ready)
         prof.step_num, prof.current_action = first_step, schedule(first_step)  # ProfilerStep#k: k = the boundary
         with warnings.catch_warnings(), kineto_quiet():  # "events are cleared at the end of each cycle": we want that
             warnings.simplefilter("ignore", UserWarning)
@@ -192,7 +180,7 @@ class Session:
         A = self.torch.profiler.ProfilerAction
         j, N = k - self._step0, self.recorded
         if j < 0:
-            return A.WARMUP if j >= -self.profiler_warmup else A.NONE
+            return A.WARMUP if j >= -self._pw else A.NONE
         return A.RECORD if j < N - 1 else A.RECORD_AND_SAVE if j == N - 1 else A.NONE
 
     def _on_trace_ready(self, prof) -> None:
@@ -201,13 +189,17 @@ class Session:
         if self.mode == "window" and self.warmup >= 1 and self.boundaries >= 1:
             return  # the start-up window: superseded by the steps to come
         self.out.mkdir(parents=True, exist_ok=True)
-        self._trace_path = self.out / "trace.json"
-        prof.export_chrome_trace(str(self._trace_path))
+        path = self.out / ("trace-lines.json" if self.phase == "lines" else "trace.json")
+        if self.phase == "lines":
+            self._lines_path = path
+        else:
+            self._trace_path = path
+        prof.export_chrome_trace(str(path))
 
     # -- lifecycle --------------------------------------------------------------------------
 
     def start(self) -> "Session":
-        stale = ["report.json", "timeline.png", "trace.json", "comm.json"]
+        stale = ["report.json", "timeline.png", "trace.json", "trace-lines.json", "comm.json"]
         for name in stale:  # no stale files from an earlier run
             (self.out / name).unlink(missing_ok=True)
         if self.rank is not None and self.rank.is_main:
@@ -313,10 +305,21 @@ class Session:
                 # warms up in the step before the first recorded one when there is a warmup step to spare
                 self._cancel_alarm()
                 self.step_source, self._step0, self.mode = source, k + self.profiler_warmup, "steps"
+                self.phase, self.recorded, self._pw = "figures", self.lead_in + self.cfg.steps, self.profiler_warmup
+                self._fig_step0 = self._step0
                 self._reported = False  # a new window: its summary comes when it closes
-                self._prof = self._new_profiler(self._schedule_steps, first_step=k)
+                figures = replace(self.cfg.settings, stack=False) if self.split else None
+                self._prof = self._new_profiler(self._schedule_steps, first_step=k, settings=figures)
                 if not self.profiler_warmup and not self.lead_in:
                     self._watch()
+                return
+            if self.mode == "lines-wait":
+                # the figure trace was saved at the boundary before (never start one profiler in the step() that
+                # stops another): a fresh one with stacks records a lead-in and the line steps, no WARMUP step
+                self.phase, self.recorded, self._pw = "lines", self.lead_in + self.cfg.line_steps, 0
+                self._step0 = self._line_step0 = k
+                self.mode = "steps"
+                self._prof = self._new_profiler(self._schedule_steps, first_step=k, settings=ProfilerSettings())
                 return
             if self.mode == "window" and W >= 1 and self._prof is not None:
                 # boundary 1: the start-up window ends, dropped (the steps to come replace it)
@@ -332,7 +335,7 @@ class Session:
                 return  # counted, not recorded
             self._cancel_alarm()
             self.step_source = source
-            if k == self._step0 + self.lead_in and (self.profiler_warmup or self.lead_in):
+            if self.phase == "figures" and k == self._step0 + self.lead_in and (self.profiler_warmup or self.lead_in):
                 self._watch()  # the detective covers the steps in the figures: not the warm-up or lead-in one
             last = k - self._step0 >= N
             if last:
@@ -341,7 +344,9 @@ class Session:
                 warnings.simplefilter("ignore", UserWarning)
                 self._prof.step()
             self._sync_at_step = snapshot(self.sync_report)  # what the detective saw in the complete steps
-            if last:
+            if last and self.phase == "figures" and self.split:
+                self._prof, self.mode = None, "lines-wait"  # the line steps next
+            elif last:
                 self._prof = None
                 self.plain_ms = []
                 if self.cfg.plain_steps:  # one step to settle, then plain steps (the trace is saved: not in them)
@@ -426,10 +431,21 @@ class Session:
                   f"{self.base_out / 'report.json'} has it", file=sys.stderr)
         return self.report
 
-    def _complete_steps(self) -> int:
-        """Recorded steps that ran to their end (a script can end or raise inside one)."""
-        start = self._step0 if self._step0 else (self.warmup if self.warmup >= 1 else 0)
-        return max(0, min(self.recorded, self.boundaries - start))
+    def _complete_steps(self, phase: str = "figures") -> int:
+        """Recorded steps of a window (figures or lines) that ran to their end (a script can end or raise inside
+        one)."""
+        if phase == "lines":
+            return max(0, min(self.lead_in + self.cfg.line_steps, self.boundaries - self._line_step0))
+        start = self._fig_step0 if self._fig_step0 else (self.warmup if self.warmup >= 1 else 0)
+        return max(0, min(self.lead_in + self.cfg.steps, self.boundaries - start))
+
+    def steps_needed(self) -> int:
+        """Step boundaries a whole run takes: warmup, the figure steps (lead-in first), the line steps (one step
+        between, then a lead-in), one step to settle and the plain ones."""
+        n = self.warmup + self.lead_in + self.cfg.steps
+        if self.split:
+            n += 1 + self.lead_in + self.cfg.line_steps
+        return n + (1 + self.cfg.plain_steps if self.cfg.plain_steps else 0)
 
     def _watch(self) -> None:
         """Start the sync detective for a new recording (it replaces an earlier one's report), when the
@@ -463,33 +479,3 @@ class Session:
 
     def _write_report(self) -> None:
         write_json(self.out / "report.json", self.report)
-
-
-def profile(fn=None, *, steps: int = 5, warmup: int = 3, out_dir: str = "gobrrr-doctor",
-            window_s: float = 10.0, print_summary: bool = True, plain_steps: int = 5,
-            settings: ProfilerSettings | None = None):
-    """Profile a function called once per step, or (without `fn`) a block whose steps you mark.
-
-        report = gobrrr.doctor.profile(train_step, steps=5)    # train_step() runs warmup + 1 + steps + 1 + plain_steps times
-        with gobrrr.doctor.profile(steps=5) as doc:            # or mark steps yourself
-            for batch in loader: train_step(batch); gobrrr.doctor.step()
-        doc.report["gpu"]["compute_idle_pct"], doc.report["overhead"]["ratio"]
-
-    In a process started by torchrun, each rank writes OUT/rank-N/ and rank 0 the merged report.
-    """
-    cfg = DoctorConfig(steps=steps, warmup=warmup, out_dir=out_dir, window_s=window_s,
-                       print_summary=print_summary, plain_steps=plain_steps,
-                       settings=settings if settings is not None else ProfilerSettings())
-    if fn is None:
-        return Session(cfg, auto_steps=True)
-    session = Session(cfg, auto_steps=False)
-    session.start()
-    try:
-        # the warmup, the lead-in step (recorded, not in the figures), the steps, then one to settle and the plain ones
-        for _ in range(session.warmup + session.lead_in + steps + (1 + plain_steps if plain_steps else 0)):
-            fn()
-            session.step(manual=True)
-    except BaseException as e:
-        session.finish(exit_code=1, error=e)
-        raise
-    return session.finish(exit_code=0)
