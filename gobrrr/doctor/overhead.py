@@ -18,9 +18,10 @@ recorded steps). So every report carries both step times:
    then `launch_gaps`). `corrected` takes the added ms per step off those two causes (never below 0)
    and gives every share over a plain step: an estimate, marked as one.
 
-Settings (`ProfilerSettings`), lightest first; the doctor's default keeps line attribution:
+Settings (`ProfilerSettings`), lightest first; the doctor's default keeps line attribution, from steps of
+their own (lines.py: the figure steps record without stacks, the line steps after them with):
   activities  CPU + CUDA (kernels, copies, runtime calls): the figures          always
-  stack       Python frames (`with_stack`): which line of yours made the gap    default on
+  stack       Python frames (`with_stack`): which line of yours made the gap    default on, in the line steps
   detective   the runtime sync detective over the same steps: the sync's kind   default off (--detective)
   shapes      input shapes of every op (`record_shapes`)                        off (--shapes)
   memory      allocations (`profile_memory`)                                    off (--memory)
@@ -54,8 +55,8 @@ class ProfilerSettings:
 
 # The settings `gobrrr bench doctor` compares, each against the plain loop, in one run.
 BENCH_SETTINGS = {
-    "kineto": ProfilerSettings(stack=False),
-    "kineto+stack (default)": ProfilerSettings(),
+    "kineto (figure steps)": ProfilerSettings(stack=False),
+    "kineto+stack (line steps)": ProfilerSettings(),
     "kineto+stack+detective": ProfilerSettings(detective=True),
     "kineto+stack+shapes": ProfilerSettings(shapes=True),
     "kineto+stack+memory": ProfilerSettings(memory=True),

@@ -259,5 +259,7 @@ def side_by_side(reports: dict[str, dict]) -> str:
     for i, (name, _) in enumerate(rows):
         lines.append(name.ljust(w0) + "".join(cols[lab][i].rjust(widths[lab]) for lab in labels))
     for lab in labels:
-        lines.append(f"{lab}: {Path(reports[lab]['files']['report']).parent}/ (report.json, timeline.png, trace.json)")
+        files = reports[lab]["files"]
+        names = "report.json, timeline.png, trace.json" + (", trace-lines.json" if files.get("trace_lines") else "")
+        lines.append(f"{lab}: {Path(files['report']).parent}/ ({names})")
     return "\n".join(lines)
