@@ -145,7 +145,11 @@ class SyncRules:
     def scalar_index(self, node: ast.Subscript) -> None:
         """GB002 for a device scalar as a slice bound (`x[:, :h]`, h = size[0]) or a one-element
         tensor as an index (`labels[best] = 1`, best = scores.argmax()): read with .item()."""
-        if not self.looping() or self.kind(node.value) in HOSTISH:
+        if not self.looping():
+            return
+        if self.kind(node.value) == "numpy":
+            self.numpy_index(node)
+        if self.kind(node.value) in HOSTISH:
             return
         bound = self.slice_bound(node)
         if bound is not None:
@@ -154,6 +158,15 @@ class SyncRules:
         index = next((p for p in parts if self.zero_d(p)), None)
         if index is not None:
             self.flag(node, "GB002", what=f"a one-element tensor as an index (`{ast.unparse(index)[:30]}`)")
+
+    def numpy_index(self, node: ast.Subscript) -> None:
+        """GB002 for a device tensor as an index of a numpy array (`matrix[dc, gc] += 1`, gc from iterating
+        a CUDA tensor): numpy takes it through __index__, an .item() (a CUDA tensor of more than one
+        element raises there, so code that runs indexes with 0-d ones)."""
+        parts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+        index = next((p for p in parts if not isinstance(p, ast.Slice) and self.kind(p) in ("tensor", "mask")), None)
+        if index is not None:
+            self.flag(node, "GB002", what=f"a device tensor as a numpy index (`{ast.unparse(index)[:30]}`, read with __index__)")
 
     def zero_d(self, node: ast.AST) -> bool:
         """A device tensor that certainly has one element: a full reduction (`t.argmax()`, `t.sum()`,
