@@ -108,6 +108,8 @@ class CallRules:
             if isinstance(a, ast.Starred):
                 continue
             kinds[p] = self.kind(a)
+            if isinstance(a, ast.Name) and self.lookup(a.id + "#kept"):   # a batch moved but for its "meta" key
+                kinds[p + "#kept"] = self.lookup(a.id + "#kept")
             insts = self.project.instances_of(self.src, a, scope, self.types)
             if insts:
                 types[p] = insts

@@ -22,7 +22,7 @@ import ast
 
 from gobrrr.lint.bindings import assigned_calls
 from gobrrr.lint.loops import name_of
-from gobrrr.lint.names import BATCHES, ITEM_KIND, TENSORISH
+from gobrrr.lint.names import BATCHES, HOSTISH, ITEM_KIND, TENSORISH
 
 _MISSING = object()
 _PASS_THROUGH = {"list", "tuple", "tqdm", "reversed", "trange"}   # iterating them gives their argument's items
@@ -96,7 +96,17 @@ class FlowRules:
         if id(node) in self.hotmap.step_loops and self.region != "off":
             self.follow_generator(node)
         self.bind_loop_target(node.target, node.iter)
-        self.visit_loop_body(node)
+        keyed = _keyed(node)
+        before = self.lookup(keyed[1]) if keyed else None
+        self.key_loops.append(keyed)
+        try:
+            self.visit_loop_body(node)
+        finally:
+            self.key_loops.pop()
+        if keyed and "moved" in keyed and before != "tlist":   # for k in batch: batch[k] = batch[k].to(dev): device
+            self.bind(ast.Name(id=keyed[1], ctx=ast.Store()), "tlist")   # tensors, but for the keys the loop
+            if keyed[2]:   # leaves alone (`if k != 'meta':`): what the batch held
+                self.scopes[-1][keyed[1] + "#kept"] = (keyed[2], before if before in HOSTISH else "batch")
 
     visit_AsyncFor = visit_For
 
@@ -361,6 +371,40 @@ def _parts(test: ast.AST) -> list[ast.AST]:
     if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
         return _parts(test.operand)
     return [test]
+
+
+def _keyed(loop: ast.For) -> list | None:
+    """(key, container, the keys it leaves alone) of a loop over a container's own keys or positions: `for k in batch`, `for k in
+    batch.keys()`, `for k, v in batch.items()`, `for i in range(len(xs))`; None for any other loop."""
+    it, target = loop.iter, loop.target
+    if isinstance(it, ast.Call) and isinstance(it.func, ast.Attribute) and it.func.attr == "items" and not it.args \
+            and isinstance(target, ast.Tuple) and len(target.elts) == 2:
+        it, target = it.func.value, target.elts[0]
+    elif isinstance(it, ast.Call) and isinstance(it.func, ast.Attribute) and it.func.attr == "keys" and not it.args:
+        it = it.func.value
+    elif isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id == "range" and len(it.args) == 1 \
+            and isinstance(it.args[0], ast.Call) and isinstance(it.args[0].func, ast.Name) \
+            and it.args[0].func.id == "len" and len(it.args[0].args) == 1:
+        it = it.args[0].args[0]
+    if isinstance(it, ast.Name) and isinstance(target, ast.Name):
+        return [target.id, it.id, _kept_keys(loop, target.id)]   # "moved" is appended when the body moves them
+    return None
+
+
+def _kept_keys(loop: ast.For, key: str) -> tuple[str, ...]:
+    """The keys a loop over a container's keys leaves alone: `if k != 'meta':`, `if k in ("meta",): continue`."""
+    kept: list[str] = []
+    for n in ast.walk(loop):
+        if not (isinstance(n, ast.If) and isinstance(n.test, ast.Compare) and len(n.test.ops) == 1
+                and isinstance(n.test.left, ast.Name) and n.test.left.id == key):
+            continue
+        op, right = n.test.ops[0], n.test.comparators[0]
+        names = [e.value for e in (right.elts if isinstance(right, (ast.Tuple, ast.List, ast.Set)) else [right])
+                 if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+        skips = isinstance(n.body[-1], ast.Continue)
+        if isinstance(op, (ast.NotEq, ast.NotIn)) or isinstance(op, (ast.Eq, ast.In)) and skips:
+            kept += names
+    return tuple(kept)
 
 
 __all__ = ["FlowRules"]
