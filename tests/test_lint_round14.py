@@ -185,3 +185,33 @@ def test_an_objects_call_that_returns_mixed_kinds_gives_no_guess():
                         "            return True\n        return n < 3\n\n\nclass Trainer:").replace(
         "self.model = self.get_model()", "self.model = self.get_model()\n        self.until = Until()")
     assert not [f for f in default(body) if f[0] == "GB007"], default(body)
+
+
+# -- a device element as torch.full's fill value (a Scalar: read with .item())
+FILL = """
+def sample(model, x, steps):
+    alphas = torch.linspace(0.1, 0.9, steps, device=DEVICE)
+    for i in range(steps):
+        a_t = torch.full((x.shape[0], 1), alphas[i], device=DEVICE)
+        x = model(x) * a_t
+    return x
+"""
+
+
+def test_a_device_element_as_a_fill_value_is_read_with_item():
+    """latent-diffusion's DDIM step: `torch.full((b, 1, 1, 1), alphas[index], device=device)` with the
+    schedule on the GPU; torch.full takes a Scalar, so the 0-d tensor is read back every step."""
+    assert ("GB002", 5) in default(FILL), default(FILL)
+
+
+def test_a_host_element_as_a_fill_value_stays_quiet():
+    body = FILL.replace("steps, device=DEVICE)", "steps).numpy()")
+    assert ("GB002", 5) not in default(body), default(body)
+
+
+def test_a_number_checked_with_isinstance_is_no_tensor_there():
+    """imagen's `if isinstance(sigma, float): sigma = torch.full((batch,), sigma, device=device)`."""
+    body = FILL.replace("a_t = torch.full((x.shape[0], 1), alphas[i], device=DEVICE)",
+                        "a_t = alphas[i]\n        if isinstance(a_t, float):\n"
+                        "            a_t = torch.full((x.shape[0], 1), a_t, device=DEVICE)")
+    assert not [f for f in default(body) if f[0] == "GB002"], default(body)

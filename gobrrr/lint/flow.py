@@ -48,6 +48,16 @@ def _tensor_test(test: ast.AST) -> tuple[str | None, bool]:
     return None, positive
 
 
+def _number_test(test: ast.AST) -> str | None:
+    """x for `isinstance(x, float)` (int, bool, numbers.Number, or a tuple of them): a Python number there."""
+    if isinstance(test, ast.Call) and name_of(test.func) == "isinstance" and len(test.args) == 2 \
+            and isinstance(test.args[0], ast.Name):
+        types = test.args[1].elts if isinstance(test.args[1], ast.Tuple) else [test.args[1]]
+        if types and all(name_of(t) in ("float", "int", "bool", "Number", "Real", "Integral") for t in types):
+            return test.args[0].id
+    return None
+
+
 def _leaves(body: list[ast.stmt]) -> bool:
     return bool(body) and isinstance(body[-1], _LEAVES)
 
@@ -211,6 +221,9 @@ class FlowRules:
         name, positive = _tensor_test(node.test)   # `if isinstance(boxes, torch.Tensor): ... else:` numpy there
         if name and not positive and scope.get(name) in TENSORISH:
             scope[name] = None
+        number = _number_test(node.test)
+        if number and scope.get(number) in TENSORISH:   # `if isinstance(sigma, float): torch.full(..., sigma)`
+            scope[number] = "num"
         if id(node) in self.hotmap.off_ifs and truth is not True or truth is False:   # `if action is None:`
             # with no action passed is no lazy initialisation: it runs on every such call
             rare = truth is None and id(node) in self.hotmap.rare_ifs
@@ -221,6 +234,8 @@ class FlowRules:
             for stmt in node.body:
                 self.visit(stmt)
         body = dict(scope)
+        if number and body.get(number) == "num" and before.get(number) in TENSORISH:
+            body[number] = before[number]   # after the if, it holds what it held (or the body's tensor)
         scope.clear()
         scope.update(before)
         if name and positive and scope.get(name) in TENSORISH:
