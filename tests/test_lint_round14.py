@@ -215,3 +215,33 @@ def test_a_number_checked_with_isinstance_is_no_tensor_there():
                         "a_t = alphas[i]\n        if isinstance(a_t, float):\n"
                         "            a_t = torch.full((x.shape[0], 1), a_t, device=DEVICE)")
     assert not [f for f in default(body) if f[0] == "GB002"], default(body)
+
+
+# -- host data cast with type_as(t): on t's device
+TYPE_AS = """
+def sample(inds, boxes, n):
+    pick = torch.from_numpy(np.random.permutation(n)).type_as({LIKE}).long()
+    return inds[pick]
+
+
+def train(model, loader, opt):
+    for x, y in loader:
+        out = model(x.to(DEVICE, non_blocking=True))
+        keep = sample(out.argmax(1), targets_of(y), 8)
+        loss = out[keep].sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+"""
+
+
+def test_host_indices_cast_like_a_tensor_of_unknown_place_are_not_taken_for_host_ones():
+    """faster-rcnn's `torch.from_numpy(np.random.permutation(n)).type_as(gt_boxes).long()` with gt_boxes
+    on the GPU: the index is then on the device (the copy is type_as's), no host index."""
+    body = TYPE_AS.replace("{LIKE}", "boxes")
+    assert ("GB011", 4) not in default(body), default(body)
+
+
+def test_host_indices_cast_like_a_host_tensor_stay_host_indices():
+    body = TYPE_AS.replace("{LIKE}", "torch.zeros(1)")
+    assert ("GB011", 4) in default(body), default(body)

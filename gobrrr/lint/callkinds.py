@@ -164,6 +164,8 @@ class CallKinds:
             return "ttype"   # xin[0].type(): 'torch.cuda.FloatTensor', a type name that moves what it is given
         if method == "type_as" and node.args and self.kind(node.args[0]) in TENSORISH:
             return "tensor"
+        if method == "type_as" and node.args and self.kind(node.args[0]) is None and recv in ("host", "pinned"):
+            return None   # host.type_as(t) with t unknown: on t's device, wherever that is (often the GPU's)
         if method in NUMBER_METHODS:
             return "num"
         if method in STR_METHODS or recv == "str":
