@@ -136,8 +136,9 @@ class CallKinds:
         numpy_in = isinstance(func, ast.Name) and not node.keywords and {self.kind(a) for a in node.args} == {"numpy"}
         if summary is not None:
             return summary or ("host" if numpy_in else None)   # "": a project function returning a mixed tuple
-        if id(node) in getattr(self, "read_defs", ()):
-            return "host" if numpy_in else None   # a project def read that returns nothing certain: no guess
+        if id(node) in getattr(self, "read_defs", ()) and not (self.named_model(func) and (node.args or node.keywords)):
+            return "host" if numpy_in else None   # a project def read that returns nothing certain: no guess (but
+            # a model's forward that returns a loss on one path and predictions on the other still gives tensors)
         if isinstance(func, ast.Attribute) and func.attr in DEVICE_WRAPPERS and len(node.args) == 1:
             k = self.iter_kind(node.args[0])
             if k and k.startswith("loader"):
@@ -163,6 +164,8 @@ class CallKinds:
             return "ttype"   # xin[0].type(): 'torch.cuda.FloatTensor', a type name that moves what it is given
         if method == "type_as" and node.args and self.kind(node.args[0]) in TENSORISH:
             return "tensor"
+        if method == "type_as" and node.args and self.kind(node.args[0]) is None and recv in ("host", "pinned"):
+            return None   # host.type_as(t) with t unknown: on t's device, wherever that is (often the GPU's)
         if method in NUMBER_METHODS:
             return "num"
         if method in STR_METHODS or recv == "str":

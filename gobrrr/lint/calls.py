@@ -108,6 +108,8 @@ class CallRules:
             if isinstance(a, ast.Starred):
                 continue
             kinds[p] = self.kind(a)
+            if isinstance(a, ast.Name) and self.lookup(a.id + "#kept"):   # a batch moved but for its "meta" key
+                kinds[p + "#kept"] = self.lookup(a.id + "#kept")
             insts = self.project.instances_of(self.src, a, scope, self.types)
             if insts:
                 types[p] = insts
@@ -152,8 +154,8 @@ class CallRules:
 
 
 def _constants(fn, passed: dict, call: ast.Call) -> dict[str, str]:
-    """`param#val` -> repr of the constant a parameter holds in this call: the literal passed, or
-    the default of one not passed (`mode="gpu"`, `mask=None`); nothing when `*args`/`**kwargs`
+    """`param#val` -> repr of the constant a parameter holds in this call: the literal passed (with a
+    default or without), or the default of one not passed (`mode="gpu"`, `mask=None`); nothing when `*args`/`**kwargs`
     may carry it. flow.static_truth reads them to skip a branch this call never takes."""
     if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
         return {}
@@ -161,7 +163,8 @@ def _constants(fn, passed: dict, call: ast.Call) -> dict[str, str]:
     out = {}
     pos = [*a.posonlyargs, *a.args]
     defaults = [*zip(pos[len(pos) - len(a.defaults):], a.defaults), *zip(a.kwonlyargs, a.kw_defaults)]
-    for p, d in defaults:
+    given = [(p, None) for p in [*pos, *a.kwonlyargs] if p not in {q for q, _ in defaults}]   # and a literal
+    for p, d in [*defaults, *given]:   # passed where there is no default: `process_batch(detections=None, ...)`
         v = passed.get(p.arg, d)
         if isinstance(v, ast.Constant) and isinstance(v.value, (str, bool, int, float, type(None))):
             out[p.arg + "#val"] = repr(v.value)

@@ -63,6 +63,7 @@ _IGNORE = re.compile(r"#\s*gobrrr:\s*ignore(?:\[([A-Za-z0-9_,\s]+)\])?")
 _SYNC_NOTE = re.compile(r"#\s*sync:")
 # torch.set_default_tensor_type("torch.cuda.FloatTensor"): torch's factories make CUDA tensors everywhere
 _DEFAULT_CUDA = re.compile(r"set_default_tensor_type\(\s*['\"]?torch\.cuda\.")
+_DEVICE = TENSORISH | {"tlist"}   # a parameter handed device tensors, or a list or dict of them (a batch moved key by key)
 _ANY_NOTE = re.compile(r"#\s*(gobrrr:|sync:)")
 
 
@@ -190,14 +191,14 @@ def _fewer_constants(old: dict, kinds: dict) -> dict | None:
 def _typed_now(old: dict | None, kinds: dict) -> bool:
     """A def first walked with unknown parameters (`get_pos_mask` reached from an untyped `forward`)
     is now called with device tensors in them."""
-    return old is not None and any(v in TENSORISH and old.get(k) not in TENSORISH
+    return old is not None and any(v in _DEVICE and old.get(k) not in _DEVICE
                                    for k, v in kinds.items() if "#" not in k)
 
 
 def _types_more(fn, kinds: dict) -> bool:
     """A call hands a hook device tensors in parameters that its names alone leave unknown
     (`forward(self, results, outputs, orig_target_sizes, max_target_sizes)`)."""
-    return any(v in TENSORISH and k not in HOOK_NAMES for k, v in kinds.items() if "#" not in k)
+    return any(v in _DEVICE and k not in HOOK_NAMES for k, v in kinds.items() if "#" not in k)
 
 
 def _seeded(checkers: dict, sources: list[Source], gpu: dict, errors) -> list:

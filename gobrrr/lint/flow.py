@@ -22,7 +22,7 @@ import ast
 
 from gobrrr.lint.bindings import assigned_calls
 from gobrrr.lint.loops import name_of
-from gobrrr.lint.names import BATCHES, ITEM_KIND, TENSORISH
+from gobrrr.lint.names import BATCHES, HOSTISH, ITEM_KIND, TENSORISH
 
 _MISSING = object()
 _PASS_THROUGH = {"list", "tuple", "tqdm", "reversed", "trange"}   # iterating them gives their argument's items
@@ -46,6 +46,16 @@ def _tensor_test(test: ast.AST) -> tuple[str | None, bool]:
             or name_of(test.func) == "isinstance" and len(test.args) == 2 and name_of(test.args[1]) == "Tensor"):
         return test.args[0].id, positive
     return None, positive
+
+
+def _number_test(test: ast.AST) -> str | None:
+    """x for `isinstance(x, float)` (int, bool, numbers.Number, or a tuple of them): a Python number there."""
+    if isinstance(test, ast.Call) and name_of(test.func) == "isinstance" and len(test.args) == 2 \
+            and isinstance(test.args[0], ast.Name):
+        types = test.args[1].elts if isinstance(test.args[1], ast.Tuple) else [test.args[1]]
+        if types and all(name_of(t) in ("float", "int", "bool", "Number", "Real", "Integral") for t in types):
+            return test.args[0].id
+    return None
 
 
 def _leaves(body: list[ast.stmt]) -> bool:
@@ -96,7 +106,17 @@ class FlowRules:
         if id(node) in self.hotmap.step_loops and self.region != "off":
             self.follow_generator(node)
         self.bind_loop_target(node.target, node.iter)
-        self.visit_loop_body(node)
+        keyed = _keyed(node)
+        before = self.lookup(keyed[1]) if keyed else None
+        self.key_loops.append(keyed)
+        try:
+            self.visit_loop_body(node)
+        finally:
+            self.key_loops.pop()
+        if keyed and "moved" in keyed and before != "tlist":   # for k in batch: batch[k] = batch[k].to(dev): device
+            self.bind(ast.Name(id=keyed[1], ctx=ast.Store()), "tlist")   # tensors, but for the keys the loop
+            if keyed[2]:   # leaves alone (`if k != 'meta':`): what the batch held
+                self.scopes[-1][keyed[1] + "#kept"] = (keyed[2], before if before in HOSTISH else "batch")
 
     visit_AsyncFor = visit_For
 
@@ -201,6 +221,9 @@ class FlowRules:
         name, positive = _tensor_test(node.test)   # `if isinstance(boxes, torch.Tensor): ... else:` numpy there
         if name and not positive and scope.get(name) in TENSORISH:
             scope[name] = None
+        number = _number_test(node.test)
+        if number and scope.get(number) in TENSORISH:   # `if isinstance(sigma, float): torch.full(..., sigma)`
+            scope[number] = "num"
         if id(node) in self.hotmap.off_ifs and truth is not True or truth is False:   # `if action is None:`
             # with no action passed is no lazy initialisation: it runs on every such call
             rare = truth is None and id(node) in self.hotmap.rare_ifs
@@ -211,6 +234,8 @@ class FlowRules:
             for stmt in node.body:
                 self.visit(stmt)
         body = dict(scope)
+        if number and body.get(number) == "num" and before.get(number) in TENSORISH:
+            body[number] = before[number]   # after the if, it holds what it held (or the body's tensor)
         scope.clear()
         scope.update(before)
         if name and positive and scope.get(name) in TENSORISH:
@@ -361,6 +386,40 @@ def _parts(test: ast.AST) -> list[ast.AST]:
     if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
         return _parts(test.operand)
     return [test]
+
+
+def _keyed(loop: ast.For) -> list | None:
+    """(key, container, the keys it leaves alone) of a loop over a container's own keys or positions: `for k in batch`, `for k in
+    batch.keys()`, `for k, v in batch.items()`, `for i in range(len(xs))`; None for any other loop."""
+    it, target = loop.iter, loop.target
+    if isinstance(it, ast.Call) and isinstance(it.func, ast.Attribute) and it.func.attr == "items" and not it.args \
+            and isinstance(target, ast.Tuple) and len(target.elts) == 2:
+        it, target = it.func.value, target.elts[0]
+    elif isinstance(it, ast.Call) and isinstance(it.func, ast.Attribute) and it.func.attr == "keys" and not it.args:
+        it = it.func.value
+    elif isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id == "range" and len(it.args) == 1 \
+            and isinstance(it.args[0], ast.Call) and isinstance(it.args[0].func, ast.Name) \
+            and it.args[0].func.id == "len" and len(it.args[0].args) == 1:
+        it = it.args[0].args[0]
+    if isinstance(it, ast.Name) and isinstance(target, ast.Name):
+        return [target.id, it.id, _kept_keys(loop, target.id)]   # "moved" is appended when the body moves them
+    return None
+
+
+def _kept_keys(loop: ast.For, key: str) -> tuple[str, ...]:
+    """The keys a loop over a container's keys leaves alone: `if k != 'meta':`, `if k in ("meta",): continue`."""
+    kept: list[str] = []
+    for n in ast.walk(loop):
+        if not (isinstance(n, ast.If) and isinstance(n.test, ast.Compare) and len(n.test.ops) == 1
+                and isinstance(n.test.left, ast.Name) and n.test.left.id == key):
+            continue
+        op, right = n.test.ops[0], n.test.comparators[0]
+        names = [e.value for e in (right.elts if isinstance(right, (ast.Tuple, ast.List, ast.Set)) else [right])
+                 if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+        skips = isinstance(n.body[-1], ast.Continue)
+        if isinstance(op, (ast.NotEq, ast.NotIn)) or isinstance(op, (ast.Eq, ast.In)) and skips:
+            kept += names
+    return tuple(kept)
 
 
 __all__ = ["FlowRules"]

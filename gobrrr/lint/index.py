@@ -129,23 +129,54 @@ class Index:
                 return self.lookup(hit[1], expr.attr)
         return None
 
-    def classes_of(self, src: Source, made: ast.AST, depth: int = 0) -> list:
-        """The project classes an object is made from: `Cls`, or a factory call whose returns build one."""
+    def classes_of(self, src: Source, made: ast.AST, depth: int = 0, cls: ast.ClassDef | None = None) -> list:
+        """The project classes an object is made from: `Cls`, or a factory call whose returns build one:
+        a function (`build_matcher(args)`), or a method of `cls`, the class the call is made in, and its
+        overrides in the subclasses (`self.criterion = self.init_criterion()`); `made` may stand for one
+        item of the tuple the call returns (`self.stats, self.loss = self._get_losses(opt)`)."""
+        item = None
+        if isinstance(made, ast.Subscript) and isinstance(made.value, ast.Call):
+            item, made = made.slice.value, made.value
         if isinstance(made, ast.Call):
             made = made.func
         hit = self._named(src, made)
-        if hit and hit[0] == "class":
+        if hit and hit[0] == "class" and item is None:
             return [(hit[1], hit[2])]
-        if hit and hit[0] == "def" and depth < 2:   # def build_matcher(args): return HungarianMatcher(...)
-            out = []
-            for n in ast.walk(hit[2]):
-                if isinstance(n, ast.Return) and n.value is not None and _constructed(n.value) is not None:
-                    out += self.classes_of(hit[1], _constructed(n.value), depth + 1)
-                elif isinstance(n, ast.Return) and isinstance(n.value, ast.Name):   # evaluator = Cls(...); return it
-                    for made_by in assigned_calls(hit[1], n.value.id, hit[2]):
-                        out += [c for c in self.classes_of(hit[1], made_by, depth + 1) if c not in out]
-            return out
-        return []
+        if depth >= 2:
+            return []
+        if hit and hit[0] == "def":   # def build_matcher(args): return HungarianMatcher(...)
+            return self._returned_classes(hit[1], hit[2], depth, item)
+        if cls is None or not (isinstance(made, ast.Attribute) and isinstance(made.value, ast.Name)
+                               and made.value.id == "self"):
+            return []
+        key = ("factory", id(src), id(cls), made.attr, item, depth)
+        if key not in self._lookups:
+            own = self.method(src, cls, made.attr)
+            out: list = []
+            for ds, df in ([own] if own else []) + self.overrides(cls, made.attr):
+                out += [c for c in self._returned_classes(ds, df, depth, item) if c not in out]
+            self._lookups[key] = out
+        return self._lookups[key]
+
+    def _returned_classes(self, src: Source, fn: ast.AST, depth: int, item: int | None) -> list:
+        """The project classes `fn` returns built (`return Cls(...)`, `evaluator = Cls(...); return
+        evaluator`), or as item `item` of the tuple it returns."""
+        out: list = []
+        owner = src.owner.get(id(fn))
+        for n in ast.walk(fn):
+            if not isinstance(n, ast.Return) or n.value is None:
+                continue
+            value = n.value
+            if item is not None:
+                if not (isinstance(value, ast.Tuple) and len(value.elts) > item):
+                    continue
+                value = value.elts[item]
+            if _constructed(value) is not None:
+                out += [c for c in self.classes_of(src, _constructed(value), depth + 1, owner) if c not in out]
+            elif isinstance(value, ast.Name):   # evaluator = Cls(...); return evaluator
+                for made_by in assigned_calls(src, value.id, fn):
+                    out += [c for c in self.classes_of(src, made_by, depth + 1, owner) if c not in out]
+        return out
 
     def _type_attrs(self, src: Source, scope, call: ast.Call, cls_src: Source, cls: ast.ClassDef) -> None:
         """`SetCriterion(n, matcher=matcher)` with matcher built from a class: SetCriterion's self.matcher is one."""
@@ -188,7 +219,7 @@ class Index:
                 continue
             made = b[0].instances.get((id(b[1]), attr), [])
             for m in made:
-                out += [hit for hit in self.classes_of(b[0], m) if hit not in out]
+                out += [hit for hit in self.classes_of(b[0], m, cls=b[1]) if hit not in out]
             if not made:
                 out += [hit for hit in self._inherited_instances(b[0], b[1], attr, depth + 1) if hit not in out]
         return out
@@ -269,8 +300,9 @@ class Index:
             if not made:
                 return list(self.attr_types.get((id(cls), node.attr), []))
         out = []
+        around = self._class_around(src, scope) if made else None
         for m in made:
-            for hit in self.classes_of(src, m):
+            for hit in self.classes_of(src, m, cls=around):
                 if hit not in out:
                     out.append(hit)
         return out

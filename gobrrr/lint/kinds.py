@@ -61,6 +61,7 @@ class Kinds(CallKinds):
             self.scopes[-1].pop(target.id + "#0d", None)
             self.scopes[-1].pop(target.id + "#elem", None)
             self.scopes[-1].pop(target.id + "#part", None)
+            self.scopes[-1].pop(target.id + "#kept", None)
         elif isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self":
             # one kind per attribute name in the file; two different kinds leave it unknown
             old = self.self_attrs.get(target.attr, kind)
@@ -87,6 +88,10 @@ class Kinds(CallKinds):
             return is_model_name(n) or n in self.models or (isinstance(node, ast.Name) and self.lookup(n) == "obj") \
                 or (isinstance(node, ast.Attribute) and self.kind(node) == "obj")
         return False
+
+    def named_model(self, node: ast.AST) -> bool:
+        """A module by its name or by a module assigned to it (`model`, `self.net`), not any object."""
+        return isinstance(node, (ast.Name, ast.Attribute)) and (is_model_name(name_of(node)) or name_of(node) in self.models)
 
     # -- what an expression holds
     def kind(self, node: ast.AST) -> str | None:
@@ -189,6 +194,9 @@ class Kinds(CallKinds):
             if self.dotted(node.value) in ("numpy.r_", "numpy.c_"):
                 return "numpy"   # np.r_[:2, 4:n]: an index array built on the host
             k = self.kind(node.value)
+            kept = self.lookup(node.value.id + "#kept") if isinstance(node.value, ast.Name) else None
+            if kept and isinstance(node.slice, ast.Constant) and node.slice.value in kept[0]:
+                return kept[1]   # batch["meta"] of a batch whose other keys a loop moved to the device
             if k == "mask":   # a row of a mask (`xc[xi]`, `mask[:, 0]`) is a mask; what else indexes it, a tensor
                 return "mask" if self._plain_index(node.slice) else "tensor"
             if k == "num" and not isinstance(node.slice, ast.Slice):

@@ -75,6 +75,7 @@ class Checker(ScopeWalk, FlowRules, CallRules, SyncRules, CopyRules, InsideRules
         self.waiting: list[tuple] = []          # pending calls of a CPU-only file, held back (lint.check_sources)
         self.dropped: dict = {}                 # findings of a CPU-only file, held back
         self.loop_stack: list[int] = []         # id() of the enclosing loops
+        self.key_loops: list = []               # (key, container) of the enclosing loops over a container's keys
         self.guesses: set[str] = set()          # names bound to an unknown call's result, guessed a tensor
         self.module_scope: dict = {}
         self.silent = False                     # a first pass over a step loop's body: kinds only (flow)

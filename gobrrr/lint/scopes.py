@@ -80,16 +80,19 @@ class ScopeWalk:
                     and not (isinstance(d, ast.Constant) and d.value is None):   # `labels=None`: a tensor or nothing
                 scope[a.arg] = "num"
                 scope[a.arg + "#dflt"] = "dflt"   # a guess from the default: what a call passes wins
+        guessed = set()   # a hook's parameters typed by their names: a call site's device kinds win
         if hook:   # a framework (or the step loop) hands the hook device batches, outputs and a model
             for a in params[1:]:
                 if scope.get(a.arg) is None:
+                    guessed.add(a.arg)
                     tensors = _FORWARD_TENSORS if node.name == "forward" else _HOOK_TENSORS
                     batch = "batch" in a.arg   # forward(self, batched_inputs): a host batch it copies itself
                     scope[a.arg] = "num" if "idx" in a.arg else "batch" if batch and node.name == "forward" \
                         else "tensor" if a.arg in tensors or batch else "obj" if is_model_name(a.arg) or "module" in a.arg \
                         or a.arg == "trainer" else None
         for name, k in (seed or {}).items():   # `sample(z, temperature, cfg_iter)` with a CUDA cfg_iter passes
-            if scope.get(name) is None or (k in TENSORISH and scope.get(name + "#dflt")):   # `cfg=1.0` a tensor
+            if scope.get(name) is None or (k in TENSORISH and scope.get(name + "#dflt")) \
+                    or (name in guessed and k in (*TENSORISH, "tlist")):   # `cfg=1.0` a tensor, forward(batch) a dict of them
                 scope[name] = k
         closure = self.closure_scope(node) if chain else None
         if closure is not None:
@@ -204,6 +207,10 @@ class ScopeWalk:
             self.guesses.update(t.id for t in node.targets if isinstance(t, ast.Name))
         for t in node.targets:
             self.bind(t, k)
+            for kl in self.key_loops:   # for k in batch: batch[k] = batch[k].to(dev): flow binds batch after the loop
+                if kl and k in TENSORISH and isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name) \
+                        and isinstance(t.slice, ast.Name) and kl[:2] == [t.slice.id, t.value.id]:
+                    kl.append("moved")
             if k == "loader_pageable" and isinstance(t, ast.Name):
                 self.loaders.append({"name": t.id, "node": value, "scope": self.scope_node})
             if isinstance(t, ast.Tuple) and isinstance(value, ast.Call) and not (

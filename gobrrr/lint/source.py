@@ -125,6 +125,11 @@ def _index_scopes(src: Source, node: ast.AST, scope: ast.AST | None, cls: ast.Cl
                     and isinstance(child.value, ast.Tuple) and len(child.targets[0].elts) == len(child.value.elts):
                 for t, v in zip(child.targets[0].elts, child.value.elts):   # `actor, critic = Actor(), Critic()`
                     _index_scopes(src, ast.Module(body=[ast.Assign(targets=[t], value=v)], type_ignores=[]), scope, cls)
+            elif isinstance(child, ast.Assign) and len(child.targets) == 1 and isinstance(child.targets[0], ast.Tuple) \
+                    and isinstance(child.value, ast.Call) and isinstance(child.value.func, (ast.Name, ast.Attribute)):
+                for i, t in enumerate(child.targets[0].elts):   # `stats, self.loss = self._get_losses(opt)`: the
+                    item = ast.Subscript(value=child.value, slice=ast.Constant(i), ctx=ast.Load())   # i-th returned
+                    _index_scopes(src, ast.Module(body=[ast.Assign(targets=[t], value=item)], type_ignores=[]), scope, cls)
             elif isinstance(child, ast.Assign) and isinstance(child.value, (ast.Tuple, ast.List)) and child.value.elts \
                     and all(_constructed(e) is not None for e in child.value.elts):
                 for t in child.targets:   # dt = (Profile(), Profile()): dt[i] is one of them
@@ -166,6 +171,9 @@ def _constructed(value: ast.AST) -> ast.expr | None:
         value = value.func.value
     if isinstance(value, ast.Call) and isinstance(value.func, (ast.Name, ast.Attribute)):
         return value
+    if isinstance(value, ast.Subscript) and isinstance(value.value, ast.Call) and isinstance(value.slice, ast.Constant) \
+            and type(value.slice.value) is int and value.slice.value >= 0 and _constructed(value.value) is value.value:
+        return value   # one item of what a factory returns: `stats, loss = get_losses(opt)` -> get_losses(opt)[1]
     return None
 
 

@@ -51,6 +51,9 @@ class SyncRules:
         bound = self.scalar_bound(node, name, method)
         if bound is not None:   # gj.clamp_(0, gain[3] - 1): a 0-d device bound beside a number takes the Scalar overload
             self.flag(node, "GB002", what=f"a one-element tensor as a clamp bound (`{ast.unparse(bound)[:30]}`)")
+        fill = self.fill_value(node, name, method, kw)
+        if fill is not None:   # torch.full((n, 1), stride): the fill value is a Scalar, a 0-d tensor read with .item()
+            self.flag(node, "GB002", what=f"a tensor as a fill value (`{ast.unparse(fill)[:30]}`, read with .item())")
         size = self.size_argument(node, func, name, method, kw)
         if size is not None:   # topk(k=ks[i]), range(n), x.new_zeros((n, 4)): a device scalar read as an int
             self.flag(node, "GB002", what=f"a tensor as a count or size (`{ast.unparse(size)[:30]}`)")
@@ -127,6 +130,18 @@ class SyncRules:
             return None
         return self._made_here(args)
 
+    def fill_value(self, node: ast.Call, name: str, method, kw) -> ast.AST | None:
+        """The fill value of torch.full / full_like / x.new_full when it is a device tensor: these take a
+        Scalar, so PyTorch reads the (one-element) tensor with .item(); `x.fill_(t)` and masked_fill take
+        a tensor and do not sync."""
+        if name in ("torch.full", "torch.full_like"):
+            fill = kw.get("fill_value", node.args[1] if len(node.args) > 1 else None)
+        elif method == "new_full" and not name.startswith(("torch.", "numpy.")):
+            fill = kw.get("fill_value", node.args[1] if len(node.args) > 1 else None)
+        else:
+            return None
+        return fill if fill is not None and self.kind(fill) == "tensor" else None
+
     def scalar_bound(self, node: ast.Call, name: str, method) -> ast.AST | None:
         """`x.clamp_(0, gain[3] - 1)`: one bound a Python number, the other an element of a device tensor
         made here; PyTorch takes the (Scalar, Scalar) overload and reads the tensor with .item()."""
@@ -145,7 +160,11 @@ class SyncRules:
     def scalar_index(self, node: ast.Subscript) -> None:
         """GB002 for a device scalar as a slice bound (`x[:, :h]`, h = size[0]) or a one-element
         tensor as an index (`labels[best] = 1`, best = scores.argmax()): read with .item()."""
-        if not self.looping() or self.kind(node.value) in HOSTISH:
+        if not self.looping():
+            return
+        if self.kind(node.value) == "numpy":
+            self.numpy_index(node)
+        if self.kind(node.value) in HOSTISH:
             return
         bound = self.slice_bound(node)
         if bound is not None:
@@ -154,6 +173,15 @@ class SyncRules:
         index = next((p for p in parts if self.zero_d(p)), None)
         if index is not None:
             self.flag(node, "GB002", what=f"a one-element tensor as an index (`{ast.unparse(index)[:30]}`)")
+
+    def numpy_index(self, node: ast.Subscript) -> None:
+        """GB002 for a device tensor as an index of a numpy array (`matrix[dc, gc] += 1`, gc from iterating
+        a CUDA tensor): numpy takes it through __index__, an .item() (a CUDA tensor of more than one
+        element raises there, so code that runs indexes with 0-d ones)."""
+        parts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+        index = next((p for p in parts if not isinstance(p, ast.Slice) and self.kind(p) in ("tensor", "mask")), None)
+        if index is not None:
+            self.flag(node, "GB002", what=f"a device tensor as a numpy index (`{ast.unparse(index)[:30]}`, read with __index__)")
 
     def zero_d(self, node: ast.AST) -> bool:
         """A device tensor that certainly has one element: a full reduction (`t.argmax()`, `t.sum()`,
