@@ -75,3 +75,66 @@ def test_counts_go_by_the_number_of_steps_and_a_reordered_step_stays_unlabelled(
         step[0].name = "cudaStreamSynchronize" if "emcpy" in step[0].name else "cudaMemcpyAsync"
     sites = lines.call_sites(tr, ltr, lfig.call_sites)
     assert sites == {}
+
+
+# -- the two windows in a run (session.py) -------------------------------------------------------------------
+
+LOOP = """
+import sys
+import torch
+
+def helper(x):
+    return torch.tanh(x @ x.T)        # HELPER
+
+model = torch.nn.Linear(32, 32)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for i in range(int(sys.argv[1])):
+    helper(model(torch.randn(16, 32))).square().mean().backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+def _python_events(path: Path) -> int:
+    import json
+
+    return sum(1 for e in json.loads(path.read_text())["traceEvents"] if e.get("cat") == "python_function")
+
+
+def _run(tmp_path, steps: int, **cfg):
+    from gobrrr.doctor import DoctorConfig, run_script
+
+    script = tmp_path / "loop.py"
+    script.write_text(LOOP)
+    out = tmp_path / "d"
+    code, report = run_script(str(script), [str(steps)],
+                              DoctorConfig(steps=2, warmup=3, plain_steps=2, out_dir=str(out), print_summary=False, **cfg))
+    assert code == 0, report.get("error")
+    return out, report
+
+
+@pytest.mark.timeout(120)
+def test_figure_steps_have_no_stacks_and_line_steps_do(tmp_path):
+    # 3 warmup, lead-in, 2 figure steps; one step, a lead-in and 3 line steps; one to settle, 2 plain: 14
+    out, r = _run(tmp_path, 14)
+    assert r["steps"]["recorded"] == 2 and r["lines"]["steps"] == 3 and r["overhead"]["plain_steps"] == 2
+    assert r["lines"]["first_step"] == 3 + 1 + 2 + 1 + 1  # after the figure steps, the step between and a lead-in
+    assert _python_events(out / "trace.json") == 0 and _python_events(out / "trace-lines.json") > 0
+    assert r["overhead"]["settings"]["stack"] is False and r["files"]["trace_lines"].endswith("trace-lines.json")
+
+
+@pytest.mark.timeout(120)
+def test_line_steps_zero_keeps_one_window_with_stacks(tmp_path):
+    out, r = _run(tmp_path, 9, line_steps=0)  # 3 + 1 + 2 + 1 + 2
+    assert r["lines"] is None and not (out / "trace-lines.json").exists()
+    assert _python_events(out / "trace.json") > 0 and r["overhead"]["settings"]["stack"] is True
+    assert r["overhead"]["plain_steps"] == 2
+
+
+@pytest.mark.timeout(120)
+def test_a_script_that_ends_before_the_line_steps_keeps_its_figures_and_says_so(tmp_path):
+    out, r = _run(tmp_path, 7)  # the figure steps end at boundary 6; the line steps never start
+    assert r["steps"]["recorded"] == 2 and r["lines"] is None
+    assert any("no line steps were recorded" in n and "--line-steps 0" in n for n in r["notes"]), r["notes"]
+    out, r = _run(tmp_path, 10)  # ends inside the line steps: the complete ones name the lines
+    assert r["steps"]["recorded"] == 2 and r["lines"] is not None and 1 <= r["lines"]["steps"] < 3

@@ -151,16 +151,14 @@ def _lines(s, tr, fig, roots: list[str], notes: list[str]):
     (lines.py). Returns (their trace, what the report says of them), or (None, None) with a note."""
     from gobrrr.doctor import lines, timeline
 
-    path = s._lines_path
-    if path is None or not path.exists():
+    path, complete = s._lines_path, s._complete_steps("lines")
+    if path is None or not path.exists() or complete <= s.lead_in:
         notes.append("no line steps were recorded (the script ended first): the figures name no line of yours; "
                      "run it for a few more steps, or pass --line-steps 0 to record the stacks in the figure steps")
         return None, None
     try:
         ltr = timeline.parse(path)
-        complete = s._complete_steps("lines")
-        if 1 <= complete < len(ltr.steps):
-            ltr.steps = ltr.steps[:complete]
+        ltr.steps = ltr.steps[:complete]  # a step the script ended in is not a step
         lead_in(ltr, s.lead_in)
         lfig = timeline.analyze(ltr, source_roots=roots, user_paths=s.cfg.user_paths)
         info = lines.carry(fig, lfig, tr, ltr)
