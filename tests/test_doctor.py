@@ -147,6 +147,9 @@ def test_script_that_never_steps_gets_a_time_window(tmp_path):
     trace = json.loads((tmp_path / "doc" / "trace.json").read_text())
     names = {e.get("name") for e in trace["traceEvents"]}
     assert "aten::mm" in names and "aten::tanh" in names  # the window holds the script's work
+    # a time window is one recording with the Python stacks: no line steps, and no note that they are missing
+    assert any(e.get("cat") == "python_function" for e in trace["traceEvents"]) and report["lines"] is None
+    assert not any("line steps" in n for n in report["notes"]) and report["overhead"]["settings"]["stack"] is True
 
 
 @pytest.mark.timeout(60, method="thread")  # the doctor's time window uses SIGALRM itself

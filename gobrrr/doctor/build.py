@@ -52,7 +52,7 @@ def build_report(s) -> dict:
             notes.append(f"the trace could not be analysed ({type(e).__name__}: {e}); trace.json is kept "
                          "for Perfetto; please report this")
     lines_tr, lines_info = None, None
-    if fig is not None and s.split:
+    if fig is not None and s.split and s._fig_step0:  # the figure steps were recorded without stacks
         lines_tr, lines_info = _lines(s, tr, fig, roots, notes)
     if fig is not None:
         sites = {k: v.key for k, v in getattr(fig, "call_sites", {}).items()}
@@ -108,7 +108,7 @@ def build_report(s) -> dict:
                      f"{s.cfg.steps}")
     fig_dict = fig.to_dict() if fig else {}
     gpu = _gpu_part(fig_dict) if fig is not None and fig.has_gpu else None
-    settings = replace(s.cfg.settings, stack=False) if s.split else s.cfg.settings  # the figure steps'
+    settings = replace(s.cfg.settings, stack=False) if s.split and s._fig_step0 else s.cfg.settings  # the figures'
     over = overhead_figures(steps_ms, s.plain_ms, settings, gpu)
     if lines_info is not None and over.get("plain_ms"):
         lines_info["ratio"] = round(lines_info["mean_ms"] / over["plain_ms"], 4) if lines_info["mean_ms"] else None
