@@ -134,7 +134,7 @@ def test_imagenet_script_with_too_few_workers_waits_for_the_loader(tmp_path):
 
 
 NANOGPT = ROOT / "tests" / "data" / "traces" / "nanogpt_like.py"
-NANO_ARGS = ["--iters", "30", "--layers", "6", "--accum", "2"]  # GPT-2 width, T=1024, B=12: a nanoGPT-shaped step
+NANO_ARGS = ["--iters", "36", "--layers", "6", "--accum", "2"]  # GPT-2 width, T=1024, B=12: a nanoGPT-shaped step
 
 
 @pytest.mark.gpu
@@ -172,10 +172,13 @@ def test_nanogpt_like_overhead_and_advice(tmp_path, compiled):
     # the script's own timing, outside the doctor's window: iterations after the plain steps were timed
     # (boundary k is iteration k-1's opt.step(); after W warmup steps, the profiler's lead-in step, N recorded ones
     # and the line steps (one step between, a lead-in and L), plain steps run from boundary W+1+N+(2+L)+1 to
-    # W+1+N+(2+L)+1+P, and the report is built in iteration W+1+N+(2+L)+P's step)
+    # W+1+N+(2+L)+1+P, and the report is built in iteration W+1+N+(2+L)+P's step). The first iterations after
+    # that build run slow (an H100, compiled: 58, 51, 50, 50 ms, then 44: the GPU sat idle for the 3.5 s of the
+    # build), so own timing starts 4 iterations later, and is a median, as the script's own summary line is
     L = 3
+    built = W + 1 + N + (2 + L) + P
     own = [float(m.group(2)) for m in re.finditer(r"iter (\d+): loss \S+, time ([\d.]+)ms", r.stdout)
-           if int(m.group(1)) >= W + 1 + N + (2 + L) + P + 1]
+           if int(m.group(1)) >= built + 5]
     assert len(own) >= 5
     for a in report["advice"]:
         assert "torchinductor" not in a["site"] and "/tmp/" not in a["site"], a
@@ -185,9 +188,11 @@ def test_nanogpt_like_overhead_and_advice(tmp_path, compiled):
         calls = [c["site"] for c in report["compiled"]["calls"]]
         line = next(i for i, t in enumerate(NANOGPT.read_text().splitlines(), 1) if "logits, loss = model(X, Y)" in t)
         assert f"nanogpt_like.py:{line}" in calls, report["compiled"]
-    # Issue 31's cost targets, not met yet (H200, torch 2.11, b8d69be: recorded/plain 1.41x eager, 2.80x compiled;
-    # plain 46.4 vs the script's own 49.4 ms eager): reported as an expected failure with the figures until they are.
-    plain_ok = over["plain_ms"] == pytest.approx(statistics.fmean(own), rel=0.05)
+    # Issue 31's cost targets. With the stacks in line steps of their own (lines.py) the figure steps cost 1.03-1.18x
+    # a plain step on an H100 (0.91-1.50x over eight runs; 1.47x / 3.03x on an H200 before, stacks in the figure
+    # steps); single iterations of this loop ranged 36-116 ms on that host, so one run's 8-step means can miss either
+    # target by noise: a miss is reported as an expected failure with its figures (BENCHMARKS.md has every run).
+    plain_ok = over["plain_ms"] == pytest.approx(statistics.median(own), rel=0.05)
     if not (plain_ok and over["ratio"] <= 1.3):
         pytest.xfail(f"issue 31 open: recorded/plain {over['ratio']:.2f}x (target <= 1.3x); plain {over['plain_ms']:.1f} ms "
-                     f"vs the script's own {statistics.fmean(own):.1f} ms (target within 5%)")
+                     f"vs the script's own {statistics.median(own):.1f} ms (target within 5%)")
