@@ -51,3 +51,17 @@ def test_one_random_number_as_an_index_stays_quiet():
     body = BUFFER.replace("learner.train(batch)", "net(batch[0]).sum().backward()").replace(
         "np.random.randint(0, self.n, size=b)", "np.random.randint(0, self.n)")   # one row, a plain select
     assert not [f for f in default(body) if f[0] == "GB011"], default(body)
+
+
+def test_an_algorithm_objects_train_method_that_steps_makes_the_loop_a_step_loop():
+    """`trainer.train(batch)` and `trainer.update(batch)`: names every module has (housekeeping), but the
+    object was made from a project class whose own method of that name steps an optimizer."""
+    body = BUFFER.replace("np.random.randint(0, self.n, size=b)", "torch.randperm(self.n)[:b]")   # host indices
+    assert ("GB011", 10) in default(body), default(body)
+
+
+def test_an_objects_housekeeping_method_that_does_not_update_stays_quiet():
+    body = BUFFER.replace("np.random.randint(0, self.n, size=b)", "torch.randperm(self.n)[:b]").replace(
+        "loss.backward()", "pass").replace("self.opt.step()", "pass").replace(
+        "loss = (self.net(obs) - rew).pow(2).mean()", "self.last = batch")   # train() only stores the batch
+    assert not [f for f in default(body) if f[0] == "GB011"], default(body)

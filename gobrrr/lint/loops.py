@@ -153,6 +153,8 @@ class Facts:
         self.looping: set[str] = set()      # defs (by name, across the project) that hold a step loop
         self.every_step: set[str] = set()   # options whose project default is 1 (`logging_steps: int = 1`)
         self.aliases: dict[str, set[str]] = {}   # sample_fn = d.p_sample_loop if c else d.ddim_sample_loop
+        self.instances: dict[str, str] = {}   # trainer = TD3_BC(**kwargs): name -> the class it was made from
+        self.updaters: frozenset[tuple[str, str]] = frozenset()   # (class, method) whose own body updates
         for node in nodes:
             if isinstance(node, ast.Assign) and isinstance(node.value, (ast.Attribute, ast.IfExp)) \
                     and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
@@ -161,6 +163,9 @@ class Facts:
                 if all(isinstance(o, ast.Attribute) for o in options):
                     self.aliases.setdefault(node.targets[0].id, set()).update(o.attr for o in options)
             if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+                made = name_of(node.value.func)
+                if made[:1].isupper() and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                    self.instances[node.targets[0].id] = made
                 kind = self._made(node.value, module_classes)
                 if kind:
                     for t in node.targets:
@@ -214,6 +219,8 @@ class Facts:
                     func.attr not in HOUSEKEEPING or (args and is_model_name(receiver))
                     or (args and receiver == "self" and func.attr not in ("train", "eval"))):
                 return "update"   # agent.learn(batch), policy.train(buffer, 256), self.update(i): a def that updates
+            if args and (self.instances.get(receiver), func.attr) in self.updaters:
+                return "update"   # trainer.train(batch), algo.update(batch): the project class's method updates
             if func.attr in HOUSEKEEPING or func.attr.startswith(("register_", "set_", "save", "load")):
                 return None
             if receiver != "self" and (is_model_name(receiver) or receiver in self.models) \
@@ -308,6 +315,21 @@ def stepping_defs(nodes: list[ast.AST], facts: Facts, strict: bool = False) -> s
                 isinstance(n, ast.Call) and facts.step_kind(n, strict) == "update" for n in own_level(fn.body)) \
                 and not (strict and holds_updating_loop(fn, facts)):
             out.add(fn.name)
+    return out
+
+
+def updating_methods(nodes: list[ast.AST], facts: Facts) -> set[tuple[str, str]]:
+    """(class, method) of the methods among `nodes` whose own level updates (an optimizer's step, a
+    backward): `TD3_BC.train(self, batch)`, `SAC.update(self, batch)`, whose common names (`train`,
+    `update`) say nothing on their own; not one whose loop runs a whole training."""
+    out = set()
+    for cls in nodes:
+        if isinstance(cls, ast.ClassDef):
+            for fn in cls.body:
+                if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and fn.name in HOUSEKEEPING \
+                        and any(isinstance(n, ast.Call) and facts.step_kind(n, True) == "update" for n in own_level(fn.body)) \
+                        and not holds_updating_loop(fn, facts):
+                    out.add((cls.name, fn.name))
     return out
 
 
@@ -458,6 +480,7 @@ def defaults_of_one(nodes: list[ast.AST]) -> tuple[set[str], set[str]]:
     return ones, others
 
 
-__all__ = ["Facts", "defaults_of_one", "step_loops", "looping_closure", "stepping_defs", "forwarding_defs", "holds_updating_loop",
+__all__ = ["Facts", "defaults_of_one", "step_loops", "updating_methods",
+           "looping_closure", "stepping_defs", "forwarding_defs", "holds_updating_loop",
            "own_level", "name_of", "dotted", "is_model_name", "is_env_name", "env_steps", "statements", "HOUSEKEEPING",
            "OPTIM", "LOADER_NAME", "LOOPS", "DEFS"]
