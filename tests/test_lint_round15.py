@@ -3,7 +3,12 @@ heldout14's among them, each from a minimal example in the default run, with the
 must stay quiet."""
 from __future__ import annotations
 
-from tests.test_lint_round4 import default
+import textwrap
+from pathlib import Path
+
+from gobrrr.lint.check import lint_paths, lint_source
+from tests.test_lint_round4 import HEAD, default
+from tests.test_lint_shapes import project
 
 # -- a replay buffer on the device sampled with numpy's random indices, by an algorithm object's `train`
 BUFFER = """
@@ -65,3 +70,48 @@ def test_an_objects_housekeeping_method_that_does_not_update_stays_quiet():
         "loss.backward()", "pass").replace("self.opt.step()", "pass").replace(
         "loss = (self.net(obs) - rew).pow(2).mean()", "self.last = batch")   # train() only stores the batch
     assert not [f for f in default(body) if f[0] == "GB011"], default(body)
+
+
+# -- one-file scripts that each define their own Actor: `actor.act(state)` runs this file's
+SCRIPT = """
+import gym
+
+
+class Actor(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.net = nn.Linear(n, 2)
+
+    def act(self, state, device):
+        state = torch.tensor(state.reshape(1, -1), device=device)
+        return self(state).cpu().numpy().flatten()
+
+
+def evaluate(env, actor, device, episodes):
+    for _ in range(episodes):
+        state, done = env.reset(), False
+        while not done:
+            action = actor.act(state, device)
+            state, reward, done, _ = env.step(action)
+
+
+def main():
+    env = gym.make("Hopper-v2")
+    evaluate(env, Actor(11).to(DEVICE), DEVICE, 10)
+"""
+
+
+def test_an_objects_method_resolves_to_the_calling_files_class_among_many(tmp_path):
+    """CORL: fourteen one-file algorithms, each with its own Actor (or TanhGaussianPolicy) and `act`;
+    eval_actor's `actor.act(state, device)` is named after too many classes project-wide, but only one
+    of its own file: that one runs, copying the observation and reading the action back per env step."""
+    root = project(tmp_path, {f"algo{i}.py": SCRIPT for i in range(4)})
+    found = {(Path(f.path).name, f.rule, f.line - HEAD.count("\n")) for f in lint_paths([root])}
+    assert {("algo0.py", "GB010", 11), ("algo0.py", "GB002", 12), ("algo3.py", "GB002", 12)} <= found, found
+
+
+def test_a_file_without_such_a_class_pins_none_of_the_others(tmp_path):
+    caller = SCRIPT[SCRIPT.index("def evaluate"):]   # the loop alone, in a file of its own: which Actor is unknown
+    root = project(tmp_path, {**{f"algo{i}.py": SCRIPT for i in range(4)}, "run.py": "import gym\n" + caller})
+    found = {(Path(f.path).name, f.rule) for f in lint_paths([root])}
+    assert not {r for r in found if r[0] == "run.py" and r[1] != "GB014"}, found
