@@ -115,3 +115,35 @@ def test_a_file_without_such_a_class_pins_none_of_the_others(tmp_path):
     root = project(tmp_path, {**{f"algo{i}.py": SCRIPT for i in range(4)}, "run.py": "import gym\n" + caller})
     found = {(Path(f.path).name, f.rule) for f in lint_paths([root])}
     assert not {r for r in found if r[0] == "run.py" and r[1] != "GB014"}, found
+
+
+# -- a gym environment's reset() gives a numpy observation
+ONLINE = """
+import gym
+
+
+def finetune(actor, steps):
+    env = gym.make("Hopper-v2")
+    state = env.reset()
+    for t in range(steps):
+        action = actor(torch.tensor(state.reshape(1, -1), device=DEVICE))
+        action = action.cpu().numpy()
+        state, reward, done, _ = env.step(action)
+        if done:
+            state = env.reset()
+"""
+
+
+def test_the_observation_of_a_gym_reset_is_host_data_copied_per_step():
+    """CORL's online fine-tuning loop: `torch.tensor(state.reshape(1, -1), device=...)` with `state` from
+    `env.reset()` of a gym env (a numpy array, not a tensor guessed from `.reshape`): the copy is the
+    round trip's, counted in the loop's GB014."""
+    out = lint_source(HEAD + textwrap.dedent(ONLINE), "train.py")
+    gb014 = [f for f in out if f.rule == "GB014"]
+    assert gb014 and 9 + HEAD.count("\n") in gb014[0].covers, [(f.rule, f.line, f.covers) for f in out]
+
+
+def test_the_reset_of_an_environment_made_elsewhere_stays_unknown():
+    body = ONLINE.replace('gym.make("Hopper-v2")', "make_gpu_env()").replace(
+        "action = action.cpu().numpy()", "pass")   # an on-device simulator, actions kept on the device
+    assert not [f for f in default(body) if f[0] in ("GB010", "GB014")], default(body)

@@ -174,6 +174,8 @@ class CallKinds:
             return "str" if method in STR_METHODS else None
         if recv in ("numpy", "num"):
             return recv
+        if method == "reset" and getattr(self, "cpu_env", None) and self.cpu_env(func.value):
+            return "numpy"   # state = env.reset() of a gym environment: a numpy observation
         if method in ("cuda", "to"):
             if recv == "obj" or (recv is None and self.is_model(func.value)):
                 return "obj"  # model.to(device) is still a module
