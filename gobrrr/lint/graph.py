@@ -165,7 +165,7 @@ class Project(Index):
         if 1 < len(only) <= 8 and self._one_hierarchy(only):
             return only
         here = [m for m in only if m[0] is src]   # one-file scripts that each define their Actor.act: this file's
-        return here if len(here) == 1 else []
+        return here if len(here) <= 3 else []   # (GaussianPolicy.act, DeterministicPolicy.act: either runs)
 
     def wrappers(self, src: Source, fn: ast.AST) -> list[tuple[Source, ast.AST]]:
         """The inner defs that fn's project decorators put around it (`@cast_torch_tensor`, whose `inner`
