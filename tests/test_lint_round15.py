@@ -117,6 +117,17 @@ def test_a_file_without_such_a_class_pins_none_of_the_others(tmp_path):
     assert not {r for r in found if r[0] == "run.py" and r[1] != "GB014"}, found
 
 
+def test_two_classes_of_the_calling_file_with_that_method_both_run(tmp_path):
+    """CORL's IQL: `actor.act(state, device)` where the file defines GaussianPolicy.act and
+    DeterministicPolicy.act (an option picks one): both are walked as the eval loop's."""
+    two = SCRIPT.replace("class Actor(nn.Module):", "class Gaussian(nn.Module):") + SCRIPT[
+        SCRIPT.index("class Actor"):SCRIPT.index("def evaluate")].replace("class Actor", "class Deterministic").replace(
+        "self(state).cpu()", "self.net(state).cpu()")
+    root = project(tmp_path, {f"algo{i}.py": two for i in range(4)})
+    found = {(Path(f.path).name, f.rule, f.line - HEAD.count("\n")) for f in lint_paths([root])}
+    assert {("algo0.py", "GB002", 12), ("algo0.py", "GB002", 33)} <= found, sorted(found)
+
+
 # -- a gym environment's reset() gives a numpy observation
 ONLINE = """
 import gym
@@ -147,3 +158,28 @@ def test_the_reset_of_an_environment_made_elsewhere_stays_unknown():
     body = ONLINE.replace('gym.make("Hopper-v2")', "make_gpu_env()").replace(
         "action = action.cpu().numpy()", "pass")   # an on-device simulator, actions kept on the device
     assert not [f for f in default(body) if f[0] in ("GB010", "GB014")], default(body)
+
+
+# -- random actions drawn with numpy: an environment loop with no read-back
+WARMUP = """
+def fill(env, memory, n, actions):
+    state, done, t = env.reset(), True, 0
+    while t < n:
+        if done:
+            state = env.reset()
+        next_state, _, done = env.step(np.random.randint(0, actions))
+        memory.append(state, done)
+        state = next_state
+        t += 1
+"""
+
+
+def test_a_loop_stepping_an_env_with_numpy_random_actions_reads_nothing_back():
+    """Rainbow's validation-memory warm-up: `env.step(np.random.randint(0, n))` draws the action on the
+    host (a number now, not an unknown); no policy output is read back, so no GB014 round trip."""
+    assert not [f for f in default(WARMUP) if f[0] == "GB014"], default(WARMUP)
+
+
+def test_a_policy_action_read_back_in_the_same_loop_is_a_round_trip():
+    body = WARMUP.replace("np.random.randint(0, actions)", "policy(state).argmax().item()")
+    assert [f for f in default(body) if f[0] == "GB014"], default(body)
