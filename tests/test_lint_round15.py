@@ -183,3 +183,114 @@ def test_a_loop_stepping_an_env_with_numpy_random_actions_reads_nothing_back():
 def test_a_policy_action_read_back_in_the_same_loop_is_a_round_trip():
     body = WARMUP.replace("np.random.randint(0, actions)", "policy(state).argmax().item()")
     assert [f for f in default(body) if f[0] == "GB014"], default(body)
+
+
+# -- distributions handed back by the project's own defs
+POLICY = """
+from torch.distributions import Normal
+
+
+class Policy(nn.Module):
+    def __init__(self, n, m):
+        super().__init__()
+        self.mlp = nn.Linear(n, m)
+        self.log_std = nn.Parameter(torch.zeros(m))
+
+    def _dist(self, obs):
+        mean = self.mlp(obs)
+        return Normal(mean, self.log_std.exp())
+
+    def log_prob(self, obs, action):
+        policy = self._dist(obs)
+        return policy.log_prob(action).sum(-1)
+
+
+def train(policy, opt, loader):
+    for obs, act in loader:
+        obs, act = obs.to(DEVICE), act.to(DEVICE)
+        loss = -policy.log_prob(obs, act).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+"""
+
+
+def test_log_prob_of_a_distribution_a_helper_returns_is_validated():
+    """CORL's AWAC: `policy = self._get_policy(state)` returns `Normal(mean, std)` built with validation
+    on; `policy.log_prob(action)` checks the sample against the support on the host, every step."""
+    assert ("GB013", 17) in default(POLICY), default(POLICY)
+
+
+def test_a_helper_returning_an_unvalidated_distribution_stays_quiet():
+    body = POLICY.replace("Normal(mean, self.log_std.exp())", "Normal(mean, self.log_std.exp(), validate_args=False)")
+    assert not [f for f in default(body) if f[0] == "GB013"], default(body)
+
+
+GUARDED = """
+def fit(actor, opt, loader):
+    for obs, actions in loader:
+        out = actor(obs.to(DEVICE))
+        if isinstance(out, torch.distributions.Distribution):
+            loss = -out.log_prob(actions).sum(-1).mean()
+        else:
+            loss = ((out - actions) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+"""
+
+
+def test_log_prob_under_an_isinstance_distribution_test_is_validated():
+    """CORL's IQL: `policy_out = self.actor(observations)`, then `policy_out.log_prob(actions)` in the branch
+    `if isinstance(policy_out, torch.distributions.Distribution):` (a Gaussian policy, validation on)."""
+    assert ("GB013", 6) in default(GUARDED), default(GUARDED)
+
+
+def test_the_isinstance_branch_stays_quiet_when_validation_is_off_globally():
+    body = "torch.distributions.Distribution.set_default_validate_args(False)\n" + GUARDED
+    assert not [f for f in default(body) if f[0] == "GB013"], default(body)
+
+
+EITHER = """
+from torch.distributions import Normal
+
+
+class Gaussian(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.mlp = nn.Linear(4, 2)
+
+    def forward(self, obs):
+        return Normal(self.mlp(obs), torch.ones(2, device=obs.device))
+
+
+class Deterministic(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.mlp = nn.Linear(4, 2)
+
+    def forward(self, obs):
+        return self.mlp(obs)
+
+
+def online(env, deterministic, steps):
+    actor = (Deterministic() if deterministic else Gaussian()).to(DEVICE)
+    state = env.reset()
+    for t in range(steps):
+        action = actor(torch.tensor(state, device=DEVICE))
+        if not deterministic:
+            action = action.sample()
+        state, reward, done, _ = env.step(action.cpu().numpy())
+"""
+
+
+def test_an_object_made_by_either_of_two_classes_runs_both_forwards():
+    """CORL's IQL fine-tuning: `actor = (DeterministicPolicy(...) if cfg.iql_deterministic else
+    GaussianPolicy(...)).to(device)`; `actor(obs).sample()` is the Gaussian's Normal.sample(), which calls
+    torch.normal with a tensor std (a host check of std >= 0), every environment step."""
+    assert ("GB013", 29) in default(EITHER), default(EITHER)
+
+
+def test_either_class_returning_tensors_only_stays_quiet():
+    body = EITHER.replace("return Normal(self.mlp(obs), torch.ones(2, device=obs.device))", "return self.mlp(obs)")
+    assert not [f for f in default(body) if f[0] == "GB013"], default(body)
