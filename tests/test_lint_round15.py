@@ -294,3 +294,30 @@ def test_an_object_made_by_either_of_two_classes_runs_both_forwards():
 def test_either_class_returning_tensors_only_stays_quiet():
     body = EITHER.replace("return Normal(self.mlp(obs), torch.ones(2, device=obs.device))", "return self.mlp(obs)")
     assert not [f for f in default(body) if f[0] == "GB013"], default(body)
+
+
+# -- a device tensor's new_tensor(host data)
+ZERO = """
+def fit(q, opt, loader, lagrange):
+    for obs, target in loader:
+        obs = obs.to(DEVICE)
+        loss = ((q(obs) - target.to(DEVICE)) ** 2).mean()
+        if lagrange:
+            penalty = q(obs).mean()
+        else:
+            penalty = obs.new_tensor(0.0)
+        opt.zero_grad()
+        (loss + penalty).backward()
+        opt.step()
+"""
+
+
+def test_new_tensor_of_a_number_on_a_device_tensor_is_a_host_copy():
+    """CORL's CQL: `alpha_prime_loss = observations.new_tensor(0.0)` builds the scalar on the host and
+    copies it to the GPU, blocking, every step (torch.zeros((), device=obs.device) would not)."""
+    assert ("GB010", 9) in default(ZERO), default(ZERO)
+
+
+def test_new_tensor_of_a_host_batch_stays_quiet():
+    body = ZERO.replace("obs = obs.to(DEVICE)", "obs = obs.numpy()").replace("q(obs)", "q(obs.to(DEVICE))")
+    assert ("GB010", 9) not in default(body), default(body)
