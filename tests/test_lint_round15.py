@@ -321,3 +321,61 @@ def test_new_tensor_of_a_number_on_a_device_tensor_is_a_host_copy():
 def test_new_tensor_of_a_host_batch_stays_quiet():
     body = ZERO.replace("obs = obs.to(DEVICE)", "obs = obs.numpy()").replace("q(obs)", "q(obs.to(DEVICE))")
     assert ("GB010", 9) not in default(body), default(body)
+
+
+# -- batch loops the step-loop test missed: a dict of loaders, a loader loop that runs a sampler per batch
+LOADERS = """
+def train(model, opt, dataloaders, counter):
+    for i, (img, txt) in enumerate(dataloaders["train"]):
+        total = counter.sum().item()
+        loss = model(img.to(DEVICE), txt.to(DEVICE))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+"""
+
+
+def test_a_loader_taken_from_a_dict_of_loaders_makes_a_step_loop():
+    """DALLE2's train_decoder: `for i, (img, emb, txt) in enumerate(dataloaders["train"]):`, where the
+    update runs in an inner loop over the cascade's unets; the batch loop's own `.item()` runs per batch."""
+    body = LOADERS.replace("        loss = model(img.to(DEVICE), txt.to(DEVICE))\n        opt.zero_grad()\n"
+                           "        loss.backward()\n        opt.step()\n",
+                           "        for unet in range(3):\n            log(img, unet)\n")
+    assert ("GB002", 4) in default(body), default(body)
+
+
+def test_a_dict_lookup_of_another_name_takes_no_batches():
+    body = LOADERS.replace('dataloaders["train"]', 'settings["train"]').replace(
+        "        loss = model(img.to(DEVICE), txt.to(DEVICE))\n        opt.zero_grad()\n"
+        "        loss.backward()\n        opt.step()\n", "        for unet in range(3):\n            log(img, unet)\n")
+    assert ("GB002", 4) not in default(body), default(body)
+
+
+SAMPLED = """
+def sample_loop(model, cond, steps):
+    x = torch.randn(cond.shape, device=cond.device)
+    for t in range(steps):
+        x = model(x, cond)
+    return x
+
+
+def cosine_eval(model, dataloader, steps):
+    for emb, txt in dataloader:
+        emb = emb.to(DEVICE)
+        idx = torch.roll(torch.arange(emb.shape[0]), 1)
+        shuffled = emb[idx]
+        out = sample_loop(model, shuffled, steps)
+        print(out.mean().item())
+"""
+
+
+def test_a_loader_loop_that_runs_a_sampler_per_batch_is_a_step_loop():
+    """DALLE2's report_cosine_sims: each evaluation batch is copied, shuffled with a CPU index and run
+    through two sampling loops; the batch loop is still the per-batch step (its copies and reads
+    repeat per batch), not only an outer loop around the samplers."""
+    assert ("GB011", 13) in default(SAMPLED) and ("GB002", 15) in default(SAMPLED), default(SAMPLED)
+
+
+def test_a_plain_loop_that_runs_a_sampler_per_item_stays_an_outer_loop():
+    body = SAMPLED.replace("for emb, txt in dataloader:", "for emb in prompts:")   # no batches taken
+    assert ("GB011", 13) not in default(body), default(body)
