@@ -379,3 +379,63 @@ def test_a_loader_loop_that_runs_a_sampler_per_batch_is_a_step_loop():
 def test_a_plain_loop_that_runs_a_sampler_per_item_stays_an_outer_loop():
     body = SAMPLED.replace("for emb, txt in dataloader:", "for emb in prompts:")   # no batches taken
     assert ("GB011", 13) not in default(body), default(body)
+
+
+# -- a number made a tensor under a type test; a def that returns a tensor or None
+REDUCE = """
+def reduce(x, device):
+    if type(x) is not torch.Tensor:
+        x = torch.tensor([x])
+    x = x.to(device)
+    return x.sum()
+
+
+def train(model, opt, loader):
+    for img in loader:
+        loss = model(img.to(DEVICE)).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        n = reduce(len(img), DEVICE)
+"""
+
+
+def test_a_number_wrapped_in_a_tensor_under_a_type_test_is_host_data():
+    """DALLE2's pad_gather_reduce(trainer, len(txt)): `if type(x) is not torch.Tensor: x = torch.tensor([x])`
+    then `x.to(trainer.device)`: a number always takes the branch, so the copy is of host data, per step."""
+    assert ("GB010", 5) in default(REDUCE), default(REDUCE)
+
+
+def test_a_device_tensor_through_the_same_type_test_stays_quiet():
+    body = REDUCE.replace("n = reduce(len(img), DEVICE)", "n = reduce(loss, DEVICE)")
+    assert ("GB010", 5) not in default(body), default(body)
+
+
+OPTIONAL = """
+def gather_min(x):
+    if x.numel() == 0:
+        return None
+    return torch.min(x)
+
+
+def train(model, opt, loader, every):
+    for img in loader:
+        loss = model(img.to(DEVICE)).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        delta = gather_min(loss.detach())
+        if delta != None and delta > every:
+            pass
+"""
+
+
+def test_a_def_returning_a_tensor_or_none_gives_a_tensor():
+    """DALLE2's `eval_delta = pad_gather_reduce(...)` (None when everything was masked out, else a
+    reduction on the device): `if eval_delta != None and eval_delta > every:` reads it back, per step."""
+    assert ("GB007", 15) in default(OPTIONAL), default(OPTIONAL)
+
+
+def test_a_def_returning_a_number_or_none_stays_quiet():
+    body = OPTIONAL.replace("return torch.min(x)", "return len(x)")
+    assert ("GB007", 15) not in default(body), default(body)

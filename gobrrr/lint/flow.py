@@ -261,6 +261,8 @@ class FlowRules:
         for name in _type_checked(node.test) & set(body):   # `if type(b).__name__ != 'ndarray': b = b.cpu().numpy()`
             if not node.orelse and body[name] == "numpy":   # normalises b to numpy: numpy after the if, either way
                 scope[name] = body[name]
+            elif not node.orelse and before.get(name) == "num" and body[name] in {"host", *TENSORISH}:
+                scope[name] = body[name]   # `if type(x) is not torch.Tensor: x = torch.tensor([x])` of a number
         taken = node.body if truth is True else node.orelse if truth is False else []
         if taken and isinstance(taken[-1], (ast.Return, ast.Raise)):
             self.left = True   # `if copy: return th.tensor(...)` with copy=True: the rest of the def never runs
