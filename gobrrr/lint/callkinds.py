@@ -101,6 +101,8 @@ class CallKinds:
                 return "num" if root not in ("os", "os.path") else None
             if root in ("numpy", "np"):
                 return "numpy"
+            if root == "numpy.random":
+                return _np_random_kind(node, last)
             if last in ("clip_grad_norm_", "clip_grad_norm", "get_total_norm"):
                 return "tensor"  # the total norm, on the device
             if root == "torch" and last == "from_numpy":
@@ -172,6 +174,8 @@ class CallKinds:
             return "str" if method in STR_METHODS else None
         if recv in ("numpy", "num"):
             return recv
+        if method == "reset" and getattr(self, "cpu_env", None) and self.cpu_env(func.value):
+            return "numpy"   # state = env.reset() of a gym environment: a numpy observation
         if method in ("cuda", "to"):
             if recv == "obj" or (recv is None and self.is_model(func.value)):
                 return "obj"  # model.to(device) is still a module
@@ -269,6 +273,25 @@ def _loaded_module(node: ast.AST) -> bool:
     """`pickle.load(f)['ema']`, `torch.load(path)['model']`: a module taken from what was loaded."""
     return isinstance(node, ast.Subscript) and isinstance(node.value, ast.Call) \
         and isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str) and is_model_name(node.slice.value)
+
+
+# numpy.random's draws: the position of `size` (None: any argument is a dimension, as rand(3, 4))
+_NP_SIZE = {"randint": 2, "choice": 1, "uniform": 2, "normal": 2, "random": 0, "random_sample": 0, "rand": None,
+            "randn": None, "binomial": 2, "poisson": 1, "exponential": 1, "beta": 2, "gamma": 2}
+
+
+def _np_random_kind(node: ast.Call, last: str) -> str | None:
+    """np.random.randint(0, n, size=b), np.random.choice(n, b), np.random.permutation(n): a numpy array
+    (a host index, a replay buffer's sample); the draw of one number (no size) is a number."""
+    if last == "permutation":
+        return "numpy"
+    if last not in _NP_SIZE:
+        return None   # np.random.seed(), shuffle(), default_rng(): no array
+    pos = _NP_SIZE[last]
+    if pos is None:
+        return "numpy" if node.args else "num"
+    size = _arg(node, pos, "size")
+    return "num" if size is None or isinstance(size, ast.Constant) and size.value is None else "numpy"
 
 
 def _arg(node: ast.Call, pos: int, name: str) -> ast.AST | None:

@@ -87,7 +87,8 @@ class CallRules:
 
     def visit_Return(self, node: ast.Return) -> None:
         if self.collect is not None and self.defs and self.defs[-1] is self.collect:
-            k = self.kind(node.value) if node.value is not None else "num"
+            none = node.value is None or isinstance(node.value, ast.Constant) and node.value.value is None
+            k = "none" if none else self.kind(node.value)   # `return None` on an empty path: an Optional
             if isinstance(node.value, ast.Tuple) and not any(isinstance(e, ast.Starred) for e in node.value.elts):
                 self.return_items.append(tuple(self.kind(e) for e in node.value.elts))
             else:
@@ -187,6 +188,7 @@ def summarize(checker_cls, project: Project, src: Source, fn, kinds: dict, depth
     c.defs = c._enclosing(fn)
     c._function(fn, region="off", chain=("summary",), seed=kinds)
     found = set(c.returns)
+    found = found - {"none"} or ({"num"} if found else found)   # None or a tensor: a tensor where it is used
     if found == {"tensor", "tlist"}:
         found = {"tlist"}   # `return data` (a loss dict passed in) or `{k: v for ...}` of reduced tensors: a container
     k = found.pop() if len(found) == 1 else None

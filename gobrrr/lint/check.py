@@ -51,7 +51,15 @@ from gobrrr.lint.findings import RULES, SYNC_RULES, TITLES, Finding
 from gobrrr.lint.graph import Project
 from gobrrr.lint.hot import HotMap, may_use_gpu
 from gobrrr.lint.inside import validation_off_globally
-from gobrrr.lint.loops import Facts, defaults_of_one, forwarding_defs, holds_updating_loop, looping_closure, stepping_defs
+from gobrrr.lint.loops import (
+    Facts,
+    defaults_of_one,
+    forwarding_defs,
+    holds_updating_loop,
+    looping_closure,
+    stepping_defs,
+    updating_methods,
+)
 from gobrrr.lint.names import TENSORISH
 from gobrrr.lint.rules import Checker
 from gobrrr.lint.scopes import HOOK_NAMES
@@ -98,6 +106,7 @@ def check_sources(sources: list[Source], assume_gpu: bool = False,
     flags = {"no_validation": any(validation_off_globally(s.text) for s in sources)}
     facts = {id(s): Facts(s.nodes, project.module_classes) for s in sources}
     stepping, forwarding = _closures(sources, facts)
+    updaters = frozenset(m for s in sources if "class " in s.text for m in updating_methods(s.nodes, facts[id(s)]))
     ones, others = set(), set()
     for s in sources:
         o, x = defaults_of_one(s.nodes)
@@ -108,7 +117,7 @@ def check_sources(sources: list[Source], assume_gpu: bool = False,
     hotmaps = {}
     for s in sources:
         f = facts[id(s)]
-        f.stepping, f.forwarding, f.every_step = set(stepping), set(forwarding), every_step
+        f.stepping, f.forwarding, f.every_step, f.updaters = set(stepping), set(forwarding), every_step, updaters
         hotmaps[id(s)] = project.hotmaps[id(s)] = HotMap(s.tree, str(s.path), s.nodes, project.module_classes, f)
         looping |= hotmaps[id(s)].looping
         for name, names in s.calls.items():

@@ -8,7 +8,8 @@ environment, so the loop gets one finding at its `env.step(...)` that names the 
 round trip, and those lines are not reported again.
 
     CPU environment   the step's action is read to the host (`.cpu()`, `.numpy()`, `.item()`,
-                      `.tolist()`, a numpy value), or the env was made by gym/gymnasium/envpool
+                      `.tolist()`, a numpy value, but not a fresh `np.random` draw: nothing is
+                      read back), or the env was made by gym/gymnasium/envpool
     GPU environment   the action stays a device tensor: the step's results are device tensors,
                       so `if done.any():` on them is a GB007 like any other
 
@@ -83,7 +84,8 @@ class EnvRules:
                         action_names |= _names(n.value)
                     if _names(n.value) & obs_names:
                         obs_names |= got
-            host_action = _reads(action) or self.kind(action) in ("num", "numpy") or self.cpu_env(call.func.value) \
+            drawn = isinstance(action, ast.Call) and (self.dotted(action.func) or "").startswith("numpy.random.")
+            host_action = _reads(action) or self.kind(action) in ("num", "numpy") and not drawn or self.cpu_env(call.func.value) \
                 or any(_reads(n.value) for n in own_level(loop.body) if isinstance(n, ast.Assign)
                        and set().union(*(_names(t) for t in n.targets)) & action_names)
             if not host_action:

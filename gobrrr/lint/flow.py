@@ -58,6 +58,15 @@ def _number_test(test: ast.AST) -> str | None:
     return None
 
 
+def _dist_test(test: ast.AST) -> str | None:
+    """x for `isinstance(x, torch.distributions.Distribution)` (or one of its classes, Normal)."""
+    if isinstance(test, ast.Call) and name_of(test.func) == "isinstance" and len(test.args) == 2 \
+            and isinstance(test.args[0], ast.Name) and ("distributions." in ast.unparse(test.args[1])
+                                                        or name_of(test.args[1]) in ("Distribution", "Normal")):
+        return test.args[0].id
+    return None
+
+
 def _leaves(body: list[ast.stmt]) -> bool:
     return bool(body) and isinstance(body[-1], _LEAVES)
 
@@ -224,6 +233,9 @@ class FlowRules:
         number = _number_test(node.test)
         if number and scope.get(number) in TENSORISH:   # `if isinstance(sigma, float): torch.full(..., sigma)`
             scope[number] = "num"
+        dist = _dist_test(node.test)   # `if isinstance(out, Distribution): out.log_prob(a)`: a model's output that
+        if dist and scope.get(dist) in TENSORISH and not self.project_flags.get("no_validation"):   # is a distribution,
+            scope[dist + "#dist"] = "dist"   # validated unless the project turns validation off (inside.py)
         if id(node) in self.hotmap.off_ifs and truth is not True or truth is False:   # `if action is None:`
             # with no action passed is no lazy initialisation: it runs on every such call
             rare = truth is None and id(node) in self.hotmap.rare_ifs
@@ -249,6 +261,8 @@ class FlowRules:
         for name in _type_checked(node.test) & set(body):   # `if type(b).__name__ != 'ndarray': b = b.cpu().numpy()`
             if not node.orelse and body[name] == "numpy":   # normalises b to numpy: numpy after the if, either way
                 scope[name] = body[name]
+            elif not node.orelse and before.get(name) == "num" and body[name] in {"host", *TENSORISH}:
+                scope[name] = body[name]   # `if type(x) is not torch.Tensor: x = torch.tensor([x])` of a number
         taken = node.body if truth is True else node.orelse if truth is False else []
         if taken and isinstance(taken[-1], (ast.Return, ast.Raise)):
             self.left = True   # `if copy: return th.tensor(...)` with copy=True: the rest of the def never runs

@@ -13,7 +13,9 @@
                  anything.m(x)     a method that only one class of the project defines, or only the
                                    classes of one hierarchy (all of them; not a common name)
                  buf.m(x), unknown the classes buf is named after (`replay_buffer` -> ReplayBuffer and its
-                                   subclasses, `proposal_matcher` -> Matcher; see _named_like)
+                                   subclasses, `proposal_matcher` -> Matcher; see _named_like); when the
+                                   project has too many (one-file scripts, each with its Actor), the
+                                   calling file's own class, or the one method of that name it defines
                  fn(x)             with `fn = functools.partial(g, k=v)` in a def around: g, given k=v too;
                                    with `fn = get_step_fn(cfg)`: the def nested in get_step_fn that it returns
                  wrap(g)(x)        g: a wrapper made at the call site (`retry_if_cuda_oom(self.matcher)(iou)`)
@@ -151,7 +153,7 @@ class Project(Index):
             return [hit for inst in insts if (hit := self.method(*inst, f.attr))]
         if not fallback or f.attr.startswith("__"):
             return []
-        like = self._named_like(recv)
+        like = self._named_like(recv) or self._named_here(recv, src)
         named = [hit for inst in like if (hit := self.method(*inst, f.attr))]
         if named:   # replay_buffer.sample(n) with replay_buffer a parameter: ReplayBuffer's sample, or a subclass's
             return (named + [o for inst in like for o in self.overrides(inst[1], f.attr)])[:6]
@@ -160,7 +162,10 @@ class Project(Index):
         only = self.methods.get(f.attr, [])
         if len(only) == 1:
             return only[:1]
-        return only if 1 < len(only) <= 8 and self._one_hierarchy(only) else []
+        if 1 < len(only) <= 8 and self._one_hierarchy(only):
+            return only
+        here = [m for m in only if m[0] is src]   # one-file scripts that each define their Actor.act: this file's
+        return here if len(here) <= 3 else []   # (GaussianPolicy.act, DeterministicPolicy.act: either runs)
 
     def wrappers(self, src: Source, fn: ast.AST) -> list[tuple[Source, ast.AST]]:
         """The inner defs that fn's project decorators put around it (`@cast_torch_tensor`, whose `inner`
@@ -239,6 +244,16 @@ class Project(Index):
         if key not in self._like:
             self._like[key] = self._classes_named(key)
         return list(self._like[key])
+
+    def _named_here(self, recv: ast.AST, src: Source) -> list:
+        """The classes of the calling file itself an object is named after, when the whole project has too
+        many (`actor` in fourteen one-file scripts, each defining its own Actor): at most three."""
+        name = recv.id if isinstance(recv, ast.Name) else recv.attr if isinstance(recv, ast.Attribute) else ""
+        key = re.sub(r"_(obj|object|fn|inst|instance)$", "", name).replace("_", "").lower()
+        if len(key) < 5 or key in VAGUE:
+            return []
+        found = [(src, c) for c in src.classes.values() if c.name.lower().endswith(key)]
+        return found if len(found) <= 3 else []
 
     def _classes_named(self, key: str) -> list:
         self._classes_by_lower()

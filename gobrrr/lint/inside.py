@@ -8,7 +8,8 @@
              `log_prob` checks the sample the same way. `validate_args=False` (or once,
              `torch.distributions.Distribution.set_default_validate_args(False)`) removes them.
              Also a project subclass of one (`class CategoricalMasked(Categorical)`), and
-             `d.log_prob(x)` of a name bound to such a distribution.
+             `d.log_prob(x)` of a name bound to such a distribution, or to a project def's call that
+             returns one (`policy = self._get_policy(obs)`, `out = self.actor(obs)`).
              `torch.normal(mean, std)` with a tensor std: torch checks `std >= 0` on the host; so
              does `d.sample()` of a Normal of device tensors (it calls torch.normal; rsample does not).
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import ast
 
+from gobrrr.lint.bindings import assigned_calls, own_statements
 from gobrrr.lint.names import TENSORISH
 
 _BARRIERS = ("torch.distributed.barrier", "dist.barrier", "wait_for_everyone", "xm.rendezvous",
@@ -36,11 +38,13 @@ class InsideRules:
         if dist:
             self.flag(node, "GB013", what=f"`{dist}(...)` built with argument validation on", fix=_FIX)
             return
-        if method == "log_prob" and self.bound_to(func.value, _DIST, self.dist_attrs):
+        if method == "log_prob" and (self.bound_to(func.value, _DIST, self.dist_attrs)
+                                     or any(v for _, v in self.returned_dists(func.value))):
             self.flag(node, "GB013", what="`log_prob()` of a distribution built with argument validation on "
                                           "(the sample is checked on the host)", fix=_FIX)
             return
-        if method == "sample" and self.bound_to(func.value, _NORMAL, self.normal_attrs):
+        if method == "sample" and (self.bound_to(func.value, _NORMAL, self.normal_attrs)
+                                   or any(d == "Normal" for d, _ in self.returned_dists(func.value))):
             self.flag(node, "GB013", what="`Normal.sample()` (torch.normal with a tensor std checks std >= 0 on the host)",
                       fix="draw with .rsample() (loc + scale * randn), which checks nothing on the host")
             return
@@ -85,6 +89,20 @@ class InsideRules:
             if self.validated_dist(v, self.dotted(v.func) or "", kw):
                 self.bind_to(node.targets, _DIST, self.dist_attrs)
 
+    def returned_dists(self, v: ast.AST) -> list[tuple[str, bool]]:
+        """(class, validated) of the torch distributions that the project def whose call was assigned to
+        the name `v` returns, when the call is handed a device tensor: `policy = self._get_policy(state)`,
+        `out = self.actor(obs)` with a forward that returns `Normal(mean, std)`."""
+        if not isinstance(v, ast.Name) or self.project_flags.get("no_validation", False):
+            return []
+        scope = self.defs[-1] if self.defs else None
+        out = []
+        for call in assigned_calls(self.src, v.id, scope)[:2]:
+            if any(self.kind(a) in TENSORISH for a in [*call.args, *(k.value for k in call.keywords)]):
+                for s, fn in self.project.resolve(self.src, call, scope, self.types, fallback=False)[:3]:
+                    out += _returned_dists(self.project, s, fn)
+        return out
+
     def bind_to(self, targets, key: str, attrs: set[tuple[str, str]]) -> None:
         """Mark each target as holding such a distribution: a name in this scope (its key appended), or
         `self.distribution` in the class of the method being walked."""
@@ -124,6 +142,30 @@ _DEVICE_DIST = "#ddist"   # scope key of a name bound to a distribution of devic
 _NORMAL = "#normal"   # scope key of a name bound to a Normal of device tensors
 _FIX = ("pass validate_args=False, or call torch.distributions.Distribution.set_default_validate_args(False) once "
         "at start-up: validation reads each parameter check (and each log_prob sample check) on the host")
+
+
+def _returned_dists(project, src, fn) -> list[tuple[str, bool]]:
+    """(class, validated) of each torch distribution `fn` returns: built in the return statement, or
+    assigned to the name it returns (cached per def)."""
+    cache = project.per_file.setdefault(id(src), {}).setdefault("dists", {})
+    if id(fn) not in cache:
+        out = []
+        for r in own_statements(getattr(fn, "body", [])):
+            if not isinstance(r, ast.Return):
+                continue
+            made = [r.value] if isinstance(r.value, ast.Call) else assigned_calls(src, r.value.id, fn) \
+                if isinstance(r.value, ast.Name) else []
+            for c in made:
+                full = _qualified(src, c.func)
+                last = full.rsplit(".", 1)[-1]
+                hit = project.class_of(src, c.func) if last[:1].isupper() and not full.startswith("torch.") else None
+                if full.startswith("torch.distributions.") and last[:1].isupper() and not last.endswith("Distribution") \
+                        or hit is not None and _torch_dist_base(project, *hit):
+                    off = any(k.arg == "validate_args" and not (isinstance(k.value, ast.Constant) and k.value.value)
+                              for k in c.keywords)
+                    out.append((last, not off))
+        cache[id(fn)] = out
+    return cache[id(fn)]
 
 
 def _torch_dist_base(project, src, cls, depth: int = 0) -> bool:

@@ -11,7 +11,8 @@ branches) does one of:
                (`q = QNetwork(envs).to(device)` where QNetwork is a project nn.Module,
                `m = resnet50()`, `m = Foo(...).cuda()`, `copy.deepcopy(model)`); a function
                of the project that calls one (`self.get_action_values(obs)`, `policy.act(obs)`)
-    data       a batch taken: the loop iterates a loader (`for x, y in train_loader`, a DataLoader)
+    data       a batch taken: the loop iterates a loader (`for x, y in train_loader`, a DataLoader,
+               `dataloaders["train"]`)
                or calls `next(it)` in a `while` loop
     env        an environment stepped: `.step(action)` on an env-named receiver, or a `step` /
                `env_step` call whose result unpacks into four or five names (obs, reward, done, info)
@@ -153,6 +154,8 @@ class Facts:
         self.looping: set[str] = set()      # defs (by name, across the project) that hold a step loop
         self.every_step: set[str] = set()   # options whose project default is 1 (`logging_steps: int = 1`)
         self.aliases: dict[str, set[str]] = {}   # sample_fn = d.p_sample_loop if c else d.ddim_sample_loop
+        self.instances: dict[str, str] = {}   # trainer = TD3_BC(**kwargs): name -> the class it was made from
+        self.updaters: frozenset[tuple[str, str]] = frozenset()   # (class, method) whose own body updates
         for node in nodes:
             if isinstance(node, ast.Assign) and isinstance(node.value, (ast.Attribute, ast.IfExp)) \
                     and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
@@ -161,6 +164,9 @@ class Facts:
                 if all(isinstance(o, ast.Attribute) for o in options):
                     self.aliases.setdefault(node.targets[0].id, set()).update(o.attr for o in options)
             if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+                made = name_of(node.value.func)
+                if made[:1].isupper() and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                    self.instances[node.targets[0].id] = made
                 kind = self._made(node.value, module_classes)
                 if kind:
                     for t in node.targets:
@@ -214,6 +220,8 @@ class Facts:
                     func.attr not in HOUSEKEEPING or (args and is_model_name(receiver))
                     or (args and receiver == "self" and func.attr not in ("train", "eval"))):
                 return "update"   # agent.learn(batch), policy.train(buffer, 256), self.update(i): a def that updates
+            if args and (self.instances.get(receiver), func.attr) in self.updaters:
+                return "update"   # trainer.train(batch), algo.update(batch): the project class's method updates
             if func.attr in HOUSEKEEPING or func.attr.startswith(("register_", "set_", "save", "load")):
                 return None
             if receiver != "self" and (is_model_name(receiver) or receiver in self.models) \
@@ -311,6 +319,21 @@ def stepping_defs(nodes: list[ast.AST], facts: Facts, strict: bool = False) -> s
     return out
 
 
+def updating_methods(nodes: list[ast.AST], facts: Facts) -> set[tuple[str, str]]:
+    """(class, method) of the methods among `nodes` whose own level updates (an optimizer's step, a
+    backward): `TD3_BC.train(self, batch)`, `SAC.update(self, batch)`, whose common names (`train`,
+    `update`) say nothing on their own; not one whose loop runs a whole training."""
+    out = set()
+    for cls in nodes:
+        if isinstance(cls, ast.ClassDef):
+            for fn in cls.body:
+                if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and fn.name in HOUSEKEEPING \
+                        and any(isinstance(n, ast.Call) and facts.step_kind(n, True) == "update" for n in own_level(fn.body)) \
+                        and not holds_updating_loop(fn, facts):
+                    out.add((cls.name, fn.name))
+    return out
+
+
 def holds_updating_loop(fn: ast.AST, facts: Facts) -> bool:
     """A def with a loop that updates (a trainer): calling it runs many steps, not one."""
     for node in ast.walk(fn):
@@ -339,7 +362,8 @@ def step_loops(tree: ast.AST, facts: Facts, rare) -> tuple[set[int], set[int], s
     """(id of the step loops, id of those that update, id of those that step an environment, names
     of the defs that hold a step loop), bottom-up. A loop that calls a def holding a step loop
     (`facts.looping`, this file's or the project's: `train_one_epoch()`, `sample_fn(model, shape)`)
-    is an outer loop, not a step loop, unless it updates itself."""
+    is an outer loop, not a step loop, unless it updates itself or takes a batch that it copies to the
+    device itself (an evaluation loop that runs a sampler per batch: its copies and reads repeat)."""
     steps: set[int] = set()
     updates: set[int] = set()
     envs: set[int] = set()
@@ -376,7 +400,7 @@ def step_loops(tree: ast.AST, facts: Facts, rare) -> tuple[set[int], set[int], s
             updates.add(id(node))
         if "env" in kinds:
             envs.add(id(node))
-        if "update" in kinds or "env" in kinds or ("data" in kinds and not outer) \
+        if "update" in kinds or "env" in kinds or ("data" in kinds and (not outer or _moves_batch(node, own))) \
                 or ("forward" in kinds and not (inner or outer)):
             steps.add(id(node))   # an env stepped or a batch taken is a step, whatever inner loops it holds
             return True
@@ -414,6 +438,16 @@ def statements(node: ast.AST):
                 yield child
 
 
+def _moves_batch(loop: ast.AST, own: list[ast.AST]) -> bool:
+    """The loop copies its batch to the device itself (`x.to(dev)` of its target or a name unpacked from it)."""
+    names = {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)} if isinstance(loop, ast.For) else set()
+    for n in own:   # images, targets, ids = batch
+        if isinstance(n, ast.Assign) and isinstance(n.value, ast.Name) and n.value.id in names:
+            names |= {t.id for tgt in n.targets for t in ast.walk(tgt) if isinstance(t, ast.Name)}
+    return any(isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr in ("to", "cuda")
+               and isinstance(c.func.value, ast.Name) and c.func.value.id in names for c in own)
+
+
 def _takes_batches(loop: ast.AST, calls: list[ast.Call]) -> bool:
     """A for loop over a loader (`train_loader`, `DataLoader(...)`, `tqdm(loader)`), or a while
     loop that calls next() on an iterator."""
@@ -425,6 +459,8 @@ def _takes_batches(loop: ast.AST, calls: list[ast.Call]) -> bool:
         it = it.args[0]
     if isinstance(it, ast.Call):
         return name_of(it.func) == "DataLoader"
+    if isinstance(it, ast.Subscript) and isinstance(it.slice, ast.Constant) and isinstance(it.slice.value, str):
+        it = it.value   # dataloaders["train"]: one loader of a dict of them
     return isinstance(it, (ast.Name, ast.Attribute)) and bool(LOADER_NAME.search(name_of(it)))
 
 
@@ -458,6 +494,6 @@ def defaults_of_one(nodes: list[ast.AST]) -> tuple[set[str], set[str]]:
     return ones, others
 
 
-__all__ = ["Facts", "defaults_of_one", "step_loops", "looping_closure", "stepping_defs", "forwarding_defs", "holds_updating_loop",
-           "own_level", "name_of", "dotted", "is_model_name", "is_env_name", "env_steps", "statements", "HOUSEKEEPING",
-           "OPTIM", "LOADER_NAME", "LOOPS", "DEFS"]
+__all__ = ["Facts", "defaults_of_one", "step_loops", "updating_methods", "looping_closure", "stepping_defs", "forwarding_defs",
+           "holds_updating_loop", "own_level", "name_of", "dotted", "is_model_name", "is_env_name", "env_steps", "statements",
+           "HOUSEKEEPING", "OPTIM", "LOADER_NAME", "LOOPS", "DEFS"]

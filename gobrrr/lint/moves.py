@@ -5,7 +5,8 @@
     GB006  a DataLoader without pin_memory=True whose batches go to CUDA
     GB009  a loader's batch copied with a blocking `.to(device)` (or `.type(torch.cuda.FloatTensor)`), every step
     GB002  a device tensor's `.to('cpu')` / `.to(cpu_device)` in a loop: a read back like `.cpu()`
-    GB010  host data copied by a factory or a host tensor's `.to(device)` inside the loop:
+    GB010  host data copied by a factory (or a device tensor's `.new_tensor(data)`) or a host tensor's
+           `.to(device)` inside the loop:
            `torch.tensor(data, device=dev)`, `torch.as_tensor(x, device=dev)`, `lr_t.to(dev)`, a host
            tensor written into a device one (`gain[2:6] = torch.tensor(shape)`): each a blocking copy
            that waits for the GPU to drain (torch copies from pageable memory and syncs)
@@ -60,6 +61,9 @@ class CopyRules:
         elif method == "copy_" and blocking and node.args and recv in TENSORISH and self.looping() \
                 and self.kind(node.args[0]) in BATCHES:
             self.flag(node, "GB009", what=_short(node))   # x_dev.copy_(batch): a blocking copy into a device buffer
+        elif method == "new_tensor" and recv in TENSORISH and node.args and self.looping() and not self.per_prompt() \
+                and self.kind(node.args[0]) not in TENSORISH:
+            self.flag(node, "GB010", what=_short(node))   # obs.new_tensor(0.0): host data copied to obs's device
         elif name.startswith("torch.") and name.count(".") == 1 and name[6:] in DATA_FACTORIES and self.looping() \
                 and node.args and not self.per_prompt() \
                 and (self.device_of(kw["device"]) == "cuda" if "device" in kw else self.default_cuda(name)) \

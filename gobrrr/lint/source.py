@@ -137,19 +137,21 @@ def _index_scopes(src: Source, node: ast.AST, scope: ast.AST | None, cls: ast.Cl
                         src.instances.setdefault((id(scope), t.id + "[]"), []).extend(
                             _constructed(e) for e in child.value.elts)
             elif isinstance(child, (ast.Assign, ast.AnnAssign)) and child.value is not None:
-                made = _constructed(child.value)
+                either = _either(child.value)   # actor = (A(...) if cfg.deterministic else B(...)).to(dev): both
+                made = _constructed(child.value) if not either else either[0]
                 targets = child.targets if isinstance(child, ast.Assign) else [child.target]
                 owner = src.owner.get(id(scope)) if scope is not None else None
-                if made is not None:
-                    if isinstance(made, ast.Call):
-                        src.ctor_calls.append((scope, made))
+                for m in either or ([made] if made is not None else []):
+                    if isinstance(m, ast.Call):
+                        src.ctor_calls.append((scope, m))
                     for t in targets:
                         if isinstance(t, ast.Name):
-                            src.instances.setdefault((id(scope), t.id), []).append(made)
+                            src.instances.setdefault((id(scope), t.id), []).append(m)
                         elif isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self" \
                                 and owner is not None:
-                            src.instances.setdefault((id(owner), t.attr), []).append(made)
-                elif owner is not None and getattr(scope, "name", "") == "__init__" and isinstance(child.value, ast.Name):
+                            src.instances.setdefault((id(owner), t.attr), []).append(m)
+                if made is None and owner is not None and getattr(scope, "name", "") == "__init__" \
+                        and isinstance(child.value, ast.Name):
                     for t in targets:   # self.matcher = matcher: typed by the constructor's callers
                         if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
                             src.param_attrs.setdefault((id(owner), child.value.id), []).append(t.attr)
@@ -161,6 +163,16 @@ def _statements(node: ast.AST):
         for child in getattr(node, name, None) or ():
             if isinstance(child, ast.AST):
                 yield child
+
+
+def _either(value: ast.AST) -> list[ast.expr]:
+    """The two calls of `(A(...) if c else B(...))[.to(dev)]` that each make an object, else []."""
+    while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr in ("to", "cuda"):
+        value = value.func.value
+    if isinstance(value, ast.IfExp):
+        both = [_constructed(value.body), _constructed(value.orelse)]
+        return both if None not in both else []
+    return []
 
 
 def _constructed(value: ast.AST) -> ast.expr | None:
