@@ -45,7 +45,6 @@ loop. Method after Holistic Trace Analysis (Meta, 2023): idle time and its cause
 from __future__ import annotations
 
 import contextvars
-import gc
 import signal
 import sys
 import threading
@@ -365,10 +364,6 @@ class Session:
         print the summary now. Under torchrun only rank 0 prints, the merged summary of every rank."""
         self._analyze()
         self._reported = True
-        # The analysis made and dropped millions of objects (the traces): collect them now, in this step, which
-        # the figures leave out anyway, not in a step of the user's later on (a full collection over a compiled
-        # program's objects took tens of ms in a later iteration of a nanoGPT-like script)
-        gc.collect()
         if self.rank is not None and not self.rank.is_main:
             return
         shown, where = self.report, self.out
