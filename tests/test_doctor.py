@@ -327,6 +327,9 @@ def test_cli_bad_out_and_missing_script_are_one_line_errors(tmp_path, capsys):
     assert doctor.main(["--steps", "0", str(script)]) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("gobrrr doctor: error: --steps must be at least 1") and "doctor: gobrrr" not in line
+    assert doctor.main(["--line-steps", "-1", str(script)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("gobrrr doctor: error: --line-steps must be 0 or more") and "pass 0" in line
 
 
 CARRIES_ON = """
