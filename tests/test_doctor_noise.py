@@ -139,3 +139,22 @@ def test_demo_doctor_step_agrees_with_itself_on_cpu(tmp_path, capsys, monkeypatc
         assert line not in naive, a
     first = next(ln for ln in out.splitlines() if ln.startswith("doctor's first fix for the gobrrr loop"))
     assert not any(f"seed_loop.py:{n} " in first for n in naive), first
+
+
+def test_the_overhead_ratio_carries_its_standard_error():
+    """Single steps of a host-bound loop varied 36-116 ms on an H100: the ratio of two 8-step means is printed with
+    about one standard error, from both sets' spread, and without one when the steps do not vary."""
+    from gobrrr.doctor.overhead import ProfilerSettings, overhead_figures
+    from gobrrr.doctor.report import _overhead_lines
+
+    steady = overhead_figures([50.0] * 5, [40.0] * 8, ProfilerSettings())
+    assert steady["ratio"] == 1.25 and steady["ratio_se"] == 0.0
+    assert "1.25x (" in _overhead_lines(steady)[0]
+    plain = [40.0, 44.0, 36.0, 116.0, 42.0, 38.0, 40.0, 44.0]
+    noisy = overhead_figures([50.0, 52.0, 48.0, 50.0, 50.0], plain, ProfilerSettings())
+    mean = sum(plain) / 8
+    sd = (sum((x - mean) ** 2 for x in plain) / 7) ** 0.5
+    rec_sd = (8 / 4) ** 0.5  # the recorded steps' own spread: deviations 0, 2, -2, 0, 0
+    want = noisy["ratio"] * ((sd / 8 ** 0.5 / mean) ** 2 + (rec_sd / 5 ** 0.5 / 50.0) ** 2) ** 0.5
+    assert noisy["ratio_se"] == pytest.approx(want, abs=1e-4) and noisy["ratio_se"] > 0.1
+    assert f"{noisy['ratio']:.2f}x +-{noisy['ratio_se']:.2f} (" in _overhead_lines(noisy)[0]

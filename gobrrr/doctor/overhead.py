@@ -13,7 +13,8 @@ recorded steps). So every report carries both step times:
    (measured on an H200: the median of 8 intervals was 5% under the script's own timing, the mean
    within 1%). The step in which the trace was saved, and the one after it (the GPU's queue, drained
    by the save, fills again), are not among them.
-3. The ratio recorded / plain, and what the extra time does to the shares: the profiler's work is
+3. The ratio recorded / plain (with about one standard error, `ratio_se`, from the spread of both sets of
+   steps), and what the extra time does to the shares: the profiler's work is
    host work, so in a loop it makes host-bound it shows as GPU idle with the host late (`host_bound`,
    then `launch_gaps`). `corrected` takes the added ms per step off those two causes (never below 0)
    and gives every share over a plain step: an estimate, marked as one.
@@ -30,6 +31,7 @@ their own (lines.py: the figure steps record without stacks, the line steps afte
 """
 from __future__ import annotations
 
+import math
 import statistics
 import warnings
 from dataclasses import asdict, dataclass
@@ -82,7 +84,7 @@ def overhead_figures(recorded_ms: list[float], plain_ms: list[float], settings: 
     """Recorded vs plain step time, their ratio, and (with GPU figures) the shares corrected for it."""
     out: dict = {"settings": settings.to_dict(), "plain_steps": len(plain_ms),
                  "plain_steps_ms": [round(x, 4) for x in plain_ms], "recorded_ms": None, "plain_ms": None,
-                 "ratio": None, "added_ms": None, "inflated": False, "corrected": None}
+                 "ratio": None, "ratio_se": None, "added_ms": None, "inflated": False, "corrected": None}
     if recorded_ms:
         out["recorded_ms"] = round(statistics.fmean(recorded_ms), 4)
     if plain_ms:
@@ -91,12 +93,23 @@ def overhead_figures(recorded_ms: list[float], plain_ms: list[float], settings: 
         return out
     rec, plain = out["recorded_ms"], out["plain_ms"]
     out["ratio"] = round(rec / plain, 4)
+    # about one standard error of the ratio, from both means' own spread: single steps of a host-bound loop vary
+    # by tens of percent (36-116 ms for one nanoGPT-like loop on an H100), so a ratio of 8-step means moves by
+    # 5-10% from run to run, and the report says so rather than print two digits it cannot stand behind
+    out["ratio_se"] = round(out["ratio"] * math.hypot(_rel_se(recorded_ms), _rel_se(plain_ms)), 4)
     out["added_ms"] = round(rec - plain, 4)
     out["inflated"] = out["ratio"] >= MARK_RATIO
     if gpu and gpu.get("idle_breakdown_ms") is not None:
         out["corrected"] = corrected_shares(gpu, n_steps=len(recorded_ms), added_ms=max(rec - plain, 0.0),
                                             plain_ms=plain)
     return out
+
+
+def _rel_se(xs: list[float]) -> float:
+    """The standard error of the mean of `xs` over the mean (0 for fewer than two values)."""
+    if len(xs) < 2 or statistics.fmean(xs) <= 0:
+        return 0.0
+    return statistics.stdev(xs) / math.sqrt(len(xs)) / statistics.fmean(xs)
 
 
 def corrected_shares(gpu: dict, *, n_steps: int, added_ms: float, plain_ms: float) -> dict:

@@ -138,8 +138,10 @@ def _overhead_lines(ov: dict) -> list[str]:
     on = ", ".join(k for k in ("stack", "detective", "shapes", "memory") if sett.get(k)) or "no Python stacks"
     if ov.get("plain_ms") is None:
         return [f"  overhead: no plain step timed after the recording (profiler settings: {on})"]
+    se = ov.get("ratio_se") or 0.0
+    pm = f" +-{se:.2f}" if se >= 0.005 else ""  # about one standard error (overhead.py)
     return [f"  overhead: recorded steps {ov['recorded_ms']:.2f} ms, plain steps {ov['plain_ms']:.2f} ms "
-            f"({ov['plain_steps']} after the recording, no profiler): {ov['ratio']:.2f}x "
+            f"({ov['plain_steps']} after the recording, no profiler): {ov['ratio']:.2f}x{pm} "
             f"({ov['added_ms']:+.2f} ms/step; profiler settings: {on})"]
 
 
