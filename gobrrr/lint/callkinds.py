@@ -164,6 +164,10 @@ class CallKinds:
             return "tensor"   # x.type(torch.cuda.FloatTensor), x.type(dtype) with dtype = xin[0].type()
         if method == "type" and not node.args and not node.keywords and recv not in HOSTISH:
             return "ttype"   # xin[0].type(): 'torch.cuda.FloatTensor', a type name that moves what it is given
+        to = self.dotted(node.args[0]) or "" if method == "type" and len(node.args) == 1 else ""
+        if recv in ("host", "pinned") and ("dtype" in to.rsplit(".", 1)[-1].lower()
+                                           or re.fullmatch(r"torch\.(float|int|uint|bfloat|bool|long|half|double)\w*", to)):
+            return "host"   # torch.from_numpy(x).type(dtype): a host tensor of another dtype, still on the host
         if method == "type_as" and node.args and self.kind(node.args[0]) in TENSORISH:
             return "tensor"
         if method == "type_as" and node.args and self.kind(node.args[0]) is None and recv in ("host", "pinned"):

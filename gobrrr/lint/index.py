@@ -107,6 +107,8 @@ class Index:
             if m is not None:
                 return ("module", m, None)   # from pkg import utils
             m = self.module(module, src)
+            if m is None and not module.startswith("."):
+                return self._below(module, attr)
             return self.lookup(m, attr, depth + 1) if m is not None and m is not src else None
         for module in src.stars if depth < 3 else ():   # yolox/utils/__init__.py: from .boxes import *
             m = self.module(module, src)
@@ -114,6 +116,17 @@ class Index:
             if hit is not None:
                 return hit
         return None
+
+    def _below(self, package: str, name: str):
+        """`from pkg.data import to_numpy` when pkg/data/__init__.py, which re-exports it, was not checked:
+        the one checked file below pkg/data that defines `name` (none, or several, is no answer)."""
+        want = tuple(package.split("."))
+        found = [s for s in self.sources if name in s.functions or name in s.classes
+                 if any(s.path.parts[i:i + len(want)] == want for i in range(len(s.path.parts) - len(want)))]
+        if len(found) != 1:
+            return None
+        s = found[0]
+        return ("def", s, s.functions[name]) if name in s.functions else ("class", s, s.classes[name])
 
     def class_of(self, src: Source, expr: ast.AST):
         """(Source, ClassDef) that `Cls` / `mod.Cls` names, or None."""

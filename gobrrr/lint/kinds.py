@@ -281,6 +281,10 @@ class Kinds(CallKinds):
             return "tlist"
         if text in ("int", "float", "bool", "complex"):
             return "num"
+        if re.fullmatch(r"(np|numpy)\.ndarray( \| (torch\.)?Tensor)?|(torch\.)?Tensor \| (np|numpy)\.ndarray"
+                        r"|(typing\.)?Union\[(np|numpy)\.ndarray, (torch\.)?Tensor\]"
+                        r"|(typing\.)?Union\[(torch\.)?Tensor, (np|numpy)\.ndarray\]", text):
+            return "numpy"   # `obs: np.ndarray | torch.Tensor`: host data it must copy (scopes: a device argument wins)
         if re.search(r"Module|Optimizer", text):
             return "obj"
         return "str" if text == "str" else None
