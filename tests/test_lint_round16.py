@@ -155,3 +155,85 @@ def test_a_host_tensor_cast_with_type_dtype_then_moved_is_a_copy():
 def test_a_host_tensor_cast_and_kept_on_the_host_stays_quiet():
     body = TO_TORCH.replace("ret = to_torch_as(rew * 0.99, v)", "ret = to_torch(rew * 0.99, dtype=torch.float32)")
     assert not [f for f in default(body) if f[0] in ("GB010", "GB001")], default(body)
+
+
+# -- distributions wrapped in Independent, and made by a def handed to a constructor
+POLICY = """
+from torch.distributions import Independent, Normal
+
+
+class Policy(nn.Module):
+    def __init__(self, actor, dist_fn):
+        super().__init__()
+        self.actor = actor
+        self.dist_fn = dist_fn
+
+    def forward(self, obs):
+        loc_scale, hidden = self.actor(obs)
+        dist = self.dist_fn(loc_scale)
+        return dist.sample()
+
+
+def main(buf, steps):
+    actor = Net().to(DEVICE)
+
+    def dist(loc_scale):
+        loc, scale = loc_scale
+        return Independent(Normal(loc, scale), 1)
+
+    policy = Policy(actor, dist_fn=dist)
+    opt = torch.optim.Adam(policy.parameters())
+    for t in range(steps):
+        obs = buf.sample(64).to(DEVICE, non_blocking=True)
+        loss = policy(obs).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+"""
+
+
+def test_a_def_handed_to_a_constructor_runs_where_the_object_calls_its_attribute():
+    """tianshou's mujoco scripts: `ProbabilisticActorPolicy(actor=actor, dist_fn=dist)` with the script's
+    own `def dist(loc_scale): return Independent(Normal(loc, scale), 1)`; the policy's forward calls
+    `self.dist_fn(...)` with the actor's (loc, scale) every step: the Normal validates its arguments on
+    the host, and its `.sample()` checks the scale through torch.normal."""
+    assert {("GB013", 22), ("GB013", 14)} <= set(default(POLICY)), default(POLICY)
+
+
+def test_a_def_handed_to_a_constructor_with_validation_off_stays_quiet():
+    body = POLICY.replace("Normal(loc, scale)", "Normal(loc, scale, validate_args=False)").replace(
+        "return dist.sample()", "return dist.rsample()")
+    assert not [f for f in default(body) if f[0] == "GB013"], default(body)
+
+
+def test_log_prob_of_an_independent_normal_checks_the_sample():
+    """tianshou's SAC: `dist = Independent(Normal(loc=loc_B, scale=scale_B), 1)`, then `dist.log_prob(act_B)`
+    every environment and gradient step: Independent's log_prob runs the Normal's sample check."""
+    body = """
+    from torch.distributions import Independent, Normal
+
+
+    class Actor(nn.Module):
+        def __init__(self, n):
+            super().__init__()
+            self.mu = nn.Linear(n, 2)
+
+        def forward(self, obs):
+            mu = self.mu(obs)
+            dist = Independent(Normal(mu, mu.exp()), 1)
+            act = dist.rsample()
+            return act, dist.log_prob(act)
+
+
+    def train(actor, opt, buf, steps):
+        for t in range(steps):
+            obs = buf.sample(64).to(DEVICE, non_blocking=True)
+            act, logp = actor(obs)
+            loss = -logp.mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    """
+    assert ("GB013", 14) in default(body), default(body)
+    quiet = body.replace("Normal(mu, mu.exp())", "Normal(mu, mu.exp(), validate_args=False)")
+    assert ("GB013", 14) not in default(quiet), default(quiet)

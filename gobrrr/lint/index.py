@@ -66,6 +66,7 @@ class Index:
                               and len(n.args) == 3 and isinstance(n.args[1], ast.Constant)
                               and isinstance(n.args[1].value, str)}   # param.allreduce = False: a flag on a tensor
         self.attr_types: dict[tuple[int, str], list] = {}   # (id(cls), attr) -> classes its constructors were given
+        self.attr_defs: dict[tuple[int, str], list] = {}    # (id(cls), attr) -> defs its constructors were given
         for s in sources:
             for scope, call in s.ctor_calls:
                 for cls_src, cls in self.classes_of(s, call.func):
@@ -203,8 +204,24 @@ class Index:
             if not attrs or isinstance(arg, ast.Starred):
                 continue
             insts = self.instances_of(src, arg, scope)
+            fn = self._def_named(src, arg, scope) if not insts else None
             for attr in attrs:
                 self.attr_types.setdefault((id(cls), attr), []).extend(insts)
+                if fn is not None:   # Policy(actor, dist_fn=dist): self.dist_fn(logits) runs the script's def dist
+                    self.attr_defs.setdefault((id(cls), attr), []).append(fn)
+
+    def _def_named(self, src: Source, arg: ast.AST, scope) -> tuple | None:
+        """(Source, def) that the name `arg` passed at a call in `scope` is: a def nested there, or the file's."""
+        if not isinstance(arg, ast.Name):
+            return None
+        s = scope
+        while s is not None:
+            for d in getattr(s, "body", []):
+                if isinstance(d, DEFS) and d.name == arg.id:
+                    return (src, d)
+            s = src.parent.get(id(s))
+        hit = self.lookup(src, arg.id)
+        return (hit[1], hit[2]) if hit and hit[0] == "def" else None
 
     def method(self, src: Source, cls: ast.ClassDef, name: str, seen=None):
         """(Source, def) of `name` on `cls` or its bases (own first), else None."""

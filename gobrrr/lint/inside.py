@@ -77,7 +77,7 @@ class InsideRules:
 
     def note_distribution(self, node: ast.Assign) -> None:
         """`d = Normal(mu, std)` with validation on: its `d.log_prob(x)` checks the sample on the host."""
-        v = node.value
+        v = _base_dist(self.src, node.value)
         if isinstance(v, ast.Call) and isinstance(v.func, (ast.Name, ast.Attribute)):
             kw = {k.arg: k.value for k in v.keywords if k.arg}
             made = self.device_dist(v, self.dotted(v.func) or "", kw)
@@ -98,7 +98,7 @@ class InsideRules:
         scope = self.defs[-1] if self.defs else None
         out = []
         for call in assigned_calls(self.src, v.id, scope)[:2]:
-            if any(self.kind(a) in TENSORISH for a in [*call.args, *(k.value for k in call.keywords)]):
+            if any(self.kind(a) in (*TENSORISH, "tlist") for a in [*call.args, *(k.value for k in call.keywords)]):
                 for s, fn in self.project.resolve(self.src, call, scope, self.types, fallback=False)[:3]:
                     out += _returned_dists(self.project, s, fn)
         return out
@@ -156,6 +156,7 @@ def _returned_dists(project, src, fn) -> list[tuple[str, bool]]:
             made = [r.value] if isinstance(r.value, ast.Call) else assigned_calls(src, r.value.id, fn) \
                 if isinstance(r.value, ast.Name) else []
             for c in made:
+                c = _base_dist(src, c)
                 full = _qualified(src, c.func)
                 last = full.rsplit(".", 1)[-1]
                 hit = project.class_of(src, c.func) if last[:1].isupper() and not full.startswith("torch.") else None
@@ -166,6 +167,14 @@ def _returned_dists(project, src, fn) -> list[tuple[str, bool]]:
                     out.append((last, not off))
         cache[id(fn)] = out
     return cache[id(fn)]
+
+
+def _base_dist(src, v: ast.AST) -> ast.AST:
+    """`Independent(Normal(loc, scale), 1)`: the Normal it wraps, whose checks its log_prob and sample run."""
+    while isinstance(v, ast.Call) and v.args and isinstance(v.args[0], ast.Call) \
+            and _qualified(src, v.func) == "torch.distributions.Independent":
+        v = v.args[0]
+    return v
 
 
 def _torch_dist_base(project, src, cls, depth: int = 0) -> bool:
