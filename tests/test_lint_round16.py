@@ -237,3 +237,69 @@ def test_log_prob_of_an_independent_normal_checks_the_sample():
     assert ("GB013", 14) in default(body), default(body)
     quiet = body.replace("Normal(mu, mu.exp())", "Normal(mu, mu.exp(), validate_args=False)")
     assert ("GB013", 14) not in default(quiet), default(quiet)
+
+
+# -- a learnable CPU scalar that CUDA losses carry: each backward() copies its gradient to the host
+TRAINER = """
+class Scalar(nn.Module):
+    def __init__(self, init_value: float):
+        super().__init__()
+        self.constant = nn.Parameter(torch.tensor(init_value, dtype=torch.float32))
+
+    def forward(self):
+        return self.constant
+
+
+class Trainer:
+    def __init__(self, actor, actor_opt, device):
+        self.actor, self.actor_opt = actor, actor_opt
+        self.log_alpha = Scalar(0.0)
+        self.alpha_opt = torch.optim.Adam(self.log_alpha.parameters())
+
+    def _alpha(self, log_pi):
+        alpha_loss = -(self.log_alpha() * log_pi.detach()).mean()
+        alpha = self.log_alpha().exp()
+        return alpha, alpha_loss
+
+    def _policy_loss(self, obs, alpha, log_pi):
+        return (alpha * log_pi - self.actor.q(obs)).mean()
+
+    def train(self, batch):
+        obs = batch
+        act, log_pi = self.actor(obs)
+        alpha, alpha_loss = self._alpha(log_pi)
+        policy_loss = self._policy_loss(obs, alpha, log_pi)
+        self.alpha_opt.zero_grad()
+        alpha_loss.backward()
+        self.alpha_opt.step()
+        self.actor_opt.zero_grad()
+        policy_loss.backward()
+        self.actor_opt.step()
+
+
+def main(buf, steps):
+    actor = Actor().to(DEVICE)
+    trainer = Trainer(actor, torch.optim.Adam(actor.parameters()), DEVICE)
+    for t in range(steps):
+        batch = buf.sample(256)
+        trainer.train(batch)
+"""
+
+
+def test_a_backward_through_a_cpu_scalar_parameter_copies_its_gradient_to_the_host():
+    """CORL's CQL and Cal-QL: `self.log_alpha = Scalar(0.0)` in a trainer object that nothing moves; the
+    temperature loss, and the policy loss through the undetached `alpha` a helper returns, carry it, so
+    each backward() copies the CUDA gradient of the 0-dim CPU parameter to the host, every step."""
+    assert {("GB013", 31), ("GB013", 34)} <= set(default(TRAINER)), default(TRAINER)
+
+
+def test_a_scalar_moved_to_the_device_or_detached_stays_quiet():
+    moved = TRAINER.replace("self.log_alpha = Scalar(0.0)", "self.log_alpha = Scalar(0.0).to(device)")
+    assert not [f for f in default(moved) if f[0] == "GB013"], default(moved)
+    detached = TRAINER.replace("alpha = self.log_alpha().exp()", "alpha = self.log_alpha().exp().detach()")
+    assert ("GB013", 34) not in default(detached), default(detached)
+
+
+def test_a_scalar_of_a_module_the_owner_moves_whole_stays_quiet():
+    body = TRAINER.replace("class Trainer:", "class Trainer(nn.Module):")
+    assert not [f for f in default(body) if f[0] == "GB013"], default(body)

@@ -12,6 +12,8 @@
              returns one (`policy = self._get_policy(obs)`, `out = self.actor(obs)`).
              `torch.normal(mean, std)` with a tensor std: torch checks `std >= 0` on the host; so
              does `d.sample()` of a Normal of device tensors (it calls torch.normal; rsample does not).
+             `loss.backward()` through a 0-dim CPU parameter a trainer object never moved (cpuparams.py):
+             autograd copies its CUDA gradient to the host.
 
 A mixin of rules.Checker: it relies on `kind()`, `looping()`, `flag()`, `project_flags`, `project`,
 `src`, `scopes`, `lookup()`.
@@ -21,6 +23,7 @@ from __future__ import annotations
 import ast
 
 from gobrrr.lint.bindings import assigned_calls, own_statements
+from gobrrr.lint.cpuparams import cpu_grad_backwards
 from gobrrr.lint.names import TENSORISH
 
 _BARRIERS = ("torch.distributed.barrier", "dist.barrier", "wait_for_everyone", "xm.rendezvous",
@@ -37,6 +40,14 @@ class InsideRules:
         dist = self.validated_dist(node, name, kw)
         if dist:
             self.flag(node, "GB013", what=f"`{dist}(...)` built with argument validation on", fix=_FIX)
+            return
+        if method == "backward" and self.defs \
+                and (cls := self.src.owner.get(id(self.defs[-1]))) is not None \
+                and id(node) in cpu_grad_backwards(self.project, self.src, cls):
+            self.flag(node, "GB013", what="`backward()` through a CPU parameter (a 0-dim learnable scalar never moved to "
+                                          "the device): autograd copies its CUDA gradient to the host",
+                      fix="create the scalar on the device (`Scalar(0.0).to(device)`, `torch.tensor(0.0, device=device, "
+                          "requires_grad=True)`) so its gradient stays there")
             return
         if method == "log_prob" and (self.bound_to(func.value, _DIST, self.dist_attrs)
                                      or any(v for _, v in self.returned_dists(func.value))):
