@@ -121,8 +121,13 @@ class Index:
     def _below(self, package: str, name: str):
         """`from pkg.data import to_numpy` when pkg/data/__init__.py, which re-exports it, was not checked:
         the one checked file below pkg/data that defines `name` (none, or several, is no answer)."""
+        if not hasattr(self, "_defining"):   # name -> the checked files that define it, built on first use
+            self._defining: dict[str, list[Source]] = {}
+            for s in self.sources:
+                for n in {*s.functions, *s.classes}:
+                    self._defining.setdefault(n, []).append(s)
         want = tuple(package.split("."))
-        found = [s for s in self.sources if name in s.functions or name in s.classes
+        found = [s for s in self._defining.get(name, [])
                  if any(s.path.parts[i:i + len(want)] == want for i in range(len(s.path.parts) - len(want)))]
         if len(found) != 1:
             return None
