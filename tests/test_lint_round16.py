@@ -303,3 +303,56 @@ def test_a_scalar_moved_to_the_device_or_detached_stays_quiet():
 def test_a_scalar_of_a_module_the_owner_moves_whole_stays_quiet():
     body = TRAINER.replace("class Trainer:", "class Trainer(nn.Module):")
     assert not [f for f in default(body) if f[0] == "GB013"], default(body)
+
+
+# -- `if not cfg.DEBUG:` is the normal way: what its body binds holds after it
+VALIDATE = """
+def validate(model, loader, cfg, device):
+    model.eval()
+    for i, (img, target) in enumerate(loader):
+        if not cfg.DEBUG:
+            img = img.to(device, non_blocking=True)
+            assign_target = []
+            for tgt in target:
+                assign_target.append(tgt.to(device))
+            target = assign_target
+        with torch.no_grad():
+            output = model(img)
+        for si, pred in enumerate(output):
+            labels = target[0][target[0][:, 0] == si, 1:]
+            nl = len(labels)
+            tcls = labels[:, 0].tolist() if nl else []
+"""
+
+
+def test_the_targets_a_not_debug_branch_moves_are_device_tensors_after_it():
+    """YOLOP's validate: `if not config.DEBUG:` moves the targets to the device (DEBUG is off by default);
+    the per-image label selection with a boolean mask and the `.tolist()` after it read the GPU."""
+    assert {("GB008", 14), ("GB002", 16)} <= set(default(VALIDATE)), default(VALIDATE)
+
+
+def test_a_branch_on_another_flag_keeps_both_ways():
+    body = VALIDATE.replace("if not cfg.DEBUG:", "if not cfg.CPU_ONLY:")   # either way may run: nothing known
+    assert not [f for f in default(body) if f[1] in (14, 16)], default(body)
+
+
+def test_a_conditional_expression_on_a_parameter_left_at_its_default_runs_one_way():
+    body = """
+    def step(model, x, y, hybrid=False):
+        out = model(x)
+        lb = [y[y[:, 0] == i] for i in range(4)] if hybrid else []
+        return out, lb
+
+
+    def train(model, opt, loader):
+        for x, y in loader:
+            out, lb = step(model, x.to(DEVICE, non_blocking=True), y.to(DEVICE, non_blocking=True))
+            loss = out.mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    """
+    assert not [f for f in default(body) if f[1] == 4], default(body)
+    called = body.replace("x.to(DEVICE, non_blocking=True), y.to(DEVICE, non_blocking=True))",
+                          "x.to(DEVICE, non_blocking=True), y.to(DEVICE, non_blocking=True), True)")
+    assert ("GB008", 4) in default(called), default(called)

@@ -135,6 +135,7 @@ class HotMap:
         self.timed: set[int] = set()             # lines of synchronize() calls used for timing
         self.bench_file = is_bench_name(path)    # benchmarks/..., bench_attention.py, param_bench/...
         self.off_elses: set[int] = set()         # id(If) whose else runs only when scripting/tracing/compiling
+        self.main_ifs: set[int] = set()          # id(If) `if not cfg.DEBUG:`: the body is the normal way
         self.on_flags, self.loop_ifs = _default_on_flags(tree)
         for n in nodes:
             if isinstance(n, ast.If):
@@ -147,6 +148,10 @@ class HotMap:
                 elif isinstance(n.test, ast.UnaryOp) and isinstance(n.test.op, ast.Not) and _graph_mode(n.test.operand) \
                         or cuda:
                     self.off_elses.add(id(n))   # the GPU is assumed: `else:` of `if use_cuda:` is the CPU path
+                if isinstance(n.test, ast.UnaryOp) and isinstance(n.test.op, ast.Not) \
+                        and isinstance(n.test.operand, (ast.Name, ast.Attribute)) \
+                        and "debug" in dotted(n.test.operand).rsplit(".", 1)[-1].lower():
+                    self.main_ifs.add(id(n))
         self.tree = tree
         self.restep()
         self.prompt_loops = {id(n) for n in nodes if isinstance(n, LOOPS) and any(
