@@ -356,3 +356,50 @@ def test_a_conditional_expression_on_a_parameter_left_at_its_default_runs_one_wa
     called = body.replace("x.to(DEVICE, non_blocking=True), y.to(DEVICE, non_blocking=True))",
                           "x.to(DEVICE, non_blocking=True), y.to(DEVICE, non_blocking=True), True)")
     assert ("GB008", 4) in default(called), default(called)
+
+
+# -- `[t] * n`: a list of n such tensors
+def test_a_list_of_device_tensors_repeated_is_a_list_of_device_tensors():
+    """YOLOP's non_max_suppression: `output = [torch.zeros((0, 6), device=prediction.device)] * n`, filled
+    per image and returned; each `pred` of it is a device tensor, masked and read per image."""
+    body = """
+    def nms(prediction, conf=0.25):
+        output = [torch.zeros((0, 6), device=prediction.device)] * prediction.shape[0]
+        for xi, x in enumerate(prediction):
+            output[xi] = x[x[:, 4] > conf]
+        return output
+
+
+    def evaluate(model, loader):
+        for img, target in loader:
+            out = model(img.to(DEVICE, non_blocking=True))
+            for si, pred in enumerate(nms(out)):
+                for *xyxy, conf, cls in reversed(pred):
+                    label = int(cls)
+    """
+    assert ("GB002", 14) in default(body), default(body)
+
+
+def test_a_host_list_whose_items_a_forward_replaces_on_the_device_stays_quiet():
+    """YOLO's Detect: `self.grid = [torch.zeros(1)] * nl` on the host, replaced item by item with a device
+    grid the first time a shape is seen: its later `.to(x[i].device)` copies nothing."""
+    body = """
+    class Detect(nn.Module):
+        def __init__(self, nl):
+            super().__init__()
+            self.nl = nl
+            self.grid = [torch.zeros(1)] * nl
+            self.m = nn.ModuleList(nn.Conv2d(8, 8, 1) for _ in range(nl))
+
+        def forward(self, x):
+            z = []
+            for i in range(self.nl):
+                x[i] = self.m[i](x[i])
+                if self.grid[i].shape[2:4] != x[i].shape[2:4]:
+                    self.grid[i] = make_grid(x[i].shape).to(x[i].device)
+                z.append(x[i].sigmoid() + self.grid[i].to(x[i].device))
+            return z
+    """
+    assert not default(body), default(body)
+    kept = body.replace("self.grid[i] = make_grid(x[i].shape).to(x[i].device)", "pass")
+    assert ("GB010", 15) in default(kept), default(kept)   # never replaced: a host grid copied per forward
