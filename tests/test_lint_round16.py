@@ -403,3 +403,28 @@ def test_a_host_list_whose_items_a_forward_replaces_on_the_device_stays_quiet():
     assert not default(body), default(body)
     kept = body.replace("self.grid[i] = make_grid(x[i].shape).to(x[i].device)", "pass")
     assert ("GB010", 15) in default(kept), default(kept)   # never replaced: a host grid copied per forward
+
+
+# -- torch.repeat_interleave(repeats): the output's length is repeats.sum(), read on the host
+DOC_IDS = """
+def local_ids(lengths):
+    doc_id = torch.repeat_interleave(lengths)
+    return doc_id
+
+
+def evaluate(model, loader):
+    for tokens, lengths in loader:
+        ids = local_ids(lengths.to(DEVICE, non_blocking=True))
+        out = model(tokens.to(DEVICE, non_blocking=True), ids)
+"""
+
+
+def test_repeat_interleave_of_device_repeats_alone_has_a_data_dependent_size():
+    """lingua's lengths_to_local_ids: `torch.repeat_interleave(lengths)` of the CUDA document lengths,
+    four times per evaluation batch: torch sums the repeats on the host to size the output."""
+    assert ("GB008", 3) in default(DOC_IDS), default(DOC_IDS)
+
+
+def test_repeat_interleave_by_a_number_stays_quiet():
+    body = DOC_IDS.replace("torch.repeat_interleave(lengths)", "torch.repeat_interleave(lengths, 2)")
+    assert not [f for f in default(body) if f[1] == 3], default(body)
