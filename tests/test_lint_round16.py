@@ -428,3 +428,36 @@ def test_repeat_interleave_of_device_repeats_alone_has_a_data_dependent_size():
 def test_repeat_interleave_by_a_number_stays_quiet():
     body = DOC_IDS.replace("torch.repeat_interleave(lengths)", "torch.repeat_interleave(lengths, 2)")
     assert not [f for f in default(body) if f[1] == 3], default(body)
+
+
+# -- `m1 == i` inside any(...): an array compared with the loop index, not a first-iteration test
+CONFUSION = """
+class Confusion:
+    def __init__(self, nc):
+        self.nc = nc
+        self.matrix = np.zeros((nc + 1, nc + 1))
+
+    def process_batch(self, detections, labels):
+        detection_classes = detections[:, 5].int()
+        m1 = np.zeros(0, dtype=np.int16)
+        for i, dc in enumerate(detection_classes):
+            if not any(m1 == i):
+                self.matrix[self.nc, dc] += 1
+
+
+def evaluate(model, loader, cm):
+    for img, target in loader:
+        out = model(img.to(DEVICE, non_blocking=True))
+        cm.process_batch(out, target.to(DEVICE, non_blocking=True))
+"""
+
+
+def test_an_array_compared_with_the_loop_index_inside_any_is_not_a_first_step_test():
+    """The confusion matrices of yolov5, yolov7, yolov10 and YOLOP: `if not any(m1 == i):` marks an unmatched
+    detection, most of them every batch; its 0-d CUDA class as a numpy index is read per detection."""
+    assert ("GB002", 12) in default(CONFUSION), default(CONFUSION)
+
+
+def test_the_loop_index_compared_with_a_constant_is_still_a_first_step_test():
+    body = CONFUSION.replace("if not any(m1 == i):", "if i == 0:")
+    assert not [f for f in default(body) if f[1] == 12], default(body)

@@ -209,12 +209,17 @@ class HotMap:
             return False   # `iter_num % log_interval == 0` with `log_interval = 1` at the top: every step
         rare = False
         flags = _option_flags(test)
+        tops, todo = set(), [test]   # the comparisons the test itself makes: `m1 == i` inside any(...) is an array's
+        while todo:
+            t = todo.pop()
+            tops.add(id(t))
+            todo += t.values if isinstance(t, ast.BoolOp) else [t.operand] if isinstance(t, ast.UnaryOp) else []
         for n in nodes:
             if flags and id(n) in flags:
                 continue   # judged below, by what its branch does
             if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod):
                 rare = True
-            elif isinstance(n, ast.Compare) and any(isinstance(op, ast.Eq) for op in n.ops) \
+            elif isinstance(n, ast.Compare) and any(isinstance(op, ast.Eq) for op in n.ops) and id(n) in tops \
                     and any(_COUNTER.search(name_of(x) or "") for x in [n.left, *n.comparators]):
                 rare = True
             elif isinstance(n, ast.Compare) and len(n.ops) == 1 and isinstance(n.ops[0], (ast.Lt, ast.LtE)) \
