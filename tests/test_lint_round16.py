@@ -461,3 +461,57 @@ def test_an_array_compared_with_the_loop_index_inside_any_is_not_a_first_step_te
 def test_the_loop_index_compared_with_a_constant_is_still_a_first_step_test():
     body = CONFUSION.replace("if not any(m1 == i):", "if i == 0:")
     assert not [f for f in default(body) if f[1] == 12], default(body)
+
+
+# -- a project DataLoader subclass, pinned by a config attribute the project only ever sets to False
+LOOP = """
+def train(cfg, loader, model, opt, device):
+    for i, (x, y) in enumerate(loader):
+        x = x.to(device, non_blocking=True)
+        loss = model(x).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+"""
+LOADERX = """
+from torch.utils.data import DataLoader
+
+
+class DataLoaderX(DataLoader):
+    def __iter__(self):
+        return iter(super().__iter__())
+"""
+CONFIG = """
+class Node(dict):
+    pass
+
+
+_C = Node()
+_C.PIN_MEMORY = False
+"""
+MAIN = """
+from pkg.function import train
+from pkg.util import DataLoaderX
+from pkg.config import _C as cfg
+
+
+def main(ds, model, opt, lr_scheduler, epochs):
+    device = torch.device("cuda")
+    loader = DataLoaderX(ds, batch_size=8, pin_memory=cfg.PIN_MEMORY)
+    for epoch in range(epochs):
+        train(cfg, loader, model, opt, device)
+        lr_scheduler.step()
+"""
+
+
+def test_a_loader_subclass_pinned_by_a_config_left_false_is_pageable(tmp_path):
+    """YOLOP: `DataLoaderX(train_dataset, ..., pin_memory=cfg.PIN_MEMORY)` with `_C.PIN_MEMORY = False` in
+    the default config: `input.to(device, non_blocking=True)` copies from pageable memory, synchronously."""
+    found = _tree(tmp_path, {"pkg/function.py": LOOP, "pkg/util.py": LOADERX, "pkg/config.py": CONFIG, "pkg/main.py": MAIN})
+    assert ("function.py", "GB005", 4) in found, found
+
+
+def test_a_config_attribute_also_set_true_somewhere_stays_pinned(tmp_path):
+    config = CONFIG + "_C.FAST = Node()\n_C.FAST.PIN_MEMORY = True\n"
+    found = _tree(tmp_path, {"pkg/function.py": LOOP, "pkg/util.py": LOADERX, "pkg/config.py": config, "pkg/main.py": MAIN})
+    assert ("function.py", "GB005", 4) not in found, found

@@ -23,6 +23,8 @@ from pathlib import Path
 from gobrrr.lint.bindings import assigned_calls
 from gobrrr.lint.source import DEFS, Source, _constructed
 
+_OTHER = object()   # an attribute assigned something other than a constant
+
 
 class Index:
     """Every checked file, indexed once: modules, classes, methods and what names mean (see the module doc)."""
@@ -61,6 +63,14 @@ class Index:
                              and isinstance(n.value, ast.Constant) and isinstance(n.value.value, (bool, int, str))
                              for t in n.targets if isinstance(t, ast.Attribute)
                              and not (isinstance(t.value, ast.Name) and t.value.id == "self")}
+        self.attr_values: dict[str, set] = {}   # `_C.PIN_MEMORY = False`: what a config attribute is ever set to
+        for s in sources:
+            for n in s.nodes:
+                if isinstance(n, ast.Assign):
+                    for t in n.targets:
+                        if isinstance(t, ast.Attribute) and not (isinstance(t.value, ast.Name) and t.value.id == "self"):
+                            self.attr_values.setdefault(t.attr, set()).add(
+                                n.value.value if isinstance(n.value, ast.Constant) else _OTHER)
         self.python_attrs |= {n.args[1].value for s in sources if "setattr" in s.text for n in s.nodes
                               if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "setattr"
                               and len(n.args) == 3 and isinstance(n.args[1], ast.Constant)
