@@ -87,7 +87,7 @@ class CallKinds:
                 return ITEM_KIND.get(k) if k and k.startswith("loader") else None
         if name:
             root, _, last = name.rpartition(".")
-            if last == "DataLoader":
+            if last == "DataLoader" or "Loader" in last and self._loader_class(node.func):
                 return self.loader_kind(node)
             if last == "BatchSampler":
                 return "hlist"   # for indices in BatchSampler(SubsetRandomSampler(range(n)), mb, False): host index lists
@@ -164,6 +164,10 @@ class CallKinds:
             return "tensor"   # x.type(torch.cuda.FloatTensor), x.type(dtype) with dtype = xin[0].type()
         if method == "type" and not node.args and not node.keywords and recv not in HOSTISH:
             return "ttype"   # xin[0].type(): 'torch.cuda.FloatTensor', a type name that moves what it is given
+        to = self.dotted(node.args[0]) or "" if method == "type" and len(node.args) == 1 else ""
+        if recv in ("host", "pinned") and ("dtype" in to.rsplit(".", 1)[-1].lower()
+                                           or re.fullmatch(r"torch\.(float|int|uint|bfloat|bool|long|half|double)\w*", to)):
+            return "host"   # torch.from_numpy(x).type(dtype): a host tensor of another dtype, still on the host
         if method == "type_as" and node.args and self.kind(node.args[0]) in TENSORISH:
             return "tensor"
         if method == "type_as" and node.args and self.kind(node.args[0]) is None and recv in ("host", "pinned"):
@@ -246,12 +250,23 @@ class CallKinds:
         return leaf[:1].islower() and leaf != "from_numpy" \
             and getattr(getattr(self, "project", None), "default_cuda", False)
 
+    def _loader_class(self, func: ast.AST) -> bool:
+        """`DataLoaderX(ds, pin_memory=...)`: a project class whose base is torch's DataLoader."""
+        project = getattr(self, "project", None)
+        hit = project.class_of(self.src, func) if project is not None and isinstance(func, (ast.Name, ast.Attribute)) \
+            else None
+        return hit is not None and any((self.dotted(b) or "").rsplit(".", 1)[-1] == "DataLoader" for b in hit[1].bases)
+
     def loader_kind(self, node: ast.Call) -> str:
         pin = next((k.value for k in node.keywords if k.arg == "pin_memory"), None)
         if pin is None and any(k.arg is None for k in node.keywords):
             return "loader"  # DataLoader(ds, **kwargs): pinning decided elsewhere
         if pin is None or (isinstance(pin, ast.Constant) and not pin.value):
             return "loader_pageable"
+        project = getattr(self, "project", None)
+        if isinstance(pin, ast.Attribute) and project is not None \
+                and project.attr_values.get(pin.attr) in ({False}, {False, None}):
+            return "loader_pageable"   # pin_memory=cfg.PIN_MEMORY with `_C.PIN_MEMORY = False` its only setting
         return "loader_pinned"
 
     def iter_kind(self, it: ast.AST, unpacked: bool = False) -> str | None:

@@ -257,7 +257,8 @@ class FlowRules:
         else:
             for stmt in node.orelse:
                 self.visit(stmt)
-        self._merge(scope, before, body, _leaves(node.body), _leaves(node.orelse))
+        self._merge(scope, before, body, _leaves(node.body),   # `if not cfg.DEBUG:`: skipping it is the rare way
+                    _leaves(node.orelse) or id(node) in self.hotmap.main_ifs and not node.orelse)
         for name in _type_checked(node.test) & set(body):   # `if type(b).__name__ != 'ndarray': b = b.cpu().numpy()`
             if not node.orelse and body[name] == "numpy":   # normalises b to numpy: numpy after the if, either way
                 scope[name] = body[name]
@@ -338,7 +339,13 @@ class FlowRules:
 
     def visit_IfExp(self, node: ast.IfExp) -> None:
         self.check_condition(node.test)
-        self.generic_visit(node)
+        truth = self.static_truth(node.test)
+        if truth is None:
+            self.generic_visit(node)
+            return
+        self.visit(node.test)   # `[...] if save_hybrid else []` with save_hybrid = False: one way runs
+        self.visit(node.body if truth else node.orelse)
+        self.visit_off(node.orelse if truth else node.body)
 
     def visit_Assert(self, node: ast.Assert) -> None:
         self.check_condition(node.test, " in an assert")
@@ -437,3 +444,4 @@ def _kept_keys(loop: ast.For, key: str) -> tuple[str, ...]:
 
 
 __all__ = ["FlowRules"]
+

@@ -122,6 +122,8 @@ class Project(Index):
             insts = self.instances_of(src, f, scope, types)   # self.criterion(out, y)
             if insts:
                 return self._forwards(insts)
+            if cls is not None and self.attr_defs.get((id(cls), f.attr)):   # self.dist_fn(x), a def handed to
+                return list(self.attr_defs[(id(cls), f.attr)])[:4]   # the constructor
             key = f.attr.replace("_", "").lower()   # self.matcher(out, y), the matcher handed to __init__ by a
             named = [c for c in self._named_like(f) if c[1].name.lower().endswith(key)]   # config: HungarianMatcher
             if named and cls is not None and f.attr not in self._set_attrs(src, cls):   # (a class named after

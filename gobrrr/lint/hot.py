@@ -135,6 +135,7 @@ class HotMap:
         self.timed: set[int] = set()             # lines of synchronize() calls used for timing
         self.bench_file = is_bench_name(path)    # benchmarks/..., bench_attention.py, param_bench/...
         self.off_elses: set[int] = set()         # id(If) whose else runs only when scripting/tracing/compiling
+        self.main_ifs: set[int] = set()          # id(If) `if not cfg.DEBUG:`: the body is the normal way
         self.on_flags, self.loop_ifs = _default_on_flags(tree)
         for n in nodes:
             if isinstance(n, ast.If):
@@ -147,6 +148,10 @@ class HotMap:
                 elif isinstance(n.test, ast.UnaryOp) and isinstance(n.test.op, ast.Not) and _graph_mode(n.test.operand) \
                         or cuda:
                     self.off_elses.add(id(n))   # the GPU is assumed: `else:` of `if use_cuda:` is the CPU path
+                if isinstance(n.test, ast.UnaryOp) and isinstance(n.test.op, ast.Not) \
+                        and isinstance(n.test.operand, (ast.Name, ast.Attribute)) \
+                        and "debug" in dotted(n.test.operand).rsplit(".", 1)[-1].lower():
+                    self.main_ifs.add(id(n))
         self.tree = tree
         self.restep()
         self.prompt_loops = {id(n) for n in nodes if isinstance(n, LOOPS) and any(
@@ -204,12 +209,17 @@ class HotMap:
             return False   # `iter_num % log_interval == 0` with `log_interval = 1` at the top: every step
         rare = False
         flags = _option_flags(test)
+        tops, todo = set(), [test]   # the comparisons the test itself makes: `m1 == i` inside any(...) is an array's
+        while todo:
+            t = todo.pop()
+            tops.add(id(t))
+            todo += t.values if isinstance(t, ast.BoolOp) else [t.operand] if isinstance(t, ast.UnaryOp) else []
         for n in nodes:
             if flags and id(n) in flags:
                 continue   # judged below, by what its branch does
             if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod):
                 rare = True
-            elif isinstance(n, ast.Compare) and any(isinstance(op, ast.Eq) for op in n.ops) \
+            elif isinstance(n, ast.Compare) and any(isinstance(op, ast.Eq) for op in n.ops) and id(n) in tops \
                     and any(_COUNTER.search(name_of(x) or "") for x in [n.left, *n.comparators]):
                 rare = True
             elif isinstance(n, ast.Compare) and len(n.ops) == 1 and isinstance(n.ops[0], (ast.Lt, ast.LtE)) \

@@ -23,6 +23,8 @@ from pathlib import Path
 from gobrrr.lint.bindings import assigned_calls
 from gobrrr.lint.source import DEFS, Source, _constructed
 
+_OTHER = object()   # an attribute assigned something other than a constant
+
 
 class Index:
     """Every checked file, indexed once: modules, classes, methods and what names mean (see the module doc)."""
@@ -61,11 +63,20 @@ class Index:
                              and isinstance(n.value, ast.Constant) and isinstance(n.value.value, (bool, int, str))
                              for t in n.targets if isinstance(t, ast.Attribute)
                              and not (isinstance(t.value, ast.Name) and t.value.id == "self")}
+        self.attr_values: dict[str, set] = {}   # `_C.PIN_MEMORY = False`: what a config attribute is ever set to
+        for s in sources:
+            for n in s.nodes:
+                if isinstance(n, ast.Assign):
+                    for t in n.targets:
+                        if isinstance(t, ast.Attribute) and not (isinstance(t.value, ast.Name) and t.value.id == "self"):
+                            self.attr_values.setdefault(t.attr, set()).add(
+                                n.value.value if isinstance(n.value, ast.Constant) else _OTHER)
         self.python_attrs |= {n.args[1].value for s in sources if "setattr" in s.text for n in s.nodes
                               if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "setattr"
                               and len(n.args) == 3 and isinstance(n.args[1], ast.Constant)
                               and isinstance(n.args[1].value, str)}   # param.allreduce = False: a flag on a tensor
         self.attr_types: dict[tuple[int, str], list] = {}   # (id(cls), attr) -> classes its constructors were given
+        self.attr_defs: dict[tuple[int, str], list] = {}    # (id(cls), attr) -> defs its constructors were given
         for s in sources:
             for scope, call in s.ctor_calls:
                 for cls_src, cls in self.classes_of(s, call.func):
@@ -107,6 +118,8 @@ class Index:
             if m is not None:
                 return ("module", m, None)   # from pkg import utils
             m = self.module(module, src)
+            if m is None and not module.startswith("."):
+                return self._below(module, attr)
             return self.lookup(m, attr, depth + 1) if m is not None and m is not src else None
         for module in src.stars if depth < 3 else ():   # yolox/utils/__init__.py: from .boxes import *
             m = self.module(module, src)
@@ -114,6 +127,22 @@ class Index:
             if hit is not None:
                 return hit
         return None
+
+    def _below(self, package: str, name: str):
+        """`from pkg.data import to_numpy` when pkg/data/__init__.py, which re-exports it, was not checked:
+        the one checked file below pkg/data that defines `name` (none, or several, is no answer)."""
+        if not hasattr(self, "_defining"):   # name -> the checked files that define it, built on first use
+            self._defining: dict[str, list[Source]] = {}
+            for s in self.sources:
+                for n in {*s.functions, *s.classes}:
+                    self._defining.setdefault(n, []).append(s)
+        want = tuple(package.split("."))
+        found = [s for s in self._defining.get(name, [])
+                 if any(s.path.parts[i:i + len(want)] == want for i in range(len(s.path.parts) - len(want)))]
+        if len(found) != 1:
+            return None
+        s = found[0]
+        return ("def", s, s.functions[name]) if name in s.functions else ("class", s, s.classes[name])
 
     def class_of(self, src: Source, expr: ast.AST):
         """(Source, ClassDef) that `Cls` / `mod.Cls` names, or None."""
@@ -190,8 +219,24 @@ class Index:
             if not attrs or isinstance(arg, ast.Starred):
                 continue
             insts = self.instances_of(src, arg, scope)
+            fn = self._def_named(src, arg, scope) if not insts else None
             for attr in attrs:
                 self.attr_types.setdefault((id(cls), attr), []).extend(insts)
+                if fn is not None:   # Policy(actor, dist_fn=dist): self.dist_fn(logits) runs the script's def dist
+                    self.attr_defs.setdefault((id(cls), attr), []).append(fn)
+
+    def _def_named(self, src: Source, arg: ast.AST, scope) -> tuple | None:
+        """(Source, def) that the name `arg` passed at a call in `scope` is: a def nested there, or the file's."""
+        if not isinstance(arg, ast.Name):
+            return None
+        s = scope
+        while s is not None:
+            for d in getattr(s, "body", []):
+                if isinstance(d, DEFS) and d.name == arg.id:
+                    return (src, d)
+            s = src.parent.get(id(s))
+        hit = self.lookup(src, arg.id)
+        return (hit[1], hit[2]) if hit and hit[0] == "def" else None
 
     def method(self, src: Source, cls: ast.ClassDef, name: str, seen=None):
         """(Source, def) of `name` on `cls` or its bases (own first), else None."""

@@ -12,6 +12,8 @@
              returns one (`policy = self._get_policy(obs)`, `out = self.actor(obs)`).
              `torch.normal(mean, std)` with a tensor std: torch checks `std >= 0` on the host; so
              does `d.sample()` of a Normal of device tensors (it calls torch.normal; rsample does not).
+             `loss.backward()` through a 0-dim CPU parameter a trainer object never moved (cpuparams.py):
+             autograd copies its CUDA gradient to the host.
 
 A mixin of rules.Checker: it relies on `kind()`, `looping()`, `flag()`, `project_flags`, `project`,
 `src`, `scopes`, `lookup()`.
@@ -21,6 +23,7 @@ from __future__ import annotations
 import ast
 
 from gobrrr.lint.bindings import assigned_calls, own_statements
+from gobrrr.lint.cpuparams import cpu_grad_backwards
 from gobrrr.lint.names import TENSORISH
 
 _BARRIERS = ("torch.distributed.barrier", "dist.barrier", "wait_for_everyone", "xm.rendezvous",
@@ -37,6 +40,14 @@ class InsideRules:
         dist = self.validated_dist(node, name, kw)
         if dist:
             self.flag(node, "GB013", what=f"`{dist}(...)` built with argument validation on", fix=_FIX)
+            return
+        if method == "backward" and self.defs \
+                and (cls := self.src.owner.get(id(self.defs[-1]))) is not None \
+                and id(node) in cpu_grad_backwards(self.project, self.src, cls):
+            self.flag(node, "GB013", what="`backward()` through a CPU parameter (a 0-dim learnable scalar never moved to "
+                                          "the device): autograd copies its CUDA gradient to the host",
+                      fix="create the scalar on the device (`Scalar(0.0).to(device)`, `torch.tensor(0.0, device=device, "
+                          "requires_grad=True)`) so its gradient stays there")
             return
         if method == "log_prob" and (self.bound_to(func.value, _DIST, self.dist_attrs)
                                      or any(v for _, v in self.returned_dists(func.value))):
@@ -77,7 +88,7 @@ class InsideRules:
 
     def note_distribution(self, node: ast.Assign) -> None:
         """`d = Normal(mu, std)` with validation on: its `d.log_prob(x)` checks the sample on the host."""
-        v = node.value
+        v = _base_dist(self.src, node.value)
         if isinstance(v, ast.Call) and isinstance(v.func, (ast.Name, ast.Attribute)):
             kw = {k.arg: k.value for k in v.keywords if k.arg}
             made = self.device_dist(v, self.dotted(v.func) or "", kw)
@@ -98,7 +109,7 @@ class InsideRules:
         scope = self.defs[-1] if self.defs else None
         out = []
         for call in assigned_calls(self.src, v.id, scope)[:2]:
-            if any(self.kind(a) in TENSORISH for a in [*call.args, *(k.value for k in call.keywords)]):
+            if any(self.kind(a) in (*TENSORISH, "tlist") for a in [*call.args, *(k.value for k in call.keywords)]):
                 for s, fn in self.project.resolve(self.src, call, scope, self.types, fallback=False)[:3]:
                     out += _returned_dists(self.project, s, fn)
         return out
@@ -156,6 +167,7 @@ def _returned_dists(project, src, fn) -> list[tuple[str, bool]]:
             made = [r.value] if isinstance(r.value, ast.Call) else assigned_calls(src, r.value.id, fn) \
                 if isinstance(r.value, ast.Name) else []
             for c in made:
+                c = _base_dist(src, c)
                 full = _qualified(src, c.func)
                 last = full.rsplit(".", 1)[-1]
                 hit = project.class_of(src, c.func) if last[:1].isupper() and not full.startswith("torch.") else None
@@ -166,6 +178,14 @@ def _returned_dists(project, src, fn) -> list[tuple[str, bool]]:
                     out.append((last, not off))
         cache[id(fn)] = out
     return cache[id(fn)]
+
+
+def _base_dist(src, v: ast.AST) -> ast.AST:
+    """`Independent(Normal(loc, scale), 1)`: the Normal it wraps, whose checks its log_prob and sample run."""
+    while isinstance(v, ast.Call) and v.args and isinstance(v.args[0], ast.Call) \
+            and _qualified(src, v.func) == "torch.distributions.Independent":
+        v = v.args[0]
+    return v
 
 
 def _torch_dist_base(project, src, cls, depth: int = 0) -> bool:

@@ -69,6 +69,9 @@ class Kinds(CallKinds):
         elif isinstance(target, (ast.Tuple, ast.List)):
             for t in target.elts:
                 self.bind(t.value if isinstance(t, ast.Starred) else t, ITEM_KIND.get(kind))
+        elif isinstance(target, ast.Subscript) and kind in TENSORISH and self.kind(target.value) == "hlist" \
+                and isinstance(target.value, (ast.Name, ast.Attribute)):
+            self.bind(target.value, None)   # self.grid[i] = make_grid().to(dev): items of both places now
 
     def dotted(self, node: ast.AST) -> str | None:
         """'torch.cuda.synchronize' for torch.cuda.synchronize, with import aliases resolved."""
@@ -132,6 +135,9 @@ class Kinds(CallKinds):
                 return "mask" if k in TENSORISH else "num"
             return "mask" if isinstance(node.op, ast.Invert) and k in TENSORISH else k
         if isinstance(node, ast.BinOp):
+            seq = [x for x in (node.left, node.right) if isinstance(x, (ast.List, ast.Tuple))]
+            if isinstance(node.op, ast.Mult) and len(seq) == 1:
+                return self.kind(seq[0])   # [torch.zeros((0, 6), device=d)] * n: n device tensors, a list of them
             kinds = {self.kind(node.left), self.kind(node.right)}
             if kinds & TENSORISH:   # (u > 0) * (l == u): the product of two masks is a mask too
                 return "mask" if isinstance(node.op, (ast.BitAnd, ast.BitOr, ast.BitXor)) or (
@@ -281,6 +287,10 @@ class Kinds(CallKinds):
             return "tlist"
         if text in ("int", "float", "bool", "complex"):
             return "num"
+        if re.fullmatch(r"(np|numpy)\.ndarray( \| (torch\.)?Tensor)?|(torch\.)?Tensor \| (np|numpy)\.ndarray"
+                        r"|(typing\.)?Union\[(np|numpy)\.ndarray, (torch\.)?Tensor\]"
+                        r"|(typing\.)?Union\[(torch\.)?Tensor, (np|numpy)\.ndarray\]", text):
+            return "numpy"   # `obs: np.ndarray | torch.Tensor`: host data it must copy (scopes: a device argument wins)
         if re.search(r"Module|Optimizer", text):
             return "obj"
         return "str" if text == "str" else None

@@ -72,6 +72,8 @@ class ScopeWalk:
         params = [*args.posonlyargs, *args.args, *args.kwonlyargs]
         for a in params:
             scope[a.arg] = self.annotation_kind(a.annotation)
+            if scope[a.arg] == "numpy" and "Tensor" in ast.unparse(a.annotation):
+                scope[a.arg + "#dflt"] = "dflt"   # `np.ndarray | Tensor`: numpy unless a call passes a tensor
         for a, d in [*zip(reversed([*args.posonlyargs, *args.args]), reversed(args.defaults)),
                      *zip(args.kwonlyargs, args.kw_defaults)]:
             if isinstance(d, ast.Constant) and d.value is None:

@@ -96,8 +96,8 @@ class SyncRules:
             self.flag(node, "GB002", what=f"`{last}()` (it answers with a Python bool)")
 
     def sized_by_data(self, node: ast.Call, name: str, method, recv, kw) -> bool:
-        """torch.bincount(t) (its length is t.max() + 1), repeat_interleave with tensor repeats and no
-        output_size: torch reads the size on the host."""
+        """torch.bincount(t) (its length is t.max() + 1), repeat_interleave with tensor repeats (or the
+        repeats alone, `torch.repeat_interleave(lengths)`) and no output_size: torch reads the size on the host."""
         torch_fn = name.startswith("torch.") and name.count(".") == 1
         first = node.args[0] if torch_fn and node.args else func_value(node) if not torch_fn else None
         if first is None or self.kind(first) not in TENSORISH:
@@ -105,7 +105,7 @@ class SyncRules:
         if name.endswith("bincount"):
             return True
         repeats = kw.get("repeats", node.args[1] if torch_fn and len(node.args) > 1 else
-                         node.args[0] if not torch_fn and node.args else None)
+                         node.args[0] if node.args else None)   # torch.repeat_interleave(lengths): 0, 0, 1, 1, 1
         return repeats is not None and self.kind(repeats) in TENSORISH and "output_size" not in kw
 
     def size_argument(self, node: ast.Call, func, name: str, method, kw) -> ast.AST | None:
