@@ -75,3 +75,37 @@ def test_a_host_list_tensor_returned_through_a_bound_method_attribute_stays_quie
 def test_a_device_tensor_returned_through_a_bound_method_attribute_still_syncs():
     body = EVAL.replace("torch.tensor(rows)", "torch.tensor(rows, device=DEVICE)")
     assert ("GB002", 12) in default(body), default(body)
+
+
+# -- a name the same condition asks for a string key (`meta and 'known' in meta`) is a dict, not a tensor
+CRITERION = """
+class Criterion(nn.Module):
+    def forward(self, outputs, targets):
+        meta = outputs['meta']
+        loss = F.l1_loss(outputs['boxes'], targets)
+        if self.training and meta and 'known' in meta:
+            loss = loss + F.l1_loss(meta['known'], targets)
+        return loss
+
+
+def train(model, loader, opt):
+    criterion = Criterion()
+    for x, y in loader:
+        x, y = x.to(DEVICE), y.to(DEVICE)
+        loss = criterion(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+"""
+
+
+def test_a_dict_asked_for_a_string_key_in_the_same_condition_stays_quiet():
+    """DINO's `if self.training and dn_meta and 'output_known_lbs_bboxes' in dn_meta:` (dn_meta a dict of
+    ints and tensors): `'key' in t` is no tensor op, so the name is a container and its truth a host test."""
+    assert not [f for f in default(CRITERION) if f[0] == "GB007"], default(CRITERION)
+
+
+def test_a_dict_entry_compared_in_a_condition_still_syncs():
+    body = CRITERION.replace("if self.training and meta and 'known' in meta:",
+                             "if 'known' in meta and meta['known'].sum() > 0:")
+    assert ("GB007", 6) in default(body), default(body)
