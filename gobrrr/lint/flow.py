@@ -392,6 +392,10 @@ class FlowRules:
                    and isinstance(n.func, ast.Name) and n.func.id == "hasattr" and len(n.args) == 2
                    and isinstance(n.args[1], ast.Constant)}
         parts = [p for p in parts if not (isinstance(p, ast.Attribute) and (ast.unparse(p.value), p.attr) in guarded)]
+        keyed = {ast.unparse(n.comparators[0]) for n in ast.walk(test) if isinstance(n, ast.Compare)
+                 and len(n.ops) == 1 and isinstance(n.ops[0], (ast.In, ast.NotIn))
+                 and isinstance(n.left, ast.Constant) and isinstance(n.left.value, str)}
+        parts = [p for p in parts if ast.unparse(p) not in keyed]   # `d and 'key' in d`: d is a dict, not a tensor
         if all(self.kind(p) not in TENSORISH or (isinstance(p, ast.Name) and (
                 p.id in self.guesses or self.lookup(p.id + "#opt"))) for p in parts):
             return   # `if losses:` on an unknown call's result, `if not mask:` on an optional parameter

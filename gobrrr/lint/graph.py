@@ -122,6 +122,9 @@ class Project(Index):
             insts = self.instances_of(src, f, scope, types)   # self.criterion(out, y)
             if insts:
                 return self._forwards(insts)
+            bound = self._bound_methods(src, cls, f.attr) if cls is not None and not fallback else []
+            if bound:   # self.get_r = self.get_r_vec if vec else ...: what self.get_r(actor) returns (kinds only)
+                return bound
             if cls is not None and self.attr_defs.get((id(cls), f.attr)):   # self.dist_fn(x), a def handed to
                 return list(self.attr_defs[(id(cls), f.attr)])[:4]   # the constructor
             key = f.attr.replace("_", "").lower()   # self.matcher(out, y), the matcher handed to __init__ by a
@@ -168,6 +171,15 @@ class Project(Index):
             return only
         here = [m for m in only if m[0] is src]   # one-file scripts that each define their Actor.act: this file's
         return here if len(here) <= 3 else []   # (GaussianPolicy.act, DeterministicPolicy.act: either runs)
+
+    def _bound_methods(self, src: Source, cls: ast.ClassDef, attr: str) -> list[tuple[Source, ast.AST]]:
+        """The methods of cls that its defs set `self.<attr>` to (`self.get_r = self.get_r_single`)."""
+        names = {n.value.attr for n in ast.walk(cls) if isinstance(n, ast.Assign) and len(n.targets) == 1
+                 and isinstance(t := n.targets[0], ast.Attribute) and t.attr == attr
+                 and isinstance(t.value, ast.Name) and t.value.id == "self"
+                 and isinstance(n.value, ast.Attribute) and isinstance(n.value.value, ast.Name)
+                 and n.value.value.id == "self"}
+        return [hit for m in sorted(names) if (hit := self.method(src, cls, m))][:4]
 
     def wrappers(self, src: Source, fn: ast.AST) -> list[tuple[Source, ast.AST]]:
         """The inner defs that fn's project decorators put around it (`@cast_torch_tensor`, whose `inner`

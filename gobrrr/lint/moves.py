@@ -45,7 +45,9 @@ class CopyRules:
             made_here = bool(inner) and inner.startswith("torch.") and inner.count(".") == 1 and (
                 (inner.split(".")[1] in FACTORIES and self.factory_kind(src) in ("host", "pinned"))
                 or (inner == "torch.from_numpy" and self.looping()))   # from_numpy once is how host data loads
-            if made_here and not (recv == "pinned" and nb_true):   # pinned + non_blocking is the right pattern
+            if made_here and _empty_literal(src):
+                pass   # torch.tensor([]).to('cuda'): an empty literal moves no bytes
+            elif made_here and not (recv == "pinned" and nb_true):   # pinned + non_blocking is the right pattern
                 self.flag(node, "GB001")
             elif nb_true and recv in ("host", "batch_host"):
                 self.flag(node, "GB005")
@@ -182,6 +184,11 @@ def _moves_to_cuda(loop: ast.AST, checker) -> bool:
                     and not checker.is_model(n.func.value):
                 return True
     return False
+
+
+def _empty_literal(call: ast.Call) -> bool:
+    """`torch.tensor([])`, `torch.Tensor(())`: a tensor of no elements, whose copy moves nothing."""
+    return len(call.args) == 1 and isinstance(call.args[0], (ast.List, ast.Tuple)) and not call.args[0].elts
 
 
 def _short(node: ast.AST, width: int = 40) -> str:
