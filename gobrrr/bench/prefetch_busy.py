@@ -421,19 +421,19 @@ def main(argv: list[str] | None = None) -> int:
             key = f"{r['state']} | {r['shape']} | {r['regime']} | {r['row']} | {win}"
             figures[key + " | x_floor"] = r[xf]
             verdict = "met" if r[xf] <= t else "MISSED"
-            extra = ""
+            tail = ""
             if r["row"] == "Prefetcher(pinned)" and xh in r:
                 figures[key + " | x_hand"] = r[xh]
-                extra = f"; {r[xh]:.3f}x hand-rolled (<= {HAND_BAR}): {'met' if r[xh] <= HAND_BAR else 'MISSED'}"
+                tail = f"; {r[xh]:.3f}x hand-rolled (<= {HAND_BAR}): {'met' if r[xh] <= HAND_BAR else 'MISSED'}"
             xp, xs = ("x_peer", "x_source") if win == "all" else (f"x_peer_{w}", f"x_source_{w}")
             if xp in r:
                 figures[key + " | x_peer"] = r[xp]
-                extra += f"; {r[xp]:.2f}x torch's own loop"
+                tail += f"; {r[xp]:.2f}x torch's own loop"
             if xs in r:
                 figures[key + " | x_source"] = r[xs]
-                extra += f"; {r[xs]:.2f}x max(compute, copy, workers alone)"
+                tail += f"; {r[xs]:.2f}x max(compute, copy, workers alone)"
             print(f"  {r['state']:<5} {r['shape']:<15} {r['regime']:<13} {r['row']:<20} {win:>3} steps: "
-                  f"{r[xf]:.2f}x floor (<= {t}): {verdict}{extra}")
+                  f"{r[xf]:.2f}x floor (<= {t}): {verdict}{tail}")
     extra = {"partial": partial} if partial else {}
     path = record("prefetch_busy", config=asdict(cfg), rows=rows, figures=figures, startup=startup, note=note,
                   wall_s=time.perf_counter() - t0, quick=args.quick, results=args.results, **extra)

@@ -9,7 +9,6 @@ way becomes a note: a report is always written.
 from __future__ import annotations
 
 import statistics
-from dataclasses import replace
 from pathlib import Path
 
 from gobrrr.doctor.files import write_json
@@ -108,8 +107,7 @@ def build_report(s) -> dict:
                      f"{s.cfg.steps}")
     fig_dict = fig.to_dict() if fig else {}
     gpu = _gpu_part(fig_dict) if fig is not None and fig.has_gpu else None
-    settings = replace(s.cfg.settings, stack=False) if s.split and s._fig_step0 else s.cfg.settings  # the figures'
-    over = overhead_figures(steps_ms, s.plain_ms, settings, gpu)
+    over = overhead_figures(steps_ms, s.plain_ms, s.figure_settings, gpu)
     if lines_info is not None and over.get("plain_ms"):
         lines_info["ratio"] = round(lines_info["mean_ms"] / over["plain_ms"], 4) if lines_info["mean_ms"] else None
     if steps_ms and s.cfg.plain_steps and len(s.plain_ms) < s.cfg.plain_steps:

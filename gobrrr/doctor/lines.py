@@ -32,7 +32,7 @@ _TABLES = (
     # (field, idle key, cause, per-step keys)
     ("host_bound_sites", "idle_ms", "host_bound", ()),
     ("loader_sites", "idle_ms", "data_loader", ()),
-    ("syncs", "idle_ms", "sync_blocked", ("count", "total_ms")),
+    ("syncs", "idle_ms", "sync_blocked", ("count",)),
     ("h2d_sites", "critical_ms", "waiting_for_data", ("count", "bytes", "ms")),
     ("pageable", None, None, ("count", "bytes", "ms")),
 )
@@ -54,7 +54,7 @@ def carry(fig, lines_fig, tr, lines_tr) -> dict:
             if idle_key and idle_key in r:
                 r[idle_key] = round(r[idle_key] * ratio, 4)
         if name == "syncs":  # host time blocked in syncs: the figure steps' total, shared as in the line steps
-            ratio = _ratio(sum(r["total_ms"] for r in fig.syncs), sum(r["total_ms"] for r in rows), 1.0)
+            ratio = _ratio(sum(r["total_ms"] for r in fig.syncs), sum(r["total_ms"] for r in rows), per_step)
             for r in rows:
                 r["total_ms"] = round(r["total_ms"] * ratio, 4)
         setattr(fig, name, rows)

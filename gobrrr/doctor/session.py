@@ -113,6 +113,7 @@ class Session:
         self.split = cfg.settings.stack and cfg.line_steps > 0 and self.warmup >= 1 and self.rank is None
         self.phase = "figures"      # which window the recording profiler records: "figures", then "lines"
         self._fig_step0 = self._line_step0 = 0
+        self.figure_settings = cfg.settings  # what the recording the figures come from records (no stacks if split)
         self._pw = self.profiler_warmup  # the current profiler's WARMUP steps (none for the line steps)
         self._lines_path: Path | None = None
         self.base_out = Path(cfg.out_dir)
@@ -308,8 +309,9 @@ class Session:
                 self.phase, self.recorded, self._pw = "figures", self.lead_in + self.cfg.steps, self.profiler_warmup
                 self._fig_step0 = self._step0
                 self._reported = False  # a new window: its summary comes when it closes
-                figures = replace(self.cfg.settings, stack=False) if self.split else None
-                self._prof = self._new_profiler(self._schedule_steps, first_step=k, settings=figures)
+                if self.split:
+                    self.figure_settings = replace(self.cfg.settings, stack=False)
+                self._prof = self._new_profiler(self._schedule_steps, first_step=k, settings=self.figure_settings)
                 if not self.profiler_warmup and not self.lead_in:
                     self._watch()
                 return
