@@ -19,7 +19,6 @@ import ast
 from gobrrr.lint.source import DEFS, Source
 
 _CUT = {"detach", "item", "tolist", "numpy", "cpu", "detach_", "data"}
-_FACTORIES = {"tensor", "zeros", "ones", "full", "as_tensor"}
 
 
 def cpu_grad_backwards(project, src: Source, cls: ast.ClassDef) -> set[int]:
@@ -64,12 +63,17 @@ def _host_scalars(project, src: Source, cls: ast.ClassDef) -> set[str]:
     return found - moved
 
 
+def _host_scalar(call: ast.AST) -> bool:
+    """`torch.tensor(x)` of one value that is no list: a 0-dim tensor, on the host (no `device=`)."""
+    return isinstance(call, ast.Call) and ast.unparse(call.func) == "torch.tensor" and len(call.args) == 1 \
+        and not isinstance(call.args[0], (ast.List, ast.Tuple, ast.ListComp)) \
+        and not any(k.arg == "device" for k in call.keywords)
+
+
 def _host_leaf(call: ast.Call) -> bool:
     """`torch.tensor(0.0, requires_grad=True)` (a 0-dim leaf, no device)."""
-    kw = {k.arg: k.value for k in call.keywords if k.arg}
-    return ast.unparse(call.func) == "torch.tensor" and "device" not in kw and len(call.args) == 1 \
-        and isinstance(kw.get("requires_grad"), ast.Constant) and kw["requires_grad"].value is True \
-        and not isinstance(call.args[0], (ast.List, ast.Tuple, ast.ListComp))
+    grad = next((k.value for k in call.keywords if k.arg == "requires_grad"), None)
+    return _host_scalar(call) and isinstance(grad, ast.Constant) and grad.value is True
 
 
 def _scalar_module(project, src: Source, call: ast.Call) -> bool:
@@ -80,10 +84,7 @@ def _scalar_module(project, src: Source, call: ast.Call) -> bool:
     if init is None:
         return False
     params = [n for n in ast.walk(init[1]) if isinstance(n, ast.Call) and ast.unparse(n.func).endswith("Parameter")]
-    return bool(params) and all(
-        p.args and isinstance(p.args[0], ast.Call) and ast.unparse(p.args[0].func) == "torch.tensor"
-        and len(p.args[0].args) == 1 and not isinstance(p.args[0].args[0], (ast.List, ast.Tuple))
-        and not any(k.arg == "device" for k in p.args[0].keywords) for p in params)
+    return bool(params) and all(p.args and _host_scalar(p.args[0]) for p in params)
 
 
 class _Taint:

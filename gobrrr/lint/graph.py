@@ -72,7 +72,8 @@ class Project(Index):
         self.per_class: dict[int, dict] = {}   # id(ClassDef) -> what its methods set self attributes to (calls._class_attrs)
         self.looping: set[str] = set()   # names of the defs that hold a step loop (set by check.check_sources)
         self.hotmaps: dict = {}     # id(Source) -> its HotMap, once built
-        self._assigned: dict = {}   # id(ClassDef) -> the self attributes it sets (_set_attrs); a def's wrappers
+        self._assigned: dict = {}   # id(ClassDef) -> the self attributes it sets (_set_attrs); a def's wrappers; a
+        #                             class's attributes set to its own methods (("bound", id), _bound_methods)
 
     # -- calls
     def resolve(self, src: Source, call: ast.Call, scope: ast.AST | None, types=None,
@@ -173,12 +174,19 @@ class Project(Index):
         return here if len(here) <= 3 else []   # (GaussianPolicy.act, DeterministicPolicy.act: either runs)
 
     def _bound_methods(self, src: Source, cls: ast.ClassDef, attr: str) -> list[tuple[Source, ast.AST]]:
-        """The methods of cls that its defs set `self.<attr>` to (`self.get_r = self.get_r_single`)."""
-        names = {n.value.attr for n in ast.walk(cls) if isinstance(n, ast.Assign) and len(n.targets) == 1
-                 and isinstance(t := n.targets[0], ast.Attribute) and t.attr == attr
-                 and isinstance(t.value, ast.Name) and t.value.id == "self"
-                 and isinstance(n.value, ast.Attribute) and isinstance(n.value.value, ast.Name)
-                 and n.value.value.id == "self"}
+        """The methods of cls that its defs set `self.<attr>` to (`self.get_r = self.get_r_single`); the class is
+        read once for every attribute (cached)."""
+        key = ("bound", id(cls))
+        if key not in self._assigned:
+            table: dict[str, set[str]] = {}
+            for n in ast.walk(cls):
+                if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(t := n.targets[0], ast.Attribute) \
+                        and isinstance(t.value, ast.Name) and t.value.id == "self" \
+                        and isinstance(n.value, ast.Attribute) and isinstance(n.value.value, ast.Name) \
+                        and n.value.value.id == "self":
+                    table.setdefault(t.attr, set()).add(n.value.attr)
+            self._assigned[key] = table
+        names = self._assigned[key].get(attr, ())
         return [hit for m in sorted(names) if (hit := self.method(src, cls, m))][:4]
 
     def wrappers(self, src: Source, fn: ast.AST) -> list[tuple[Source, ast.AST]]:

@@ -45,6 +45,7 @@ class Index:
                     if isinstance(d, DEFS):
                         self.methods.setdefault(d.name, []).append((s, d))
         self._lookups: dict = {}
+        self._defining: dict[str, list[Source]] | None = None   # name -> the checked files defining it (_below)
         self.module_classes = self._module_classes()
         self.buffers = {n.args[0].value for s in sources if "register_buffer" in s.text for n in s.nodes
                         if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
@@ -131,8 +132,8 @@ class Index:
     def _below(self, package: str, name: str):
         """`from pkg.data import to_numpy` when pkg/data/__init__.py, which re-exports it, was not checked:
         the one checked file below pkg/data that defines `name` (none, or several, is no answer)."""
-        if not hasattr(self, "_defining"):   # name -> the checked files that define it, built on first use
-            self._defining: dict[str, list[Source]] = {}
+        if self._defining is None:   # built on first use
+            self._defining = {}
             for s in self.sources:
                 for n in {*s.functions, *s.classes}:
                     self._defining.setdefault(n, []).append(s)

@@ -134,12 +134,9 @@ class SyncRules:
         """The fill value of torch.full / full_like / x.new_full when it is a device tensor: these take a
         Scalar, so PyTorch reads the (one-element) tensor with .item(); `x.fill_(t)` and masked_fill take
         a tensor and do not sync."""
-        if name in ("torch.full", "torch.full_like"):
-            fill = kw.get("fill_value", node.args[1] if len(node.args) > 1 else None)
-        elif method == "new_full" and not name.startswith(("torch.", "numpy.")):
-            fill = kw.get("fill_value", node.args[1] if len(node.args) > 1 else None)
-        else:
+        if not (name in ("torch.full", "torch.full_like") or method == "new_full" and not name.startswith(("torch.", "numpy."))):
             return None
+        fill = kw.get("fill_value", node.args[1] if len(node.args) > 1 else None)   # second in all three
         return fill if fill is not None and self.kind(fill) == "tensor" else None
 
     def scalar_bound(self, node: ast.Call, name: str, method) -> ast.AST | None:
