@@ -59,6 +59,7 @@ class Kinds(CallKinds):
             self.scopes[-1][target.id] = kind
             self.scopes[-1].pop(target.id + "#val", None)   # no longer the constant the call passed
             self.scopes[-1].pop(target.id + "#0d", None)
+            self.scopes[-1].pop(target.id + "#1d", None)
             self.scopes[-1].pop(target.id + "#elem", None)
             self.scopes[-1].pop(target.id + "#part", None)
             self.scopes[-1].pop(target.id + "#kept", None)
