@@ -37,3 +37,115 @@ def test_a_row_of_a_tensor_of_unknown_rank_as_an_index_stays_quiet():
         "torch.unique(y)", "torch.unique(y, dim=0)")
     found = default(body)
     assert ("GB002", 9) not in found and ("GB002", 11) not in found, found
+
+
+# -- torch distributions behind an alias, a list or a TransformedDistribution wrapper (GB013)
+ALIAS = """
+class Actor(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Linear(4, 2)
+        self.Dist = torch.distributions.Normal
+
+    def act(self, obs):
+        mu = self.net(obs)
+        d = self.Dist(mu, mu.exp())
+        a = d.sample()
+        return a, d.log_prob(a)
+
+def collect(actor, env, obs):
+    for step in range(1000):
+        obs = torch.as_tensor(obs, device=DEVICE)
+        a, logp = actor.act(obs)
+        obs, r, done, info = env.step(a)
+"""
+
+
+def test_a_distribution_class_held_in_an_attribute_fires():
+    """ElegantRL's `self.ActionDist = th.distributions.normal.Normal`, then `self.ActionDist(avg, std)`: a
+    validated Normal built per step, sampled with torch.normal, its log_prob validated."""
+    found = default(ALIAS)
+    assert {("GB013", 10), ("GB013", 11), ("GB013", 12)} <= set(found), found
+
+
+def test_an_attribute_bound_to_two_distribution_classes_stays_quiet():
+    body = ALIAS.replace("self.Dist = torch.distributions.Normal",
+                         "self.Dist = torch.distributions.Normal\n        self.Dist = torch.distributions.Laplace")
+    assert not [f for f in default(body) if f[0] == "GB013"], default(body)
+
+
+LIST = """
+class Heads(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.heads = nn.ModuleList([nn.Linear(8, 3), nn.Linear(8, 5)])
+
+    def forward(self, x, actions):
+        logits = [h(x) for h in self.heads]
+        dists = [Categorical(logits=l) for l in logits]
+        logp = [d.log_prob(a) for d, a in zip(dists, actions.unbind(1))]
+        return torch.stack(logp, 1).sum(1)
+
+def train(model, loader, opt):
+    for x, a in loader:
+        x, a = x.to(DEVICE), a.to(DEVICE)
+        loss = -model(x, a).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+"""
+
+
+def test_log_prob_of_each_item_of_a_list_of_distributions_fires():
+    """rl_games' and SB3's multi-discrete heads: `[Categorical(logits=l) for l in logits]`, then a
+    log_prob per head, each validating its sample on the host."""
+    found = default("from torch.distributions import Categorical\n" + LIST)
+    assert ("GB013", 11) in found, found
+
+
+def test_a_list_of_distributions_without_validation_stays_quiet():
+    body = LIST.replace("Categorical(logits=l)", "Categorical(logits=l, validate_args=False)")
+    found = default("from torch.distributions import Categorical\n" + body)
+    assert ("GB013", 11) not in found, found
+
+
+WRAPPER = """
+from torch.distributions import Normal, TransformedDistribution
+from torch.distributions.transforms import TanhTransform
+
+class Squashed(TransformedDistribution):
+    def __init__(self, loc, scale):
+        super().__init__(Normal(loc, scale), [TanhTransform()])
+
+class Actor(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Linear(4, 2)
+
+    def forward(self, obs):
+        mu = self.net(obs)
+        return Squashed(mu, mu.exp())
+
+def update(loader):
+    actor = Actor().to(DEVICE)
+    opt = torch.optim.Adam(actor.parameters())
+    for obs, a in loader:
+        obs, a = obs.to(DEVICE), a.to(DEVICE)
+        d = actor(obs)
+        loss = -d.log_prob(a).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+"""
+
+
+def test_log_prob_of_a_transformed_distribution_over_a_normal_fires():
+    """A SAC actor's SquashedNormal (a TransformedDistribution subclass whose base is a validated Normal):
+    its log_prob checks the sample's support on the host."""
+    found = default(WRAPPER)
+    assert ("GB013", 24) in found, found
+
+
+def test_a_transformed_distribution_without_validation_stays_quiet():
+    body = WRAPPER.replace("[TanhTransform()])", "[TanhTransform()], validate_args=False)")
+    assert ("GB013", 24) not in default(body), default(body)
