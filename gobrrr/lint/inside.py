@@ -9,7 +9,8 @@
              `torch.distributions.Distribution.set_default_validate_args(False)`) removes them.
              Also a project subclass of one (`class CategoricalMasked(Categorical)`), and
              `d.log_prob(x)` of a name bound to such a distribution, or to a project def's call that
-             returns one (`policy = self._get_policy(obs)`, `out = self.actor(obs)`).
+             returns one (`policy = self._get_policy(obs)`, `out = self.actor(obs)`); one behind a class
+             alias, in a list, or as the base of a TransformedDistribution subclass (dists.py).
              `torch.normal(mean, std)` with a tensor std: torch checks `std >= 0` on the host; so
              does `d.sample()` of a Normal of device tensors (it calls torch.normal; rsample does not).
              `loss.backward()` through a 0-dim CPU parameter a trainer object never moved (cpuparams.py):
