@@ -149,3 +149,32 @@ def test_log_prob_of_a_transformed_distribution_over_a_normal_fires():
 def test_a_transformed_distribution_without_validation_stays_quiet():
     body = WRAPPER.replace("[TanhTransform()])", "[TanhTransform()], validate_args=False)")
     assert ("GB013", 24) not in default(body), default(body)
+
+
+# -- a torchvision transform's output is a host tensor (GB010 when it is copied per image)
+TRANSFORM = """
+from torchvision import transforms as T
+from PIL import Image
+
+def predict(model, paths):
+    prep = T.Compose([T.ToTensor(), T.Normalize([0.5], [0.5])])
+    model = model.to(DEVICE).eval()
+    with torch.no_grad():
+        for p in paths:
+            img = prep(Image.open(p)).unsqueeze(0)
+            img = img.to(DEVICE)
+            pred = model(img)
+            save(pred)
+"""
+
+
+def test_a_transformed_image_copied_per_image_fires():
+    """DeepLabV3Plus' and YOLOP's inference loops: `transform(img).to(device)`, a pageable host tensor
+    copied with a blocking .to() per image."""
+    assert ("GB010", 11) in default(TRANSFORM), default(TRANSFORM)
+
+
+def test_a_transform_applied_to_a_device_tensor_stays_quiet():
+    """The same transform handed a tensor already on the device returns a device tensor: no copy."""
+    body = TRANSFORM.replace("prep(Image.open(p))", "prep(torch.rand(3, 8, 8, device=DEVICE))")
+    assert ("GB010", 11) not in default(body), default(body)

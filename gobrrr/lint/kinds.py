@@ -13,6 +13,7 @@ Per scope, each name gets one of:
     hlist    a list or tuple of host tensors (a CPU matcher's index pairs)
     numpy    a numpy array
     obj      a module or other object: `nn.Linear(...)`, `Net().to(dev)`, `model.cuda()`; never a tensor
+    transform  a torchvision transform (`T.Compose([T.ToTensor(), ...])`): calling it makes a host tensor
     loader_pageable / loader_pinned / loader_device / loader    data loaders (the last: pinning unknown)
     batch_host / batch_pinned / batch    a batch from one of them, still on the host
 
