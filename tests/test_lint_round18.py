@@ -178,3 +178,35 @@ def test_a_transform_applied_to_a_device_tensor_stays_quiet():
     """The same transform handed a tensor already on the device returns a device tensor: no copy."""
     body = TRANSFORM.replace("prep(Image.open(p))", "prep(torch.rand(3, 8, 8, device=DEVICE))")
     assert ("GB010", 11) not in default(body), default(body)
+
+
+# -- an upper-case self attribute the class binds to a host tensor is that tensor, not a config node
+TABLE = """
+class Targets(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.MEANS = torch.FloatTensor(cfg.MEANS)
+
+    def forward(self, boxes):
+        means = self.MEANS.type_as(boxes)
+        return boxes - means
+
+def train(model, head, loader, opt):
+    for x, boxes in loader:
+        x, boxes = x.to(DEVICE), boxes.to(DEVICE)
+        loss = (model(x) - head(boxes)).abs().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+"""
+
+
+def test_an_upper_case_host_table_moved_per_forward_fires():
+    """faster-rcnn's `self.BBOX_NORMALIZE_MEANS = torch.FloatTensor(cfg...)`, then `.type_as(gt_boxes)` in
+    every forward: a blocking host-to-device copy."""
+    assert ("GB010", 8) in default(TABLE), default(TABLE)
+
+
+def test_an_upper_case_attribute_bound_to_a_config_value_stays_quiet():
+    body = TABLE.replace("torch.FloatTensor(cfg.MEANS)", "cfg.MEANS")
+    assert ("GB010", 8) not in default(body), default(body)

@@ -176,9 +176,10 @@ class Kinds(CallKinds):
         if isinstance(node, ast.Attribute):
             if node.attr in NUMBER_ATTRS or node.attr in ("size", "dim"):   # x.size, p.dim uncalled: a tuple, an int
                 return "num"
-            if node.attr.isupper() and len(node.attr) > 1:
+            own = isinstance(node.value, ast.Name) and node.value.id == "self" and node.attr in self.self_attrs
+            if node.attr.isupper() and len(node.attr) > 1 and not (own and self.self_attrs[node.attr] in ("host", "pinned")):
                 return None   # cfg.MODEL.RPN_ONLY: a config node (yacs, ml_collections), never a tensor's field
-            if isinstance(node.value, ast.Name) and node.value.id == "self" and node.attr in self.self_attrs:
+            if own:   # (self.BBOX_MEANS = torch.FloatTensor(cfg.MEANS): a host table the class keeps)
                 return self.self_attrs[node.attr]
             if node.attr in self.buffers and (isinstance(node.value, ast.Name) and node.value.id == "self"
                                               or self.is_model(node.value)):
