@@ -5,9 +5,9 @@ index.py gathers them into the project's modules and classes, and graph.py says 
 loops.py recognises step loops by what they do; hot.py decides which code runs per step; calls.py follows
 calls from it across files; findings.py lists the rules GB001-GB014 as the user reads them; rules.py
 holds the walk (the Checker), with scopes.py binding names as it goes, the rules by concept in sync.py,
-moves.py, inside.py (with cpuparams.py) and env.py, and flow.py walking loops, branches and error paths; kinds.py says which
-values are tensors on the device, callkinds.py what a call returns, from the tables of names.py. Reads
-source only: never imports the user's code.
+moves.py, inside.py (with cpuparams.py and dists.py), env.py and elements.py, and flow.py walking loops,
+branches and error paths; kinds.py says which values are tensors on the device, callkinds.py what a call
+returns, from the tables of names.py. Reads source only: never imports the user's code.
 """
 from gobrrr.lint.check import Finding, lint_file, lint_paths, lint_source, main
 

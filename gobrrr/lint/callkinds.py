@@ -54,6 +54,14 @@ class CallKinds:
     def call_kind(self, node: ast.Call) -> str | None:
         func = node.func
         name = self.dotted(func)
+        if self._a_transform(func):   # transform(img) with transform = T.Compose([T.ToTensor(), ...]): made on
+            return "tensor" if any(self.kind(a) in TENSORISH for a in node.args) else "host"   # the host
+        if name and name.startswith("torchvision.transforms"):
+            last = name.rsplit(".", 1)[-1]
+            if last[:1].isupper():
+                return "transform"   # T.Compose([...]), T.ToTensor(): a callable that returns host tensors
+            if last in ("to_tensor", "pil_to_tensor"):
+                return "host"        # TF.to_tensor(pil_image)
         if any(k.arg == "return_tensors" for k in node.keywords) and (
                 _TOKENIZER.search(name_of(func)) or (isinstance(func, ast.Attribute) and _TOKENIZER.search(
                     name_of(func.value)))):
@@ -249,6 +257,14 @@ class CallKinds:
         leaf = name.rsplit(".", 1)[-1]
         return leaf[:1].islower() and leaf != "from_numpy" \
             and getattr(getattr(self, "project", None), "default_cuda", False)
+
+    def _a_transform(self, func: ast.AST) -> bool:
+        """A name (or `self.` attribute) bound to a torchvision transform: its call converts a PIL image or
+        an array into a host tensor (a device tensor handed in stays there)."""
+        if isinstance(func, ast.Name):
+            return self.lookup(func.id) == "transform"
+        return isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self" \
+            and self.self_attrs.get(func.attr) == "transform"
 
     def _loader_class(self, func: ast.AST) -> bool:
         """`DataLoaderX(ds, pin_memory=...)`: a project class whose base is torch's DataLoader."""

@@ -115,6 +115,8 @@ class FlowRules:
         if id(node) in self.hotmap.step_loops and self.region != "off":
             self.follow_generator(node)
         self.bind_loop_target(node.target, node.iter)
+        self.note_loop_elements(node.target, node.iter)
+        self.note_dist_items(node.target, node.iter)
         keyed = _keyed(node)
         before = self.lookup(keyed[1]) if keyed else None
         self.key_loops.append(keyed)
@@ -377,6 +379,8 @@ class FlowRules:
             if i:
                 self.visit(g.iter)
             self.bind_loop_target(g.target, g.iter)
+            self.note_loop_elements(g.target, g.iter)
+            self.note_dist_items(g.target, g.iter)
             for cond in g.ifs:
                 self.visit(cond)
         for part in ([node.key, node.value] if isinstance(node, ast.DictComp) else [node.elt]):

@@ -9,7 +9,8 @@
              `torch.distributions.Distribution.set_default_validate_args(False)`) removes them.
              Also a project subclass of one (`class CategoricalMasked(Categorical)`), and
              `d.log_prob(x)` of a name bound to such a distribution, or to a project def's call that
-             returns one (`policy = self._get_policy(obs)`, `out = self.actor(obs)`).
+             returns one (`policy = self._get_policy(obs)`, `out = self.actor(obs)`); one behind a class
+             alias, in a list, or as the base of a TransformedDistribution subclass (dists.py).
              `torch.normal(mean, std)` with a tensor std: torch checks `std >= 0` on the host; so
              does `d.sample()` of a Normal of device tensors (it calls torch.normal; rsample does not).
              `loss.backward()` through a 0-dim CPU parameter a trainer object never moved (cpuparams.py):
@@ -24,6 +25,7 @@ import ast
 
 from gobrrr.lint.bindings import assigned_calls, own_statements
 from gobrrr.lint.cpuparams import cpu_grad_backwards
+from gobrrr.lint.dists import dist_aliases, qualified, wrapped_dist
 from gobrrr.lint.names import TENSORISH
 
 _BARRIERS = ("torch.distributed.barrier", "dist.barrier", "wait_for_everyone", "xm.rendezvous",
@@ -80,6 +82,12 @@ class InsideRules:
         if name.startswith("torch.distributions.") and last[:1].isupper() \
                 and not name.endswith(("Distribution", "constraints")):
             return last
+        func = node.func
+        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self":
+            aliases = dist_aliases(self.project, self.src)   # self.ActionDist = torch.distributions.Normal
+            hit = next((aliases[c, func.attr] for c in self.self_classes() if (c, func.attr) in aliases), None)
+            if hit:
+                return hit
         if last[:1].isupper() and isinstance(node.func, (ast.Name, ast.Attribute)):
             hit = self.project.class_of(self.src, node.func)   # class CategoricalMasked(Categorical)
             if hit is not None and _torch_dist_base(self.project, *hit):
@@ -89,9 +97,17 @@ class InsideRules:
     def note_distribution(self, node: ast.Assign) -> None:
         """`d = Normal(mu, std)` with validation on: its `d.log_prob(x)` checks the sample on the host."""
         v = _base_dist(self.src, node.value)
+        if isinstance(v, ast.ListComp):
+            return self.note_dist_list(node.targets, v)
         if isinstance(v, ast.Call) and isinstance(v.func, (ast.Name, ast.Attribute)):
             kw = {k.arg: k.value for k in v.keywords if k.arg}
             made = self.device_dist(v, self.dotted(v.func) or "", kw)
+            wrapper = None if made else self.wrapper_of(v)
+            if wrapper:   # d = SquashedNormal(mu, std): its log_prob validates, its sample is its base's
+                if wrapper == "Normal":
+                    self.bind_to(node.targets, _NORMAL, self.normal_attrs)
+                self.bind_to(node.targets, _DIST, self.dist_attrs)
+                return
             for t in node.targets:   # its samples, log_prob and entropy are device tensors
                 if made and isinstance(t, ast.Name):
                     self.scopes[-1][t.id + _DEVICE_DIST] = "dist"
@@ -99,6 +115,42 @@ class InsideRules:
                 self.bind_to(node.targets, _NORMAL, self.normal_attrs)
             if self.validated_dist(v, self.dotted(v.func) or "", kw):
                 self.bind_to(node.targets, _DIST, self.dist_attrs)
+
+    def wrapper_of(self, call: ast.Call) -> str | None:
+        """The base a project TransformedDistribution subclass builds (dists.wrapped_dist), when this
+        call makes one from device tensors."""
+        if not any(self.kind(a) in TENSORISH for a in [*call.args, *(k.value for k in call.keywords)]):
+            return None
+        hit = self.project.class_of(self.src, call.func) if isinstance(call.func, (ast.Name, ast.Attribute)) else None
+        return wrapped_dist(self.project, *hit) if hit is not None else None
+
+    def note_dist_list(self, targets, comp: ast.ListComp) -> None:
+        """`heads = [Categorical(logits=l) for l in logits]`: a list of validated distributions (dists.py)."""
+        elt = _base_dist(self.src, comp.elt)
+        if not isinstance(elt, ast.Call) or not isinstance(elt.func, (ast.Name, ast.Attribute)):
+            return
+        self.scopes.append({})
+        try:
+            for g in comp.generators:
+                self.bind_loop_target(g.target, g.iter)
+            kw = {k.arg: k.value for k in elt.keywords if k.arg}
+            made = self.validated_dist(elt, self.dotted(elt.func) or "", kw)
+        finally:
+            self.scopes.pop()
+        if made:
+            self.bind_to(targets, _DISTS, self.dist_list_attrs)
+
+    def note_dist_items(self, target: ast.AST, it: ast.AST) -> None:
+        """A loop over a list of validated distributions (note_dist_list): each item is one; through
+        zip() and enumerate() too."""
+        if isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and isinstance(target, ast.Tuple):
+            if it.func.id == "zip" and len(it.args) == len(target.elts):
+                for t, a in zip(target.elts, it.args):
+                    self.note_dist_items(t, a)
+            elif it.func.id == "enumerate" and it.args and len(target.elts) == 2:
+                self.note_dist_items(target.elts[1], it.args[0])
+        elif isinstance(target, ast.Name) and self.bound_to(it, _DISTS, self.dist_list_attrs):
+            self.scopes[-1][target.id + _DIST] = _DIST[1:]
 
     def returned_dists(self, v: ast.AST) -> list[tuple[str, bool]]:
         """(class, validated) of the torch distributions that the project def whose call was assigned to
@@ -151,6 +203,7 @@ class InsideRules:
 _DIST = "#dist"   # scope key of a name bound to a validated distribution
 _DEVICE_DIST = "#ddist"   # scope key of a name bound to a distribution of device tensors
 _NORMAL = "#normal"   # scope key of a name bound to a Normal of device tensors
+_DISTS = "#dists"   # scope key of a name bound to a list of validated distributions
 _FIX = ("pass validate_args=False, or call torch.distributions.Distribution.set_default_validate_args(False) once "
         "at start-up: validation reads each parameter check (and each log_prob sample check) on the host")
 
@@ -168,10 +221,13 @@ def _returned_dists(project, src, fn) -> list[tuple[str, bool]]:
                 if isinstance(r.value, ast.Name) else []
             for c in made:
                 c = _base_dist(src, c)
-                full = _qualified(src, c.func)
+                full = qualified(src, c.func)
                 last = full.rsplit(".", 1)[-1]
                 hit = project.class_of(src, c.func) if last[:1].isupper() and not full.startswith("torch.") else None
-                if full.startswith("torch.distributions.") and last[:1].isupper() and not last.endswith("Distribution") \
+                wrapper = wrapped_dist(project, *hit) if hit is not None else None
+                if wrapper:   # SquashedNormal(mu, std): validated log_prob, its base's sample
+                    out.append((wrapper, True))
+                elif full.startswith("torch.distributions.") and last[:1].isupper() and not last.endswith("Distribution") \
                         or hit is not None and _torch_dist_base(project, *hit):
                     off = any(k.arg == "validate_args" and not (isinstance(k.value, ast.Constant) and k.value.value)
                               for k in c.keywords)
@@ -183,7 +239,7 @@ def _returned_dists(project, src, fn) -> list[tuple[str, bool]]:
 def _base_dist(src, v: ast.AST) -> ast.AST:
     """`Independent(Normal(loc, scale), 1)`: the Normal it wraps, whose checks its log_prob and sample run."""
     while isinstance(v, ast.Call) and v.args and isinstance(v.args[0], ast.Call) \
-            and _qualified(src, v.func) == "torch.distributions.Independent":
+            and qualified(src, v.func) == "torch.distributions.Independent":
         v = v.args[0]
     return v
 
@@ -197,26 +253,13 @@ def _torch_dist_base(project, src, cls, depth: int = 0) -> bool:
                                 and k.value.value is False for k in ast.walk(init[1])):
         return False
     for base in cls.bases:
-        full = _qualified(src, base)
+        full = qualified(src, base)
         if full.startswith(("torch.distributions.", "distributions.")):
             return not full.endswith("Distribution")
         hit = project.class_of(src, base) if depth < 4 else None
         if hit is not None and hit[1] is not cls and _torch_dist_base(project, *hit, depth + 1):
             return True
     return False
-
-
-def _qualified(src, expr: ast.AST) -> str:
-    """`pyd.Normal` -> 'torch.distributions.Normal' through the file's imports."""
-    parts = []
-    while isinstance(expr, ast.Attribute):
-        parts.append(expr.attr)
-        expr = expr.value
-    if not isinstance(expr, ast.Name):
-        return ""
-    module, attr = src.imports.get(expr.id, (expr.id, None))
-    head = f"{module}.{attr}" if attr else module
-    return ".".join([head, *reversed(parts)])
 
 
 def validation_off_globally(text: str) -> bool:

@@ -13,6 +13,7 @@ Per scope, each name gets one of:
     hlist    a list or tuple of host tensors (a CPU matcher's index pairs)
     numpy    a numpy array
     obj      a module or other object: `nn.Linear(...)`, `Net().to(dev)`, `model.cuda()`; never a tensor
+    transform  a torchvision transform (`T.Compose([T.ToTensor(), ...])`): calling it makes a host tensor
     loader_pageable / loader_pinned / loader_device / loader    data loaders (the last: pinning unknown)
     batch_host / batch_pinned / batch    a batch from one of them, still on the host
 
@@ -59,6 +60,7 @@ class Kinds(CallKinds):
             self.scopes[-1][target.id] = kind
             self.scopes[-1].pop(target.id + "#val", None)   # no longer the constant the call passed
             self.scopes[-1].pop(target.id + "#0d", None)
+            self.scopes[-1].pop(target.id + "#1d", None)
             self.scopes[-1].pop(target.id + "#elem", None)
             self.scopes[-1].pop(target.id + "#part", None)
             self.scopes[-1].pop(target.id + "#kept", None)
@@ -174,9 +176,10 @@ class Kinds(CallKinds):
         if isinstance(node, ast.Attribute):
             if node.attr in NUMBER_ATTRS or node.attr in ("size", "dim"):   # x.size, p.dim uncalled: a tuple, an int
                 return "num"
-            if node.attr.isupper() and len(node.attr) > 1:
+            own = isinstance(node.value, ast.Name) and node.value.id == "self" and node.attr in self.self_attrs
+            if node.attr.isupper() and len(node.attr) > 1 and not (own and self.self_attrs[node.attr] in ("host", "pinned")):
                 return None   # cfg.MODEL.RPN_ONLY: a config node (yacs, ml_collections), never a tensor's field
-            if isinstance(node.value, ast.Name) and node.value.id == "self" and node.attr in self.self_attrs:
+            if own:   # (self.BBOX_MEANS = torch.FloatTensor(cfg.MEANS): a host table the class keeps)
                 return self.self_attrs[node.attr]
             if node.attr in self.buffers and (isinstance(node.value, ast.Name) and node.value.id == "self"
                                               or self.is_model(node.value)):

@@ -63,7 +63,7 @@ COMPILED = "<torch.compile>"   # in Checker.functions: a @torch.compile'd def ru
 TENSORISH = {"tensor", "mask", "generated"}   # generated: model.generate()'s tokens, made to be read on the host
 BATCHES = {"batch_host", "batch_pinned", "batch", "batch_tok"}   # batch_tok: a tokenizer's return_tensors="pt" output
 HOSTISH = {"num", "host", "pinned", "numpy", "str", "ttype", "obj", "hlist", "cpudev", "loader_pinned", "loader_pageable",
-           "loader_device",
+           "loader_device", "transform",
            "loader", *BATCHES}
 # what iterating (or unpacking) a value of one kind gives
 ITEM_KIND = {"loader_pageable": "batch_host", "loader_pinned": "batch_pinned", "loader_device": "tensor",

@@ -6,7 +6,8 @@ only with evidence that the value is a tensor. The Checker is this file's driver
 reporting, the entry points, the rules on calls) over mixins by concept: scopes (binding names
 as the walk meets them), flow (loops, branches, error paths), calls (following calls into the
 project), sync (reading a device value on the host, synchronize, data-dependent shapes), moves
-(copies and host indices), inside (barriers, syncs inside torch), env (CPU environments); what
+(copies and host indices), inside (barriers, syncs inside torch), env (CPU environments), elements
+(one-dimensional device tensors and their 0-d elements); what
 each rule says, and the Finding it makes, are in findings.py.
 
 Regions: None (straight-line code), 'cold' (a loop that does not step), 'hot' (a step loop, a
@@ -20,6 +21,7 @@ from __future__ import annotations
 import ast
 
 from gobrrr.lint.calls import MAX_DEPTH, CallRules
+from gobrrr.lint.elements import ElementRules
 from gobrrr.lint.env import EnvRules, env_makers
 from gobrrr.lint.findings import RULES, SYNC_RULES, TITLES, Finding
 from gobrrr.lint.flow import FlowRules
@@ -42,7 +44,8 @@ _IMAGE_SINKS = ("save_image", "imsave", "imwrite", "fromarray", "imshow", "add_i
                 "write_video", "make_grid", "Image", "savefig", "log_image", "log_images")
 
 
-class Checker(ScopeWalk, FlowRules, CallRules, SyncRules, CopyRules, InsideRules, EnvRules, Kinds, ast.NodeVisitor):
+class Checker(ScopeWalk, FlowRules, CallRules, SyncRules, CopyRules, InsideRules, EnvRules, ElementRules, Kinds,
+              ast.NodeVisitor):
     """One module's findings (see the module doc)."""
 
     def __init__(self, src: Source, project: Project | None = None, hotmap: HotMap | None = None,
@@ -90,6 +93,7 @@ class Checker(ScopeWalk, FlowRules, CallRules, SyncRules, CopyRules, InsideRules
         self.mask_lists: set[str] = set()       # lists that masks are appended to (torch.cat of them is a mask)
         self.normal_attrs: set[tuple[str, str]] = set()   # (class, self attribute) bound to a Normal (inside)
         self.dist_attrs: set[tuple[str, str]] = set()     # (class, self attribute) bound to a validated one
+        self.dist_list_attrs: set[tuple[str, str]] = set()   # (class, self attribute) bound to a list of them
         self.summary_depth = 0                  # > 0 in a scratch walk that only learns what a def returns
         self.rare_depth = 0                     # > 0 inside a rare branch of hot code (flow: its own step loops)
         self.looping_def = False                # in a def that holds a step loop (its set-up learns what helpers return)

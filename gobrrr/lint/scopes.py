@@ -160,7 +160,7 @@ class ScopeWalk:
 
     def _assign(self, node: ast.Assign) -> None:
         self.visit(node.value)
-        zero_d = self.zero_d(node.value)
+        zero_d = self.zero_d(node.value) or self.zero_d_element(node.value)
         self.note_distribution(node)
         for t in node.targets:
             self.visit_target(t)
@@ -209,6 +209,8 @@ class ScopeWalk:
             self.guesses.update(t.id for t in node.targets if isinstance(t, ast.Name))
         for t in node.targets:
             self.bind(t, k)
+        self.note_flat(node.targets, value)
+        for t in node.targets:
             for kl in self.key_loops:   # for k in batch: batch[k] = batch[k].to(dev): flow binds batch after the loop
                 if kl and k in TENSORISH and isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name) \
                         and isinstance(t.slice, ast.Name) and kl[:2] == [t.slice.id, t.value.id]:
