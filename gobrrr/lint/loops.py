@@ -13,7 +13,7 @@ branches) does one of:
                of the project that calls one (`self.get_action_values(obs)`, `policy.act(obs)`)
     data       a batch taken: the loop iterates a loader (`for x, y in train_loader`, a DataLoader,
                `dataloaders["train"]`)
-               or calls `next(it)` in a `while` loop
+               or calls `next(it)` in a `while` loop, or `next(train_iter)` (named for data) in any loop
     env        an environment stepped: `.step(action)` on an env-named receiver, or a `step` /
                `env_step` call whose result unpacks into four or five names (obs, reward, done, info)
 
@@ -65,6 +65,7 @@ _NOT_RUNNING = re.compile(r"^_*(save|load|log|print|set|build|create|get|init|co
                           r"getattr|setattr|len|str|repr|id|type|update|sync|broadcast|convert|export|compile|"
                           r"clip|zero|parameters|named|state|describe|check|watch|track)", re.I)
 LOADER_NAME = re.compile(r"loader|dataloader|_dl$|^dl$|batches$", re.I)
+_BATCH_SOURCE = re.compile(r"loader|iter|gen|data|batch|stream|_dl$|^dl$", re.I)   # next(train_iter)
 _ENV = re.compile(r"(^|_)(env|envs|environment|environments|venv|vec_?env|sim|simulator|game)(_|$|\d)", re.I)
 _ENV_STEP = re.compile(r"^(step|env_step|step_env|step_envs|envs_step)$")
 # names too common to take a call as a forward because one project def of that name runs a model
@@ -116,7 +117,8 @@ def is_model_name(name: str) -> bool:
     if not words or words[0] in _VERBS:
         return False
     head = words[-1]
-    return head in _MODEL_WORDS or (head.endswith(("net", "model", "former")) and len(head) > 4)
+    return head in _MODEL_WORDS or (head.endswith(("net", "model", "former")) and len(head) > 4) \
+        or (len(head) == 4 and head.endswith("net") and head != "inet")   # nnet, gnet; not an inet address
 
 
 def is_env_name(name: str) -> bool:
@@ -253,9 +255,9 @@ class Facts:
                 return "update"   # self.calc_gradients(batch), self.update(step)
             receiver = name_of(func.value)
             if args and func.attr not in HOUSEKEEPING and (
-                    self._module(func.attr) or (own and func.attr in self.forwarding)
+                    self._module(func.attr) or func.attr in self.forwarding and (own or is_model_name(receiver))
                     or func.attr in ("forward", "generate") and (is_model_name(receiver) or receiver in self.models)):
-                return "forward"  # self.model(x), self.actor(obs), self.get_action_values(obs)
+                return "forward"  # self.model(x), self.actor(obs), self.get_action_values(obs), self.score_model.score(x)
             return None
         if isinstance(func, ast.Name) and args and (self._module(func.id) or func.id in self.forwarding):
             return "forward"   # a plain function that updates may run a whole training: not followed here
@@ -449,10 +451,12 @@ def _moves_batch(loop: ast.AST, own: list[ast.AST]) -> bool:
 
 
 def _takes_batches(loop: ast.AST, calls: list[ast.Call]) -> bool:
-    """A for loop over a loader (`train_loader`, `DataLoader(...)`, `tqdm(loader)`), or a while
-    loop that calls next() on an iterator."""
-    if isinstance(loop, ast.While):
-        return any(isinstance(c.func, ast.Name) and c.func.id == "next" for c in calls)
+    """A for loop over a loader (`train_loader`, `DataLoader(...)`, `tqdm(loader)`), a while loop that
+    calls next() on an iterator, or a for loop that calls it on one named for data (`next(train_iter)`)."""
+    nexts = [c.args[0] for c in calls if isinstance(c.func, ast.Name) and c.func.id == "next" and c.args]
+    if isinstance(loop, ast.While) or any(isinstance(a, (ast.Name, ast.Attribute)) and _BATCH_SOURCE.search(
+            name_of(a)) for a in nexts):   # not `next(iter(m.parameters()))` in a loop over modules
+        return bool(nexts)
     it = loop.iter
     while isinstance(it, ast.Call) and it.args and isinstance(it.func, ast.Name) \
             and it.func.id in ("enumerate", "tqdm", "iter", "zip", "islice", "progress_bar", "track"):
@@ -467,7 +471,7 @@ def _takes_batches(loop: ast.AST, calls: list[ast.Call]) -> bool:
 def defaults_of_one(nodes: list[ast.AST]) -> tuple[set[str], set[str]]:
     """(names some config sets to 1 by default, names it sets to another number): a dataclass field or class
     attribute (`logging_steps: int = 1`, `= field(default=1)`), an argparse option (`--log-interval`,
-    `default=1`). A default of None (unset; the branch guards on it) says nothing either way."""
+    `default=1`), a rate given to a call (`TrainArgs(log_interval=1)`). A default of None (unset; the branch guards on it) says nothing either way."""
     ones, others = set(), set()
 
     def sort(name: str, default: ast.AST | None) -> None:   # a number default: 1, or another
@@ -491,7 +495,14 @@ def defaults_of_one(nodes: list[ast.AST]) -> tuple[set[str], set[str]]:
             dest = next((k.value.value for k in n.keywords if k.arg == "dest" and isinstance(k.value, ast.Constant)),
                         flags[-1].lstrip("-").replace("-", "_"))
             sort(dest, next((k.value for k in n.keywords if k.arg == "default"), None))
+        elif isinstance(n, ast.Call):   # a config built with its rates: `TrainArgs(log_interval=1, ...)`
+            for k in n.keywords:
+                if k.arg and _RATE_NAME.search(k.arg):
+                    sort(k.arg, k.value)
     return ones, others
+
+
+_RATE_NAME = re.compile(r"interval|every|freq|period|_steps$")
 
 
 __all__ = ["Facts", "defaults_of_one", "step_loops", "updating_methods", "looping_closure", "stepping_defs", "forwarding_defs",

@@ -31,7 +31,9 @@ class SyncRules:
     def sync_rules(self, node, func, name, method, recv, kw) -> None:
         # GB002: reading a device value on the host
         forced = isinstance(kw.get("force"), ast.Constant) and kw["force"].value is True
-        if method in READS and recv not in HOSTISH and recv != "generated" and not isinstance(func.value, ast.Constant) \
+        if method == "cpu" and recv in HOSTISH and self.wrapped_unknown(func.value):
+            self.flag(node, "GB002", what="`.cpu()`")   # torch.as_tensor(v).float().cpu(): v may be on the device
+        elif method in READS and recv not in HOSTISH and recv != "generated" and not isinstance(func.value, ast.Constant) \
                 and (method != "numpy" or forced) \
                 and (method != "tolist" or recv in TENSORISH) \
                 and not (method == "cpu" and self.is_model(func.value)) \
@@ -246,6 +248,19 @@ class SyncRules:
                     self.mask_key(p) for p in parts):
                 self.flag(node, "GB008", what="boolean-mask indexing `x[mask]`")
         self.generic_visit(node)
+
+
+    def wrapped_unknown(self, node: ast.AST) -> bool:
+        """`torch.as_tensor(v)` (through its views and casts, no device=) of a value of unknown kind: read back
+        with `.cpu()`, it is one the author expects on the device (a metric of a dict, a grad norm)."""
+        while isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _CASTS:
+            node = node.func.value
+        return isinstance(node, ast.Call) and (self.dotted(node.func) or "").endswith(".as_tensor") \
+            and len(node.args) == 1 and not any(k.arg == "device" for k in node.keywords) \
+            and isinstance(node.args[0], (ast.Name, ast.Attribute, ast.Subscript)) and self.kind(node.args[0]) is None
+
+
+_CASTS = {"reshape", "view", "flatten", "float", "double", "half", "detach", "squeeze", "unsqueeze", "to", "type"}
 
 
 def func_value(node: ast.Call) -> ast.AST | None:
