@@ -65,6 +65,7 @@ _NOT_RUNNING = re.compile(r"^_*(save|load|log|print|set|build|create|get|init|co
                           r"getattr|setattr|len|str|repr|id|type|update|sync|broadcast|convert|export|compile|"
                           r"clip|zero|parameters|named|state|describe|check|watch|track)", re.I)
 LOADER_NAME = re.compile(r"loader|dataloader|_dl$|^dl$|batches$", re.I)
+_DATA_ITERATOR = re.compile(r"^(train|eval|val|valid|test|data|batch)_?iterator$", re.I)   # self.eval_iterator
 _BATCH_SOURCE = re.compile(r"loader|iter|gen|data|batch|stream|_dl$|^dl$", re.I)   # next(train_iter)
 _ENV = re.compile(r"(^|_)(env|envs|environment|environments|venv|vec_?env|sim|simulator|game)(_|$|\d)", re.I)
 _ENV_STEP = re.compile(r"^(step|env_step|step_env|step_envs|envs_step)$")
@@ -457,54 +458,25 @@ def _takes_batches(loop: ast.AST, calls: list[ast.Call]) -> bool:
     if isinstance(loop, ast.While) or any(isinstance(a, (ast.Name, ast.Attribute)) and _BATCH_SOURCE.search(
             name_of(a)) for a in nexts):   # not `next(iter(m.parameters()))` in a loop over modules
         return bool(nexts)
-    it = loop.iter
+    return _loader_like(loop.iter)
+
+
+def _loader_like(it: ast.AST) -> bool:
+    """`train_loader`, `DataLoader(...)`, `tqdm(loader)`, `dataloaders["train"]`, `self.eval_iterator`, and
+    `tqdm(it) if main_process else it`."""
     while isinstance(it, ast.Call) and it.args and isinstance(it.func, ast.Name) \
             and it.func.id in ("enumerate", "tqdm", "iter", "zip", "islice", "progress_bar", "track"):
         it = it.args[0]
+    if isinstance(it, ast.IfExp):
+        return _loader_like(it.body) or _loader_like(it.orelse)
     if isinstance(it, ast.Call):
         return name_of(it.func) == "DataLoader"
     if isinstance(it, ast.Subscript) and isinstance(it.slice, ast.Constant) and isinstance(it.slice.value, str):
         it = it.value   # dataloaders["train"]: one loader of a dict of them
-    return isinstance(it, (ast.Name, ast.Attribute)) and bool(LOADER_NAME.search(name_of(it)))
+    return isinstance(it, (ast.Name, ast.Attribute)) and bool(LOADER_NAME.search(name_of(it))
+                                                              or _DATA_ITERATOR.search(name_of(it)))
 
 
-def defaults_of_one(nodes: list[ast.AST]) -> tuple[set[str], set[str]]:
-    """(names some config sets to 1 by default, names it sets to another number): a dataclass field or class
-    attribute (`logging_steps: int = 1`, `= field(default=1)`), an argparse option (`--log-interval`,
-    `default=1`), a rate given to a call (`TrainArgs(log_interval=1)`). A default of None (unset; the branch guards on it) says nothing either way."""
-    ones, others = set(), set()
-
-    def sort(name: str, default: ast.AST | None) -> None:   # a number default: 1, or another
-        if isinstance(default, ast.Constant) and default.value is not None and not isinstance(default.value, str):
-            (ones if default.value == 1 and default.value is not True else others).add(name)
-
-    for n in nodes:
-        if isinstance(n, ast.ClassDef):
-            for st in n.body:
-                target = st.target if isinstance(st, ast.AnnAssign) else st.targets[0] \
-                    if isinstance(st, ast.Assign) and len(st.targets) == 1 else None
-                if isinstance(target, ast.Name) and st.value is not None:
-                    v = st.value
-                    if isinstance(v, ast.Call) and name_of(v.func) == "field":
-                        v = next((k.value for k in v.keywords if k.arg == "default"), None)
-                    sort(target.id, v)
-        elif isinstance(n, ast.Call) and name_of(n.func) == "add_argument":
-            flags = [a.value for a in n.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
-            if not flags:
-                continue
-            dest = next((k.value.value for k in n.keywords if k.arg == "dest" and isinstance(k.value, ast.Constant)),
-                        flags[-1].lstrip("-").replace("-", "_"))
-            sort(dest, next((k.value for k in n.keywords if k.arg == "default"), None))
-        elif isinstance(n, ast.Call):   # a config built with its rates: `TrainArgs(log_interval=1, ...)`
-            for k in n.keywords:
-                if k.arg and _RATE_NAME.search(k.arg):
-                    sort(k.arg, k.value)
-    return ones, others
-
-
-_RATE_NAME = re.compile(r"interval|every|freq|period|_steps$")
-
-
-__all__ = ["Facts", "defaults_of_one", "step_loops", "updating_methods", "looping_closure", "stepping_defs", "forwarding_defs",
+__all__ = ["Facts", "step_loops", "updating_methods", "looping_closure", "stepping_defs", "forwarding_defs",
            "holds_updating_loop", "own_level", "name_of", "dotted", "is_model_name", "is_env_name", "env_steps", "statements",
            "HOUSEKEEPING", "OPTIM", "LOADER_NAME", "LOOPS", "DEFS"]
