@@ -179,16 +179,22 @@ def test_sizes_a_module_hands_back_and_fill_values_are_no_device_counts():
 
 
 def test_empty_cache_in_a_set_up_helper_is_left_alone():
+    """An offload helper that hot code reaches through other calls frees memory once, for what comes next
+    (a helper the step loop calls itself runs every step: test_lint_round19)."""
     body = """
     def offload(model):
         model.to("cpu")
         torch.cuda.empty_cache()
 
-    def train(model, loader, opt):
+    def finish(model, path):
+        torch.save(model.state_dict(), path)
+        offload(model)
+
+    def train(model, loader, opt, path):
         for x in loader:
             model(x.to(DEVICE, non_blocking=True)).mean().backward()
             opt.step()
-            offload(model)
+            finish(model, path)
     """
     assert default(body) == []
 

@@ -53,7 +53,6 @@ from gobrrr.lint.hot import HotMap, may_use_gpu
 from gobrrr.lint.inside import validation_off_globally
 from gobrrr.lint.loops import (
     Facts,
-    defaults_of_one,
     forwarding_defs,
     holds_updating_loop,
     looping_closure,
@@ -61,6 +60,7 @@ from gobrrr.lint.loops import (
     updating_methods,
 )
 from gobrrr.lint.names import TENSORISH
+from gobrrr.lint.rates import defaults_of_one
 from gobrrr.lint.rules import Checker
 from gobrrr.lint.scopes import HOOK_NAMES
 from gobrrr.lint.source import Source, parse

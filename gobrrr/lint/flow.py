@@ -36,7 +36,8 @@ def _type_checked(test: ast.AST) -> set[str]:
 
 
 def _tensor_test(test: ast.AST) -> tuple[str | None, bool]:
-    """(x, True) for `isinstance(x, torch.Tensor)` / `torch.is_tensor(x)`, (x, False) for its `not`:
+    """(x, True) for `isinstance(x, torch.Tensor)` / `torch.is_tensor(x)` / `type(x) is torch.Tensor`,
+    (x, False) for its `not` (or `is not`):
     the way the test does not take holds something else (a numpy array)."""
     positive = True
     if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
@@ -45,6 +46,10 @@ def _tensor_test(test: ast.AST) -> tuple[str | None, bool]:
             name_of(test.func) == "is_tensor" and len(test.args) == 1
             or name_of(test.func) == "isinstance" and len(test.args) == 2 and name_of(test.args[1]) == "Tensor"):
         return test.args[0].id, positive
+    if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.left, ast.Call) \
+            and name_of(test.left.func) == "type" and len(test.left.args) == 1 and isinstance(test.left.args[0], ast.Name) \
+            and name_of(test.comparators[0]) == "Tensor":   # `type(x) is not torch.Tensor`
+        return test.left.args[0].id, positive == isinstance(test.ops[0], (ast.Is, ast.Eq))
     return None, positive
 
 
@@ -75,6 +80,8 @@ class FlowRules:
     """Loops, branches and error paths."""
 
     def bind_loop_target(self, target: ast.AST, it: ast.AST) -> None:
+        if isinstance(it, ast.IfExp):   # `tqdm(loader) if is_main else loader`: the same items either way
+            return self.bind_loop_target(target, it.body)
         while isinstance(it, ast.Call) and len(it.args) == 1 \
                 and isinstance(it.func, (ast.Name, ast.Attribute)) and name_of(it.func) in _PASS_THROUGH:
             it = it.args[0]   # tqdm.tqdm(list(enumerate(zip(a, b)))): the items of the innermost

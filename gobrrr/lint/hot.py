@@ -342,9 +342,11 @@ _MODE = re.compile(r"^(is_)?train(ing)?$|^train_mode$|^is_eval(uation)?$|^eval_m
 
 def _mode_switch(test: ast.AST) -> bool:
     """`if self.training:`, `if not self.training:`, `if model.training and ...`, `if is_train:`: train
-    or eval mode, two main paths."""
-    return any(isinstance(n, ast.Attribute) and n.attr == "training" or isinstance(n, (ast.Name, ast.Attribute))
-               and bool(_MODE.match(name_of(n))) for n in ast.walk(test))
+    or eval mode, two main paths. A receiver is no mode: `config.train` in `step % config.train.every == 0`."""
+    receivers = {id(n.value) for n in ast.walk(test) if isinstance(n, ast.Attribute)}   # `config.train` in
+    return any(id(n) not in receivers and (                                        # `config.train.eval_interval`
+        isinstance(n, ast.Attribute) and n.attr == "training" or isinstance(n, (ast.Name, ast.Attribute))
+        and bool(_MODE.match(name_of(n)))) for n in ast.walk(test))
 
 
 def _default_on_flags(tree: ast.AST) -> tuple[dict[str, set[int]], set[int]]:

@@ -13,7 +13,7 @@ branches) does one of:
                of the project that calls one (`self.get_action_values(obs)`, `policy.act(obs)`)
     data       a batch taken: the loop iterates a loader (`for x, y in train_loader`, a DataLoader,
                `dataloaders["train"]`)
-               or calls `next(it)` in a `while` loop
+               or calls `next(it)` in a `while` loop, or `next(train_iter)` (named for data) in any loop
     env        an environment stepped: `.step(action)` on an env-named receiver, or a `step` /
                `env_step` call whose result unpacks into four or five names (obs, reward, done, info)
 
@@ -65,6 +65,8 @@ _NOT_RUNNING = re.compile(r"^_*(save|load|log|print|set|build|create|get|init|co
                           r"getattr|setattr|len|str|repr|id|type|update|sync|broadcast|convert|export|compile|"
                           r"clip|zero|parameters|named|state|describe|check|watch|track)", re.I)
 LOADER_NAME = re.compile(r"loader|dataloader|_dl$|^dl$|batches$", re.I)
+_DATA_ITERATOR = re.compile(r"^(train|eval|val|valid|test|data|batch)_?iterator$", re.I)   # self.eval_iterator
+_BATCH_SOURCE = re.compile(r"loader|iter|gen|data|batch|stream|_dl$|^dl$", re.I)   # next(train_iter)
 _ENV = re.compile(r"(^|_)(env|envs|environment|environments|venv|vec_?env|sim|simulator|game)(_|$|\d)", re.I)
 _ENV_STEP = re.compile(r"^(step|env_step|step_env|step_envs|envs_step)$")
 # names too common to take a call as a forward because one project def of that name runs a model
@@ -116,7 +118,8 @@ def is_model_name(name: str) -> bool:
     if not words or words[0] in _VERBS:
         return False
     head = words[-1]
-    return head in _MODEL_WORDS or (head.endswith(("net", "model", "former")) and len(head) > 4)
+    return head in _MODEL_WORDS or (head.endswith(("net", "model", "former")) and len(head) > 4) \
+        or (len(head) == 4 and head.endswith("net") and head != "inet")   # nnet, gnet; not an inet address
 
 
 def is_env_name(name: str) -> bool:
@@ -253,9 +256,9 @@ class Facts:
                 return "update"   # self.calc_gradients(batch), self.update(step)
             receiver = name_of(func.value)
             if args and func.attr not in HOUSEKEEPING and (
-                    self._module(func.attr) or (own and func.attr in self.forwarding)
+                    self._module(func.attr) or func.attr in self.forwarding and (own or is_model_name(receiver))
                     or func.attr in ("forward", "generate") and (is_model_name(receiver) or receiver in self.models)):
-                return "forward"  # self.model(x), self.actor(obs), self.get_action_values(obs)
+                return "forward"  # self.model(x), self.actor(obs), self.get_action_values(obs), self.score_model.score(x)
             return None
         if isinstance(func, ast.Name) and args and (self._module(func.id) or func.id in self.forwarding):
             return "forward"   # a plain function that updates may run a whole training: not followed here
@@ -449,51 +452,31 @@ def _moves_batch(loop: ast.AST, own: list[ast.AST]) -> bool:
 
 
 def _takes_batches(loop: ast.AST, calls: list[ast.Call]) -> bool:
-    """A for loop over a loader (`train_loader`, `DataLoader(...)`, `tqdm(loader)`), or a while
-    loop that calls next() on an iterator."""
-    if isinstance(loop, ast.While):
-        return any(isinstance(c.func, ast.Name) and c.func.id == "next" for c in calls)
-    it = loop.iter
+    """A for loop over a loader (`train_loader`, `DataLoader(...)`, `tqdm(loader)`), a while loop that
+    calls next() on an iterator, or a for loop that calls it on one named for data (`next(train_iter)`)."""
+    nexts = [c.args[0] for c in calls if isinstance(c.func, ast.Name) and c.func.id == "next" and c.args]
+    if isinstance(loop, ast.While) or any(isinstance(a, (ast.Name, ast.Attribute)) and _BATCH_SOURCE.search(
+            name_of(a)) for a in nexts):   # not `next(iter(m.parameters()))` in a loop over modules
+        return bool(nexts)
+    return _loader_like(loop.iter)
+
+
+def _loader_like(it: ast.AST) -> bool:
+    """`train_loader`, `DataLoader(...)`, `tqdm(loader)`, `dataloaders["train"]`, `self.eval_iterator`, and
+    `tqdm(it) if main_process else it`."""
     while isinstance(it, ast.Call) and it.args and isinstance(it.func, ast.Name) \
             and it.func.id in ("enumerate", "tqdm", "iter", "zip", "islice", "progress_bar", "track"):
         it = it.args[0]
+    if isinstance(it, ast.IfExp):
+        return _loader_like(it.body) or _loader_like(it.orelse)
     if isinstance(it, ast.Call):
         return name_of(it.func) == "DataLoader"
     if isinstance(it, ast.Subscript) and isinstance(it.slice, ast.Constant) and isinstance(it.slice.value, str):
         it = it.value   # dataloaders["train"]: one loader of a dict of them
-    return isinstance(it, (ast.Name, ast.Attribute)) and bool(LOADER_NAME.search(name_of(it)))
+    return isinstance(it, (ast.Name, ast.Attribute)) and bool(LOADER_NAME.search(name_of(it))
+                                                              or _DATA_ITERATOR.search(name_of(it)))
 
 
-def defaults_of_one(nodes: list[ast.AST]) -> tuple[set[str], set[str]]:
-    """(names some config sets to 1 by default, names it sets to another number): a dataclass field or class
-    attribute (`logging_steps: int = 1`, `= field(default=1)`), an argparse option (`--log-interval`,
-    `default=1`). A default of None (unset; the branch guards on it) says nothing either way."""
-    ones, others = set(), set()
-
-    def sort(name: str, default: ast.AST | None) -> None:   # a number default: 1, or another
-        if isinstance(default, ast.Constant) and default.value is not None and not isinstance(default.value, str):
-            (ones if default.value == 1 and default.value is not True else others).add(name)
-
-    for n in nodes:
-        if isinstance(n, ast.ClassDef):
-            for st in n.body:
-                target = st.target if isinstance(st, ast.AnnAssign) else st.targets[0] \
-                    if isinstance(st, ast.Assign) and len(st.targets) == 1 else None
-                if isinstance(target, ast.Name) and st.value is not None:
-                    v = st.value
-                    if isinstance(v, ast.Call) and name_of(v.func) == "field":
-                        v = next((k.value for k in v.keywords if k.arg == "default"), None)
-                    sort(target.id, v)
-        elif isinstance(n, ast.Call) and name_of(n.func) == "add_argument":
-            flags = [a.value for a in n.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
-            if not flags:
-                continue
-            dest = next((k.value.value for k in n.keywords if k.arg == "dest" and isinstance(k.value, ast.Constant)),
-                        flags[-1].lstrip("-").replace("-", "_"))
-            sort(dest, next((k.value for k in n.keywords if k.arg == "default"), None))
-    return ones, others
-
-
-__all__ = ["Facts", "defaults_of_one", "step_loops", "updating_methods", "looping_closure", "stepping_defs", "forwarding_defs",
+__all__ = ["Facts", "step_loops", "updating_methods", "looping_closure", "stepping_defs", "forwarding_defs",
            "holds_updating_loop", "own_level", "name_of", "dotted", "is_model_name", "is_env_name", "env_steps", "statements",
            "HOUSEKEEPING", "OPTIM", "LOADER_NAME", "LOOPS", "DEFS"]

@@ -114,6 +114,7 @@ class CopyRules:
         for p in parts:
             if isinstance(p, (ast.List, ast.ListComp)) or (
                     isinstance(p, ast.Call) and isinstance(p.func, ast.Name) and p.func.id in ("range", "list")) \
+                    or isinstance(p, ast.Name) and self.lookup(p.id + "#ints") \
                     or self.kind(p) in _HOST_INDEX and not self.host_element(p):
                 self.flag(node, "GB011", what=_short(p, 30))
                 return
@@ -126,6 +127,8 @@ class CopyRules:
         for name, val in pairs:
             if isinstance(name, ast.Name) and self.host_element(val):
                 self.scopes[-1][name.id + "#elem"] = "elem"
+            elif isinstance(name, ast.Name) and _int_list(val):
+                self.scopes[-1][name.id + "#ints"] = "ints"   # chosen = [i for i in range(n) if status[i] == 1]
 
     def host_element(self, p: ast.AST) -> bool:
         """One element of a host array (`truth_i[ti]`, or `i` from `i, j = truth_i[ti], truth_j[ti]`): an
@@ -168,6 +171,21 @@ class CopyRules:
                       and not (isinstance(p, ast.Constant) and p.value in (Ellipsis, None))]
             if masks and (augmented or k in TENSORISH or others):
                 self.flag(target, "GB008", what="writing through a boolean mask `x[mask] = y`")
+
+
+def _int_list(val: ast.AST) -> bool:
+    """A Python list of positions: `[i for i in range(n) if ...]`, `[i for i, s in enumerate(xs) if ...]`,
+    `list(range(n))`. As an index into a device tensor it is copied to the device first, blocking."""
+    if isinstance(val, ast.Call) and isinstance(val.func, ast.Name) and val.func.id == "list" and val.args:
+        val = val.args[0]
+        return isinstance(val, ast.Call) and isinstance(val.func, ast.Name) and val.func.id == "range"
+    if not (isinstance(val, ast.ListComp) and isinstance(val.elt, ast.Name) and len(val.generators) == 1):
+        return False
+    g = val.generators[0]
+    it = g.iter.func.id if isinstance(g.iter, ast.Call) and isinstance(g.iter.func, ast.Name) else ""
+    target = g.target.elts[0] if it == "enumerate" and isinstance(g.target, ast.Tuple) and g.target.elts \
+        else g.target if it == "range" else None
+    return isinstance(target, ast.Name) and target.id == val.elt.id
 
 
 def _moves_to_cuda(loop: ast.AST, checker) -> bool:

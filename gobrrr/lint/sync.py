@@ -10,7 +10,7 @@ import re
 
 from gobrrr.lint.hot import is_bench_name
 from gobrrr.lint.loops import name_of
-from gobrrr.lint.names import DATA_DEPENDENT, HOSTISH, TENSORISH
+from gobrrr.lint.names import DATA_DEPENDENT, DATA_FACTORIES, HOSTISH, TENSORISH
 
 READS = {"item", "cpu", "tolist", "numpy"}
 _ANSWERS = {"equal", "allclose", "is_nonzero"}   # torch ops that return a Python bool: read on the host
@@ -31,7 +31,9 @@ class SyncRules:
     def sync_rules(self, node, func, name, method, recv, kw) -> None:
         # GB002: reading a device value on the host
         forced = isinstance(kw.get("force"), ast.Constant) and kw["force"].value is True
-        if method in READS and recv not in HOSTISH and recv != "generated" and not isinstance(func.value, ast.Constant) \
+        if method == "cpu" and recv in HOSTISH and self.wrapped_unknown(func.value):
+            self.flag(node, "GB002", what="`.cpu()`")   # torch.as_tensor(v).float().cpu(): v may be on the device
+        elif method in READS and recv not in HOSTISH and recv != "generated" and not isinstance(func.value, ast.Constant) \
                 and (method != "numpy" or forced) \
                 and (method != "tolist" or recv in TENSORISH) \
                 and not (method == "cpu" and self.is_model(func.value)) \
@@ -48,6 +50,11 @@ class SyncRules:
         elif isinstance(func, ast.Name) and func.id in ("max", "min") and len(node.args) >= 2 and not node.keywords \
                 and any(self.kind(a) in TENSORISH for a in node.args) and self.lookup(func.id) is None:
             self.flag(node, "GB002", what=f"the builtin `{func.id}()` of tensors (it compares them as Python bools)")
+        if name.startswith("torch.") and name.count(".") == 1 and name[6:] in DATA_FACTORIES and node.args \
+                and isinstance(node.args[0], (ast.List, ast.Tuple)):   # torch.tensor([loss_a, n]): each 0-d
+            for e in node.args[0].elts:                               # device element is read with .item()
+                if self.kind(e) in ("tensor", "mask"):
+                    self.flag(e, "GB002", what=f"a device tensor in the list given to `{name}` (read with .item())")
         bound = self.scalar_bound(node, name, method)
         if bound is not None:   # gj.clamp_(0, gain[3] - 1): a 0-d device bound beside a number takes the Scalar overload
             self.flag(node, "GB002", what=f"a one-element tensor as a clamp bound (`{ast.unparse(bound)[:30]}`)")
@@ -78,9 +85,10 @@ class SyncRules:
                     self.flag(node, "GB004", what=f"`{ast.unparse(func)}()` to time the step", fix=_TIMING_FIX)
                 else:
                     self.flag(node, "GB004", what=f"`{ast.unparse(func)}()`")
-        if name.endswith("torch.cuda.empty_cache") and self.loop_stack and not (   # cudaFree synchronizes the device
-                self.hotmap.bench_file or any(is_bench_name(f) for f in self.functions)):   # (in a loop: set-up and
-            # teardown helpers that hot code seems to reach call it once, to free memory for what comes next)
+        if name.endswith("torch.cuda.empty_cache") and (self.loop_stack or len(self.chain) == 1) and not (
+                self.hotmap.bench_file or any(is_bench_name(f) for f in self.functions)):   # cudaFree synchronizes
+            # the device. In a loop, or in a helper the step loop calls itself (`self.free_memory()` after each
+            # step); set-up and teardown helpers that hot code seems to reach through more calls free memory once
             self.flag(node, "GB004", what="`torch.cuda.empty_cache()` (it frees with cudaFree, which synchronizes)")
         # GB008: data-dependent output shapes
         last = name.rsplit(".", 1)[-1]
@@ -246,6 +254,19 @@ class SyncRules:
                     self.mask_key(p) for p in parts):
                 self.flag(node, "GB008", what="boolean-mask indexing `x[mask]`")
         self.generic_visit(node)
+
+
+    def wrapped_unknown(self, node: ast.AST) -> bool:
+        """`torch.as_tensor(v)` (through its views and casts, no device=) of a value of unknown kind: read back
+        with `.cpu()`, it is one the author expects on the device (a metric of a dict, a grad norm)."""
+        while isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _CASTS:
+            node = node.func.value
+        return isinstance(node, ast.Call) and (self.dotted(node.func) or "").endswith(".as_tensor") \
+            and len(node.args) == 1 and not any(k.arg == "device" for k in node.keywords) \
+            and isinstance(node.args[0], (ast.Name, ast.Attribute, ast.Subscript)) and self.kind(node.args[0]) is None
+
+
+_CASTS = {"reshape", "view", "flatten", "float", "double", "half", "detach", "squeeze", "unsqueeze", "to", "type"}
 
 
 def func_value(node: ast.Call) -> ast.AST | None:
