@@ -74,7 +74,8 @@ def _merged(out: Path, world: int) -> dict:
 @pytest.mark.parametrize("world,slow", [(2, 1), (4, 2)])
 def test_straggler_is_named_with_its_line_and_the_others_wait(tmp_path, world, slow):
     (tmp_path / "strag.py").write_text(textwrap.dedent(STRAGGLER))
-    code = 3 if world == 2 else 0  # the 2-rank run: the slow rank exits 3, the report must say so
+    code = 3 if world == 2 else 0  # the 2-rank run: the slow rank exits 3, the report must say so (and torchrun,
+    # which stops rank 0 once rank 1 fails, must not cut rank 0's merge short: ranks.wait_recorded)
     r = _torchrun(tmp_path, world, ["--out", "d", "--steps", "3", "--plain-steps", "2", "strag.py", str(slow),
                                     str(code)])
     assert (r.returncode != 0) == (code != 0), r.stderr[-3000:]

@@ -14,7 +14,9 @@ script's. The ranks meet in the file system instead (one host, or a folder every
    OUT/report.json (its own report plus a `ranks` section: merge.py) and OUT/timeline.png (a lane group
    per rank: plot_ranks.py), and prints the one summary; the other ranks print nothing;
 3. at the end every rank writes its exit code into its report; rank 0 waits a little for them and puts
-   all of them into OUT/report.json (`exit_codes`; `exit_code` is the first non-zero, else 0).
+   all of them into OUT/report.json (`exit_codes`; `exit_code` is the first non-zero, else 0). A rank that
+   ends with a non-zero code waits (up to FAILED_WAIT_S) for that merged report to hold its code before it
+   leaves: torchrun stops every other rank as soon as one fails, and rank 0 may still be drawing.
 
 A rank that never reports (it died, or steps differently) is named as missing after the wait; the merge
 covers the others.
@@ -30,6 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 EXIT_WAIT_S = 15.0  # at the end, how long rank 0 waits for the other ranks' exit codes
+FAILED_WAIT_S = 60.0  # how long a failing rank waits for rank 0 to record its exit code before leaving
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,21 @@ def collect(base: Path, me: RankInfo, timeout_s: float, *, need_exit: bool = Fal
             got[r] = (report, comm.get("comm") or {})
         if len(got) == me.world_size or time.monotonic() >= deadline:
             return got
+        time.sleep(0.1)
+
+
+def wait_recorded(base: Path, me: RankInfo, timeout_s: float = FAILED_WAIT_S) -> bool:
+    """A rank other than 0 that is about to fail: wait until rank 0's merged report of this run holds this
+    rank's exit code (record_exit wrote it), so that torchrun, stopping the others when this rank exits
+    non-zero, cannot cut rank 0's merge short. True if it did within `timeout_s`."""
+    deadline = time.monotonic() + max(timeout_s, 0.0)
+    while True:
+        merged = _read(Path(base) / "report.json") or {}
+        if (merged.get("rank") or {}).get("run_key") == me.run_key \
+                and (merged.get("exit_codes") or {}).get(str(me.rank)) is not None:
+            return True
+        if time.monotonic() >= deadline:
+            return False
         time.sleep(0.1)
 
 

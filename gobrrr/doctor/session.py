@@ -60,7 +60,7 @@ from gobrrr.doctor.config import DoctorConfig
 from gobrrr.doctor.files import write_json
 from gobrrr.doctor.overhead import ProfilerSettings, make_profiler
 from gobrrr.doctor.quiet import kineto_quiet
-from gobrrr.doctor.ranks import RankInfo, merge_window, rank_from_env, record_exit
+from gobrrr.doctor.ranks import RankInfo, merge_window, rank_from_env, record_exit, wait_recorded
 from gobrrr.doctor.report import summary
 
 __all__ = ["DoctorConfig", "Session", "active_session", "step", "NO_GPU_NOTE"]
@@ -421,6 +421,8 @@ class Session:
         """Under torchrun: every rank has written its exit code; rank 0 merges (again, if the window was
         not merged yet) and puts every rank's exit code into the merged report."""
         if not self.rank.is_main:
+            if exit_code:   # torchrun stops the other ranks once this one exits non-zero: let rank 0 finish first
+                wait_recorded(self.base_out, self.rank)
             return self.report
         merged = merge_window(self.base_out, self.rank, self.report, self.cfg) if fresh else None
         merged = record_exit(self.base_out, self.rank, self.report, self.cfg, merged)
