@@ -22,6 +22,20 @@ def assigned_calls(src: Source, name: str, scope: ast.AST | None) -> list[ast.Ca
         s = src.parent.get(id(s))
 
 
+def assigned_methods(src: Source, name: str, scope: ast.AST | None) -> list[ast.Attribute]:
+    """The methods of self assigned to `name` in this def (each branch's): `sample_fn = self.sample_ddim if ddim
+    else self.sample`, or one per branch of an if."""
+    if scope is None:
+        return []
+    out: list[ast.Attribute] = []
+    for st in own_statements(getattr(scope, "body", [])):
+        if isinstance(st, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in st.targets):
+            values = [st.value.body, st.value.orelse] if isinstance(st.value, ast.IfExp) else [st.value]
+            out += [v for v in values if isinstance(v, ast.Attribute) and isinstance(v.value, ast.Name)
+                    and v.value.id == "self"]
+    return out
+
+
 def own_statements(body: list[ast.stmt]):
     """The statements of a body and of its ifs, withs, trys and loops, not of nested defs."""
     for st in body:

@@ -40,6 +40,7 @@ _DATA_WORDS = {"data", "dataset", "ds", "batches", "train", "val", "valid", "tes
 _PREDICATE = re.compile(r"(^_*|[a-z0-9]_)(is|has|should|can|needs?|uses?|supports?|check_is)_")   # param_is_not_shared
 _TOKENIZER = re.compile(r"tokeni[sz]er|processor|feature_extractor|^tok$", re.I)
 _LOADER_NAME = LOADER_NAME
+_DATA_ITER = re.compile(r"^(train|val|valid|eval|test|data)_?(iter|iterator)$", re.I)   # not a generator of batches
 _DIST_METHODS = {"sample", "rsample", "log_prob", "entropy", "cdf", "icdf", "sample_n", "mode", "mean", "stddev"}
 
 
@@ -66,6 +67,8 @@ class CallKinds:
                 _TOKENIZER.search(name_of(func)) or (isinstance(func, ast.Attribute) and _TOKENIZER.search(
                     name_of(func.value)))):
             return "batch_tok"   # tokenizer(texts, return_tensors="pt"): a fresh host batch, pageable
+        if name in ("copy.deepcopy", "copy.copy", "deepcopy") and len(node.args) == 1:
+            return self.kind(node.args[0])   # copy.deepcopy([x.cpu() for x in outputs]): what it copies
         if isinstance(func, (ast.Name, ast.Attribute)) and _PREDICATE.search(name_of(func)) \
                 and not (isinstance(func, ast.Attribute) and self.kind(func.value) in TENSORISH):
             return "num"   # self._is_fp8_param(p), has_nan(x): a predicate answers with a Python bool
@@ -92,6 +95,9 @@ class CallKinds:
                 return "enum_" + k if k and k.startswith("loader") else None   # pbar = enumerate(loader)
             if func.id == "next" and node.args:
                 k = self.iter_kind(node.args[0])
+                if k is None and isinstance(node.args[0], (ast.Name, ast.Attribute)) \
+                        and _DATA_ITER.search(name_of(node.args[0])):
+                    return "batch"   # next(self.train_iter): a batch of a loader passed in (host, pinned or not)
                 return ITEM_KIND.get(k) if k and k.startswith("loader") else None
         if name:
             root, _, last = name.rpartition(".")
@@ -129,6 +135,11 @@ class CallKinds:
             if name in ("torch.cat", "torch.stack") and node.args and isinstance(node.args[0], (ast.Tuple, ast.List)) \
                     and node.args[0].elts and all(self.kind(e) == "mask" for e in node.args[0].elts):
                 return "mask"   # torch.stack((torch.ones_like(j), j, k)) of masks
+            if last in ("cat", "stack", "concat", "vstack", "hstack") and root == "torch" and node.args \
+                    and isinstance(node.args[0], (ast.Tuple, ast.List)):
+                parts = {self.kind(e) for e in node.args[0].elts}
+                if parts & ({"host", "hlist"} | BATCHES) and not parts & TENSORISH:
+                    return "host"   # torch.cat((labels[:, :1], boxes), 1) with host labels: one device for all parts
             if root == "torch" and last in ("ones_like", "zeros_like") and node.args and len(node.args) == 1 \
                     and not node.keywords and self.kind(node.args[0]) == "mask":
                 return "mask"   # torch.ones_like(j) keeps j's bool dtype

@@ -26,7 +26,8 @@ from gobrrr.lint.names import BATCHES, HOSTISH, ITEM_KIND, TENSORISH
 
 _MISSING = object()
 _PASS_THROUGH = {"list", "tuple", "tqdm", "reversed", "trange"}   # iterating them gives their argument's items
-_LEAVES = (ast.Return, ast.Raise, ast.Continue)   # a break's bindings reach the code after the loop
+_LEAVES = (ast.Return, ast.Raise, ast.Continue)
+_HOST_VALUES = {"numpy": "numpy", "hlist": "host"}   # the values of a dict of arrays, of host tensors   # a break's bindings reach the code after the loop
 
 
 def _type_checked(test: ast.AST) -> set[str]:
@@ -103,16 +104,18 @@ class FlowRules:
                     and len(target.elts) == 2:
                 self.bind(target.elts[0], "str")
                 value = recv if recv in BATCHES else "tensor" if method != "items" or recv in TENSORISH | {"tlist"} \
-                    else None
+                    else _HOST_VALUES.get(recv)
                 return self.bind(target.elts[1], value)
             if method == "values" and recv in BATCHES | TENSORISH:
                 return self.bind(target, recv)
+            if method == "values" and recv in _HOST_VALUES:   # {k: np.isnan(v) for ...}.values(): arrays
+                return self.bind(target, _HOST_VALUES[recv])
         k = self.iter_kind(it, unpacked=isinstance(target, ast.Tuple))
         if k and k.startswith("enum_") and isinstance(target, ast.Tuple) and len(target.elts) == 2:
             self.bind(target.elts[0], "num")   # for i, batch in pbar (pbar = tqdm(enumerate(loader)))
             return self.bind(target.elts[1], ITEM_KIND.get(k[5:]))
         self.bind(target, {"loader_pageable": "batch_host", "loader_pinned": "batch_pinned", "loader": "batch",
-                           "loader_device": "tensor", "tlist": "tensor"}.get(
+                           "loader_device": "tensor", "tlist": "tensor", "hlist": "host"}.get(
             k, k if k in ("numpy", "host", "pinned", "tensor", "mask", "hlist", *BATCHES) else None))
 
     def visit_For(self, node) -> None:

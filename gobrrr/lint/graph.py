@@ -36,7 +36,7 @@ from __future__ import annotations
 import ast
 import re
 
-from gobrrr.lint.bindings import assigned_calls, returned_defs
+from gobrrr.lint.bindings import assigned_calls, assigned_methods, returned_defs
 from gobrrr.lint.index import Index
 from gobrrr.lint.loops import name_of
 from gobrrr.lint.source import DEFS, Source
@@ -170,6 +170,13 @@ class Project(Index):
             return only[:1]
         if 1 < len(only) <= 8 and self._one_hierarchy(only):
             return only
+        mine = self._class_around(src, scope) if _on_self(recv) else None
+        if mine is not None and 1 < len(only) <= 8:   # self.config.method.loss(...) in a trainer's loss: not the
+            mine_up = self._ancestors(id(mine))           # trainer's own; the other hierarchy's, if one
+            others = [m for m in only if (o := m[0].owner.get(id(m[1]))) is not None
+                      and not self._ancestors(id(o)) & mine_up]
+            if others and len(others) < len(only) and self._one_hierarchy(others):
+                return others
         here = [m for m in only if m[0] is src]   # one-file scripts that each define their Actor.act: this file's
         return here if len(here) <= 3 else []   # (GaussianPolicy.act, DeterministicPolicy.act: either runs)
 
@@ -235,6 +242,8 @@ class Project(Index):
             else:   # train_step_fn = losses.get_step_fn(sde, ...): the def the factory returns
                 found += [hit for fs, fn in self.resolve(src, made, scope, types, fallback=False)[:3]
                           for hit in returned_defs(fs, fn)]
+        for method in assigned_methods(src, name, scope)[:4]:   # sample_fn = self.sample: the method it names
+            found += self.resolve(src, ast.Call(func=method, args=call.args, keywords=call.keywords), scope, types)
         return found
 
     def _set_attrs(self, src: Source, cls: ast.ClassDef) -> set[str]:
@@ -331,3 +340,10 @@ class Project(Index):
 
 
 __all__ = ["Project"]
+
+
+def _on_self(node: ast.AST) -> bool:
+    """`self.config.method`: an attribute chain that starts at self."""
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return isinstance(node, ast.Name) and node.id == "self"

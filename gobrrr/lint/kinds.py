@@ -225,11 +225,11 @@ class Kinds(CallKinds):
 
     @staticmethod
     def _list_kind(kinds: list) -> str | None:
-        """A list of device tensors is a tlist; one of host tensors (or of such lists) an hlist; a mix,
+        """A list of device tensors is a tlist; one of host tensors or arrays (or of such lists) an hlist; a mix,
         `(x, (Hp, Wp))`, is neither."""
         if kinds and all(k in TENSORISH for k in kinds):
             return "tlist"
-        return "hlist" if kinds and all(k in ("host", "pinned", "hlist") for k in kinds) else None
+        return "hlist" if kinds and all(k in ("host", "pinned", "hlist", "numpy") for k in kinds) else None
 
     def device_of(self, node: ast.AST | None) -> str | None:
         """'cuda', 'cpu' or None (not a device, e.g. a dtype) for the target of .to()/device=."""
@@ -290,10 +290,11 @@ class Kinds(CallKinds):
             return "tlist"
         if text in ("int", "float", "bool", "complex"):
             return "num"
-        if re.fullmatch(r"(np|numpy)\.ndarray( \| (torch\.)?Tensor)?|(torch\.)?Tensor \| (np|numpy)\.ndarray"
+        if re.fullmatch(r"(np|numpy)\.(ndarray|array)( \| (torch\.)?Tensor)?|(torch\.)?Tensor \| (np|numpy)\.ndarray"
                         r"|(typing\.)?Union\[(np|numpy)\.ndarray, (torch\.)?Tensor\]"
                         r"|(typing\.)?Union\[(torch\.)?Tensor, (np|numpy)\.ndarray\]", text):
-            return "numpy"   # `obs: np.ndarray | torch.Tensor`: host data it must copy (scopes: a device argument wins)
+            return "numpy"   # `obs: np.ndarray | torch.Tensor` (or `np.array`, as written): host data it must copy
+            # (scopes: a device argument wins)
         if re.search(r"Module|Optimizer", text):
             return "obj"
         return "str" if text == "str" else None

@@ -403,7 +403,8 @@ def step_loops(tree: ast.AST, facts: Facts, rare) -> tuple[set[int], set[int], s
             updates.add(id(node))
         if "env" in kinds:
             envs.add(id(node))
-        if "update" in kinds or "env" in kinds or ("data" in kinds and (not outer or _moves_batch(node, own))) \
+        if "update" in kinds or "env" in kinds or ("data" in kinds and (not outer or _moves_batch(node, own) or any(
+                    facts.step_kind(n) == "forward" and not looping(n) for n in calls))) \
                 or ("forward" in kinds and not (inner or outer)):
             steps.add(id(node))   # an env stepped or a batch taken is a step, whatever inner loops it holds
             return True

@@ -92,9 +92,10 @@ class SyncRules:
             self.flag(node, "GB004", what="`torch.cuda.empty_cache()` (it frees with cudaFree, which synchronizes)")
         # GB008: data-dependent output shapes
         last = name.rsplit(".", 1)[-1]
-        if (name.startswith("torch.") and name.count(".") == 1 and last in DATA_DEPENDENT) or \
-                (name == "torch.where" and len(node.args) == 1 and not node.keywords):
-            self.flag(node, "GB008", what=f"`{name}()`")
+        if ((name.startswith("torch.") and name.count(".") == 1 and last in DATA_DEPENDENT) or
+                (name == "torch.where" and len(node.args) == 1 and not node.keywords)) \
+                and not (node.args and self.kind(node.args[0]) in ("host", "hlist", "numpy")):
+            self.flag(node, "GB008", what=f"`{name}()`")   # (of a host tensor: the shape is known on the host)
         elif method in DATA_DEPENDENT and recv not in HOSTISH and not name.startswith(("torch.", "numpy.", "np.")):
             self.flag(node, "GB008", what=f"`.{method}()`")
         elif last in ("bincount", "repeat_interleave") and self.sized_by_data(node, name, method, recv, kw):
