@@ -26,8 +26,8 @@ from gobrrr.lint.names import BATCHES, HOSTISH, ITEM_KIND, TENSORISH
 
 _MISSING = object()
 _PASS_THROUGH = {"list", "tuple", "tqdm", "reversed", "trange"}   # iterating them gives their argument's items
-_LEAVES = (ast.Return, ast.Raise, ast.Continue)
-_HOST_VALUES = {"numpy": "numpy", "hlist": "host"}   # the values of a dict of arrays, of host tensors   # a break's bindings reach the code after the loop
+_LEAVES = (ast.Return, ast.Raise, ast.Continue)   # a break's bindings reach the code after the loop
+_HOST_VALUES = {"numpy": "numpy", "hlist": "host"}   # the values of a dict of arrays, of host tensors
 
 
 def _type_checked(test: ast.AST) -> set[str]:
