@@ -66,6 +66,7 @@ _NOT_RUNNING = re.compile(r"^_*(save|load|log|print|set|build|create|get|init|co
                           r"clip|zero|parameters|named|state|describe|check|watch|track)", re.I)
 LOADER_NAME = re.compile(r"loader|dataloader|_dl$|^dl$|batches$", re.I)
 _DATA_ITERATOR = re.compile(r"^(train|eval|val|valid|test|data|batch)_?iterator$", re.I)   # self.eval_iterator
+_STEPS_WITH = {"optimize", "step", "apply_gradients", "update", "optimizer_step", "take_step"}
 _BATCH_SOURCE = re.compile(r"loader|iter|gen|data|batch|stream|_dl$|^dl$", re.I)   # next(train_iter)
 _ENV = re.compile(r"(^|_)(env|envs|environment|environments|venv|vec_?env|sim|simulator|game)(_|$|\d)", re.I)
 _ENV_STEP = re.compile(r"^(step|env_step|step_env|step_envs|envs_step)$")
@@ -250,6 +251,8 @@ class Facts:
         if isinstance(func, ast.Attribute):
             if func.attr == "backward" or func.attr in ("step", "optimizer_step") and self.is_optimizer(func.value):
                 return "update"
+            if func.attr in _STEPS_WITH and call.args and self.is_optimizer(call.args[0]):
+                return "update"   # self.mp_trainer.optimize(self.opt), scaler.step(optimizer): it steps the optimizer
             own = isinstance(func.value, ast.Name) and func.value.id == "self"
             if own and func.attr in self.stepping and func.attr not in ("train", "eval", "step") \
                     and (args or func.attr not in HOUSEKEEPING):
@@ -372,8 +375,13 @@ def step_loops(tree: ast.AST, facts: Facts, rare) -> tuple[set[int], set[int], s
     envs: set[int] = set()
     looping_fns: set[str] = set(facts.looping)   # defs that hold a step loop (`def train(epoch)`)
 
-    imported = {(a.asname or a.name).split(".")[0] for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
-                for a in n.names}
+    imported: set[str] = set()
+    wrapped: set[str] = set()   # names assigned a loader or a wrapper of one: `diter = enumerate(tqdm(dl))`
+    for n in ast.walk(tree):
+        if isinstance(n, (ast.Import, ast.ImportFrom)):
+            imported |= {(a.asname or a.name).split(".")[0] for a in n.names}
+        elif isinstance(n, ast.Assign) and isinstance(n.value, ast.Call) and _loader_like(n.value):
+            wrapped |= {t.id for t in n.targets if isinstance(t, ast.Name)}
 
     def looping(call: ast.Call) -> bool:
         n = name_of(call.func)
@@ -396,7 +404,8 @@ def step_loops(tree: ast.AST, facts: Facts, rare) -> tuple[set[int], set[int], s
         kinds = {facts.step_kind(n) for n in calls}
         if any(env_steps(n) for n in own) or sends_step(node):
             kinds.add("env")
-        if calls and _takes_batches(node, calls):
+        if calls and (_takes_batches(node, calls) or isinstance(node, ast.For) and isinstance(node.iter, ast.Name)
+                      and node.iter.id in wrapped):
             kinds.add("data")
         outer = any(looping(n) for n in calls)   # calls a def that holds a step loop: a loop around runs
         if "update" in kinds:
