@@ -40,6 +40,7 @@ _DATA_WORDS = {"data", "dataset", "ds", "batches", "train", "val", "valid", "tes
 _PREDICATE = re.compile(r"(^_*|[a-z0-9]_)(is|has|should|can|needs?|uses?|supports?|check_is)_")   # param_is_not_shared
 _TOKENIZER = re.compile(r"tokeni[sz]er|processor|feature_extractor|^tok$", re.I)
 _LOADER_NAME = LOADER_NAME
+_DOTTED_WRAPPERS = {"tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm", "itertools.islice", "itertools.cycle"}
 _DATA_ITER = re.compile(r"^(train|val|valid|eval|test|data)_?(iter|iterator)$", re.I)   # not a generator of batches
 _DIST_METHODS = {"sample", "rsample", "log_prob", "entropy", "cdf", "icdf", "sample_n", "mode", "mean", "stddev"}
 
@@ -72,6 +73,9 @@ class CallKinds:
         if isinstance(func, (ast.Name, ast.Attribute)) and _PREDICATE.search(name_of(func)) \
                 and not (isinstance(func, ast.Attribute) and self.kind(func.value) in TENSORISH):
             return "num"   # self._is_fp8_param(p), has_nan(x): a predicate answers with a Python bool
+        if name in _DOTTED_WRAPPERS and node.args:   # tqdm.tqdm(loader), itertools.islice(loader, n)
+            k = self.iter_kind(node.args[0])
+            return k if k and k.startswith(("loader", "enum_")) else None
         if isinstance(func, ast.Name):
             if func.id in NUM_BUILTINS:
                 return "num"

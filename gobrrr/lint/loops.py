@@ -382,6 +382,8 @@ def step_loops(tree: ast.AST, facts: Facts, rare) -> tuple[set[int], set[int], s
             imported |= {(a.asname or a.name).split(".")[0] for a in n.names}
         elif isinstance(n, ast.Assign) and isinstance(n.value, ast.Call) and _loader_like(n.value):
             wrapped |= {t.id for t in n.targets if isinstance(t, ast.Name)}
+        elif isinstance(n, ast.withitem) and isinstance(n.optional_vars, ast.Name) and _loader_like(n.context_expr):
+            wrapped.add(n.optional_vars.id)   # with tqdm.tqdm(loader) as bar: for batch in bar
 
     def looping(call: ast.Call) -> bool:
         n = name_of(call.func)
@@ -474,8 +476,8 @@ def _takes_batches(loop: ast.AST, calls: list[ast.Call]) -> bool:
 def _loader_like(it: ast.AST) -> bool:
     """`train_loader`, `DataLoader(...)`, `tqdm(loader)`, `dataloaders["train"]`, `self.eval_iterator`, and
     `tqdm(it) if main_process else it`."""
-    while isinstance(it, ast.Call) and it.args and isinstance(it.func, ast.Name) \
-            and it.func.id in ("enumerate", "tqdm", "iter", "zip", "islice", "progress_bar", "track"):
+    while isinstance(it, ast.Call) and it.args and isinstance(it.func, (ast.Name, ast.Attribute)) \
+            and name_of(it.func) in ("enumerate", "tqdm", "iter", "zip", "islice", "progress_bar", "track"):
         it = it.args[0]
     if isinstance(it, ast.IfExp):
         return _loader_like(it.body) or _loader_like(it.orelse)

@@ -185,7 +185,13 @@ class Checker(ScopeWalk, FlowRules, CallRules, SyncRules, CopyRules, InsideRules
 
     def visit_With(self, node: ast.With) -> None:
         """`with dt[0]:` / `with timer:` in hot code runs the project class's __enter__ and __exit__
-        (ultralytics' Profile, which synchronizes the device to time each stage)."""
+        (ultralytics' Profile, which synchronizes the device to time each stage). `with tqdm(loader) as bar:`
+        binds the bar as the loader it wraps."""
+        for item in node.items:
+            if isinstance(item.optional_vars, ast.Name):
+                k = self.kind(item.context_expr)
+                if k and k.startswith(("loader", "enum_")):
+                    self.bind(item.optional_vars, k)
         if self.region == "hot" and not self.silent:
             for item in node.items:
                 ctx = item.context_expr
