@@ -138,9 +138,11 @@ def check_sources(sources: list[Source], assume_gpu: bool = False,
     for s in sources:
         c = checkers[id(s)] = Checker(s, project, hotmaps[id(s)], flags)
         _guarded(c.check_module, s, errors)
+        # a file that names no device but trains (an update loop) in a project that uses the GPU runs on it: its
+        # trainer is handed the model and the batches (decision-transformer's Trainer names no device, its script does)
         if not gpu[id(s)] and gpu_project and c.hotmap.update_loops:
-            gpu[id(s)] = True   # a training loop of a project that uses the GPU: the trainer is handed the model
-        elif not gpu[id(s)]:    # and its batches (decision-transformer's Trainer names no device, its script does)
+            gpu[id(s)] = True
+        elif not gpu[id(s)]:
             _hold_back(c, gpu_project)
         queue += c.pending
         c.pending = []

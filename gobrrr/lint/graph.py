@@ -339,11 +339,11 @@ class Project(Index):
         return [hit for inst in insts if (hit := self.method(*inst, "forward") or self.method(*inst, "__call__"))]
 
 
-__all__ = ["Project"]
-
-
 def _on_self(node: ast.AST) -> bool:
     """`self.config.method`: an attribute chain that starts at self."""
     while isinstance(node, ast.Attribute):
         node = node.value
     return isinstance(node, ast.Name) and node.id == "self"
+
+
+__all__ = ["Project"]
