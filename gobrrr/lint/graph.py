@@ -126,6 +126,9 @@ class Project(Index):
             bound = self._bound_methods(src, cls, f.attr) if cls is not None and not fallback else []
             if bound:   # self.get_r = self.get_r_vec if vec else ...: what self.get_r(actor) returns (kinds only)
                 return bound
+            made = self._factory_made(src, cls, f.attr) if cls is not None else []
+            if made:   # self.grad_func = self.fuse_update(): the def that factory returns runs
+                return made
             if cls is not None and self.attr_defs.get((id(cls), f.attr)):   # self.dist_fn(x), a def handed to
                 return list(self.attr_defs[(id(cls), f.attr)])[:4]   # the constructor
             key = f.attr.replace("_", "").lower()   # self.matcher(out, y), the matcher handed to __init__ by a
@@ -195,6 +198,22 @@ class Project(Index):
             self._assigned[key] = table
         names = self._assigned[key].get(attr, ())
         return [hit for m in sorted(names) if (hit := self.method(src, cls, m))][:4]
+
+    def _factory_made(self, src: Source, cls: ast.ClassDef, attr: str) -> list[tuple[Source, ast.AST]]:
+        """The nested defs that a factory returns, where a method of cls sets `self.<attr>` to a call of it
+        (`self.grad_func = self.fuse_update()`, LOMO's fused update run by each gradient hook); cached."""
+        key = ("factory", id(cls), attr)
+        if key not in self._assigned:
+            found: list = []
+            for fn in (d for d in cls.body if isinstance(d, DEFS)):
+                for n in ast.walk(fn):
+                    if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call) and any(
+                            isinstance(t, ast.Attribute) and t.attr == attr and isinstance(t.value, ast.Name)
+                            and t.value.id == "self" for t in n.targets):
+                        found += [hit for fs, made in self.resolve(src, n.value, fn, {}, fallback=False)[:3]
+                                  for hit in returned_defs(fs, made)]
+            self._assigned[key] = found[:4]
+        return self._assigned[key]
 
     def wrappers(self, src: Source, fn: ast.AST) -> list[tuple[Source, ast.AST]]:
         """The inner defs that fn's project decorators put around it (`@cast_torch_tensor`, whose `inner`

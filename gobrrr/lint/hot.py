@@ -377,10 +377,12 @@ def _default_on_flags(tree: ast.AST) -> tuple[dict[str, set[int]], set[int]]:
 def _lazy_init(node: ast.If) -> bool:
     """`if preds is None: preds = ...`, `if self.grid[i].shape != x.shape: self.grid[i] = ...`, `if k not
     in cache: cache[k] = ...`: runs when a cached value is missing or stale (the first iteration, a new
-    input size, a new key), not every step."""
+    input size, a new key), not every step. `if p.grad is not None: ...; p.grad = None` uses and clears a
+    value that is there every step: no initialisation."""
     t = node.test
-    assigned = {ast.unparse(x) for s in node.body if isinstance(s, ast.Assign) for x in s.targets
-                if isinstance(x, (ast.Attribute, ast.Subscript))}
+    assigned = {ast.unparse(x) for s in node.body if isinstance(s, ast.Assign)
+                and not (isinstance(s.value, ast.Constant) and s.value.value is None)   # `p.grad = None` after
+                for x in s.targets if isinstance(x, (ast.Attribute, ast.Subscript))}    # using it clears, not fills
     if assigned and any(isinstance(n, (ast.Attribute, ast.Subscript)) and ast.unparse(n) in assigned
                         for n in ast.walk(t)):
         return True
