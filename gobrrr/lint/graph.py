@@ -72,8 +72,8 @@ class Project(Index):
         self.per_class: dict[int, dict] = {}   # id(ClassDef) -> what its methods set self attributes to (calls._class_attrs)
         self.looping: set[str] = set()   # names of the defs that hold a step loop (set by check.check_sources)
         self.hotmaps: dict = {}     # id(Source) -> its HotMap, once built
-        self._assigned: dict = {}   # id(ClassDef) -> the self attributes it sets (_set_attrs); a def's wrappers; a
-        #                             class's attributes set to its own methods (("bound", id), _bound_methods)
+        self._assigned: dict = {}   # ("assigns", id(ClassDef)) -> its `self.<attr> = ...` (_self_assigns); a def's
+        #                             wrappers; what a factory stored on self returns (("factory", id, attr))
 
     # -- calls
     def resolve(self, src: Source, call: ast.Call, scope: ast.AST | None, types=None,
@@ -183,20 +183,26 @@ class Project(Index):
         here = [m for m in only if m[0] is src]   # one-file scripts that each define their Actor.act: this file's
         return here if len(here) <= 3 else []   # (GaussianPolicy.act, DeterministicPolicy.act: either runs)
 
-    def _bound_methods(self, src: Source, cls: ast.ClassDef, attr: str) -> list[tuple[Source, ast.AST]]:
-        """The methods of cls that its defs set `self.<attr>` to (`self.get_r = self.get_r_single`); the class is
-        read once for every attribute (cached)."""
-        key = ("bound", id(cls))
+    def _self_assigns(self, cls: ast.ClassDef) -> dict[str, list[tuple[ast.AST, ast.Assign]]]:
+        """attr -> (method, assignment) of each `self.<attr> = ...` in cls's methods: the one walk of a class
+        that _set_attrs, _bound_methods and _factory_made read (cached)."""
+        key = ("assigns", id(cls))
         if key not in self._assigned:
-            table: dict[str, set[str]] = {}
-            for n in ast.walk(cls):
-                if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(t := n.targets[0], ast.Attribute) \
-                        and isinstance(t.value, ast.Name) and t.value.id == "self" \
-                        and isinstance(n.value, ast.Attribute) and isinstance(n.value.value, ast.Name) \
-                        and n.value.value.id == "self":
-                    table.setdefault(t.attr, set()).add(n.value.attr)
+            table: dict[str, list[tuple[ast.AST, ast.Assign]]] = {}
+            for fn in (d for d in cls.body if isinstance(d, DEFS)):
+                for n in ast.walk(fn):
+                    if isinstance(n, ast.Assign):
+                        for t in n.targets:
+                            if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
+                                table.setdefault(t.attr, []).append((fn, n))
             self._assigned[key] = table
-        names = self._assigned[key].get(attr, ())
+        return self._assigned[key]
+
+    def _bound_methods(self, src: Source, cls: ast.ClassDef, attr: str) -> list[tuple[Source, ast.AST]]:
+        """The methods of cls that its defs set `self.<attr>` to (`self.get_r = self.get_r_single`)."""
+        names = {n.value.attr for _, n in self._self_assigns(cls).get(attr, ()) if len(n.targets) == 1
+                 and isinstance(n.value, ast.Attribute) and isinstance(n.value.value, ast.Name)
+                 and n.value.value.id == "self"}
         return [hit for m in sorted(names) if (hit := self.method(src, cls, m))][:4]
 
     def _factory_made(self, src: Source, cls: ast.ClassDef, attr: str) -> list[tuple[Source, ast.AST]]:
@@ -204,14 +210,9 @@ class Project(Index):
         (`self.grad_func = self.fuse_update()`, LOMO's fused update run by each gradient hook); cached."""
         key = ("factory", id(cls), attr)
         if key not in self._assigned:
-            found: list = []
-            for fn in (d for d in cls.body if isinstance(d, DEFS)):
-                for n in ast.walk(fn):
-                    if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call) and any(
-                            isinstance(t, ast.Attribute) and t.attr == attr and isinstance(t.value, ast.Name)
-                            and t.value.id == "self" for t in n.targets):
-                        found += [hit for fs, made in self.resolve(src, n.value, fn, {}, fallback=False)[:3]
-                                  for hit in returned_defs(fs, made)]
+            found = [hit for fn, n in self._self_assigns(cls).get(attr, ()) if isinstance(n.value, ast.Call)
+                     for fs, made in self.resolve(src, n.value, fn, {}, fallback=False)[:3]
+                     for hit in returned_defs(fs, made)]
             self._assigned[key] = found[:4]
         return self._assigned[key]
 
@@ -267,18 +268,12 @@ class Project(Index):
 
     def _set_attrs(self, src: Source, cls: ast.ClassDef) -> set[str]:
         """The self attributes a method of cls assigns something other than a parameter of its own (cached)."""
-        if id(cls) in self._assigned:
-            return self._assigned[id(cls)]
-        out = self._assigned[id(cls)] = set()
-        for fn in cls.body:
-            if not isinstance(fn, DEFS):
-                continue
-            params = {a.arg for a in [*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs]}
-            for n in ast.walk(fn):
-                if isinstance(n, ast.Assign) and not (isinstance(n.value, ast.Name) and n.value.id in params):
-                    out |= {t.attr for t in n.targets if isinstance(t, ast.Attribute)
-                            and isinstance(t.value, ast.Name) and t.value.id == "self"}
-        return out
+        key = ("set", id(cls))
+        if key not in self._assigned:
+            self._assigned[key] = {attr for attr, sets in self._self_assigns(cls).items()
+                                   if any(not (isinstance(n.value, ast.Name) and n.value.id in _params(fn))
+                                          for fn, n in sets)}
+        return self._assigned[key]
 
     def _named_like(self, recv: ast.AST) -> list:
         """The project classes an object of unknown origin is named after (`replay_buffer`, `self.rollout_buffer`
@@ -356,6 +351,10 @@ class Project(Index):
 
     def _forwards(self, insts) -> list:
         return [hit for inst in insts if (hit := self.method(*inst, "forward") or self.method(*inst, "__call__"))]
+
+
+def _params(fn: ast.AST) -> set[str]:
+    return {a.arg for a in [*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs]}
 
 
 def _on_self(node: ast.AST) -> bool:
