@@ -1,0 +1,188 @@
+"""gobrrr lint, issue 29's twenty-fifth round (round 24 of the rules): a repository of script folders (one
+algorithm per folder, each with its own main.py, utils.py and agent module, run as `python main.py` from its
+folder), linted as one project. Each shape from a minimal example, beside the neighbouring shape that must stay
+quiet."""
+from __future__ import annotations
+
+import textwrap
+
+from gobrrr.lint.check import lint_paths
+
+MAIN = """
+import gym
+import torch
+from agent import Agent
+from utils import evaluate
+
+env = gym.make("CartPole-v1")
+agent = Agent(4, 2)
+s = env.reset()
+for t in range(1000):
+    a = agent.select_action(s)
+    s2, r, done, info = env.step(a)
+    agent.buffer.add(s, a, r, s2)
+    s = s2
+    if t % 100 == 0:
+        evaluate(env, agent)
+"""
+
+AGENT = """
+import torch
+
+
+class Buffer:
+    def __init__(self, dvc):
+        self.dvc = dvc
+        self.s = torch.zeros((1000, 4), device=dvc)
+        self.ptr = 0
+
+    def add(self, s, a, r, s2):
+        self.s[self.ptr] = torch.from_numpy(s).to(self.dvc)
+        self.ptr += 1
+
+
+class Agent:
+    def __init__(self, n, m):
+        self.dvc = torch.device("cuda")
+        self.net = torch.nn.Linear(n, m).to(self.dvc)
+        self.buffer = Buffer(self.dvc)
+        self.opt = torch.optim.Adam(self.net.parameters())
+
+    def select_action(self, s):
+        return self.net(torch.from_numpy(s).float().to(self.dvc)).argmax().item()
+
+    def greedy(self, s):
+        return self.net(torch.from_numpy(s).float().to(self.dvc)).argmax().item()
+
+    def train(self):
+        loss = self.net(self.buffer.s[:32]).pow(2).mean()
+        self.opt.zero_grad()
+        loss.backward()
+        self.opt.step()
+"""
+
+UTILS = """
+def evaluate(env, agent):
+    s = env.reset()
+    done = False
+    while not done:
+        a = agent.greedy(s)
+        s, r, done, info = env.step(a)
+"""
+
+# the other folders: the same module and class names, a numpy agent (no torch, no device)
+NUMPY_AGENT = """
+import numpy as np
+
+
+class Buffer:
+    def __init__(self, dvc):
+        self.s = np.zeros((1000, 4))
+        self.ptr = 0
+
+    def add(self, s, a, r, s2):
+        self.s[self.ptr] = s
+        self.ptr += 1
+
+
+class Agent:
+    def __init__(self, n, m):
+        self.w = np.zeros((m, n))
+        self.buffer = Buffer(None)
+
+    def select_action(self, s):
+        return int(np.argmax(self.w @ s))
+
+    def greedy(self, s):
+        return int(np.argmax(self.w @ s))
+"""
+
+
+def _folders(tmp_path, folders: dict) -> list[tuple[str, str, int, str]]:
+    for folder, files in folders.items():
+        (tmp_path / folder).mkdir()
+        for name, text in files.items():
+            (tmp_path / folder / name).write_text(textwrap.dedent(text))
+    return sorted((str(f.path).split(str(tmp_path) + "/")[1], f.rule, f.line, " -> ".join(f.chain))
+                  for f in lint_paths([str(tmp_path)]))
+
+
+def _two(tmp_path):
+    """1_dqn beside three numpy folders: four Agent and four Buffer classes, too many for their names to pin one."""
+    numpy = {"main.py": MAIN.replace("import torch\n", ""), "agent.py": NUMPY_AGENT, "utils.py": UTILS}
+    return _folders(tmp_path, {"1_dqn": {"main.py": MAIN, "agent.py": AGENT, "utils.py": UTILS},
+                               "2_numpy": numpy, "3_numpy": numpy, "4_numpy": numpy})
+
+
+def test_each_script_follows_the_modules_of_its_own_folder(tmp_path):
+    """`from agent import Agent` in 1_dqn/main.py is 1_dqn/agent.py (the script's folder is sys.path[0]), though
+    2_numpy has an agent.py too: the policy's upload and `.item()`, one line, are reached from the env loop."""
+    found = _two(tmp_path)
+    assert ("1_dqn/agent.py", "GB002", 24, "main.py:11") in found, found
+
+
+def test_an_attribute_of_an_object_whose_class_is_known_is_followed(tmp_path):
+    """`agent.buffer.add(...)`: agent is an Agent, whose __init__ made `self.buffer = Buffer(...)`; the buffer's
+    copy from numpy runs every env step (two Buffer classes in the project, so the name alone pins none)."""
+    found = _two(tmp_path)
+    assert ("1_dqn/agent.py", "GB001", 12, "main.py:13") in found, found
+
+
+def test_a_parameter_named_after_a_class_of_its_folder_is_that_class(tmp_path):
+    """utils.evaluate(env, agent), called every 100 steps: its own env loop calls `agent.greedy(s)`, a method
+    two folders define; the Agent of the caller's folder is the one that runs."""
+    found = _two(tmp_path)
+    assert ("1_dqn/agent.py", "GB002", 27, "utils.py:6") in found, found
+
+
+def test_the_numpy_folder_beside_it_stays_quiet(tmp_path):
+    """The same names over numpy in the other folders: nothing there reaches a device, so nothing there is
+    reported (their env loops stay CPU-only, no GB014), and 1_dqn's findings are those it has alone."""
+    found = _two(tmp_path)
+    assert not [f for f in found if "_numpy/" in f[0]], found
+    (tmp_path / "alone").mkdir()
+    alone = _folders(tmp_path / "alone", {"1_dqn": {"main.py": MAIN, "agent.py": AGENT, "utils.py": UTILS}})
+    assert [f for f in found if f[0].startswith("1_dqn/")] == alone
+
+
+QTABLE = """
+import numpy as np
+
+
+class QTable:
+    def __init__(self):
+        self.q = np.zeros((16, 4))
+
+    def select_action(self, s):
+        return int(np.argmax(self.q[s]))
+
+    def train(self, s, a, r, s2):
+        self.q[s, a] += 0.1 * (r + 0.9 * self.q[s2].max() - self.q[s, a])
+"""
+
+TABULAR = """
+import gymnasium as gym
+from torch.utils.tensorboard import SummaryWriter
+from q_table import QTable
+
+
+def main():
+    writer = SummaryWriter()
+    env = gym.make("FrozenLake-v1")
+    agent = QTable()
+    s, info = env.reset()
+    for t in range(10000):
+        a = agent.select_action(s)
+        s2, r, dw, tr, info = env.step(a)
+        agent.train(s, a, r, s2)
+        s = s2
+"""
+
+
+def test_a_numpy_script_that_only_logs_with_torch_stays_off_the_gpu(tmp_path):
+    """Tabular Q-learning beside the project's DQNs: its `agent.train(...)` is named like the DQN's update
+    (which steps an optimizer), but it imports torch only for its SummaryWriter, so its loop is not GPU training
+    and its env loop no GPU round trip (no GB014); the DQN's is one."""
+    found = _folders(tmp_path, {"0_tabular": {"main.py": TABULAR, "q_table.py": QTABLE},
+                                "1_dqn": {"main.py": MAIN, "agent.py": AGENT, "utils.py": UTILS}})
+    assert ("1_dqn/main.py", "GB014", 12, "") in found and not [f for f in found if f[0].startswith("0_")], found
