@@ -7,6 +7,7 @@ from __future__ import annotations
 import textwrap
 
 from gobrrr.lint.check import lint_paths
+from tests.test_lint_round4 import default
 
 MAIN = """
 import gym
@@ -186,3 +187,67 @@ def test_a_numpy_script_that_only_logs_with_torch_stays_off_the_gpu(tmp_path):
     found = _folders(tmp_path, {"0_tabular": {"main.py": TABULAR, "q_table.py": QTABLE},
                                 "1_dqn": {"main.py": MAIN, "agent.py": AGENT, "utils.py": UTILS}})
     assert ("1_dqn/main.py", "GB014", 12, "") in found and not [f for f in found if f[0].startswith("0_")], found
+
+
+# -- the data loader of a speedrun (modded-nanogpt): its tensors live on the host until a non_blocking copy
+SHARDS = """
+BOS = 50256
+
+
+def load_shard(path):
+    header = torch.from_file(path, False, 256, dtype=torch.int32)
+    assert header[0] == 20240520, "magic number mismatch"
+    n = int(header[2])
+    tokens = torch.empty(n, dtype=torch.uint16, pin_memory=True)
+    return tokens
+
+
+def bigram_hash(x):
+    out = torch.empty_like(x.to(torch.int32), pin_memory=True)
+    out[1:] = (x[1:] * 36313) % 1000
+    return out
+
+
+def generator(files, n):
+    file_iter = iter(files)
+    tokens, pos = load_shard(next(file_iter)), 0
+    while True:
+        if pos + n + 1 >= len(tokens):
+            tokens, pos = load_shard(next(file_iter)), 0
+        buf = tokens[pos: pos + n + 1]
+        inputs = buf[:-1].view(n)
+        starts = torch.nonzero(inputs == BOS)[:, 0]
+        pos += n
+        yield inputs.to(DEVICE, non_blocking=True), bigram_hash(inputs).to(DEVICE, non_blocking=True), starts
+
+
+def train(model, opt, files):
+    loader = generator(files, 1024)
+    for step in range(100):
+        x, h, starts = next(loader)
+        model(x, h, starts).backward()
+        opt.step()
+"""
+
+
+def test_a_shard_read_from_disk_is_a_host_tensor():
+    """`torch.from_file(...)` reads into a CPU tensor: the header's assert and `int(header[2])` sync nothing;
+    the same lines over a tensor made on the device do."""
+    assert not {("GB007", 7), ("GB002", 8)} & set(default(SHARDS))
+    on_device = SHARDS.replace("torch.from_file(path, False, 256, dtype=torch.int32)",
+                               "torch.zeros(256, dtype=torch.int32, device=DEVICE)")
+    assert {("GB007", 7), ("GB002", 8)} <= set(default(on_device))
+
+
+def test_a_pinned_tensor_compared_makes_a_host_mask():
+    """`torch.nonzero(inputs == BOS)` over pinned tokens runs on the host: no GB008; over device tokens it syncs."""
+    assert ("GB008", 27) not in default(SHARDS)
+    assert ("GB008", 27) in default(SHARDS.replace("tokens = torch.empty(n, dtype=torch.uint16, pin_memory=True)",
+                                                   "tokens = torch.empty(n, device=DEVICE)"))
+
+
+def test_a_pinned_staging_buffer_made_like_another_is_pinned():
+    """`torch.empty_like(x, pin_memory=True)` is page-locked: its non_blocking copy is asynchronous (no GB005);
+    without pin_memory it is pageable and the copy is not."""
+    assert ("GB005", 29) not in default(SHARDS)
+    assert ("GB005", 29) in default(SHARDS.replace("x.to(torch.int32), pin_memory=True)", "x.to(torch.int32))"))
