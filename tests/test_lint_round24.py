@@ -117,9 +117,34 @@ def _two(tmp_path):
 
 def test_each_script_follows_the_modules_of_its_own_folder(tmp_path):
     """`from agent import Agent` in 1_dqn/main.py is 1_dqn/agent.py (the script's folder is sys.path[0]), though
-    2_numpy has an agent.py too: the policy's upload and `.item()`, one line, are reached from the env loop."""
+    the numpy folders have an agent.py too: the policy's upload and `.item()`, one line, are reached from the env
+    loop, and being its round trip they are named by its GB014 (next test)."""
+    _two(tmp_path)
+    (gb014,) = [f for f in lint_paths([str(tmp_path)]) if f.rule == "GB014"]
+    assert gb014.covers_at == [f"{tmp_path}/1_dqn/agent.py:24"], gb014
+
+
+def test_a_policy_in_another_file_is_the_env_loops_round_trip(tmp_path):
+    """`a = agent.select_action(s)` then `env.step(a)`: the upload of s and the `.item()` of the action, in
+    agent.py, are the CPU environment's round trip: one GB014 at the step names them (`covers_at` and its
+    message), and they are not reported again; the replay buffer's copy, which the env does not cause, is."""
     found = _two(tmp_path)
-    assert ("1_dqn/agent.py", "GB002", 24, "main.py:11") in found, found
+    assert ("1_dqn/main.py", "GB014", 12, "") in found and not [f for f in found if f[1:3] == ("GB002", 24)], found
+    assert ("1_dqn/agent.py", "GB001", 12, "main.py:13") in found, found
+    (gb014,) = [f for f in lint_paths([str(tmp_path)]) if f.rule == "GB014"]
+    assert gb014.message.endswith("(the policy's copies at agent.py:24)"), gb014.message
+
+
+def test_the_next_steps_action_renamed_into_place_is_the_policys_too(tmp_path):
+    """SARSA's loop computes the next action after the step (`a_next = agent.select_action(s2)`) and renames it
+    (`s, a = s2, a_next`): that call is the policy of the next step."""
+    sarsa = MAIN.replace("    a = agent.select_action(s)\n", "").replace(
+        "s = env.reset()\n", "s = env.reset()\na = agent.select_action(s)\n").replace(
+        "    s = s2\n", "    a_next = agent.select_action(s2)\n    s, a = s2, a_next\n")
+    assert "a_next" in sarsa
+    _folders(tmp_path, {"1_dqn": {"main.py": sarsa, "agent.py": AGENT, "utils.py": UTILS}})
+    (gb014,) = [f for f in lint_paths([str(tmp_path)]) if f.rule == "GB014"]
+    assert gb014.covers_at == [f"{tmp_path}/1_dqn/agent.py:24"], (gb014, sarsa)
 
 
 def test_an_attribute_of_an_object_whose_class_is_known_is_followed(tmp_path):

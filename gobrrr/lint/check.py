@@ -46,6 +46,7 @@ import tokenize
 from pathlib import Path
 
 from gobrrr.lint.calls import host_attrs
+from gobrrr.lint.env import absorb_round_trips
 from gobrrr.lint.files import python_files
 from gobrrr.lint.findings import RULES, SYNC_RULES, TITLES, Finding
 from gobrrr.lint.graph import Project
@@ -183,6 +184,7 @@ def check_sources(sources: list[Source], assume_gpu: bool = False,
             nxt += c.pending
             c.pending = []
         queue = nxt
+    absorb_round_trips(checkers.values())
     found: list[Finding] = []
     for s in sources:
         c = checkers.get(id(s))
