@@ -139,9 +139,11 @@ def score_repo(judgement: dict, findings: list[dict]) -> RepoScore:
         rules.setdefault((_norm(f["path"]), int(f["line"])), []).append(str(f.get("rule", "")))
     s.lines = len(rules)
     hit: set[int] = set()
-    for f in findings:  # a finding that stands for other lines of its file (GB014: a CPU env's round trip, once)
-        for c in f.get("covers") or []:
-            hit.update(id(e) for e in own.get((_norm(f["path"]), int(c))) or also.get((_norm(f["path"]), int(c))) or []
+    for f in findings:  # a finding that stands for other lines (GB014: a CPU env's round trip, once), of its file
+        covered = [(f["path"], int(c)) for c in f.get("covers") or []]   # and of the functions its loop calls
+        covered += [(p, int(c)) for p, c in (a.rsplit(":", 1) for a in f.get("covers_at") or [])]
+        for path, c in covered:
+            hit.update(id(e) for e in own.get((_norm(path), c)) or also.get((_norm(path), c)) or []
                        if e["verdict"] == "step")
     for key, rs in sorted(rules.items()):
         entries = own.get(key) or also.get(key)

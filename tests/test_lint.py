@@ -263,7 +263,7 @@ def test_finding_fields():
     (f,) = lint_source("import torch\nfor i in range(2):\n    torch.cuda.synchronize()\n    model(i).backward()\n", "a.py")
     assert isinstance(f, Finding)
     assert f.to_dict() == {"path": "a.py", "line": 3, "col": 5, "rule": "GB004", "message": f.message, "fix": f.fix,
-                           "hot": True, "chain": [], "covers": []}   # hot: in a step loop (shown by default)
+                           "hot": True, "chain": [], "covers": [], "covers_at": []}   # hot: in a step loop (shown by default)
     assert "stalls the host" in f.message and "event" in f.fix
 
 
@@ -288,7 +288,8 @@ def test_cli_exit_codes_and_json(tmp_path, capsys):
     assert main([str(tmp_path / "pkg"), "--format", "json"]) == 1
     data = json.loads(capsys.readouterr().out)
     assert isinstance(data, list) and len(data) == 1
-    assert set(data[0]) == {"path", "line", "col", "rule", "message", "fix", "hot", "chain", "covers"}
+    assert set(data[0]) == {"path", "line", "col", "rule", "message", "fix", "hot", "chain", "covers",
+                            "covers_at"}
     assert (data[0]["path"], data[0]["line"], data[0]["rule"]) == (str(bad), 3, "GB004")
     assert main([str(clean), "--format", "json"]) == 0
     assert json.loads(capsys.readouterr().out) == []

@@ -133,6 +133,14 @@ def test_a_finding_that_covers_other_lines_finds_them_without_counting_them():
     assert (s.rare, s.step, s.false) == (1, 0, 0)   # precision counts the one finding, not the lines it covers
 
 
+def test_a_round_trip_in_the_policys_file_is_found_by_the_env_steps_finding():
+    """GB014's `covers_at` names lines in the functions its loop calls (`agent.py:24`, the policy's `.item()`)."""
+    judged = {**JUDGED, "lines": [line("agent.py", 24), line("main.py", 12, verdict="rare")]}
+    s = lint_score.score_repo(judged, [{"path": "main.py", "line": 12, "rule": "GB014", "covers_at": ["agent.py:24"]}])
+    assert (s.step_found, s.step_total, s.rare) == (1, 1, 1)
+    assert lint_score.score_repo(judged, [{"path": "main.py", "line": 12, "rule": "GB014"}]).step_found == 0
+
+
 def test_a_checkout_is_built_from_a_bare_mirror_or_a_clone(tmp_path):
     """`--mirror` folders hold bare mirrors (<owner>+<repo>/repo) or, for some repositories, a working
     clone (<owner>+<repo>/repo/.git): both give the lint paths at the recorded commit."""

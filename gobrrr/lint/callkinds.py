@@ -123,10 +123,14 @@ class CallKinds:
                 return _np_random_kind(node, last)
             if last in ("clip_grad_norm_", "clip_grad_norm", "get_total_norm"):
                 return "tensor"  # the total norm, on the device
-            if root == "torch" and last == "from_numpy":
-                return "host"
+            if root == "torch" and last in ("from_numpy", "from_file", "frombuffer"):
+                return "host"   # torch.from_file(path, ...): a CPU tensor read from disk
             if root == "torch" and last in FACTORIES:
                 return self.factory_kind(node)
+            if root == "torch" and last.endswith("_like") and any(
+                    k.arg == "pin_memory" and isinstance(k.value, ast.Constant) and k.value.value is True
+                    for k in node.keywords):
+                return "pinned"   # torch.empty_like(x, pin_memory=True): a staging buffer in page-locked memory
             if root == "torch" and last in MASK_FUNCS:
                 return "mask"
             if name == "torch.device" and node.args and self.device_of(node.args[0]) == "cpu":

@@ -46,6 +46,7 @@ import tokenize
 from pathlib import Path
 
 from gobrrr.lint.calls import host_attrs
+from gobrrr.lint.env import absorb_round_trips
 from gobrrr.lint.files import python_files
 from gobrrr.lint.findings import RULES, SYNC_RULES, TITLES, Finding
 from gobrrr.lint.graph import Project
@@ -69,6 +70,7 @@ __all__ = ["RULES", "Finding", "lint_source", "lint_paths", "lint_file", "check_
 
 _IGNORE = re.compile(r"#\s*gobrrr:\s*ignore(?:\[([A-Za-z0-9_,\s]+)\])?")
 _SYNC_NOTE = re.compile(r"#\s*sync:")
+_COMPUTES = re.compile(r"\btorch\.(?!utils\.tensorboard)\w|\.backward\(")   # torch compute, not only its SummaryWriter
 # torch.set_default_tensor_type("torch.cuda.FloatTensor"): torch's factories make CUDA tensors everywhere
 _DEFAULT_CUDA = re.compile(r"set_default_tensor_type\(\s*['\"]?torch\.cuda\.")
 _DEVICE = TENSORISH | {"tlist"}   # a parameter handed device tensors, or a list or dict of them (a batch moved key by key)
@@ -139,8 +141,9 @@ def check_sources(sources: list[Source], assume_gpu: bool = False,
         c = checkers[id(s)] = Checker(s, project, hotmaps[id(s)], flags)
         _guarded(c.check_module, s, errors)
         # a file that names no device but trains (an update loop) in a project that uses the GPU runs on it: its
-        # trainer is handed the model and the batches (decision-transformer's Trainer names no device, its script does)
-        if not gpu[id(s)] and gpu_project and c.hotmap.update_loops:
+        # trainer is handed the model and the batches (decision-transformer's Trainer names no device, its script does);
+        # not a script whose only torch is a SummaryWriter (tabular Q-learning in numpy beside the project's DQNs)
+        if not gpu[id(s)] and gpu_project and c.hotmap.update_loops and _COMPUTES.search(s.text):
             gpu[id(s)] = True
         elif not gpu[id(s)]:
             _hold_back(c, gpu_project)
@@ -181,6 +184,7 @@ def check_sources(sources: list[Source], assume_gpu: bool = False,
             nxt += c.pending
             c.pending = []
         queue = nxt
+    absorb_round_trips(checkers.values())
     found: list[Finding] = []
     for s in sources:
         c = checkers.get(id(s))

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import re
+from pathlib import Path
 
 from gobrrr.lint.loops import env_steps, is_env_name, name_of, own_level
 from gobrrr.lint.names import TENSORISH
@@ -76,6 +77,7 @@ class EnvRules:
         for call, targets in env_calls(loop):
             action = call.args[0]
             action_names = _names(action)
+            policy = _policy_calls(loop, action_names)
             obs_names = set().union(*(_names(t) for t in targets)) if targets else set()
             for n in own_level(loop.body):   # act = policy(obs).cpu().numpy(); next_obs = torch.tensor(obs)
                 if isinstance(n, ast.Assign):
@@ -105,7 +107,63 @@ class EnvRules:
             f = self.findings.get(("GB014", call.lineno))
             if f is not None:
                 f.covers = sorted(set(absorbed))
+                for c in policy:   # what the policy call does in the project's code is the round trip too (absorb)
+                    self.round_trips.setdefault(f"{self.src.name}:{c.lineno}", []).append(f)
 
+
+
+def _policy_calls(loop: ast.AST, action: set[str]) -> list[ast.Call]:
+    """The calls whose result becomes the env step's action, at the loop's own level: `a = agent.act(obs)`, also
+    through renames (`a_next, q = agent.act(s_next)` ... `s, a = s_next, a_next`)."""
+    names, own = set(action), [n for n in own_level(loop.body) if isinstance(n, ast.Assign)]
+    for _ in range(2):   # a rename after the call (the next step's action) reaches it on the second pass
+        for n in own:
+            if isinstance(n.value, (ast.Name, ast.Tuple)) and set().union(*(_names(t) for t in n.targets)) & names:
+                names |= _names(n.value)
+    return [c for n in own if isinstance(n.value, ast.Call) and set().union(*(_names(t) for t in n.targets)) & names
+            for c in ast.walk(n.value) if isinstance(c, ast.Call)]
+
+
+def absorb_round_trips(checkers) -> None:
+    """After every hot walk: a copy or read-back that a GB014 loop's policy call makes in the project's code
+    (`a = agent.select_action(s)` -> `torch.FloatTensor(s).to(dev)`, `.argmax().item()` in agent.py) is that
+    environment's round trip, not a finding of its own: the GB014 names it (`covers_at`). A call site is
+    `file.py:line` by the file's name; of several such files, the one nearest the helper's folder."""
+    trips: dict[str, list] = {}
+    for c in checkers:
+        for key, found in c.round_trips.items():
+            trips.setdefault(key, []).extend(found)
+    if not trips:
+        return
+    for c in checkers:
+        for key, f in list(c.findings.items()):
+            owners = trips.get(f.chain[0]) if f.chain and f.rule in _ROUND_TRIP else None
+            if not owners:
+                continue
+            here = Path(f.path).parent.parts
+            env = max(owners, key=lambda g: _shared(Path(g.path).parent.parts, here))
+            env.covers_at.append(f"{f.path}:{f.line}")
+            del c.findings[key]
+    for c in checkers:
+        for found in c.round_trips.values():
+            for g in found:
+                if g.covers_at and "the policy's" not in g.message:
+                    g.covers_at = sorted(set(g.covers_at))
+                    g.message += f" (the policy's copies at {', '.join(_short(a) for a in g.covers_at)})"
+
+
+def _shared(a: tuple, b: tuple) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _short(at: str) -> str:
+    path, line = at.rsplit(":", 1)
+    return f"{Path(path).name}:{line}"
 
 
 def env_makers(nodes: list[ast.AST]) -> dict[str, str]:
@@ -121,4 +179,4 @@ def env_makers(nodes: list[ast.AST]) -> dict[str, str]:
     return out
 
 
-__all__ = ["EnvRules", "env_calls", "env_makers"]
+__all__ = ["EnvRules", "absorb_round_trips", "env_calls", "env_makers"]

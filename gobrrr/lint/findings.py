@@ -80,6 +80,7 @@ class Finding:
     hot: bool = True   # in a step loop or what it calls (shown by default); else shown with --all
     chain: list[str] = field(default_factory=list)   # the calls that make it hot: ['train.py:120', 'utils.py:44']
     covers: list[int] = field(default_factory=list)  # other lines this one finding stands for (GB014's round trip)
+    covers_at: list[str] = field(default_factory=list)   # ... in the project's functions the loop calls: 'agent.py:60'
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -66,7 +66,7 @@ class Project(Index):
         super().__init__(sources)
         self.summaries: dict = {}   # (id(def), argument kinds) -> the kind it returns (rules.summarize)
         self._following: set = set()   # (file, name, scope) whose assigned call is being resolved (no cycles)
-        self._like: dict[str, list] = {}   # an object's name key -> the classes it is named after (_named_like)
+        self._like: dict = {}   # an object's name key (and folder, for _named_near) -> the classes it is named after
         self._by_lower: dict | None = None   # lower-cased class name -> [(Source, ClassDef)], built on first use
         self.per_file: dict[int, dict] = {}   # id(Source) -> what the checkers of that file compute once
         self.per_class: dict[int, dict] = {}   # id(ClassDef) -> what its methods set self attributes to (calls._class_attrs)
@@ -181,7 +181,9 @@ class Project(Index):
             if others and len(others) < len(only) and self._one_hierarchy(others):
                 return others
         here = [m for m in only if m[0] is src]   # one-file scripts that each define their Actor.act: this file's
-        return here if len(here) <= 3 else []   # (GaussianPolicy.act, DeterministicPolicy.act: either runs)
+        if here:   # (GaussianPolicy.act, DeterministicPolicy.act: either runs)
+            return here if len(here) <= 3 else []
+        return [hit for inst in self._named_near(recv, src) if (hit := self.method(*inst, f.attr))]
 
     def _self_assigns(self, cls: ast.ClassDef) -> dict[str, list[tuple[ast.AST, ast.Assign]]]:
         """attr -> (method, assignment) of each `self.<attr> = ...` in cls's methods: the one walk of a class
@@ -282,8 +284,7 @@ class Project(Index):
         with a class name of six letters or more (`proposal_matcher` -> Matcher). Names under five letters
         (`env`, `net`) or vague (`model`) pin nothing; nor do more than three classes, unless they are one
         hierarchy (at most eight: `predictor_obj` -> the Predictor subclasses)."""
-        name = recv.id if isinstance(recv, ast.Name) else recv.attr if isinstance(recv, ast.Attribute) else ""
-        key = re.sub(r"_(obj|object|fn|inst|instance)$", "", name).replace("_", "").lower()   # predictor_obj
+        key = _object_key(recv)   # predictor_obj -> predictor
         if len(key) < 5 or key in VAGUE:
             return []
         if key not in self._like:
@@ -293,12 +294,24 @@ class Project(Index):
     def _named_here(self, recv: ast.AST, src: Source) -> list:
         """The classes of the calling file itself an object is named after, when the whole project has too
         many (`actor` in fourteen one-file scripts, each defining its own Actor): at most three."""
-        name = recv.id if isinstance(recv, ast.Name) else recv.attr if isinstance(recv, ast.Attribute) else ""
-        key = re.sub(r"_(obj|object|fn|inst|instance)$", "", name).replace("_", "").lower()
+        key = _object_key(recv)
         if len(key) < 5 or key in VAGUE:
             return []
         found = [(src, c) for c in src.classes.values() if c.name.lower().endswith(key)]
         return found if len(found) <= 3 else []
+
+    def _named_near(self, recv: ast.AST, src: Source) -> list:
+        """The classes an object is named after in the calling file's own folder, when the project has too many
+        (thirteen algorithm folders, each a script with its own DQN_agent, and `agent` a parameter): at most three."""
+        key = _object_key(recv)
+        if len(key) < 5 or key in VAGUE:
+            return []
+        if ("near", key, src.path.parent) not in self._like:
+            self._classes_by_lower()
+            self._like[("near", key, src.path.parent)] = [c for low, cs in self._by_lower.items() if low.endswith(key)
+                                                          for c in cs if c[0].path.parent == src.path.parent]
+        found = self._like[("near", key, src.path.parent)]
+        return list(found) if len(found) <= 3 else []
 
     def _classes_named(self, key: str) -> list:
         self._classes_by_lower()
@@ -362,6 +375,13 @@ def _on_self(node: ast.AST) -> bool:
     while isinstance(node, ast.Attribute):
         node = node.value
     return isinstance(node, ast.Name) and node.id == "self"
+
+
+def _object_key(recv: ast.AST) -> str:
+    """An object's last name, lower-cased, without underscores or an `_obj`/`_fn` suffix: the key a class is
+    named after (`replay_buffer` -> replaybuffer, `predictor_obj` -> predictor)."""
+    name = recv.id if isinstance(recv, ast.Name) else recv.attr if isinstance(recv, ast.Attribute) else ""
+    return re.sub(r"_(obj|object|fn|inst|instance)$", "", name).replace("_", "").lower()
 
 
 __all__ = ["Project"]

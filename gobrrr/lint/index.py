@@ -93,8 +93,11 @@ class Index:
             rest = dotted.lstrip(".")
             want = base.joinpath(*rest.split(".")) if rest else base
             return self.by_path.get(want)
-        found = self.by_tail.get(tuple(dotted.split(".")), [])
+        parts = tuple(dotted.split("."))
+        found = self.by_tail.get(parts, [])
         found = [s for s in found if s is not near] or found
+        if len(found) > 1:   # several scripts' folders, each with a utils.py: Python finds the one on sys.path,
+            found = _nearest(found, near, len(parts))   # the importing script's own folder first
         return found[0] if len(found) == 1 else None
 
     def lookup(self, src: Source, name: str, depth: int = 0):
@@ -323,6 +326,14 @@ class Index:
             s = src.parent.get(id(s))
         return None
 
+    def _attr_instances(self, src: Source, cls: ast.ClassDef, attr: str) -> list:
+        """[(Source, ClassDef)] of the project classes a class's methods assign to `self.<attr>`."""
+        made = src.instances.get((id(cls), attr), [])
+        if not made:
+            return self._inherited_instances(src, cls, attr) if id(cls) in self.parents \
+                else list(self.attr_types.get((id(cls), attr), []))
+        return [hit for m in made for hit in self.classes_of(src, m, cls=cls)]
+
     def instances_of(self, src: Source, node: ast.AST, scope: ast.AST | None, types=None) -> list:
         """[(Source, ClassDef)] of the project classes assigned to a name or self attribute."""
         made: list = []
@@ -345,6 +356,13 @@ class Index:
                 return self._inherited_instances(src, cls, node.attr)
             if not made:
                 return list(self.attr_types.get((id(cls), node.attr), []))
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, (ast.Name, ast.Attribute)):
+            out = []   # agent.replay_buffer, self.agent.buffer: the attribute of an object whose class is known
+            for osrc, ocls in self.instances_of(src, node.value, scope, types)[:4]:
+                for hit in self._attr_instances(osrc, ocls, node.attr):
+                    if hit not in out:
+                        out.append(hit)
+            return out
         out = []
         around = self._class_around(src, scope) if made else None
         for m in made:
@@ -353,6 +371,17 @@ class Index:
                     out.append(hit)
         return out
 
+
+def _nearest(found: list[Source], near: Source, depth: int) -> list[Source]:
+    """Of the files an absolute import matches, those whose import root (the folder it is found from) is the
+    importing file's folder or the closest folder above it: `python main.py` puts main.py's folder on sys.path."""
+    ranked: dict[int, list[Source]] = {}
+    for s in found:
+        mod = s.path.parent if s.path.name == "__init__.py" else s.path.with_suffix("")
+        root = mod.parents[depth - 1]
+        if root == near.path.parent or root in near.path.parent.parents:
+            ranked.setdefault(len(root.parts), []).append(s)
+    return ranked[max(ranked)] if ranked else found
 
 
 __all__ = ["Index"]

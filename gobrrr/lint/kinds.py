@@ -150,7 +150,7 @@ class Kinds(CallKinds):
                 return "str"
             if "numpy" in kinds and not kinds & ({"host"} | BATCHES):
                 return "numpy"   # np.abs(p) + self.eps: still a numpy array
-            return "host" if kinds & ({"host"} | BATCHES) else None
+            return "host" if kinds & ({"host", "pinned"} | BATCHES) else None
         if isinstance(node, ast.Compare):
             if any(isinstance(op, (ast.Is, ast.IsNot, ast.In, ast.NotIn)) for op in node.ops) \
                     or any(isinstance(x, ast.Constant) and x.value is None for x in node.comparators):
@@ -160,8 +160,10 @@ class Kinds(CallKinds):
                 return "num"
             if kinds & TENSORISH:
                 return "mask"
-            if kinds & {"host", "numpy"} and kinds <= {"host", "numpy", "num", None}:   # counts == self.k: numpy
-                return "host" if "host" in kinds else "numpy"   # layer_idx = from_which_layer == i: a host mask
+            host = {"host", "pinned"}   # a pinned tensor compared on the host makes a host mask (a batch's may be
+            #                             on the device already: a generator that yields device tensors)
+            if kinds & (host | {"numpy"}) and kinds <= host | {"numpy", "num", None}:   # counts == self.k: numpy
+                return "host" if kinds & host else "numpy"   # layer_idx = from_which_layer == i: a host mask
             return "num" if kinds <= {"num", "str"} else None
         if isinstance(node, ast.BoolOp):
             guarded = {(ast.unparse(v.args[0]), v.args[1].value) for v in node.values if isinstance(v, ast.Call)
