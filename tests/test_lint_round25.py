@@ -71,3 +71,79 @@ def test_a_helper_that_steps_in_a_loop_of_its_own_is_not_one_step():
     episodes = HELPER.replace("    next_obs, reward, done, info = env.step(action.cpu())\n",
                               "    for _ in range(5):\n        next_obs, reward, done, info = env.step(action.cpu())\n")
     assert ("GB014", 12) not in default(episodes) and ("GB014", 11) in default(HELPER)
+
+
+# -- gail-airl-ppo: a trainer handed an algorithm picked from a dict of classes, which steps the env it is handed
+ALGO = """
+import numpy as np
+
+
+class Buffer:
+    def __init__(self, n, device):
+        self.states = torch.empty((n, 4), device=device)
+        self._p = 0
+
+    def append(self, state):
+        self.states[self._p].copy_(torch.from_numpy(state))
+        self._p += 1
+
+    def sample(self, batch_size):
+        idxes = np.random.randint(low=0, high=self._p, size=batch_size)
+        return self.states[idxes]
+
+
+class PPO:
+    def __init__(self, device):
+        self.buffer = Buffer(1000, device)
+        self.device = device
+
+    def explore(self, state):
+        state = torch.tensor(state, dtype=torch.float, device=self.device)
+        return state.cpu().numpy()
+
+    def step(self, env, state):
+        action = self.explore(state)
+        next_state, reward, done, _ = env.step(action)
+        self.buffer.append(state)
+        return next_state
+
+    def update(self):
+        states = self.buffer.sample(64)
+
+
+ALGOS = {"ppo": PPO}
+
+
+class Trainer:
+    def __init__(self, env, algo):
+        self.env = env
+        self.algo = algo
+
+    def train(self, steps):
+        state = self.env.reset()
+        for step in range(steps):
+            state = self.algo.step(self.env, state)
+            if step % 100 == 0:
+                self.algo.update()
+
+
+def main(args, env):
+    algo = ALGOS[args.algo](DEVICE)
+    trainer = Trainer(env=env, algo=algo)
+    trainer.train(10 ** 6)
+"""
+
+
+def test_an_algorithm_stepping_the_env_it_is_handed_makes_an_env_loop():
+    """`state = self.algo.step(self.env, state)`: the trainer's loop steps an environment through the algorithm,
+    whose class comes from a dict of classes (`ALGOS[args.algo](...)`) handed to the trainer's constructor; the
+    algorithm's upload and read-back and the buffer's copy from numpy (`.copy_(torch.from_numpy(...))`) run every
+    env step."""
+    found = default(ALGO)
+    assert {("GB010", 25), ("GB002", 26), ("GB010", 11)} <= set(found), found
+
+
+def test_a_buffer_filled_from_device_values_copies_nothing_from_the_host():
+    """`.copy_(t)` of a device tensor into a device buffer is a device copy: no GB010."""
+    device_copy = ALGO.replace("copy_(torch.from_numpy(state))", "copy_(torch.zeros(4, device=DEVICE))")
+    assert ("GB010", 11) not in default(device_copy) and ("GB010", 11) in default(ALGO)
