@@ -65,6 +65,10 @@ class EnvRules:
             return "numpy"
         return "tensor" if self.kind(action) in TENSORISH else None
 
+    def _in_wrapper(self, loop: ast.AST) -> bool:
+        fn = self.defs[-1] if self.defs else None
+        return any(_wrapped_step(fn, call) for call, _ in env_calls(loop))
+
     def cpu_env(self, receiver: ast.AST) -> bool:
         made = self.env_makers.get(name_of(receiver))
         return bool(made) and any(made.startswith(m) or m in made for m in _CPU_ENV_MAKERS)
@@ -72,8 +76,10 @@ class EnvRules:
     def env_loop(self, loop: ast.AST) -> None:
         """After the loop's body was visited: one GB014 per CPU-environment step, absorbing the
         round trip's own findings inside the loop."""
-        if self.silent:
+        if self.silent or self._in_wrapper(loop):
             return
+        if not env_calls(loop):
+            self._helper_steps(loop)
         for call, targets in env_calls(loop):
             action = call.args[0]
             action_names = _names(action)
@@ -108,8 +114,35 @@ class EnvRules:
             if f is not None:
                 f.covers = sorted(set(absorbed))
                 for c in policy:   # what the policy call does in the project's code is the round trip too (absorb)
-                    self.round_trips.setdefault(f"{self.src.name}:{c.lineno}", []).append(f)
+                    self.round_trips.setdefault(f"{self.src.name}:{c.lineno}", []).append((f, None))
 
+    def _helper_steps(self, loop: ast.AST) -> None:
+        """`..., obs, r, done = update_belief_and_act(env, planner, ..., obs.to(dev))`: a loop whose own call runs a
+        project def that steps a CPU env once, the action read back in its `env.step(...)`: that call is the loop's
+        env step. One GB014 at it, standing for the read-back in the helper's step (absorbed) and the call's line."""
+        scope = self.defs[-1] if self.defs else None
+        for n in own_level(loop.body):
+            if not (isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)):
+                continue
+            for target_src, fn in self.project.resolve(self.src, n.value, scope, self.types)[:2]:
+                steps = [c for c, _ in env_calls(fn) if _reads(c.args[0])]
+                if not steps:
+                    continue
+                self.flag(n.value, "GB014", what=name_of(n.value.func), where="")
+                f = self.findings.get(("GB014", n.value.lineno))
+                if f is not None:
+                    only = {(str(target_src.path), i) for c in steps for i in range(c.lineno, (c.end_lineno or c.lineno) + 1)}
+                    self.round_trips.setdefault(f"{self.src.name}:{n.value.lineno}", []).append((f, only))
+                return
+
+
+
+def _wrapped_step(fn: ast.AST | None, call: ast.Call) -> bool:
+    """`self.env.step(action)` inside an env wrapper's own `step`/`reset` (frame skip, action repeat): the wrapper
+    is stepped by the rollout loop, which is where the round trip is reported; its inner loop is not one."""
+    return getattr(fn, "name", "") in ("step", "reset") and fn.args.args[:1] and fn.args.args[0].arg == "self" \
+        and isinstance(call.func, ast.Attribute) and isinstance(call.func.value, ast.Attribute) \
+        and isinstance(call.func.value.value, ast.Name) and call.func.value.value.id == "self"
 
 
 def _policy_calls(loop: ast.AST, action: set[str]) -> list[ast.Call]:
@@ -137,7 +170,8 @@ def absorb_round_trips(checkers) -> None:
         return
     for c in checkers:
         for key, f in list(c.findings.items()):
-            owners = trips.get(f.chain[0]) if f.chain and f.rule in _ROUND_TRIP else None
+            owners = [g for g, only in trips.get(f.chain[0], []) if only is None or (f.path, f.line) in only] \
+                if f.chain and f.rule in _ROUND_TRIP else None   # only: a helper's own env step, not its model
             if not owners:
                 continue
             here = Path(f.path).parent.parts
@@ -146,7 +180,7 @@ def absorb_round_trips(checkers) -> None:
             del c.findings[key]
     for c in checkers:
         for found in c.round_trips.values():
-            for g in found:
+            for g, _ in found:
                 if g.covers_at and "the policy's" not in g.message:
                     g.covers_at = sorted(set(g.covers_at))
                     g.message += f" (the policy's copies at {', '.join(_short(a) for a in g.covers_at)})"

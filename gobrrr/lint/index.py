@@ -172,6 +172,8 @@ class Index:
             item, made = made.slice.value, made.value
         if isinstance(made, ast.Call):
             made = made.func
+        if isinstance(made, ast.Subscript) and isinstance(made.value, ast.Name):   # ALGOS[args.algo](...): a
+            return self._registry_classes(src, made.value.id)   # dict of classes, each a possible one
         hit = self._named(src, made)
         if hit and hit[0] == "class" and item is None:
             return [(hit[1], hit[2])]
@@ -190,6 +192,20 @@ class Index:
                 out += [c for c in self._returned_classes(ds, df, depth, item) if c not in out]
             self._lookups[key] = out
         return self._lookups[key]
+
+    def _registry_classes(self, src: Source, name: str) -> list:
+        """The project classes a module-level dict literal holds (`ALGOS = {"gail": GAIL, "airl": AIRL}`), in this
+        file or imported from another: at most four."""
+        where = src
+        if name in src.imports and src.imports[name][1] is not None:
+            module, attr = src.imports[name]
+            where, name = self.module(module, src), attr
+        if where is None:
+            return []
+        values = [v for n in where.tree.body if isinstance(n, ast.Assign) and isinstance(n.value, ast.Dict)
+                  and any(isinstance(t, ast.Name) and t.id == name for t in n.targets) for v in n.value.values]
+        out = [c for v in values if (c := self.class_of(where, v)) is not None]
+        return out if len(out) == len(values) and 0 < len(out) <= 4 else []
 
     def _returned_classes(self, src: Source, fn: ast.AST, depth: int, item: int | None) -> list:
         """The project classes `fn` returns built (`return Cls(...)`, `evaluator = Cls(...); return

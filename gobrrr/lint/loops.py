@@ -218,6 +218,8 @@ class Facts:
                     return "update"
                 if call.args and is_env_name(name_of(func.value)):
                     return "env"
+                if func.attr == "step" and any(is_env_name(name_of(a)) for a in call.args[:1]):
+                    return "env"   # algo.step(self.env, state, t): the algorithm acts and steps the env it is handed
             receiver = name_of(func.value)
             args = bool(call.args or call.keywords)
             if func.attr in self.stepping and func.attr != "step" and (

@@ -63,6 +63,9 @@ class CopyRules:
         elif method == "copy_" and blocking and node.args and recv in TENSORISH and self.looping() \
                 and self.kind(node.args[0]) in BATCHES:
             self.flag(node, "GB009", what=_short(node))   # x_dev.copy_(batch): a blocking copy into a device buffer
+        elif method == "copy_" and node.args and recv in TENSORISH and self.looping() and not self.per_prompt() \
+                and self.kind(node.args[0]) in ("host", "hlist"):   # buf[i].copy_(torch.from_numpy(obs)): pageable
+            self.flag(node, "GB010", what=_short(node))   # memory copied into a device buffer, blocking
         elif method == "new_tensor" and recv in TENSORISH and node.args and self.looping() and not self.per_prompt() \
                 and self.kind(node.args[0]) not in TENSORISH:
             self.flag(node, "GB010", what=_short(node))   # obs.new_tensor(0.0): host data copied to obs's device

@@ -67,7 +67,7 @@ class Checker(ScopeWalk, FlowRules, CallRules, SyncRules, CopyRules, InsideRules
         self.findings: dict[tuple[str, int], Finding] = {}
         self.spans: dict[tuple[str, int], range] = {}   # lines a finding's node covers (for suppression)
         self.names_at: dict[tuple[str, int], set[str]] = {}   # names in a finding's node (for GB014)
-        self.round_trips: dict[str, list] = {}   # "main.py:93" (a GB014 loop's policy call) -> its GB014 findings
+        self.round_trips: dict[str, list] = {}   # "main.py:93" (a GB014 loop's policy call) -> [(GB014, lines)]
         self.region: str | None = None
         self.loaders: list[dict] = []           # pageable DataLoaders in this scope (GB006 candidates)
         self.scope_node: ast.AST | None = None  # the module or function whose loops GB006 searches

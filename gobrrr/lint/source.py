@@ -181,7 +181,8 @@ def _constructed(value: ast.AST) -> ast.expr | None:
     while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) \
             and value.func.attr in ("to", "cuda", "eval", "train", "half", "float", "bfloat16"):
         value = value.func.value
-    if isinstance(value, ast.Call) and isinstance(value.func, (ast.Name, ast.Attribute)):
+    if isinstance(value, ast.Call) and (isinstance(value.func, (ast.Name, ast.Attribute)) or isinstance(
+            value.func, ast.Subscript) and isinstance(value.func.value, ast.Name)):   # ALGOS[name](...): a registry's
         return value
     if isinstance(value, ast.Subscript) and isinstance(value.value, ast.Call) and isinstance(value.slice, ast.Constant) \
             and type(value.slice.value) is int and value.slice.value >= 0 and _constructed(value.value) is value.value:
