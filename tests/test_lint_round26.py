@@ -54,3 +54,49 @@ def test_a_generator_that_makes_its_own_values_is_no_loader():
     """A generator that yields what it computes (not the loader's items) says nothing of where they live."""
     own = CFM.replace("        for x, y in iter(dataloader):\n            yield x\n", "        yield make_batch()\n")
     assert "make_batch" in own and ("GB009", 13) not in default(own)
+
+
+MATCHER = """
+from scipy.optimize import linear_sum_assignment
+
+
+class HungarianMatcher(nn.Module):
+    def forward(self, outputs, targets):
+        C = outputs["pred_logits"].softmax(-1)[..., :4].cpu()
+        pairs = [linear_sum_assignment(c) for c in C]
+        indices = [(torch.as_tensor(i, dtype=torch.int64), torch.as_tensor(j, dtype=torch.int64)) for i, j in pairs]
+        return {"indices": indices}
+
+
+class Criterion(nn.Module):
+    def __init__(self, matcher):
+        super().__init__()
+        self.matcher = matcher
+
+    def go(self, indices):
+        out = []
+        for ind in [torch.cat([idx[0][:, None], idx[1][:, None]], 1) for idx in indices]:
+            unique, counts = torch.unique(ind, return_counts=True, dim=0)
+            out.append(unique)
+        return out
+
+    def forward(self, outputs, targets):
+        indices = self.matcher(outputs, targets)["indices"]
+        return self.go(indices)
+
+
+def train(model, crit, opt, loader):
+    for x, y in loader:
+        loss = crit(model(x.to(DEVICE, non_blocking=True)), y)
+        loss.backward()
+        opt.step()
+"""
+
+
+def test_a_key_of_the_dict_a_project_function_returns_has_that_values_kind():
+    """D-FINE's matcher returns `{"indices": indices}`, a list of host index pairs from scipy: `matcher(...)["indices"]`
+    is host, so `torch.unique` over them syncs nothing; indices the matcher makes on the device still do."""
+    assert ("GB008", 21) not in default(MATCHER)
+    on_device = MATCHER.replace("torch.as_tensor(i, dtype=torch.int64), torch.as_tensor(j, dtype=torch.int64)",
+                                "torch.as_tensor(i, device=DEVICE), torch.as_tensor(j, device=DEVICE)")
+    assert ("GB008", 21) in default(on_device)
