@@ -189,6 +189,8 @@ class CallKinds:
     def method_kind(self, node: ast.Call, func: ast.Attribute) -> str | None:
         recv = self.kind(func.value)
         method = func.attr
+        if method == "copy" and not node.args and recv in ("hlist", "tlist", "numpy"):
+            return recv   # indices.copy(): a shallow copy of the list holds the same tensors
         if method == "type" and node.args and (self.kind(node.args[0]) == "ttype" or getattr(
                 self, "cuda_type", None) and self.cuda_type(node.args[0])):
             return "tensor"   # x.type(torch.cuda.FloatTensor), x.type(dtype) with dtype = xin[0].type()

@@ -211,7 +211,7 @@ def summarize(checker_cls, project: Project, src: Source, fn, kinds: dict, depth
     keyed: dict = {}
     dicts = [d for d in c.return_keyed if d is not None]
     if dicts and len(dicts) == len(c.return_keyed):   # every return a dict literal: the keys all of them agree on
-        keyed = {name: _agreed({d.get(name) for d in dicts}) for name in set().union(*dicts)}
+        keyed = {name: _agreed({d[name] for d in dicts if name in d}) for name in set().union(*dicts)}
     project.summaries[key] = (k, parts, keyed)
     return k, parts, keyed
 
