@@ -41,7 +41,7 @@ _PREDICATE = re.compile(r"(^_*|[a-z0-9]_)(is|has|should|can|needs?|uses?|support
 _TOKENIZER = re.compile(r"tokeni[sz]er|processor|feature_extractor|^tok$", re.I)
 _LOADER_NAME = LOADER_NAME
 _DOTTED_WRAPPERS = {"tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm", "itertools.islice", "itertools.cycle"}
-_DATA_ITER = re.compile(r"^(train|val|valid|eval|test|data)_?(iter|iterator)$", re.I)   # not a generator of batches
+_DATA_ITER = re.compile(r"^(train|val|valid|eval|test|data|dataset)_?(iter|iterator)$", re.I)   # not a generator of batches
 _DIST_METHODS = {"sample", "rsample", "log_prob", "entropy", "cdf", "icdf", "sample_n", "mode", "mean", "stddev"}
 
 
@@ -161,6 +161,9 @@ class CallKinds:
                 return None
             if last[:1].isupper():
                 return "obj"  # a class: a module, a meter, a config; not a tensor
+        looped = self._looped_loader(node)
+        if looped:
+            return looped   # infiniteloop(dataloader): a generator that yields a loader's batches is that loader
         summary = self.return_kind(node)
         numpy_in = isinstance(func, ast.Name) and not node.keywords and {self.kind(a) for a in node.args} == {"numpy"}
         if summary is not None:
@@ -186,6 +189,8 @@ class CallKinds:
     def method_kind(self, node: ast.Call, func: ast.Attribute) -> str | None:
         recv = self.kind(func.value)
         method = func.attr
+        if method == "copy" and not node.args and recv in ("hlist", "tlist", "numpy"):
+            return recv   # indices.copy(): a shallow copy of the list holds the same tensors
         if method == "type" and node.args and (self.kind(node.args[0]) == "ttype" or getattr(
                 self, "cuda_type", None) and self.cuda_type(node.args[0])):
             return "tensor"   # x.type(torch.cuda.FloatTensor), x.type(dtype) with dtype = xin[0].type()
@@ -276,6 +281,23 @@ class CallKinds:
         leaf = name.rsplit(".", 1)[-1]
         return leaf[:1].islower() and leaf != "from_numpy" \
             and getattr(getattr(self, "project", None), "default_cuda", False)
+
+    def _looped_loader(self, node: ast.Call) -> str | None:
+        """The loader kind of the argument a project generator loops over and yields from (`def infiniteloop(dl):
+        while True: for x, y in iter(dl): yield x`), or None."""
+        project = getattr(self, "project", None)
+        if project is None or not isinstance(node.func, ast.Name) or not node.args:
+            return None
+        for _, fn in project.resolve(self.src, node, self.defs[-1] if self.defs else None, self.types)[:1]:
+            params = [a.arg for a in fn.args.args]
+            for loop in (n for n in ast.walk(fn) if isinstance(n, ast.For)):
+                it = loop.iter.args[0] if isinstance(loop.iter, ast.Call) and name_of(loop.iter.func) == "iter" \
+                    and loop.iter.args else loop.iter
+                if isinstance(it, ast.Name) and it.id in params[:len(node.args)] \
+                        and any(isinstance(y, (ast.Yield, ast.YieldFrom)) for y in ast.walk(loop)):
+                    k = self.iter_kind(node.args[params.index(it.id)])
+                    return k if k and k.startswith("loader") else None
+        return None
 
     def _a_transform(self, func: ast.AST) -> bool:
         """A name (or `self.` attribute) bound to a torchvision transform: its call converts a PIL image or

@@ -50,16 +50,24 @@ class CallRules:
             return self.return_kinds[id(node)]
         self.return_kinds[id(node)] = None   # a recursive call learns nothing
         scope = self.defs[-1] if self.defs else None
-        found, parts = set(), set()
+        found, parts, dicts = set(), set(), []
         for target_src, fn in self.project.resolve(self.src, node, scope, self.types, fallback=False)[:3]:
             kinds, _ = self._arguments(node, fn, target_src, scope)
-            k, p = summarize(type(self), self.project, target_src, fn, kinds, self.summary_depth + 1, self.project_flags)
+            k, p, keyed = summarize(type(self), self.project, target_src, fn, kinds, self.summary_depth + 1,
+                                    self.project_flags)
             found.add(k)
             parts.add(p)
+            dicts.append(keyed)
         read = bool(found)
         k = found.pop() if len(found) == 1 else None
         self.return_kinds[id(node)] = k
         self.return_parts[id(node)] = parts.pop() if len(parts) == 1 else None
+        if not read:   # self.matcher(out, y)["indices"], the matcher a config names: by the class named like it,
+            for target_src, fn in self.project.resolve(self.src, node, scope, self.types)[:1]:   # for its dict only
+                kinds, _ = self._arguments(node, fn, target_src, scope)
+                dicts.append(summarize(type(self), self.project, target_src, fn, kinds, self.summary_depth + 1,
+                                       self.project_flags)[2])
+        self.return_dicts[id(node)] = dicts[0] if len(dicts) == 1 and dicts[0] else {}
         if read and k is None:
             self.read_defs.add(id(node))   # a project def was read and says nothing: no guess from its arguments
         return k
@@ -93,6 +101,10 @@ class CallRules:
                 self.return_items.append(tuple(self.kind(e) for e in node.value.elts))
             else:
                 self.return_items.append(None)
+            d = node.value
+            self.return_keyed.append({k.value: self.kind(v) for k, v in zip(d.keys, d.values)}
+                                     if isinstance(d, ast.Dict) and all(isinstance(k, ast.Constant) for k in d.keys)
+                                     else None)   # return {"indices": indices}: each key's kind
             if k is None and isinstance(node.value, (ast.Tuple, ast.List)):
                 k = ""   # a mixed tuple, `x, (h, w)`: known not to be one tensor
             self.returns.append(k)
@@ -173,14 +185,14 @@ def _constants(fn, passed: dict, call: ast.Call) -> dict[str, str]:
 
 
 def summarize(checker_cls, project: Project, src: Source, fn, kinds: dict, depth: int,
-              flags: dict) -> tuple[str | None, tuple | None]:
+              flags: dict) -> tuple[str | None, tuple | None, dict]:
     """(the kind `fn` returns when called with arguments of `kinds`, the kinds of the items of the
-    tuple it returns): its return values' kinds where they agree, else None. A scratch walk of its
-    body that reports nothing (region 'off'), cached."""
+    tuple it returns, those of the keys of the dict literal it returns): its return values' kinds where
+    they agree, else None. A scratch walk of its body that reports nothing (region 'off'), cached."""
     key = (id(fn), tuple(sorted(kinds.items(), key=lambda kv: kv[0])))
     if key in project.summaries:
         return project.summaries[key]
-    project.summaries[key] = (None, None)
+    project.summaries[key] = (None, None, {})
     c = _scratch_checker(checker_cls, project, src, flags)
     c.summary_depth = depth
     _class_attrs(c, src.owner.get(id(fn)))
@@ -196,8 +208,12 @@ def summarize(checker_cls, project: Project, src: Source, fn, kinds: dict, depth
     parts = None
     if items and None not in items and len({len(t) for t in items}) == 1:
         parts = tuple(_agreed(set(col)) for col in zip(*items))
-    project.summaries[key] = (k, parts)
-    return k, parts
+    keyed: dict = {}
+    dicts = [d for d in c.return_keyed if d is not None]
+    if dicts and len(dicts) == len(c.return_keyed):   # every return a dict literal: the keys all of them agree on
+        keyed = {name: _agreed({d[name] for d in dicts if name in d}) for name in set().union(*dicts)}
+    project.summaries[key] = (k, parts, keyed)
+    return k, parts, keyed
 
 
 def _agreed(kinds: set) -> str | None:

@@ -101,6 +101,8 @@ class Checker(ScopeWalk, FlowRules, CallRules, SyncRules, CopyRules, InsideRules
         self.collect: ast.AST | None = None     # that def
         self.returns: list = []                 # the kinds of its return values
         self.return_items: list = []            # per return: the kinds of a returned tuple's items, or None
+        self.return_keyed: list = []            # per return: {key: kind} of a returned dict literal, or None
+        self.return_dicts: dict[int, dict] = {}   # id(Call) -> {key: kind} of the dict it returns
         self.return_kinds: dict[int, str | None] = {}   # id(Call) -> what the project def it runs returns
         self.read_defs: set[int] = set()   # id(Call) of project defs read whose return is unknown
         self.return_parts: dict[int, tuple | None] = {}   # id(Call) -> the kinds of the tuple it returns
