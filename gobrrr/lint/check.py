@@ -56,7 +56,6 @@ from gobrrr.lint.loops import (
     Facts,
     forwarding_defs,
     holds_updating_loop,
-    looping_closure,
     stepping_defs,
     updating_methods,
 )
@@ -65,6 +64,7 @@ from gobrrr.lint.rates import defaults_of_one
 from gobrrr.lint.rules import Checker
 from gobrrr.lint.scopes import HOOK_NAMES
 from gobrrr.lint.source import Source, parse
+from gobrrr.lint.steploops import looping_closure
 
 __all__ = ["RULES", "Finding", "lint_source", "lint_paths", "lint_file", "check_sources", "main"]
 

@@ -37,10 +37,10 @@ from gobrrr.lint.loops import (
     is_model_name,
     name_of,
     own_level,
-    step_loops,
     stepping_defs,
 )
 from gobrrr.lint.source import walk
+from gobrrr.lint.steploops import step_loops
 
 # names in a condition that make the branch rare: logging, evaluation, saving, the first step
 _RARE_WORDS = {"log", "logging", "print", "interval", "every", "freq", "frequency", "first",

@@ -1,4 +1,5 @@
-"""Which loops step, recognised by what they do, not by what their variables are called.
+"""Which loops step, recognised by what they do, not by what their variables are called (the rules here;
+steploops.step_loops applies them to a file's loops, bottom-up).
 
 A loop steps if its own level (its ifs, withs and trys; not its inner loops, not its rare
 branches) does one of:
@@ -65,13 +66,11 @@ _NOT_RUNNING = re.compile(r"^_*(save|load|log|print|set|build|create|get|init|co
                           r"getattr|setattr|len|str|repr|id|type|update|sync|broadcast|convert|export|compile|"
                           r"clip|zero|parameters|named|state|describe|check|watch|track)", re.I)
 LOADER_NAME = re.compile(r"loader|dataloader|_dl$|^dl$|batches$", re.I)
-_DATA_ITERATOR = re.compile(r"^(train|eval|val|valid|test|data|batch)_?iterator$", re.I)   # self.eval_iterator
 _STEPS_WITH = {"optimize", "step", "apply_gradients", "update", "optimizer_step", "take_step"}
-_BATCH_SOURCE = re.compile(r"loader|iter|gen|data|batch|stream|_dl$|^dl$", re.I)   # next(train_iter)
 _ENV = re.compile(r"(^|_)(env|envs|environment|environments|venv|vec_?env|sim|simulator|game)(_|$|\d)", re.I)
 _ENV_STEP = re.compile(r"^(step|env_step|step_env|step_envs|envs_step)$")
 # names too common to take a call as a forward because one project def of that name runs a model
-_COMMON = {"forward", "step", "update", "run", "call", "apply", "get", "sample", "predict", "compute", "process",
+COMMON_METHODS = {"forward", "step", "update", "run", "call", "apply", "get", "sample", "predict", "compute", "process",
            "evaluate", "eval", "train", "test", "generate", "transform", "encode", "decode", "build", "log"}
 LOOPS = (ast.For, ast.AsyncFor, ast.While)
 DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
@@ -235,7 +234,7 @@ class Facts:
                 return "forward"  # model.decode(memory, ys), agent.get_action_and_value(obs)
             if (is_model_name(func.attr) or func.attr in self.models) and (call.args or call.keywords):
                 return "forward"
-            if func.attr in self.forwarding and args and (func.attr not in _COMMON or receiver == "self"):
+            if func.attr in self.forwarding and args and (func.attr not in COMMON_METHODS or receiver == "self"):
                 return "forward"  # self.get_action_values(obs): a project def that runs the model
             return "forward" if self._runs_model(call, func.attr) else None
         if isinstance(func, ast.Name):
@@ -243,7 +242,7 @@ class Facts:
                 return "update"
             if (is_model_name(func.id) or func.id in self.models) and (call.args or call.keywords):
                 return "forward"   # a module is called on a batch; `item_generator()` is not one
-            if func.id in self.forwarding and (call.args or call.keywords) and func.id not in _COMMON:
+            if func.id in self.forwarding and (call.args or call.keywords) and func.id not in COMMON_METHODS:
                 return "forward"
             return "forward" if self._runs_model(call, func.id) else None
         return None
@@ -366,131 +365,6 @@ def forwarding_defs(nodes: list[ast.AST], facts: Facts, calls: dict[str, set[str
     return out
 
 
-def step_loops(tree: ast.AST, facts: Facts, rare) -> tuple[set[int], set[int], set[int], set[str]]:
-    """(id of the step loops, id of those that update, id of those that step an environment, names
-    of the defs that hold a step loop), bottom-up. A loop that calls a def holding a step loop
-    (`facts.looping`, this file's or the project's: `train_one_epoch()`, `sample_fn(model, shape)`)
-    is an outer loop, not a step loop, unless it updates itself or takes a batch that it copies to the
-    device itself (an evaluation loop that runs a sampler per batch: its copies and reads repeat)."""
-    steps: set[int] = set()
-    updates: set[int] = set()
-    envs: set[int] = set()
-    looping_fns: set[str] = set(facts.looping)   # defs that hold a step loop (`def train(epoch)`)
-
-    imported: set[str] = set()
-    wrapped: set[str] = set()   # names assigned a loader or a wrapper of one: `diter = enumerate(tqdm(dl))`
-    for n in ast.walk(tree):
-        if isinstance(n, (ast.Import, ast.ImportFrom)):
-            imported |= {(a.asname or a.name).split(".")[0] for a in n.names}
-        elif isinstance(n, ast.Assign) and isinstance(n.value, ast.Call) and _loader_like(n.value):
-            wrapped |= {t.id for t in n.targets if isinstance(t, ast.Name)}
-        elif isinstance(n, ast.withitem) and isinstance(n.optional_vars, ast.Name) and _loader_like(n.context_expr):
-            wrapped.add(n.optional_vars.id)   # with tqdm.tqdm(loader) as bar: for batch in bar
-
-    def looping(call: ast.Call) -> bool:
-        n = name_of(call.func)
-        f = call.func
-        if isinstance(f, ast.Attribute) and n in _COMMON and not (
-                isinstance(f.value, ast.Name) and (f.value.id == "self" or f.value.id in imported)):
-            return False   # `callbacks.run("on_val_batch_start")` is not the project's `def run` (`val.run` is)
-        return n in looping_fns or bool(facts.aliases.get(n, set()) & looping_fns)
-
-    def visit(node: ast.AST) -> bool:    # True if node is or holds a step loop
-        inner = False
-        for child in statements(node):
-            inner |= visit(child)
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and inner:
-            looping_fns.add(node.name)
-        if not isinstance(node, LOOPS):
-            return inner and not isinstance(node, DEFS)
-        own = list(own_level(node.body, rare))
-        calls = [n for n in own if isinstance(n, ast.Call)]
-        kinds = {facts.step_kind(n) for n in calls}
-        if any(env_steps(n) for n in own) or sends_step(node):
-            kinds.add("env")
-        if calls and (_takes_batches(node, calls) or isinstance(node, ast.For) and isinstance(node.iter, ast.Name)
-                      and node.iter.id in wrapped):
-            kinds.add("data")
-        outer = any(looping(n) for n in calls)   # calls a def that holds a step loop: a loop around runs
-        if "update" in kinds:
-            updates.add(id(node))
-        if "env" in kinds:
-            envs.add(id(node))
-        if "update" in kinds or "env" in kinds or ("data" in kinds and (not outer or _moves_batch(node, own) or any(
-                    facts.step_kind(n) == "forward" and not looping(n) for n in calls))) \
-                or ("forward" in kinds and not (inner or outer)):
-            steps.add(id(node))   # an env stepped or a batch taken is a step, whatever inner loops it holds
-            return True
-        inner |= outer
-        return inner
-
-    known = set(looping_fns)
-    visit(tree)
-    if looping_fns != known:   # again, now that every def holding a step loop is known
-        steps.clear(), updates.clear(), envs.clear()
-        visit(tree)
-    return steps, updates, envs, looping_fns
-
-
-def looping_closure(calls_by_def: dict[str, set[str]], looping: set[str]) -> set[str]:
-    """The defs that hold a step loop, directly or through the defs they call (names, to a fixed
-    point); housekeeping names (`train`, `eval`) are left out: they are also methods of every model."""
-    out = {n for n in looping if n not in HOUSEKEEPING}
-    changed = True
-    while changed:
-        changed = False
-        for name, called in calls_by_def.items():
-            if name not in out and name not in HOUSEKEEPING and called & out:
-                out.add(name)
-                changed = True
-    return out
-
-
-def statements(node: ast.AST):
-    """The statements directly inside a statement (its bodies, handlers and cases): loops and defs
-    are statements, so a walk for them need not enter expressions."""
-    for name in ("body", "orelse", "finalbody", "handlers", "cases"):
-        for child in getattr(node, name, None) or ():
-            if isinstance(child, ast.AST):
-                yield child
-
-
-def _moves_batch(loop: ast.AST, own: list[ast.AST]) -> bool:
-    """The loop copies its batch to the device itself (`x.to(dev)` of its target or a name unpacked from it)."""
-    names = {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)} if isinstance(loop, ast.For) else set()
-    for n in own:   # images, targets, ids = batch
-        if isinstance(n, ast.Assign) and isinstance(n.value, ast.Name) and n.value.id in names:
-            names |= {t.id for tgt in n.targets for t in ast.walk(tgt) if isinstance(t, ast.Name)}
-    return any(isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr in ("to", "cuda")
-               and isinstance(c.func.value, ast.Name) and c.func.value.id in names for c in own)
-
-
-def _takes_batches(loop: ast.AST, calls: list[ast.Call]) -> bool:
-    """A for loop over a loader (`train_loader`, `DataLoader(...)`, `tqdm(loader)`), a while loop that
-    calls next() on an iterator, or a for loop that calls it on one named for data (`next(train_iter)`)."""
-    nexts = [c.args[0] for c in calls if isinstance(c.func, ast.Name) and c.func.id == "next" and c.args]
-    if isinstance(loop, ast.While) or any(isinstance(a, (ast.Name, ast.Attribute)) and _BATCH_SOURCE.search(
-            name_of(a)) for a in nexts):   # not `next(iter(m.parameters()))` in a loop over modules
-        return bool(nexts)
-    return _loader_like(loop.iter)
-
-
-def _loader_like(it: ast.AST) -> bool:
-    """`train_loader`, `DataLoader(...)`, `tqdm(loader)`, `dataloaders["train"]`, `self.eval_iterator`, and
-    `tqdm(it) if main_process else it`."""
-    while isinstance(it, ast.Call) and it.args and isinstance(it.func, (ast.Name, ast.Attribute)) \
-            and name_of(it.func) in ("enumerate", "tqdm", "iter", "zip", "islice", "progress_bar", "track"):
-        it = it.args[0]
-    if isinstance(it, ast.IfExp):
-        return _loader_like(it.body) or _loader_like(it.orelse)
-    if isinstance(it, ast.Call):
-        return name_of(it.func) == "DataLoader"
-    if isinstance(it, ast.Subscript) and isinstance(it.slice, ast.Constant) and isinstance(it.slice.value, str):
-        it = it.value   # dataloaders["train"]: one loader of a dict of them
-    return isinstance(it, (ast.Name, ast.Attribute)) and bool(LOADER_NAME.search(name_of(it))
-                                                              or _DATA_ITERATOR.search(name_of(it)))
-
-
-__all__ = ["Facts", "step_loops", "updating_methods", "looping_closure", "stepping_defs", "forwarding_defs",
-           "holds_updating_loop", "own_level", "name_of", "dotted", "is_model_name", "is_env_name", "env_steps", "statements",
-           "HOUSEKEEPING", "OPTIM", "LOADER_NAME", "LOOPS", "DEFS"]
+__all__ = ["Facts", "updating_methods", "stepping_defs", "forwarding_defs", "holds_updating_loop", "own_level", "name_of",
+           "dotted", "is_model_name", "is_env_name", "env_steps", "sends_step", "HOUSEKEEPING", "OPTIM", "LOADER_NAME",
+           "LOOPS", "DEFS", "COMMON_METHODS"]

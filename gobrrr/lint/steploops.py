@@ -1,0 +1,179 @@
+"""The step loops of a file, bottom-up: loops.Facts says what each call of a loop's own level does (update,
+forward, data, env), and a loop that does one of them is a step loop unless it only holds one (an epoch loop).
+Also the project-wide closure of the defs that hold a step loop (`looping_closure`).
+"""
+from __future__ import annotations
+
+import ast
+import re
+
+from gobrrr.lint.loops import (
+    COMMON_METHODS,
+    DEFS,
+    HOUSEKEEPING,
+    LOADER_NAME,
+    LOOPS,
+    Facts,
+    env_steps,
+    name_of,
+    own_level,
+    sends_step,
+)
+
+_DATA_ITERATOR = re.compile(r"^(train|eval|val|valid|test|data|batch)_?iterator$", re.I)   # self.eval_iterator
+_BATCH_SOURCE = re.compile(r"loader|iter|gen|data|batch|stream|_dl$|^dl$", re.I)   # next(train_iter)
+
+
+def step_loops(tree: ast.AST, facts: Facts, rare) -> tuple[set[int], set[int], set[int], set[str]]:
+    """(id of the step loops, id of those that update, id of those that step an environment, names
+    of the defs that hold a step loop), bottom-up. A loop that calls a def holding a step loop
+    (`facts.looping`, this file's or the project's: `train_one_epoch()`, `sample_fn(model, shape)`)
+    is an outer loop, not a step loop, unless it updates itself or takes a batch that it copies to the
+    device itself (an evaluation loop that runs a sampler per batch: its copies and reads repeat)."""
+    steps: set[int] = set()
+    updates: set[int] = set()
+    envs: set[int] = set()
+    looping_fns: set[str] = set(facts.looping)   # defs that hold a step loop (`def train(epoch)`)
+
+    imported: set[str] = set()
+    wrapped: set[str] = set()   # names assigned a loader or a wrapper of one: `diter = enumerate(tqdm(dl))`
+    for n in ast.walk(tree):
+        if isinstance(n, (ast.Import, ast.ImportFrom)):
+            imported |= {(a.asname or a.name).split(".")[0] for a in n.names}
+        elif isinstance(n, ast.Assign) and isinstance(n.value, ast.Call) and _loader_like(n.value):
+            wrapped |= {t.id for t in n.targets if isinstance(t, ast.Name)}
+        elif isinstance(n, ast.withitem) and isinstance(n.optional_vars, ast.Name) and _loader_like(n.context_expr):
+            wrapped.add(n.optional_vars.id)   # with tqdm.tqdm(loader) as bar: for batch in bar
+
+    local = {d.name: d for d in getattr(tree, "body", []) if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    local_looping: set[str] = set()   # this file's module-level defs that hold a step loop
+
+    def looping(call: ast.Call) -> bool:
+        n = name_of(call.func)
+        f = call.func
+        if isinstance(f, ast.Name) and f.id in local:   # update_params(batch), defined here: what this file's def
+            return local_holds(f.id, set())            # does, whatever other scripts' defs of the name do
+        if isinstance(f, ast.Attribute) and n in COMMON_METHODS and not (
+                isinstance(f.value, ast.Name) and (f.value.id == "self" or f.value.id in imported)):
+            return False   # `callbacks.run("on_val_batch_start")` is not the project's `def run` (`val.run` is)
+        return n in looping_fns or bool(facts.aliases.get(n, set()) & looping_fns)
+
+    def local_holds(name: str, seen: set) -> bool:
+        """This file's def `name` holds a step loop, or calls a def that does (`inference()` -> compute_on_dataset)."""
+        if name in local_looping:
+            return True
+        seen.add(name)
+        for c in (c for c in ast.walk(local[name]) if isinstance(c, ast.Call)):
+            n = c.func.id if isinstance(c.func, ast.Name) else None
+            if n in local and n not in seen and local_holds(n, seen) or n not in local and looping(c):
+                return True
+        return False
+
+    def local_kind(call: ast.Call) -> str | None:
+        """'update' for a call of this file's def that updates once (`def update_params(batch): ... a2c_step(...)`,
+        no loop of its own): one step of the loop that calls it, as another script's def of the name may not be."""
+        fn = local.get(call.func.id) if isinstance(call.func, ast.Name) else None
+        if fn is None or local_holds(fn.name, set()):
+            return None
+        return "update" if any(isinstance(c, ast.Call) and facts.step_kind(c) == "update"
+                               for c in own_level(fn.body)) else None
+
+    def visit(node: ast.AST) -> bool:    # True if node is or holds a step loop
+        inner = False
+        for child in statements(node):
+            inner |= visit(child)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and inner:
+            looping_fns.add(node.name)
+            if local.get(node.name) is node:
+                local_looping.add(node.name)
+        if not isinstance(node, LOOPS):
+            return inner and not isinstance(node, DEFS)
+        own = list(own_level(node.body, rare))
+        calls = [n for n in own if isinstance(n, ast.Call)]
+        kinds = {local_kind(n) or facts.step_kind(n) for n in calls}
+        if any(env_steps(n) for n in own) or sends_step(node):
+            kinds.add("env")
+        if calls and (_takes_batches(node, calls) or isinstance(node, ast.For) and isinstance(node.iter, ast.Name)
+                      and node.iter.id in wrapped):
+            kinds.add("data")
+        outer = any(looping(n) for n in calls)   # calls a def that holds a step loop: a loop around runs
+        if "update" in kinds:
+            updates.add(id(node))
+        if "env" in kinds:
+            envs.add(id(node))
+        if "update" in kinds or "env" in kinds or ("data" in kinds and (not outer or _moves_batch(node, own) or any(
+                    facts.step_kind(n) == "forward" and not looping(n) for n in calls))) \
+                or ("forward" in kinds and not (inner or outer)):
+            steps.add(id(node))   # an env stepped or a batch taken is a step, whatever inner loops it holds
+            return True
+        inner |= outer
+        return inner
+
+    known = set(looping_fns)
+    visit(tree)
+    if looping_fns != known:   # again, now that every def holding a step loop is known
+        steps.clear(), updates.clear(), envs.clear()
+        visit(tree)
+    return steps, updates, envs, looping_fns
+
+
+def looping_closure(calls_by_def: dict[str, set[str]], looping: set[str]) -> set[str]:
+    """The defs that hold a step loop, directly or through the defs they call (names, to a fixed
+    point); housekeeping names (`train`, `eval`) are left out: they are also methods of every model."""
+    out = {n for n in looping if n not in HOUSEKEEPING}
+    changed = True
+    while changed:
+        changed = False
+        for name, called in calls_by_def.items():
+            if name not in out and name not in HOUSEKEEPING and called & out:
+                out.add(name)
+                changed = True
+    return out
+
+
+def statements(node: ast.AST):
+    """The statements directly inside a statement (its bodies, handlers and cases): loops and defs
+    are statements, so a walk for them need not enter expressions."""
+    for name in ("body", "orelse", "finalbody", "handlers", "cases"):
+        for child in getattr(node, name, None) or ():
+            if isinstance(child, ast.AST):
+                yield child
+
+
+def _moves_batch(loop: ast.AST, own: list[ast.AST]) -> bool:
+    """The loop copies its batch to the device itself (`x.to(dev)` of its target or a name unpacked from it)."""
+    names = {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)} if isinstance(loop, ast.For) else set()
+    for n in own:   # images, targets, ids = batch
+        if isinstance(n, ast.Assign) and isinstance(n.value, ast.Name) and n.value.id in names:
+            names |= {t.id for tgt in n.targets for t in ast.walk(tgt) if isinstance(t, ast.Name)}
+    return any(isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr in ("to", "cuda")
+               and isinstance(c.func.value, ast.Name) and c.func.value.id in names for c in own)
+
+
+def _takes_batches(loop: ast.AST, calls: list[ast.Call]) -> bool:
+    """A for loop over a loader (`train_loader`, `DataLoader(...)`, `tqdm(loader)`), a while loop that
+    calls next() on an iterator, or a for loop that calls it on one named for data (`next(train_iter)`)."""
+    nexts = [c.args[0] for c in calls if isinstance(c.func, ast.Name) and c.func.id == "next" and c.args]
+    if isinstance(loop, ast.While) or any(isinstance(a, (ast.Name, ast.Attribute)) and _BATCH_SOURCE.search(
+            name_of(a)) for a in nexts):   # not `next(iter(m.parameters()))` in a loop over modules
+        return bool(nexts)
+    return _loader_like(loop.iter)
+
+
+def _loader_like(it: ast.AST) -> bool:
+    """`train_loader`, `DataLoader(...)`, `tqdm(loader)`, `dataloaders["train"]`, `self.eval_iterator`, and
+    `tqdm(it) if main_process else it`."""
+    while isinstance(it, ast.Call) and it.args and isinstance(it.func, (ast.Name, ast.Attribute)) \
+            and name_of(it.func) in ("enumerate", "tqdm", "iter", "zip", "islice", "progress_bar", "track"):
+        it = it.args[0]
+    if isinstance(it, ast.IfExp):
+        return _loader_like(it.body) or _loader_like(it.orelse)
+    if isinstance(it, ast.Call):
+        return name_of(it.func) == "DataLoader"
+    if isinstance(it, ast.Subscript) and isinstance(it.slice, ast.Constant) and isinstance(it.slice.value, str):
+        it = it.value   # dataloaders["train"]: one loader of a dict of them
+    return isinstance(it, (ast.Name, ast.Attribute)) and bool(LOADER_NAME.search(name_of(it))
+                                                              or _DATA_ITERATOR.search(name_of(it)))
+
+
+__all__ = ["step_loops", "looping_closure", "statements"]
