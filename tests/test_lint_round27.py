@@ -96,3 +96,47 @@ def test_a_script_whose_own_def_loops_over_epochs_keeps_its_iteration_loop_outer
     before the epochs is once per iteration (not reported by default)."""
     found = _lint(tmp_path, {"core.py": STEP, "a2c_gym.py": A2C, "ppo_gym.py": PPO, "agent.py": AGENT})
     assert ("ppo_gym.py", "GB001", 10) not in found, found
+
+
+TRAINER = """
+def train_one_epoch(model, opt, loader):
+    for x, y in loader:
+        model(x.cuda(non_blocking=True)).mean().backward()
+        opt.step()
+"""
+
+EVAL = """
+import torch
+from trainer import train_one_epoch
+
+DEVICE = "cuda"
+
+
+def finetune(model, opt, loader, dataloaders):
+    for epoch in range(3):
+        train_one_epoch(model, opt, loader)
+        metrics(model, dataloaders)
+
+
+def metrics(model, dataloaders):
+    for name, dataloader in dataloaders:
+        correct = count_correct(model, dataloader)
+        total = torch.tensor([correct], device=DEVICE)
+        print(name, total.item())
+
+
+def count_correct(model, dataloader):
+    correct = 0
+    for x, y in dataloader:
+        out = model(x.to(DEVICE, non_blocking=True))
+        correct += (out.argmax(-1) == y.to(DEVICE, non_blocking=True)).sum()
+    return correct
+"""
+
+
+def test_a_loop_around_a_local_def_defined_below_that_holds_a_step_loop_is_outer(tmp_path):
+    """Megatron's eval_utils: the loop over datasets calls `count_correct`, defined further down, which loops over
+    batches: the dataset loop is an outer loop, and its read per dataset is not a per-step sync (also when the
+    file calls another file's training loop, so that its loops are found again knowing the project's)."""
+    found = _lint(tmp_path, {"eval_utils.py": EVAL, "trainer.py": TRAINER})
+    assert ("eval_utils.py", "GB002", 18) not in found and not [f for f in found if f[1] == "GB010"], found

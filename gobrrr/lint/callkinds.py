@@ -286,7 +286,8 @@ class CallKinds:
         """The loader kind of the argument a project generator loops over and yields from (`def infiniteloop(dl):
         while True: for x, y in iter(dl): yield x`), or None."""
         project = getattr(self, "project", None)
-        if project is None or not isinstance(node.func, ast.Name) or not node.args:
+        if project is None or not isinstance(node.func, ast.Name) or not node.args \
+                or node.func.id not in project.generators:
             return None
         for _, fn in project.resolve(self.src, node, self.defs[-1] if self.defs else None, self.types)[:1]:
             params = [a.arg for a in fn.args.args]

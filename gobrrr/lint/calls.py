@@ -62,15 +62,25 @@ class CallRules:
         k = found.pop() if len(found) == 1 else None
         self.return_kinds[id(node)] = k
         self.return_parts[id(node)] = parts.pop() if len(parts) == 1 else None
-        if not read:   # self.matcher(out, y)["indices"], the matcher a config names: by the class named like it,
-            for target_src, fn in self.project.resolve(self.src, node, scope, self.types)[:1]:   # for its dict only
-                kinds, _ = self._arguments(node, fn, target_src, scope)
-                dicts.append(summarize(type(self), self.project, target_src, fn, kinds, self.summary_depth + 1,
-                                       self.project_flags)[2])
         self.return_dicts[id(node)] = dicts[0] if len(dicts) == 1 and dicts[0] else {}
         if read and k is None:
             self.read_defs.add(id(node))   # a project def was read and says nothing: no guess from its arguments
         return k
+
+    def returned_key(self, node: ast.Call, key: str) -> str | None:
+        """The kind of `node(...)[key]` when the project function it runs returns a dict literal: found as for
+        return_kind, or, failing that, by the class named like the callee (`self.matcher(out, y)["indices"]`,
+        the matcher a config names)."""
+        if not isinstance(node.func, (ast.Name, ast.Attribute)):
+            return None
+        self.return_kind(node)
+        if not self.return_dicts.get(id(node)) and id(node) not in self.read_defs:
+            scope = self.defs[-1] if self.defs else None
+            for target_src, fn in self.project.resolve(self.src, node, scope, self.types)[:1]:
+                kinds, _ = self._arguments(node, fn, target_src, scope)
+                self.return_dicts[id(node)] = summarize(type(self), self.project, target_src, fn, kinds,
+                                                        self.summary_depth + 1, self.project_flags)[2]
+        return self.return_dicts.get(id(node), {}).get(key)
 
     def unpacked_kinds(self, node: ast.AST, n: int) -> tuple | None:
         """The kinds of `a, b, c = f(x)` when every return of the project def f is an n-tuple whose

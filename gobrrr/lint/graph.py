@@ -65,6 +65,9 @@ class Project(Index):
         Project.builds += 1
         super().__init__(sources)
         self.summaries: dict = {}   # (id(def), argument kinds) -> the kind it returns (rules.summarize)
+        self.generators = {n.name for s in sources if "yield" in s.text for n in s.nodes   # defs that yield: a
+                           if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))   # loader wrapped in one
+                           and any(isinstance(y, (ast.Yield, ast.YieldFrom)) for y in ast.walk(n))}   # (callkinds)
         self._following: set = set()   # (file, name, scope) whose assigned call is being resolved (no cycles)
         self._like: dict = {}   # an object's name key (and folder, for _named_near) -> the classes it is named after
         self._by_lower: dict | None = None   # lower-cased class name -> [(Source, ClassDef)], built on first use

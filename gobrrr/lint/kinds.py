@@ -206,8 +206,10 @@ class Kinds(CallKinds):
                 return "numpy"   # np.r_[:2, 4:n]: an index array built on the host
             k = self.kind(node.value)
             if isinstance(node.value, ast.Call) and isinstance(node.slice, ast.Constant) \
-                    and node.slice.value in getattr(self, "return_dicts", {}).get(id(node.value), {}):
-                return self.return_dicts[id(node.value)][node.slice.value]   # matcher(out, y)["indices"]
+                    and isinstance(node.slice.value, str) and hasattr(self, "returned_key"):
+                keyed = self.returned_key(node.value, node.slice.value)   # matcher(out, y)["indices"]
+                if keyed is not None:
+                    return keyed
             kept = self.lookup(node.value.id + "#kept") if isinstance(node.value, ast.Name) else None
             if kept and isinstance(node.slice, ast.Constant) and node.slice.value in kept[0]:
                 return kept[1]   # batch["meta"] of a batch whose other keys a loop moved to the device

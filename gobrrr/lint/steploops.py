@@ -58,16 +58,23 @@ def step_loops(tree: ast.AST, facts: Facts, rare) -> tuple[set[int], set[int], s
             return False   # `callbacks.run("on_val_batch_start")` is not the project's `def run` (`val.run` is)
         return n in looping_fns or bool(facts.aliases.get(n, set()) & looping_fns)
 
+    held: dict[str, bool] = {}   # local_holds, per pass (local_looping grows during the first)
+
     def local_holds(name: str, seen: set) -> bool:
         """This file's def `name` holds a step loop, or calls a def that does (`inference()` -> compute_on_dataset)."""
         if name in local_looping:
             return True
+        if name in held:
+            return held[name]
         seen.add(name)
+        found = False
         for c in (c for c in ast.walk(local[name]) if isinstance(c, ast.Call)):
             n = c.func.id if isinstance(c.func, ast.Name) else None
             if n in local and n not in seen and local_holds(n, seen) or n not in local and looping(c):
-                return True
-        return False
+                found = True
+                break
+        held[name] = found
+        return found
 
     def local_kind(call: ast.Call) -> str | None:
         """'update' for a call of this file's def that updates once (`def update_params(batch): ... a2c_step(...)`,
@@ -111,8 +118,9 @@ def step_loops(tree: ast.AST, facts: Facts, rare) -> tuple[set[int], set[int], s
 
     known = set(looping_fns)
     visit(tree)
-    if looping_fns != known:   # again, now that every def holding a step loop is known
-        steps.clear(), updates.clear(), envs.clear()
+    if looping_fns != known or local_looping:   # again, now that every def holding a step loop is known (a
+        steps.clear(), updates.clear(), envs.clear()   # local one may be defined below the loop that calls it)
+        held.clear()
         visit(tree)
     return steps, updates, envs, looping_fns
 
