@@ -132,7 +132,7 @@ def test_a_policy_in_another_file_is_the_env_loops_round_trip(tmp_path):
     assert ("1_dqn/main.py", "GB014", 12, "") in found and not [f for f in found if f[1:3] == ("GB002", 24)], found
     assert ("1_dqn/agent.py", "GB001", 12, "main.py:13") in found, found
     (gb014,) = [f for f in lint_paths([str(tmp_path)]) if f.rule == "GB014"]
-    assert gb014.message.endswith("(the policy's copies at agent.py:24)"), gb014.message
+    assert gb014.message.endswith("(the round trip's copies in the calls it makes: agent.py:24)"), gb014.message
 
 
 def test_the_next_steps_action_renamed_into_place_is_the_policys_too(tmp_path):

@@ -5,7 +5,8 @@ action goes to the host (`action.cpu().numpy()`) and the observation and reward 
 (`torch.tensor(obs).to(device)`). Reported as separate GB002/GB001/GB010 findings they are
 several lines of advice that cannot be followed one at a time; what removes them is the
 environment, so the loop gets one finding at its `env.step(...)` that names the lines of the
-round trip, and those lines are not reported again.
+round trip, in its file and in the project's functions it calls for the action, and those lines
+are not reported again.
 
     CPU environment   the step's action is read to the host (`.cpu()`, `.numpy()`, `.item()`,
                       `.tolist()`, a numpy value, but not a fresh `np.random` draw: nothing is
@@ -18,6 +19,7 @@ A mixin of rules.Checker: it relies on `kind()`, `flag()`, `findings`, `names_at
 from __future__ import annotations
 
 import ast
+import os
 import re
 from pathlib import Path
 
@@ -75,7 +77,9 @@ class EnvRules:
 
     def env_loop(self, loop: ast.AST) -> None:
         """After the loop's body was visited: one GB014 per CPU-environment step, absorbing the
-        round trip's own findings inside the loop."""
+        round trip's own findings inside the loop (`covers`); those in the project's functions that its
+        policy call runs are absorbed after every walk (`absorb_round_trips`, `covers_at`). A helper that
+        acts and steps once is the loop's step (`_helper_steps`); an env wrapper's own repeat loop is none."""
         if self.silent or self._in_wrapper(loop):
             return
         if not env_calls(loop):
@@ -136,7 +140,6 @@ class EnvRules:
                 return
 
 
-
 def _wrapped_step(fn: ast.AST | None, call: ast.Call) -> bool:
     """`self.env.step(action)` inside an env wrapper's own `step`/`reset` (frame skip, action repeat): the wrapper
     is stepped by the rollout loop, which is where the round trip is reported; its inner loop is not one."""
@@ -175,24 +178,15 @@ def absorb_round_trips(checkers) -> None:
             if not owners:
                 continue
             here = Path(f.path).parent.parts
-            env = max(owners, key=lambda g: _shared(Path(g.path).parent.parts, here))
+            env = max(owners, key=lambda g: len(os.path.commonprefix([Path(g.path).parent.parts, here])))
             env.covers_at.append(f"{f.path}:{f.line}")
             del c.findings[key]
     for c in checkers:
         for found in c.round_trips.values():
             for g, _ in found:
-                if g.covers_at and "the policy's" not in g.message:
+                if g.covers_at and "in the calls it makes" not in g.message:
                     g.covers_at = sorted(set(g.covers_at))
-                    g.message += f" (the policy's copies at {', '.join(_short(a) for a in g.covers_at)})"
-
-
-def _shared(a: tuple, b: tuple) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
+                    g.message += f" (the round trip's copies in the calls it makes: {', '.join(map(_short, g.covers_at))})"
 
 
 def _short(at: str) -> str:

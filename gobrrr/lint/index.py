@@ -348,7 +348,11 @@ class Index:
         if not made:
             return self._inherited_instances(src, cls, attr) if id(cls) in self.parents \
                 else list(self.attr_types.get((id(cls), attr), []))
-        return [hit for m in made for hit in self.classes_of(src, m, cls=cls)]
+        out: list = []
+        for hit in (hit for m in made for hit in self.classes_of(src, m, cls=cls)):
+            if hit not in out:
+                out.append(hit)
+        return out
 
     def instances_of(self, src: Source, node: ast.AST, scope: ast.AST | None, types=None) -> list:
         """[(Source, ClassDef)] of the project classes assigned to a name or self attribute."""
@@ -365,13 +369,7 @@ class Index:
             made = made or src.instances.get((id(None), node.id), [])
         elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
             cls = self._class_around(src, scope)
-            if cls is None:
-                return []
-            made = src.instances.get((id(cls), node.attr), [])
-            if not made and id(cls) in self.parents:
-                return self._inherited_instances(src, cls, node.attr)
-            if not made:
-                return list(self.attr_types.get((id(cls), node.attr), []))
+            return self._attr_instances(src, cls, node.attr) if cls is not None else []
         elif isinstance(node, ast.Attribute) and isinstance(node.value, (ast.Name, ast.Attribute)):
             out = []   # agent.replay_buffer, self.agent.buffer: the attribute of an object whose class is known
             for osrc, ocls in self.instances_of(src, node.value, scope, types)[:4]:
