@@ -163,3 +163,13 @@ def test_a_checkout_is_built_from_a_bare_mirror_or_a_clone(tmp_path):
         judged = {**JUDGED, "name": f"proj-{kind}", "repo": "owner/proj", "commit": commit, "lint_paths": ["train.py"]}
         where = lint_score.checkout(judged, tmp_path / "repos", mirror.parent)
         assert (where / "train.py").read_text() == "print('step')\n"
+
+
+def test_a_lint_run_that_could_not_check_some_files_is_scored_on_the_rest(tmp_path, capsys):
+    """`gobrrr lint` exits 2 when a file cannot be read, after checking the others: their findings are scored and
+    the refusal is printed, instead of losing the whole repository."""
+    (tmp_path / "ok.py").write_text("import torch\nfor x in loader:\n    model(x.cuda()).backward()\n    opt.step()\n"
+                                    "    print(loss.item())\n")
+    (tmp_path / "broken.py").write_text("def f(:\n")
+    findings, _ = lint_score.run_lint(tmp_path, ["."])
+    assert any(f["rule"] == "GB002" for f in findings) and "broken.py" in capsys.readouterr().err

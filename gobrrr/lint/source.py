@@ -64,8 +64,16 @@ class Source:
 
 
 def parse(path: Path, text: str) -> Source:
-    """Parse and index one file; SyntaxError / RecursionError propagate to the caller."""
-    tree = ast.parse(text, filename=str(path))
+    """Parse and index one file; SyntaxError / RecursionError propagate to the caller. Code written for
+    Python 3.6 or older, where `async` and `await` were plain names (`def run(async=True)`), is read with
+    that grammar when today's refuses it."""
+    try:
+        tree = ast.parse(text, filename=str(path))
+    except SyntaxError as today:
+        try:
+            tree = ast.parse(text, filename=str(path), feature_version=(3, 6))
+        except (SyntaxError, ValueError):   # not that either (or no such grammar here): today's error
+            raise today from None
     calls: dict[str, set[str]] = {}
     src = Source(path, text, tree, walk(tree, calls))
     src.calls = calls
