@@ -38,26 +38,10 @@ def main_loop(agent, net, opt):
         update_params(batch, net, opt)
 """
 
-PPO = """
-import numpy as np
-import torch
-from core import a2c_step
-
-device = torch.device("cuda")
-
-
-def update_params(batch, net, opt):
-    states = torch.from_numpy(np.stack(batch)).to(device)
-    for epoch in range(10):
+PPO = A2C.replace("    a2c_step(net, opt, states)\n", """    for epoch in range(10):
         for mb in states.split(64):
             a2c_step(net, opt, mb)
-
-
-def main_loop(agent, net, opt):
-    for i_iter in range(1000):
-        batch = agent.collect_samples(2048)
-        update_params(batch, net, opt)
-"""
+""")   # the same script, but its update_params loops over epochs of minibatches
 
 AGENT = """
 import torch

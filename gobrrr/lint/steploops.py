@@ -66,14 +66,13 @@ def step_loops(tree: ast.AST, facts: Facts, rare) -> tuple[set[int], set[int], s
             return True
         if name in held:
             return held[name]
+        top = not seen
         seen.add(name)
-        found = False
-        for c in (c for c in ast.walk(local[name]) if isinstance(c, ast.Call)):
-            n = c.func.id if isinstance(c.func, ast.Name) else None
-            if n in local and n not in seen and local_holds(n, seen) or n not in local and looping(c):
-                found = True
-                break
-        held[name] = found
+        found = any(n in local and n not in seen and local_holds(n, seen) or n not in local and looping(c)
+                    for c in ast.walk(local[name]) if isinstance(c, ast.Call)
+                    for n in [c.func.id if isinstance(c.func, ast.Name) else None])
+        if found or top:   # a False found below a cut cycle (f -> g -> f) may not hold for g on its own
+            held[name] = found
         return found
 
     def local_kind(call: ast.Call) -> str | None:
