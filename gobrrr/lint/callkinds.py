@@ -41,7 +41,9 @@ _PREDICATE = re.compile(r"(^_*|[a-z0-9]_)(is|has|should|can|needs?|uses?|support
 _TOKENIZER = re.compile(r"tokeni[sz]er|processor|feature_extractor|^tok$", re.I)
 _LOADER_NAME = LOADER_NAME
 _DOTTED_WRAPPERS = {"tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm", "itertools.islice", "itertools.cycle"}
-_DATA_ITER = re.compile(r"^(train|val|valid|eval|test|data|dataset)_?(iter|iterator)$", re.I)   # not a generator of batches
+# what `next()` draws a loader's batch from (not a generator of batches): `next(self.train_iter)`, `next(self.data)`
+_DATA_ITER = re.compile(r"^((train|val|valid|eval|test|data|dataset)_?(iter|iterator)|"
+                        r"(train_|val_|valid_|eval_|test_)?(data|dataset|data_?loader|loader))$", re.I)
 _DIST_METHODS = {"sample", "rsample", "log_prob", "entropy", "cdf", "icdf", "sample_n", "mode", "mean", "stddev"}
 
 

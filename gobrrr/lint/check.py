@@ -54,12 +54,13 @@ from gobrrr.lint.hot import HotMap, may_use_gpu
 from gobrrr.lint.inside import validation_off_globally
 from gobrrr.lint.loops import (
     Facts,
+    collate_defs,
     forwarding_defs,
     holds_updating_loop,
     stepping_defs,
     updating_methods,
 )
-from gobrrr.lint.names import TENSORISH
+from gobrrr.lint.names import BATCHES, TENSORISH
 from gobrrr.lint.rates import defaults_of_one
 from gobrrr.lint.rules import Checker
 from gobrrr.lint.scopes import HOOK_NAMES
@@ -108,6 +109,7 @@ def check_sources(sources: list[Source], assume_gpu: bool = False,
     flags = {"no_validation": any(validation_off_globally(s.text) for s in sources)}
     facts = {id(s): Facts(s.nodes, project.module_classes) for s in sources}
     stepping, forwarding = _closures(sources, facts)
+    collates = frozenset(c for s in sources if "collate_fn" in s.text for c in collate_defs(s.nodes))
     updaters = frozenset(m for s in sources if "class " in s.text for m in updating_methods(s.nodes, facts[id(s)]))
     ones, others = set(), set()
     for s in sources:
@@ -120,6 +122,7 @@ def check_sources(sources: list[Source], assume_gpu: bool = False,
     for s in sources:
         f = facts[id(s)]
         f.stepping, f.forwarding, f.every_step, f.updaters = set(stepping), set(forwarding), every_step, updaters
+        f.collates = collates
         hotmaps[id(s)] = project.hotmaps[id(s)] = HotMap(s.tree, str(s.path), s.nodes, project.module_classes, f)
         looping |= hotmaps[id(s)].looping
         for name, names in s.calls.items():
@@ -153,8 +156,8 @@ def check_sources(sources: list[Source], assume_gpu: bool = False,
     seen = {h for c in checkers.values() for h in c.hotmap.hooks}   # step_fns may come again, typed
     consts: dict[int, dict] = {}      # id(def) -> the parameter constants it was walked with (flow.static_truth)
     hooks, typed = set(seen), set()   # a hook walked again once, when a call types a parameter its name did not
-    walked, retyped = {}, set()      # id(def) -> the kinds of its first walk: walked again once when a later call
-    #                                   hands device tensors where that walk had none (a hook's untyped walk reached it first)
+    walked, retyped = {}, set()      # id(def) -> the kinds of its last walk: walked again once when a later call hands
+    #                                   device tensors (or once a batch) where that walk had none (_retyping)
     while True:
         for c in checkers.values():   # a CPU-only file whose step loop calls into a GPU file runs on the GPU
             if c.waiting and any(gpu[id(p[0])] for p in c.waiting):
@@ -171,10 +174,9 @@ def check_sources(sources: list[Source], assume_gpu: bool = False,
             if again is not None:   # another call passes other constants: walk it with only those both share
                 kinds = {k: v for k, v in kinds.items() if "#val" not in k} | again
             elif id(fn) in seen and not (_types_more(fn, kinds) and id(fn) in hooks and id(fn) not in typed
-                                         or id(fn) not in retyped and _typed_now(walked.get(id(fn)), kinds)):
+                                         or _retyping(id(fn), walked.get(id(fn)), kinds) - retyped):
                 continue
-            if id(fn) in walked:
-                retyped.add(id(fn))
+            retyped |= _retyping(id(fn), walked.get(id(fn)), kinds)
             typed.add(id(fn))
             walked[id(fn)] = kinds
             consts[id(fn)] = {k: v for k, v in kinds.items() if "#val" in k}
@@ -205,11 +207,17 @@ def _fewer_constants(old: dict, kinds: dict) -> dict | None:
     return shared if shared != old else None
 
 
-def _typed_now(old: dict | None, kinds: dict) -> bool:
+def _typed_now(old: dict | None, kinds: dict, typed: set[str]) -> bool:
     """A def first walked with unknown parameters (`get_pos_mask` reached from an untyped `forward`)
-    is now called with device tensors in them."""
-    return old is not None and any(v in _DEVICE and old.get(k) not in _DEVICE
-                                   for k, v in kinds.items() if "#" not in k)
+    is now called with device tensors, or a loader's batch, in them (`forward_backward(batch, cond)` reached
+    first from the module's untyped walk of `run_step`, then from `run_step` called with `next(self.data)`)."""
+    return old is not None and any(v in typed and old.get(k) not in typed for k, v in kinds.items() if "#" not in k)
+
+
+def _retyping(key: int, old: dict | None, kinds: dict) -> set[tuple[int, str]]:
+    """Why a def walked before is walked again: ('dev') a call hands it device tensors, ('batch') a loader's
+    batch, where its last walk had none; each at most once per def."""
+    return {(key, tag) for tag, typed in (("dev", _DEVICE), ("batch", BATCHES)) if _typed_now(old, kinds, typed)}
 
 
 def _types_more(fn, kinds: dict) -> bool:

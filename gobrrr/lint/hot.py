@@ -184,6 +184,8 @@ class HotMap:
                                             isinstance(n, ast.Call) and self.facts.step_kind(n) == "forward"
                                             for n in own_level(fn.body)))):
                     self.hooks.add(id(fn))
+                elif fn.name in self.facts.collates:
+                    self.hooks.add(id(fn))   # collate_fn=partial(custom_collate_fn, device=device): per batch
                 elif fn.name in self.facts.stepping and (cls is not None or fn.name in (
                         in_loops := in_loops if in_loops is not None else _called_in_loops(tree))) \
                         and any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "step"

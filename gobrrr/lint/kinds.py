@@ -254,6 +254,10 @@ class Kinds(CallKinds):
         if isinstance(node, ast.Call):
             if self.dotted(node.func) == "torch.device":
                 return self.device_of(node.args[0]) if node.args else None
+            words = re.split(r"_|(?<=[a-z])(?=[A-Z])", name_of(node.func))
+            if not node.args and any(w.lower() in ("dev", "device", "cuda", "gpu") for w in words) \
+                    and not any(w.lower() in ("cpu", "dtype", "count", "name", "type", "capability") for w in words):
+                return "cuda"   # .to(dist_util.dev()), .to(get_device()), .to(torch.cuda.current_device())
             return None
         name = self.dotted(node) or ""
         if name.startswith("torch.") and name.count(".") == 1:

@@ -144,6 +144,26 @@ def own_level(body: list[ast.stmt], skip=None):
         stack.extend(ast.iter_child_nodes(node))
 
 
+def collate_defs(nodes: list[ast.AST]) -> set[str]:
+    """The names of defs handed to a DataLoader as `collate_fn`, directly or through `functools.partial`
+    (`collate = partial(custom_collate_fn, device=device)`, then `collate_fn=collate`): the loader calls
+    them once per batch, in the main process when it has no workers, which is the only way one can move
+    the batch to the GPU (a forked worker cannot touch CUDA)."""
+    partials: dict[str, str] = {}
+    for n in nodes:
+        if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name) \
+                and isinstance(n.value, ast.Call) and name_of(n.value.func) == "partial" and n.value.args:
+            partials[n.targets[0].id] = name_of(n.value.args[0])
+    out = set()
+    for n in nodes:
+        if isinstance(n, ast.keyword) and n.arg == "collate_fn":
+            v = n.value
+            name = name_of(v.args[0]) if isinstance(v, ast.Call) and name_of(v.func) == "partial" and v.args \
+                else name_of(v) if isinstance(v, (ast.Name, ast.Attribute)) else ""
+            out.add(partials.get(name, name))
+    return out - {""}
+
+
 class Facts:
     """What a file (and the project around it) says about names: modules, optimizers, and the
     functions that update (by name, across the project)."""
@@ -159,6 +179,7 @@ class Facts:
         self.aliases: dict[str, set[str]] = {}   # sample_fn = d.p_sample_loop if c else d.ddim_sample_loop
         self.instances: dict[str, str] = {}   # trainer = TD3_BC(**kwargs): name -> the class it was made from
         self.updaters: frozenset[tuple[str, str]] = frozenset()   # (class, method) whose own body updates
+        self.collates: frozenset[str] = frozenset()   # defs a DataLoader calls per batch (collate_defs, project-wide)
         for node in nodes:
             if isinstance(node, ast.Assign) and isinstance(node.value, (ast.Attribute, ast.IfExp)) \
                     and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
