@@ -229,6 +229,8 @@ class CallKinds:
             return recv
         if method in _DIST_METHODS and isinstance(func.value, ast.Name) and self.lookup(func.value.id + "#ddist"):
             return "tensor"   # probs.sample(), probs.log_prob(a) of a distribution of device tensors
+        if method == "get" and recv in BATCHES and node.args:
+            return recv   # data.get('cond_image'): a field of the batch, where the batch is
         if recv == "obj" or method in NOT_TENSOR_METHODS:
             if method in ("forward", "generate") or (recv == "obj" and is_model_name(method)):
                 return "generated" if method == "generate" else "tensor"

@@ -21,8 +21,8 @@ import re
 from gobrrr.lint.graph import Project
 from gobrrr.lint.hot import HotMap
 from gobrrr.lint.loops import name_of
-from gobrrr.lint.names import TENSOR_METHODS, TENSORISH
-from gobrrr.lint.source import Source
+from gobrrr.lint.names import BATCHES, TENSOR_METHODS, TENSORISH
+from gobrrr.lint.source import DEFS, Source
 
 MAX_DEPTH = 6   # calls followed from a hot loop into the project's functions
 
@@ -161,6 +161,23 @@ class CallRules:
             kinds, types = self._arguments(node, fn, target_src, scope)
             self.pending.append((target_src, fn, kinds, types, (*self.chain, f"{self.src.name}:{node.lineno}"),
                                  list(self.functions)))
+        self._handed(node, scope)
+
+    def _handed(self, node: ast.Call, scope) -> None:
+        """A def of this scope handed, beside the data, to a helper that applies it (`apply_to_sample(
+        _move_to_cuda, sample)`: `def _move_to_cuda(tensor): return tensor.cuda()`): walked as hot, its first
+        parameter holding that data, whatever the helper does in between."""
+        data = next((k for a in node.args if not isinstance(a, ast.Starred)
+                     and (k := self.kind(a)) in BATCHES | TENSORISH | {"tlist"}), None)
+        if data is None or scope is None:
+            return
+        nested = {d.name: d for d in getattr(scope, "body", []) if isinstance(d, DEFS)}
+        for a in node.args:
+            fn = nested.get(a.id) if isinstance(a, ast.Name) else None
+            params = [p.arg for p in fn.args.args] if fn is not None else []
+            if params:
+                self.pending.append((self.src, fn, {params[0]: "tensor" if data == "tlist" else data}, {},
+                                     (*self.chain, f"{self.src.name}:{node.lineno}"), list(self.functions)))
 
 
     def note_seed(self, node: ast.Call) -> None:

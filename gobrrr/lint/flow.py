@@ -27,7 +27,8 @@ from gobrrr.lint.names import BATCHES, HOSTISH, ITEM_KIND, TENSORISH
 _MISSING = object()
 _PASS_THROUGH = {"list", "tuple", "tqdm", "reversed", "trange"}   # iterating them gives their argument's items
 _LEAVES = (ast.Return, ast.Raise, ast.Continue)   # a break's bindings reach the code after the loop
-_HOST_VALUES = {"numpy": "numpy", "hlist": "host"}   # the values of a dict of arrays, of host tensors
+_HOST_VALUES = {"numpy": "numpy", "hlist": "host", "nums": "num"}   # the values of a dict of arrays, of host
+# tensors, of numbers (a **kwargs every call fills with numbers: scopes._kwargs_kind)
 
 
 def _type_checked(test: ast.AST) -> set[str]:

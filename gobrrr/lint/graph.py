@@ -132,6 +132,15 @@ class Project(Index):
             made = self._factory_made(src, cls, f.attr) if cls is not None else []
             if made:   # self.grad_func = self.fuse_update(): the def that factory returns runs
                 return made
+            key = ("partial", id(cls), f.attr)   # `self.resize_to = partial(self.resize_to, mode=m)` does not recur
+            if cls is not None and key not in self._following:
+                self._following.add(key)
+                try:
+                    given = self._partial_of(src, cls, call, f.attr)
+                finally:
+                    self._following.discard(key)
+                if given:   # self.set_device = partial(Util.set_device, rank=r) in a base class's __init__
+                    return given
             if cls is not None and self.attr_defs.get((id(cls), f.attr)):   # self.dist_fn(x), a def handed to
                 return list(self.attr_defs[(id(cls), f.attr)])[:4]   # the constructor
             key = f.attr.replace("_", "").lower()   # self.matcher(out, y), the matcher handed to __init__ by a
@@ -209,6 +218,25 @@ class Project(Index):
                  and isinstance(n.value, ast.Attribute) and isinstance(n.value.value, ast.Name)
                  and n.value.value.id == "self"}
         return [hit for m in sorted(names) if (hit := self.method(src, cls, m))][:4]
+
+    def _partial_of(self, src: Source, cls: ast.ClassDef, call: ast.Call, attr: str, seen=None) -> list:
+        """The def that `self.<attr> = functools.partial(f, ...)` binds, in cls or one of its bases: what
+        `self.<attr>(x)` runs (Palette's `self.set_device(batch)`, set in BaseModel.__init__)."""
+        seen = seen or set()
+        if id(cls) in seen:
+            return []
+        seen.add(id(cls))
+        for fn, n in self._self_assigns(cls).get(attr, ()):
+            v = n.value
+            if len(n.targets) == 1 and isinstance(v, ast.Call) and name_of(v.func) == "partial" and v.args \
+                    and isinstance(v.args[0], (ast.Name, ast.Attribute)):
+                inner = ast.Call(func=v.args[0], args=call.args, keywords=[*v.keywords, *call.keywords])
+                return self.resolve(src, inner, fn, fallback=False)
+        for base in cls.bases:
+            b = self.class_of(src, base)
+            if b is not None and (hit := self._partial_of(b[0], b[1], call, attr, seen)):
+                return hit
+        return []
 
     def _factory_made(self, src: Source, cls: ast.ClassDef, attr: str) -> list[tuple[Source, ast.AST]]:
         """The nested defs that a factory returns, where a method of cls sets `self.<attr>` to a call of it

@@ -28,6 +28,16 @@ _HOOK_TENSORS = {"inputs", "outputs", "output", "x", "y", "logits", "loss", "lab
 HOOK_NAMES = _FORWARD_TENSORS | _HOOK_TENSORS
 
 
+def _kwargs_kind(seed: dict, params: set[str]) -> str | None:
+    """The kind of a `**kwargs` dict from the keywords a call passes into it: device tensors ('tlist': its
+    items are tensors), only numbers and strings ('nums': `metric_logger.update(loss=loss.item())`, whose
+    `if isinstance(v, torch.Tensor): v = v.item()` then never runs), or unknown."""
+    extra = {k for name, k in seed.items() if "#" not in name and name not in params}
+    if extra & {*TENSORISH, "tlist"}:
+        return "tlist"
+    return "nums" if extra and extra <= {"num", "str"} else None
+
+
 class ScopeWalk:
     """Binding names as the walk meets them (see the module doc)."""
 
@@ -92,6 +102,8 @@ class ScopeWalk:
                     scope[a.arg] = "num" if "idx" in a.arg else "batch" if batch and node.name == "forward" \
                         else "tensor" if a.arg in tensors or batch else "obj" if is_model_name(a.arg) or "module" in a.arg \
                         or a.arg == "trainer" else None
+        if args.kwarg is not None and seed and args.kwarg.arg not in seed:
+            scope[args.kwarg.arg] = _kwargs_kind(seed, {a.arg for a in params})
         for name, k in (seed or {}).items():   # `sample(z, temperature, cfg_iter)` with a CUDA cfg_iter passes
             if scope.get(name) is None or (k in TENSORISH and scope.get(name + "#dflt")) \
                     or (name in guessed and k in (*TENSORISH, "tlist")):   # `cfg=1.0` a tensor, forward(batch) a dict of them

@@ -50,6 +50,10 @@ class SyncRules:
         elif isinstance(func, ast.Name) and func.id in ("max", "min") and len(node.args) >= 2 and not node.keywords \
                 and any(self.kind(a) in TENSORISH for a in node.args) and self.lookup(func.id) is None:
             self.flag(node, "GB002", what=f"the builtin `{func.id}()` of tensors (it compares them as Python bools)")
+        elif isinstance(func, ast.Name) and func.id in ("any", "all") and len(node.args) == 1 and not node.keywords \
+                and self.kind(node.args[0]) in TENSORISH and self.lookup(func.id) is None:
+            # any(t > 0): the builtin iterates the tensor and reads each element with bool(); t.any() stays on the device
+            self.flag(node, "GB002", what=f"the builtin `{func.id}()` of a tensor (one bool() read per element)")
         if name.startswith("torch.") and name.count(".") == 1 and name[6:] in DATA_FACTORIES and node.args \
                 and isinstance(node.args[0], (ast.List, ast.Tuple)):   # torch.tensor([loss_a, n]): each 0-d
             for e in node.args[0].elts:                               # device element is read with .item()
