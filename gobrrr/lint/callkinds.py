@@ -44,6 +44,7 @@ _DOTTED_WRAPPERS = {"tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm", "iterto
 # what `next()` draws a loader's batch from (not a generator of batches): `next(self.train_iter)`, `next(self.data)`
 _DATA_ITER = re.compile(r"^((train|val|valid|eval|test|data|dataset)_?(iter|iterator)|"
                         r"(train_|val_|valid_|eval_|test_)?(data|dataset|data_?loader|loader))$", re.I)
+_CPU_TENSOR_TYPE = re.compile(r"torch\.(Float|Double|Half|BFloat16|Long|Int|Short|Char|Byte|Bool)Tensor")   # not torch.cuda.*
 _DIST_METHODS = {"sample", "rsample", "log_prob", "entropy", "cdf", "icdf", "sample_n", "mode", "mean", "stddev"}
 
 
@@ -199,7 +200,9 @@ class CallKinds:
         if method == "type" and not node.args and not node.keywords and recv not in HOSTISH:
             return "ttype"   # xin[0].type(): 'torch.cuda.FloatTensor', a type name that moves what it is given
         to = self.dotted(node.args[0]) or "" if method == "type" and len(node.args) == 1 else ""
-        if recv in ("host", "pinned") and ("dtype" in to.rsplit(".", 1)[-1].lower()
+        if recv in BATCHES and _CPU_TENSOR_TYPE.fullmatch(to):
+            return recv   # inputs.type(torch.FloatTensor): the batch in another dtype, still on the host
+        if recv in ("host", "pinned") and ("dtype" in to.rsplit(".", 1)[-1].lower() or _CPU_TENSOR_TYPE.fullmatch(to)
                                            or re.fullmatch(r"torch\.(float|int|uint|bfloat|bool|long|half|double)\w*", to)):
             return "host"   # torch.from_numpy(x).type(dtype): a host tensor of another dtype, still on the host
         if method == "type_as" and node.args and self.kind(node.args[0]) in TENSORISH:

@@ -185,12 +185,12 @@ class CallRules:
         arguments, so that the def's loop is walked again knowing them (check.check_sources)."""
         scope = self.defs[-1] if self.defs else None
         for target_src, fn in self.project.resolve(self.src, node, scope, self.types, fallback=False)[:3]:
-            if fn is scope or fn.name not in self.project.looping:
+            if fn is scope or fn.name not in self.project.looping | self.project.housekeeping_looping:
                 continue
-            kinds, _ = self._arguments(node, fn, target_src, scope)
+            kinds, types = self._arguments(node, fn, target_src, scope)
             kinds = {k: v for k, v in kinds.items() if "#" not in k and v is not None}
-            if kinds:
-                self.seeds.append((target_src, fn, kinds))
+            if kinds or types:   # types: `agent.train(data_sampler, ...)` hands the loop a Data_Sampler
+                self.seeds.append((target_src, fn, kinds, types))
 
 
 def _constants(fn, passed: dict, call: ast.Call) -> dict[str, str]:

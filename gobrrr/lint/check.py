@@ -53,6 +53,7 @@ from gobrrr.lint.graph import Project
 from gobrrr.lint.hot import HotMap, may_use_gpu
 from gobrrr.lint.inside import validation_off_globally
 from gobrrr.lint.loops import (
+    HOUSEKEEPING,
     Facts,
     collate_defs,
     forwarding_defs,
@@ -127,6 +128,7 @@ def check_sources(sources: list[Source], assume_gpu: bool = False,
         looping |= hotmaps[id(s)].looping
         for name, names in s.calls.items():
             called.setdefault(name, set()).update(names)
+    project.housekeeping_looping = looping & HOUSEKEEPING   # `def train(self, replay_buffer, iterations)`
     looping = looping_closure(called, looping)
     for s in sources:   # a loop that calls another file's def holding a step loop is an outer loop
         hm = hotmaps[id(s)]
@@ -232,19 +234,21 @@ def _seeded(checkers: dict, sources: list[Source], gpu: dict, errors) -> list:
     seed its parameters. Returns the hot calls its loops make, to follow first."""
     seeds: dict[int, tuple] = {}
     for s in sources:
-        for target, fn, kinds in checkers[id(s)].seeds:
-            old = seeds.setdefault(id(fn), (target, fn, dict(kinds)))[2]
+        for target, fn, kinds, types in checkers[id(s)].seeds:
+            _, _, old, classes = seeds.setdefault(id(fn), (target, fn, dict(kinds), {}))
             for k, v in kinds.items():
                 if old.get(k, v) != v:
                     old[k] = None   # the call sites disagree: unknown
                 else:
                     old.setdefault(k, v)
+            for k, v in types.items():   # the classes any call site hands a parameter (`replay_buffer`)
+                classes.setdefault(k, []).extend(c for c in v if c not in classes[k])
     queue = []
-    for target, fn, kinds in seeds.values():
+    for target, fn, kinds, types in seeds.values():
         c = checkers[id(target)]
         kinds = {k: v for k, v in kinds.items() if v is not None}
-        if kinds and gpu[id(target)]:
-            _guarded(lambda: c.check_seeded(fn, kinds), target, errors)
+        if (kinds or types) and gpu[id(target)]:
+            _guarded(lambda: c.check_seeded(fn, kinds, types), target, errors)
             queue += c.pending
             c.pending = []
     return queue

@@ -67,6 +67,15 @@ class EnvRules:
             return "numpy"
         return "tensor" if self.kind(action) in TENSORISH else None
 
+    def _drawn(self, action: ast.AST, loop: ast.AST) -> bool:
+        """The action is a fresh random draw, at the step or assigned at the loop's level (`action =
+        np.random.uniform(...)`, `env.action_space.sample()`): nothing was read back from the device."""
+        calls = [action] if isinstance(action, ast.Call) else [
+            n.value for n in own_level(loop.body) if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
+            and _names(action) & set().union(*(_names(t) for t in n.targets))]
+        return bool(calls) and all((self.dotted(c.func) or "").startswith("numpy.random.")
+                                   or name_of(c.func) == "sample" and "action_space" in ast.unparse(c.func) for c in calls)
+
     def _in_wrapper(self, loop: ast.AST) -> bool:
         fn = self.defs[-1] if self.defs else None
         return any(_wrapped_step(fn, call) for call, _ in env_calls(loop))
@@ -96,10 +105,13 @@ class EnvRules:
                         action_names |= _names(n.value)
                     if _names(n.value) & obs_names:
                         obs_names |= got
-            drawn = isinstance(action, ast.Call) and (self.dotted(action.func) or "").startswith("numpy.random.")
+            drawn = self._drawn(action, loop)
             host_action = _reads(action) or self.kind(action) in ("num", "numpy") and not drawn or self.cpu_env(call.func.value) \
                 or any(_reads(n.value) for n in own_level(loop.body) if isinstance(n, ast.Assign)
-                       and set().union(*(_names(t) for t in n.targets)) & action_names)
+                       and set().union(*(_names(t) for t in n.targets)) & action_names) \
+                or any(_host_copy(self.dotted(c.func) or "") and c.args for c in policy)
+            # (`policy.select_action(np.array(state))`: the observation is a host array, so the env is a CPU
+            # one, and the action the policy returns reaches it through the host: `int(q.argmax(1))` in BCQ)
             if not host_action:
                 continue
             span = range(loop.lineno, (loop.end_lineno or loop.lineno) + 1)
@@ -146,6 +158,12 @@ def _wrapped_step(fn: ast.AST | None, call: ast.Call) -> bool:
     return getattr(fn, "name", "") in ("step", "reset") and fn.args.args[:1] and fn.args.args[0].arg == "self" \
         and isinstance(call.func, ast.Attribute) and isinstance(call.func.value, ast.Attribute) \
         and isinstance(call.func.value.value, ast.Name) and call.func.value.value.id == "self"
+
+
+def _host_copy(name: str) -> bool:
+    """`np.array(obs)`, `np.asarray(obs)`, `np.float32(obs)`: host data made from what the env returned (not a
+    fresh `np.random` draw)."""
+    return name.startswith("numpy.") and not name.startswith("numpy.random.")
 
 
 def _policy_calls(loop: ast.AST, action: set[str]) -> list[ast.Call]:

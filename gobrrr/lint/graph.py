@@ -74,6 +74,7 @@ class Project(Index):
         self.per_file: dict[int, dict] = {}   # id(Source) -> what the checkers of that file compute once
         self.per_class: dict[int, dict] = {}   # id(ClassDef) -> what its methods set self attributes to (calls._class_attrs)
         self.looping: set[str] = set()   # names of the defs that hold a step loop (set by check.check_sources)
+        self.housekeeping_looping: set[str] = set()   # such names that models also have (`train`): seeds only
         self.hotmaps: dict = {}     # id(Source) -> its HotMap, once built
         self._assigned: dict = {}   # ("assigns", id(ClassDef)) -> its `self.<attr> = ...` (_self_assigns); a def's
         #                             wrappers; what a factory stored on self returns (("factory", id, attr))

@@ -40,6 +40,16 @@ from gobrrr.lint.sync import SyncRules
 # (the 0.1 name gobrrr.device.lint_rules still resolves to this module); check.py imports each from its own file
 
 _EAGER = {"map", "filter", "sorted", "max", "min", "list", "tuple"}
+
+
+def _not_a_mode_switch(call: ast.Call) -> bool:
+    """`agent.train(data_sampler, iterations=n)`, not `model.train()` / `model.train(False)`: a project's own
+    `train` that holds a step loop, whose arguments seed it (check._seeded)."""
+    if not call.args and not call.keywords:
+        return False
+    only = call.args[0] if len(call.args) == 1 and not call.keywords else None
+    return not (isinstance(only, ast.Constant) and isinstance(only.value, bool)) and not (
+        isinstance(only, ast.Name) and only.id in ("mode", "training", "train", "is_train"))
 _IMAGE_SINKS = ("save_image", "imsave", "imwrite", "fromarray", "imshow", "add_image", "add_images", "add_video",
                 "write_video", "make_grid", "Image", "savefig", "log_image", "log_images")
 
@@ -88,7 +98,7 @@ class Checker(ScopeWalk, FlowRules, CallRules, SyncRules, CopyRules, InsideRules
         self.seeding: set[str] = set()          # names this def hands to a def holding a step loop (note_seed)
         self.assigning: set[str] = set()        # the names the assignment being walked binds
         self.init_attrs = False                 # it binds only self attributes, in __init__ (calls.return_kind)
-        self.seeds: list[tuple] = []            # (Source, def holding a step loop, kinds of its parameters)
+        self.seeds: list[tuple] = []            # (Source, def holding a step loop, kinds and classes of its parameters)
         self.left = False                       # this call has returned (flow.static_truth): the rest is dead
         self._host_defs: dict[int, bool] = {}   # id(def) -> hot.host_model_def
         self.mask_lists: set[str] = set()       # lists that masks are appended to (torch.cat of them is a mask)
@@ -171,13 +181,13 @@ class Checker(ScopeWalk, FlowRules, CallRules, SyncRules, CopyRules, InsideRules
         self.defs = [d for d in self._enclosing(fn)]
         self._function(fn, region="hot", chain=chain, seed=kinds, types=types)
 
-    def check_seeded(self, fn: ast.AST, kinds: dict) -> None:
+    def check_seeded(self, fn: ast.AST, kinds: dict, types: dict | None = None) -> None:
         """Walk a def that holds a step loop again, its parameters typed by the project's calls of it
         (calls.note_seed); its regions are its own (a library sampler called from a script)."""
         self.scopes = [self.module_scope]
         self.defs = [d for d in self._enclosing(fn)]
         self.functions = [d.name for d in self.defs if hasattr(d, "name")]
-        self._function(fn, seed=kinds)
+        self._function(fn, seed=kinds, types=types)
 
     def _enclosing(self, fn: ast.AST) -> list[ast.AST]:
         out, s = [], self.src.parent.get(id(fn))
@@ -222,7 +232,8 @@ class Checker(ScopeWalk, FlowRules, CallRules, SyncRules, CopyRules, InsideRules
             self.inside_rules(node, func, name, method, kw)
         if self.region == "hot" and not self.silent:
             self.follow(node)
-        elif not self.silent and not self.summary_depth and name_of(func) in self.project.looping:
+        elif not self.silent and not self.summary_depth and (name_of(func) in self.project.looping or (
+                name_of(func) in self.project.housekeeping_looping and _not_a_mode_switch(node))):
             self.note_seed(node)   # sample_euler(model, x, sigmas) from a script: its own loop learns the kinds
         # calls that hand a pageable loader to gobrrr (which pins): not a GB006 any more
         if isinstance(func, (ast.Name, ast.Attribute)) and name.rsplit(".", 1)[-1] in LOADERS_PINNED:
