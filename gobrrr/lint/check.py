@@ -224,8 +224,9 @@ def _retyping(key: int, old: dict | None, kinds: dict) -> set[tuple[int, str]]:
 
 def _types_more(fn, kinds: dict) -> bool:
     """A call hands a hook device tensors in parameters that its names alone leave unknown
-    (`forward(self, results, outputs, orig_target_sizes, max_target_sizes)`)."""
-    return any(v in _DEVICE and k not in HOOK_NAMES for k, v in kinds.items() if "#" not in k)
+    (`forward(self, results, outputs, orig_target_sizes, max_target_sizes)`), or host arrays where its names
+    guess device tensors (`self.actor(obs, ...)` with numpy `obs`: the forward's own `check(obs).to(dev)`)."""
+    return any(v in _DEVICE and k not in HOOK_NAMES or v in ("numpy", "host") for k, v in kinds.items() if "#" not in k)
 
 
 def _seeded(checkers: dict, sources: list[Source], gpu: dict, errors) -> list:

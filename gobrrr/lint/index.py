@@ -24,6 +24,13 @@ from gobrrr.lint.bindings import assigned_calls
 from gobrrr.lint.source import DEFS, Source, _constructed
 
 _OTHER = object()   # an attribute assigned something other than a constant
+_TAIL = 4   # a module is indexed by the last 1..4 parts of its dotted path
+
+
+def _module_parts(s: Source) -> tuple[str, ...]:
+    """The dotted parts of the module a file is: pkg/sub/mod.py -> (pkg, sub, mod); pkg/__init__.py -> (pkg,)."""
+    p = s.path.with_suffix("")
+    return p.parent.parts if s.path.name == "__init__.py" else p.parts
 
 
 class Index:
@@ -36,9 +43,8 @@ class Index:
         self.by_path: dict[Path, Source] = {}   # path without .py (a package: its folder) -> file
         for s in sources:
             self.by_path[s.path.parent if s.path.name == "__init__.py" else s.path.with_suffix("")] = s
-            p = s.path.with_suffix("")
-            parts = p.parts if s.path.name != "__init__.py" else p.parent.parts
-            for k in range(1, min(len(parts), 4) + 1):
+            parts = _module_parts(s)
+            for k in range(1, min(len(parts), _TAIL) + 1):
                 self.by_tail.setdefault(tuple(parts[-k:]), []).append(s)
             for cls in s.classes.values():
                 for d in cls.body:
@@ -94,7 +100,9 @@ class Index:
             want = base.joinpath(*rest.split(".")) if rest else base
             return self.by_path.get(want)
         parts = tuple(dotted.split("."))
-        found = self.by_tail.get(parts, [])
+        found = self.by_tail.get(parts[-_TAIL:], [])
+        if len(parts) > _TAIL:   # onpolicy.algorithms.r_mappo.algorithm.r_actor_critic: indexed by its last four
+            found = [s for s in found if _module_parts(s)[-len(parts):] == parts]
         found = [s for s in found if s is not near] or found
         if len(found) > 1:   # several scripts' folders, each with a utils.py: Python finds the one on sys.path,
             found = _nearest(found, near, len(parts))   # the importing script's own folder first

@@ -285,7 +285,30 @@ class Kinds(CallKinds):
         if method == "cuda":
             return "cuda"
         target = kw.get("device", node.args[0] if node.args else None)
+        if target is None:   # x.to(**self.tpdv) with `self.tpdv = dict(dtype=torch.float32, device=device)`
+            target = next((d for k in node.keywords if k.arg is None and (d := self.splatted_device(k.value))), None)
         return self.device_of(target)
+
+    def splatted_device(self, value: ast.AST) -> ast.AST | None:
+        """The `device` entry of the dict a `**name` spreads, as this file builds it: `name = dict(device=d, ...)`
+        or `{"device": d, ...}` (on-policy's `check(obs).to(**self.tpdv)`); None if it builds none."""
+        table = self.project.per_file.setdefault(id(self.src), {})
+        if "splat_devices" not in table:
+            found: dict[str, ast.AST] = {}
+            for n in self.src.nodes:
+                if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], (ast.Name, ast.Attribute)):
+                    v = n.value
+                    if isinstance(v, ast.Call) and name_of(v.func) == "dict":
+                        d = next((k.value for k in v.keywords if k.arg == "device"), None)
+                    elif isinstance(v, ast.Dict):
+                        d = next((x for key, x in zip(v.keys, v.values)
+                                  if isinstance(key, ast.Constant) and key.value == "device"), None)
+                    else:
+                        d = None
+                    if d is not None:
+                        found[name_of(n.targets[0])] = d
+            table["splat_devices"] = found
+        return table["splat_devices"].get(name_of(value)) if isinstance(value, (ast.Name, ast.Attribute)) else None
 
     def annotation_kind(self, ann: ast.AST | None) -> str | None:
         if ann is None:

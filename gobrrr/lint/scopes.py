@@ -106,7 +106,8 @@ class ScopeWalk:
             scope[args.kwarg.arg] = _kwargs_kind(seed, {a.arg for a in params})
         for name, k in (seed or {}).items():   # `sample(z, temperature, cfg_iter)` with a CUDA cfg_iter passes
             if scope.get(name) is None or (k in TENSORISH and scope.get(name + "#dflt")) \
-                    or (name in guessed and k in (*TENSORISH, "tlist")):   # `cfg=1.0` a tensor, forward(batch) a dict of them
+                    or (name in guessed and k in (*TENSORISH, "tlist", "numpy", "host")):   # `cfg=1.0` a tensor,
+                # forward(batch) a dict of them, `self.actor(np.concatenate(obs))` a host array it moves itself
                 scope[name] = k
         closure = self.closure_scope(node) if chain else None
         if closure is not None:
