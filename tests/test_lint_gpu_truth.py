@@ -1,0 +1,191 @@
+"""gobrrr lint against a real GPU: every line the lint flags makes the host wait, and its quiet neighbours do not.
+
+Each case is a small function `run()` with a three-step training loop on "cuda" (TEMPLATE) and a few lines of
+its own inside the loop. A line marked `# flagged` is one the case is about: the lint must report it; a line
+marked `# quiet` is its neighbour: the lint must not. The lines the test then holds to the runtime truth are
+the lint's own findings, from `lint_source(snippet, "case.py")`, never a hard-coded list.
+
+The truth: the snippet is compiled with filename "case.py", run once to warm up (CUDA context, cuBLAS,
+allocator), then run again under `torch.cuda.set_sync_debug_mode("warn")`. torch raises its warning
+"called a synchronizing CUDA operation" from c10::cuda::memcpy_and_sync, stream_synchronize and
+device_synchronize: `.item()`, `float(t)`, `bool(t)` (`if t > 0:`, the builtin `any()` of a tensor), nonzero
+and boolean masks (they read the result's size), and every blocking copy between host and device, in either
+direction and from pinned or pageable memory (aten/src/ATen/native/cuda/Copy.cu: `non_blocking=False` goes
+through memcpy_and_sync), which covers `.cuda()`, `.to("cuda")`, `torch.tensor(list, device="cuda")` and a
+CPU or numpy index moved to the device by advanced indexing. The warning reaches Python when the op returns,
+so a hook on `warnings.showwarning` walks the stack up to the first frame of "case.py" (a sync inside torch's
+own Python code, as in a distribution's argument validation, is put on the user's line that called it).
+
+What the lint reports that the debug mode cannot see, and so is left out of the cases here:
+  GB005  `x.to(dev, non_blocking=True)` of pageable memory. torch calls cudaMemcpyAsync and no sync function
+         (Copy.cu's non_blocking branch); the driver stages the bytes through a pinned bounce buffer and the
+         host waits for that, inside the CUDA call, where the debug mode has no hook. gobrrr's watch_syncs sees
+         it through its wrapper around `to/cuda/copy_`; tests/test_syncs_gpu.py covers that.
+  GB006  a DataLoader without pin_memory: the finding is on the constructor line, which never syncs; the wait
+         it causes is at the copy of each batch (GB009, tested here).
+  GB012  `dist.barrier()`: torch's docs say torch.distributed is not covered by the debug mode yet.
+"""
+from __future__ import annotations
+
+import sys
+import textwrap
+import warnings
+
+import pytest
+import torch
+
+from gobrrr.lint.check import lint_source
+
+SYNC_WARNING = "called a synchronizing CUDA operation"  # torch's text, c10/cuda/CUDAFunctions.cpp
+NOT_A_SYNC_POINT = {"GB005", "GB006"}  # see the module docstring
+FILENAME = "case.py"
+
+TEMPLATE = '''\
+import numpy as np
+import torch
+
+
+def run():
+    model = torch.nn.Linear(4, 1, device="cuda")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+{setup}    for step in range(3):
+        x = torch.randn(8, 4, device="cuda")
+        loss = model(x).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+{body}'''
+
+# name -> (lines before the loop, lines inside the loop)
+CASES = {
+    "item_of_the_loss": ("", """
+        total = loss.item()  # flagged
+        last = loss.detach()  # quiet
+    """),
+    "float_of_a_device_scalar": ("", """
+        total = float(loss)  # flagged
+    """),
+    "device_scalar_as_a_condition": ("", """
+        if loss > 0:  # flagged
+            pass
+    """),
+    "builtin_any_of_a_device_tensor": ("", """
+        t = x.sum(1)
+        if any(t > 0):  # flagged
+            pass
+        flag = (t > 0).any()  # quiet
+    """),
+    "boolean_mask": ("", """
+        m = x > 0
+        y = x[m]  # flagged
+        z = torch.where(m, x, 0)  # quiet
+    """),
+    "nonzero": ("", """
+        idx = torch.nonzero(x)  # flagged
+    """),
+    "cpu_index_tensor": ("""
+        idx = torch.arange(4)
+    """, """
+        y = x[idx]  # flagged
+    """),
+    "numpy_index_array": ("""
+        idx = np.arange(4)
+    """, """
+        y = x[idx]  # flagged
+    """),
+    "tensor_of_a_host_list": ("""
+        vals = [1.0, 2.0]
+    """, """
+        w = torch.tensor(vals, device="cuda")  # flagged
+    """),
+    "from_numpy_then_to_cuda": ("""
+        a = np.ones(4, dtype=np.float32)
+    """, """
+        w = torch.from_numpy(a).to("cuda")  # flagged
+    """),
+    "pinned_non_blocking_copy": ("""
+        p = torch.ones(4).pin_memory()
+    """, """
+        w = p.to("cuda", non_blocking=True)  # quiet
+    """),
+    "cuda_of_a_pageable_batch": ("""
+        loader = iter(torch.utils.data.DataLoader(torch.randn(24, 4), batch_size=8))
+    """, """
+        w = next(loader).cuda()  # flagged
+    """),
+    "categorical_with_validation": ("", """
+        probs = torch.softmax(x, 1)
+        d = torch.distributions.Categorical(probs)  # flagged
+        e = torch.distributions.Categorical(probs, validate_args=False)  # quiet
+    """),
+    "any_kept_in_device_arithmetic": ("", """
+        y = x * (x > 0).any()  # quiet
+    """),
+    "item_of_a_cpu_tensor": ("""
+        c = torch.ones(())
+    """, """
+        v = c.item()  # quiet
+    """),
+}
+
+
+def snippet(setup: str, body: str) -> str:
+    def block(text: str, indent: int) -> str:
+        text = textwrap.dedent(text).strip("\n")
+        return textwrap.indent(text, " " * indent) + "\n" if text else ""
+    return TEMPLATE.format(setup=block(setup, 4), body=block(body, 8))
+
+
+def marked(src: str, tag: str) -> set[int]:
+    return {i for i, text in enumerate(src.splitlines(), 1) if text.rstrip().endswith(f"# {tag}")}
+
+
+def flagged(src: str) -> dict[int, str]:
+    """The lint's findings that name a line where the host should wait: line -> rule."""
+    return {f.line: f.rule for f in lint_source(src, FILENAME) if f.rule not in NOT_A_SYNC_POINT}
+
+
+def synced_lines(src: str) -> set[int]:
+    """The lines of the snippet where torch's sync debug mode saw the host wait for the device."""
+    namespace: dict = {}
+    exec(compile(src, FILENAME, "exec"), namespace)
+    namespace["run"]()  # warm-up, unwatched
+    torch.cuda.synchronize()
+    hits: set[int] = set()
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if SYNC_WARNING not in str(message):
+            return
+        frame = sys._getframe(1)
+        while frame is not None and frame.f_code.co_filename != FILENAME:
+            frame = frame.f_back
+        hits.add(frame.f_lineno if frame is not None else -1)  # -1: a sync outside the snippet's frames
+
+    before = torch.cuda.get_sync_debug_mode()
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = show
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            namespace["run"]()
+        finally:
+            torch.cuda.set_sync_debug_mode(before)
+    torch.cuda.synchronize()
+    return hits
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(CASES))
+def test_what_the_lint_flags_syncs_on_a_gpu_and_its_quiet_neighbours_do_not(name):
+    src = snippet(*CASES[name])
+    found = flagged(src)
+    numbered = "\n".join(f"{i:3d}  {t}" for i, t in enumerate(src.splitlines(), 1))
+    # the case still shows what it is about (the lint's own tests hold the details)
+    assert marked(src, "flagged") <= set(found), f"the lint no longer flags the case's line:\n{numbered}"
+    assert not marked(src, "quiet") & set(found), f"the lint flags a quiet neighbour:\n{numbered}"
+
+    synced = synced_lines(src)
+    missed = {line: rule for line, rule in found.items() if line not in synced}
+    assert not missed, f"flagged, but the host never waited there: {missed}; synced lines {sorted(synced)}\n{numbered}"
+    noisy = marked(src, "quiet") & synced
+    assert not noisy, f"quiet neighbour lines that synced: {sorted(noisy)}\n{numbered}"
