@@ -72,6 +72,15 @@ _GPU_WORDS = re.compile(r"cuda|device|gpu|\.to\(|accelerat|torch_xla|\bxla\b|\bx
                         r"fabric")
 
 
+def _moves_to_device(fn: ast.AST) -> bool:
+    """The def calls `.cuda()` or `.to(<a device>)` (syntax only: `.to(self.device)`, `.to("cuda")`)."""
+    for n in ast.walk(fn):
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and (n.func.attr == "cuda" or (
+                n.func.attr == "to" and n.args and re.search(r"cuda|device|dev\b|gpu", ast.unparse(n.args[0])))):
+            return True
+    return False
+
+
 def may_use_gpu(text: str) -> bool:
     """False for a file that never mentions a device: its loops run on the CPU and sync nothing."""
     return bool(_GPU_WORDS.search(text))
@@ -184,8 +193,10 @@ class HotMap:
                                             isinstance(n, ast.Call) and self.facts.step_kind(n) == "forward"
                                             for n in own_level(fn.body)))):
                     self.hooks.add(id(fn))
-                elif fn.name in self.facts.collates:
-                    self.hooks.add(id(fn))   # collate_fn=partial(custom_collate_fn, device=device): per batch
+                elif fn.name in self.facts.collates or cls is not None and fn.name == "__getitem__" \
+                        and any(b.endswith("Dataset") for b in bases) and _moves_to_device(fn):
+                    self.hooks.add(id(fn))   # collate_fn=partial(custom_collate_fn, device=device): per batch;
+                    # a Dataset's __getitem__ that moves its sample to the GPU: per sample (workers cannot)
                 elif fn.name in self.facts.stepping and (cls is not None or fn.name in (
                         in_loops := in_loops if in_loops is not None else _called_in_loops(tree))) \
                         and any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "step"

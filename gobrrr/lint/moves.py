@@ -51,8 +51,8 @@ class CopyRules:
                 self.flag(node, "GB001")
             elif nb_true and recv in ("host", "batch_host"):
                 self.flag(node, "GB005")
-            elif recv in ("host", "hlist") and blocking and self.looping() and not self.per_prompt() \
-                    and not self._compiled_constant(func.value):
+            elif (recv in ("host", "hlist") or recv is None and self._sample_item()) and blocking and self.looping() \
+                    and not self.per_prompt() and not self._compiled_constant(func.value):
                 self.flag(node, "GB010", what=_short(node))   # hlist: an item of a list of host tensors
             if recv in BATCHES and blocking and self.looping() and (recv != "batch_tok" or self.updating()):
                 self.flag(node, "GB009", what=_short(node))
@@ -84,6 +84,12 @@ class CopyRules:
             isinstance(n, ast.Call) and (self.dotted(n.func) or "").startswith("torch.")
             and (self.dotted(n.func) or "")[6:] in FACTORIES for n in ast.walk(value)) and not any(
             isinstance(n, ast.Name) and self.kind(n) in ("host", "hlist", "numpy") for n in ast.walk(value))
+
+    def _sample_item(self) -> bool:
+        """Inside a Dataset's `__getitem__` walked as a hook (hot.HotMap): what it builds is host data, so a
+        `.cuda()` of a value of unknown kind there copies a sample from the host, per sample."""
+        fn = self.defs[-1] if self.defs else None
+        return getattr(fn, "name", "") == "__getitem__" and id(fn) in self.hotmap.hooks
 
     def cuda_type(self, node: ast.AST) -> bool:
         """`torch.cuda.FloatTensor`, or a name bound to one (`Tensor = torch.cuda.FloatTensor if cuda else ...`)."""

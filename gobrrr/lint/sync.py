@@ -37,7 +37,8 @@ class SyncRules:
                 and (method != "numpy" or forced) \
                 and (method != "tolist" or recv in TENSORISH) \
                 and not (method == "cpu" and self.is_model(func.value)) \
-                and not (recv is None and isinstance(func.value, ast.Name) and self.lookup(func.value.id + "#opt")):
+                and not (recv is None and isinstance(func.value, ast.Name) and self.lookup(func.value.id + "#opt")) \
+                and not (recv is None and self._sample_item()):   # a Dataset's own values are host ones (moves.py)
             # (an optional parameter, `lengths=None`, that no caller typed: as likely a host tensor)
             # .numpy() of a CUDA tensor raises unless force=True; .tolist() of an unknown is as likely numpy
             self.flag(node, "GB002", what=f"`.{method}()`")
