@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -63,17 +64,56 @@ class Source:
         return self.path.name
 
 
+# a Python 2 print statement: `print x, y` (not `print(x)`, `print = f`); its comment kept apart
+_PRINT_STATEMENT = re.compile(r"^([ \t]*)print[ \t]+(?![(=>])([^#]*?)[ \t]*(#.*)?$")
+
+
+def _print_calls(text: str) -> str:
+    """Python 2's `print x, y` statements as `print(x, y)` calls, line for line: a statement whose brackets
+    run on (`print voc_eval(\n    a, b)`) is closed on the line where they balance. Strings holding `#` or
+    brackets are not understood: such a file stays refused."""
+    lines = text.split("\n")
+    i = 0
+    while i < len(lines):
+        m = _PRINT_STATEMENT.match(lines[i])
+        if m:
+            indent, body, comment = m.group(1), m.group(2), m.group(3) or ""
+            depth, j = _depth(body), i
+            lines[i] = f"{indent}print({body}" + (f"){comment}" if depth <= 0 else comment)
+            while depth > 0 and j + 1 < len(lines):
+                j += 1
+                code, _, rest = lines[j].partition("#")
+                depth += _depth(code)
+                if depth <= 0:
+                    lines[j] = code.rstrip() + ")" + (" #" + rest if rest else "")
+            i = j
+        i += 1
+    return "\n".join(lines)
+
+
+def _depth(code: str) -> int:
+    return sum(code.count(c) for c in "([{") - sum(code.count(c) for c in ")]}")
+
+
 def parse(path: Path, text: str) -> Source:
     """Parse and index one file; SyntaxError / RecursionError propagate to the caller. Code written for
     Python 3.6 or older, where `async` and `await` were plain names (`def run(async=True)`), is read with
-    that grammar when today's refuses it."""
+    that grammar when today's refuses it; code for Python 2 whose only such syntax is one-line `print x`
+    statements, with them read as calls."""
     try:
         tree = ast.parse(text, filename=str(path))
     except SyntaxError as today:
         try:
             tree = ast.parse(text, filename=str(path), feature_version=(3, 6))
-        except (SyntaxError, ValueError):   # not that either (or no such grammar here): today's error
-            raise today from None
+        except (SyntaxError, ValueError):   # not that either (or no such grammar here)
+            tree = None
+        if tree is None and "print" in (today.msg or ""):   # `print x, y` of Python 2: read as print(x, y),
+            try:                                            # each on its own line (line numbers kept)
+                tree = ast.parse(_print_calls(text), filename=str(path))
+            except SyntaxError:
+                tree = None
+        if tree is None:
+            raise today from None   # today's error: the one line the user sees
     calls: dict[str, set[str]] = {}
     src = Source(path, text, tree, walk(tree, calls))
     src.calls = calls

@@ -253,6 +253,8 @@ class SyncRules:
     def visit_Subscript(self, node: ast.Subscript) -> None:
         if isinstance(node.ctx, ast.Load):
             self.index_rule(node)
+            if self.looping() and _old_item(node) and self.kind(node.value.value) in TENSORISH:
+                self.flag(node, "GB002", what="`.data[0]` of a loss (the `.item()` of torch before 0.4)")
         self.scalar_index(node)
         if self.looping() and isinstance(node.ctx, ast.Load) and self.kind(node.value) not in HOSTISH:
             parts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
@@ -282,6 +284,14 @@ def func_value(node: ast.Call) -> ast.AST | None:
 def _values(node: ast.AST) -> list[ast.AST]:
     """The values a logging call is handed: the dict's values for wandb.log({"loss": loss})."""
     return [v for v in node.values if v is not None] if isinstance(node, ast.Dict) else [node]
+
+
+def _old_item(node: ast.Subscript) -> bool:
+    """`loss.data[0]`, `loss_c.data[0]`: how code written for torch < 0.4 read a loss as a number (a 0-d tensor's
+    `.item()` today). Only on names that say loss, where the tensor is a scalar (`images.data[0]` is a row)."""
+    v = node.value
+    return isinstance(v, ast.Attribute) and v.attr == "data" and isinstance(node.slice, ast.Constant) \
+        and node.slice.value == 0 and "loss" in name_of(v.value).lower()
 
 
 __all__ = ["READS", "SyncRules"]
