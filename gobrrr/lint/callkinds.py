@@ -209,8 +209,8 @@ class CallKinds:
             return "tensor"
         if method == "type_as" and node.args and self.kind(node.args[0]) is None and recv in ("host", "pinned"):
             return None   # host.type_as(t) with t unknown: on t's device, wherever that is (often the GPU's)
-        if method in NUMBER_METHODS:
-            return "num"
+        if method in NUMBER_METHODS or method.startswith(("is_", "has_")) and method != "is_nonzero":
+            return "num"   # sharded_info.is_tp_sharded(...), t.is_contiguous(): predicates (t.is_nonzero() reads t)
         if method in STR_METHODS or recv == "str":
             return "str" if method in STR_METHODS else None
         if recv in ("numpy", "num"):

@@ -191,6 +191,8 @@ class Kinds(CallKinds):
             k = self.kind(node.value)
             if k in TENSORISH and node.attr in self.python_attrs:
                 return None   # p.sequence_parallel, set as `param.sequence_parallel = True` somewhere: a flag
+            if k in TENSORISH and node.attr.startswith(("is_", "has_")):
+                return "num"   # param.is_tied, a property of a Parameter subclass: a Python bool, like t.is_cuda
             if k == "mask" and node.attr in ("T", "mT", "data"):
                 return "mask"   # j, k = (mask).T: a mask's transpose, and its rows, are masks
             if k in TENSORISH:
