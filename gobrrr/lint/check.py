@@ -56,6 +56,7 @@ from gobrrr.lint.loops import (
     HOUSEKEEPING,
     Facts,
     collate_defs,
+    env_stepping_defs,
     forwarding_defs,
     holds_updating_loop,
     stepping_defs,
@@ -111,6 +112,7 @@ def check_sources(sources: list[Source], assume_gpu: bool = False,
     facts = {id(s): Facts(s.nodes, project.module_classes) for s in sources}
     stepping, forwarding = _closures(sources, facts)
     collates = frozenset(c for s in sources if "collate_fn" in s.text for c in collate_defs(s.nodes))
+    env_stepping = frozenset(n for s in sources if "step(" in s.text for n in env_stepping_defs(s.nodes))
     updaters = frozenset(m for s in sources if "class " in s.text for m in updating_methods(s.nodes, facts[id(s)]))
     ones, others = set(), set()
     for s in sources:
@@ -123,7 +125,7 @@ def check_sources(sources: list[Source], assume_gpu: bool = False,
     for s in sources:
         f = facts[id(s)]
         f.stepping, f.forwarding, f.every_step, f.updaters = set(stepping), set(forwarding), every_step, updaters
-        f.collates = collates
+        f.collates, f.env_stepping = collates, env_stepping
         hotmaps[id(s)] = project.hotmaps[id(s)] = HotMap(s.tree, str(s.path), s.nodes, project.module_classes, f)
         looping |= hotmaps[id(s)].looping
         for name, names in s.calls.items():

@@ -180,6 +180,7 @@ class Facts:
         self.instances: dict[str, str] = {}   # trainer = TD3_BC(**kwargs): name -> the class it was made from
         self.updaters: frozenset[tuple[str, str]] = frozenset()   # (class, method) whose own body updates
         self.collates: frozenset[str] = frozenset()   # defs a DataLoader calls per batch (collate_defs, project-wide)
+        self.env_stepping: frozenset[str] = frozenset()   # defs that step an environment (env_stepping_defs)
         for node in nodes:
             if isinstance(node, ast.Assign) and isinstance(node.value, (ast.Attribute, ast.IfExp)) \
                     and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
@@ -311,6 +312,15 @@ def env_steps(node: ast.AST) -> bool:
         and isinstance(node.value.func, (ast.Attribute, ast.Name)) and bool(_ENV_STEP.match(name_of(node.value.func))) \
         and bool(node.value.args) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Tuple) \
         and len(node.targets[0].elts) in (4, 5)
+
+
+def env_stepping_defs(nodes: list[ast.AST]) -> set[str]:
+    """The names of defs that step an environment at their own level (`def conduct_action(self, action):
+    self.next_state, self.reward, self.done, _ = self.environment.step(action)`): a loop calling one steps the
+    environment once per iteration. Names every class has (`step`, `run`) are left out: an env wrapper's
+    `def step` would make every `opt.step()` loop an environment loop."""
+    return {n.name for n in nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and n.name not in COMMON_METHODS | HOUSEKEEPING and any(env_steps(s) for s in own_level(n.body))}
 
 
 def sends_step(loop: ast.AST) -> bool:

@@ -25,6 +25,15 @@ from gobrrr.lint.names import BATCHES, COMPILED, DATA_FACTORIES, DTYPE_METHODS, 
 _HOST_INDEX = {"numpy", "host", "pinned", "hlist"}
 
 
+def _host_data(arg: ast.AST, kind: str | None) -> bool:
+    """The one argument of the legacy `t.new(x)` is data (not sizes): a list or tuple literal, a numpy array, or
+    a configuration constant named in capitals (`cfg.TRAIN.BBOX_INSIDE_WEIGHTS`, a tuple of floats); `t.new(n)`
+    with an int makes an empty tensor of n elements and copies nothing."""
+    if isinstance(arg, (ast.List, ast.Tuple)) or kind in ("numpy", "hlist"):
+        return True
+    return isinstance(arg, ast.Attribute) and arg.attr.isupper() and len(arg.attr) > 1
+
+
 class CopyRules:
     """GB001/GB005/GB009/GB010 on calls, GB011 on subscripts, GB002 on writes into host tensors."""
 
@@ -69,6 +78,9 @@ class CopyRules:
         elif method == "new_tensor" and recv in TENSORISH and node.args and self.looping() and not self.per_prompt() \
                 and self.kind(node.args[0]) not in TENSORISH:
             self.flag(node, "GB010", what=_short(node))   # obs.new_tensor(0.0): host data copied to obs's device
+        elif method == "new" and recv in TENSORISH and len(node.args) == 1 and not node.keywords and self.looping() \
+                and not self.per_prompt() and _host_data(node.args[0], self.kind(node.args[0])):
+            self.flag(node, "GB010", what=_short(node))   # t.new(cfg.TRAIN.BBOX_NORMALIZE_STDS): a table, copied
         elif name.startswith("torch.") and name.count(".") == 1 and name[6:] in DATA_FACTORIES and self.looping() \
                 and node.args and not self.per_prompt() \
                 and (self.device_of(kw["device"]) == "cuda" if "device" in kw else self.default_cuda(name)) \

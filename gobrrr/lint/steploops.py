@@ -97,8 +97,8 @@ def step_loops(tree: ast.AST, facts: Facts, rare) -> tuple[set[int], set[int], s
         own = list(own_level(node.body, rare))
         calls = [n for n in own if isinstance(n, ast.Call)]
         kinds = {local_kind(n) or facts.step_kind(n) for n in calls}
-        if any(env_steps(n) for n in own) or sends_step(node):
-            kinds.add("env")
+        if any(env_steps(n) for n in own) or sends_step(node) or any(name_of(c.func) in facts.env_stepping for c in calls):
+            kinds.add("env")   # (or a call of the project's def that steps one: `self.conduct_action(self.action)`)
         if calls and (_takes_batches(node, calls) or isinstance(node, ast.For) and isinstance(node.iter, ast.Name)
                       and node.iter.id in wrapped):
             kinds.add("data")
