@@ -167,11 +167,13 @@ class CallRules:
         """A def of this scope handed, beside the data, to a helper that applies it (`apply_to_sample(
         _move_to_cuda, sample)`: `def _move_to_cuda(tensor): return tensor.cuda()`): walked as hot, its first
         parameter holding that data, whatever the helper does in between."""
+        nested = {d.name: d for d in getattr(scope, "body", []) if isinstance(d, DEFS)} if scope is not None else {}
+        if not any(isinstance(a, ast.Name) and a.id in nested for a in node.args):
+            return
         data = next((k for a in node.args if not isinstance(a, ast.Starred)
                      and (k := self.kind(a)) in BATCHES | TENSORISH | {"tlist"}), None)
-        if data is None or scope is None:
+        if data is None:
             return
-        nested = {d.name: d for d in getattr(scope, "body", []) if isinstance(d, DEFS)}
         for a in node.args:
             fn = nested.get(a.id) if isinstance(a, ast.Name) else None
             params = [p.arg for p in fn.args.args] if fn is not None else []

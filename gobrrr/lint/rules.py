@@ -40,6 +40,8 @@ from gobrrr.lint.sync import SyncRules
 # (the 0.1 name gobrrr.device.lint_rules still resolves to this module); check.py imports each from its own file
 
 _EAGER = {"map", "filter", "sorted", "max", "min", "list", "tuple"}
+_IMAGE_SINKS = ("save_image", "imsave", "imwrite", "fromarray", "imshow", "add_image", "add_images", "add_video",
+                "write_video", "make_grid", "Image", "savefig", "log_image", "log_images")
 
 
 def _not_a_mode_switch(call: ast.Call) -> bool:
@@ -50,8 +52,6 @@ def _not_a_mode_switch(call: ast.Call) -> bool:
     only = call.args[0] if len(call.args) == 1 and not call.keywords else None
     return not (isinstance(only, ast.Constant) and isinstance(only.value, bool)) and not (
         isinstance(only, ast.Name) and only.id in ("mode", "training", "train", "is_train"))
-_IMAGE_SINKS = ("save_image", "imsave", "imwrite", "fromarray", "imshow", "add_image", "add_images", "add_video",
-                "write_video", "make_grid", "Image", "savefig", "log_image", "log_images")
 
 
 class Checker(ScopeWalk, FlowRules, CallRules, SyncRules, CopyRules, InsideRules, EnvRules, ElementRules, Kinds,

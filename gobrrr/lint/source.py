@@ -98,8 +98,8 @@ def _depth(code: str) -> int:
 def parse(path: Path, text: str) -> Source:
     """Parse and index one file; SyntaxError / RecursionError propagate to the caller. Code written for
     Python 3.6 or older, where `async` and `await` were plain names (`def run(async=True)`), is read with
-    that grammar when today's refuses it; code for Python 2 whose only such syntax is one-line `print x`
-    statements, with them read as calls."""
+    that grammar when today's refuses it; code for Python 2 whose only such syntax is `print x` statements,
+    with them read as calls (_print_calls)."""
     try:
         tree = ast.parse(text, filename=str(path))
     except SyntaxError as today:
