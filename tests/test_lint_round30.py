@@ -8,7 +8,9 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-from gobrrr.lint.check import lint_paths, lint_source
+from lintcase import line_of, rules
+
+from gobrrr.lint.check import lint_paths
 
 LOGGER = """
 import torch
@@ -31,22 +33,16 @@ def train(model, opt, loader, logger):
 """
 
 
-def _rules(src: str) -> list[tuple[int, str]]:
-    return [(f.line, f.rule) for f in lint_source(src, "train.py")]
-
-
-def _line(src: str, text: str) -> int:
-    return next(i for i, t in enumerate(src.splitlines(), 1) if text in t)
 
 
 def test_a_logger_every_call_feeds_numbers_reads_nothing_back():
     src = LOGGER.replace("LOSS", "loss.item()")
-    assert _rules(src) == [(_line(src, "loss.item()"), "GB002")]   # the caller's own read, not the logger's
+    assert rules(src) == [(line_of(src, "loss.item()"), "GB002")]   # the caller's own read, not the logger's
 
 
 def test_a_logger_fed_device_tensors_still_reads_each_one():
     src = LOGGER.replace("LOSS", "loss")
-    assert _rules(src) == [(_line(src, "v = v.item()"), "GB002")]
+    assert rules(src) == [(line_of(src, "v = v.item()"), "GB002")]
 
 
 BASE = """
@@ -106,7 +102,7 @@ def _project(tmp_path: Path, files: dict[str, str]) -> list[tuple[str, int, str]
 
 def test_a_device_helper_bound_with_partial_in_a_base_class_is_followed(tmp_path):
     found = _project(tmp_path, {"base.py": BASE, "model.py": MODEL, "util.py": UTIL})
-    assert found == [("util.py", _line(UTIL, "args.cuda()"), "GB009")]
+    assert found == [("util.py", line_of(UTIL, "args.cuda()"), "GB009")]
 
 
 def test_a_partial_bound_to_a_plain_function_of_numbers_is_quiet(tmp_path):
@@ -132,15 +128,15 @@ def sample(model, y, n):
 
 
 def test_the_builtin_any_of_a_device_tensor_reads_each_element():
-    assert _rules(SAMPLER) == [(_line(SAMPLER, "any(t > 0)"), "GB002")]
+    assert rules(SAMPLER) == [(line_of(SAMPLER, "any(t > 0)"), "GB002")]
 
 
 def test_any_of_python_values_and_a_device_side_choice_are_quiet():
-    assert _rules(SAMPLER.replace("any(t > 0)", "any(s > 0 for s in [1, 2])")) == []
+    assert rules(SAMPLER.replace("any(t > 0)", "any(s > 0 for s in [1, 2])")) == []
     on_device = SAMPLER.replace(
         "noise = torch.randn_like(y) if any(t > 0) else torch.zeros_like(y)",
         "noise = torch.randn_like(y) * (t > 0).any()")   # the tensor's own any(): stays on the device
-    assert _rules(on_device) == []
+    assert rules(on_device) == []
 
 
 APPLY = """
@@ -173,9 +169,9 @@ def train(model, opt, loader):
 
 
 def test_a_def_handed_with_the_batch_to_a_helper_that_applies_it_is_walked_on_the_batch():
-    assert _rules(APPLY) == [(_line(APPLY, "tensor.cuda()"), "GB009")]
+    assert rules(APPLY) == [(line_of(APPLY, "tensor.cuda()"), "GB009")]
 
 
 def test_a_def_handed_with_no_data_is_not_walked_on_anything():
     src = APPLY.replace("samples = move_to_cuda(samples)", "samples = samples")
-    assert _rules(src) == []
+    assert rules(src) == []

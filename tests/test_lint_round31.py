@@ -5,7 +5,7 @@ that hands its policy a host array (BCQ: `policy.select_action(np.array(state))`
 `int()`). Each shape from a minimal example, beside the neighbour that must stay quiet."""
 from __future__ import annotations
 
-from gobrrr.lint.check import lint_source
+from lintcase import line_of, rules
 
 CAST = """
 import torch
@@ -26,21 +26,15 @@ def train(net, opt, loader):
 """
 
 
-def _rules(src: str) -> list[tuple[int, str]]:
-    return [(f.line, f.rule) for f in lint_source(src, "train.py")]
-
-
-def _line(src: str, text: str) -> int:
-    return next(i for i, t in enumerate(src.splitlines(), 1) if text in t)
 
 
 def test_a_batch_cast_to_a_cpu_tensor_type_is_still_a_batch_copied_each_step():
-    assert _rules(CAST) == [(_line(CAST, "inputs.cuda()"), "GB009")]
+    assert rules(CAST) == [(line_of(CAST, "inputs.cuda()"), "GB009")]
 
 
 def test_a_batch_cast_and_kept_on_the_cpu_is_quiet():
     src = CAST.replace("Variable(inputs.cuda(), requires_grad=False)", "Variable(inputs, requires_grad=False)")
-    assert _rules(src) == []
+    assert rules(src) == []
 
 
 SAMPLER = """
@@ -79,15 +73,15 @@ def main(dataset, device):
 
 
 def test_a_train_def_is_seeded_with_the_sampler_its_caller_hands_it():
-    assert _rules(SAMPLER) == [(_line(SAMPLER, "self.state[ind].to(self.device)"), "GB010")]
+    assert rules(SAMPLER) == [(line_of(SAMPLER, "self.state[ind].to(self.device)"), "GB010")]
 
 
 def test_a_sampler_that_keeps_its_data_on_the_device_is_quiet():
     src = SAMPLER.replace('torch.from_numpy(data["observations"]).float()',
                           'torch.from_numpy(data["observations"]).float().to(device)')
-    assert _rules(src) == [(_line(src, "self.state[ind]"), "GB011")]   # its CPU index still crosses, each step
+    assert rules(src) == [(line_of(src, "self.state[ind]"), "GB011")]   # its CPU index still crosses, each step
     src = src.replace("size=(batch_size,))", "size=(batch_size,), device=self.device)")
-    assert _rules(src) == []
+    assert rules(src) == []
 
 
 ENV = """
@@ -114,9 +108,9 @@ def run(env, policy, steps):
 
 
 def test_an_env_loop_that_hands_its_policy_a_host_array_is_a_round_trip():
-    assert _rules(ENV) == [(_line(ENV, "env.step(action)"), "GB014")]
+    assert rules(ENV) == [(line_of(ENV, "env.step(action)"), "GB014")]
 
 
 def test_an_env_loop_of_random_actions_is_quiet():
     src = ENV.replace("policy.select_action(np.array(state))", "np.random.uniform(-1, 1, size=2)")
-    assert _rules(src) == []
+    assert rules(src) == []

@@ -8,7 +8,9 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-from gobrrr.lint.check import lint_paths, lint_source
+from lintcase import line_of, rules
+
+from gobrrr.lint.check import lint_paths
 
 SPREAD = """
 import numpy as np
@@ -33,20 +35,14 @@ def train(policy, opt, batches):
 """
 
 
-def _rules(src: str) -> list[tuple[int, str]]:
-    return [(f.line, f.rule) for f in lint_source(src, "train.py")]
-
-
-def _line(src: str, text: str) -> int:
-    return next(i for i, t in enumerate(src.splitlines(), 1) if text in t)
 
 
 def test_a_device_spread_from_a_dict_is_a_copy_to_the_gpu():
-    assert _rules(SPREAD) == [(_line(SPREAD, "to(**self.tpdv)"), "GB001")]
+    assert rules(SPREAD) == [(line_of(SPREAD, "to(**self.tpdv)"), "GB001")]
 
 
 def test_a_dict_that_spreads_only_a_dtype_moves_nothing():
-    assert _rules(SPREAD.replace("dict(dtype=torch.float32, device=device)", "dict(dtype=torch.float32)")) == []
+    assert rules(SPREAD.replace("dict(dtype=torch.float32, device=device)", "dict(dtype=torch.float32)")) == []
 
 
 ACTOR = """
@@ -99,8 +95,8 @@ def _project(tmp_path: Path, files: dict[str, str]) -> list[tuple[str, int, str,
 def test_a_class_imported_five_packages_deep_is_followed_into_its_forward(tmp_path):
     found = _project(tmp_path, {"onpolicy/algorithms/r_mappo/algorithm/actor.py": ACTOR,
                                 "onpolicy/runner/policy.py": POLICY})
-    up = _line(ACTOR, "torch.as_tensor(obs)")
-    assert found == [("policy.py", _line(POLICY, "envs.step("), "GB014", [f"actor.py:{up}"])]
+    up = line_of(ACTOR, "torch.as_tensor(obs)")
+    assert found == [("policy.py", line_of(POLICY, "envs.step("), "GB014", [f"actor.py:{up}"])]
 
 
 def test_the_same_four_last_names_in_another_package_are_not_taken_for_it(tmp_path):

@@ -3,7 +3,7 @@ to the GPU (`return full_seq.cuda()`, `t[ind].to(self.device)`), which only a lo
 per sample. From a minimal example, beside the datasets that must stay quiet."""
 from __future__ import annotations
 
-from gobrrr.lint.check import lint_source
+from lintcase import line_of, rules
 
 DATASET = """
 import torch
@@ -26,21 +26,15 @@ class TextSamplerDataset(Dataset):
 """
 
 
-def _rules(src: str) -> list[tuple[int, str]]:
-    return [(f.line, f.rule) for f in lint_source(src, "train.py")]
-
-
-def _line(src: str, text: str) -> int:
-    return next(i for i, t in enumerate(src.splitlines(), 1) if text in t)
 
 
 def test_a_dataset_that_moves_its_sample_to_the_gpu_copies_per_sample():
-    assert _rules(DATASET) == [(_line(DATASET, "full_seq.cuda()"), "GB010")]
+    assert rules(DATASET) == [(line_of(DATASET, "full_seq.cuda()"), "GB010")]
 
 
 def test_a_dataset_that_returns_host_samples_is_quiet():
-    assert _rules(DATASET.replace("return full_seq.cuda()", "return full_seq")) == []
+    assert rules(DATASET.replace("return full_seq.cuda()", "return full_seq")) == []
 
 
 def test_getitem_of_a_class_that_is_no_dataset_is_not_per_sample_code():
-    assert _rules(DATASET.replace("class TextSamplerDataset(Dataset):", "class TextSampler:")) == []
+    assert rules(DATASET.replace("class TextSamplerDataset(Dataset):", "class TextSampler:")) == []

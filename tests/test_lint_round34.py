@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import textwrap
 
-from gobrrr.lint.check import lint_source, main
+from lintcase import line_of, rules
+
+from gobrrr.lint.check import main
 
 OLD_READ = """
 import torch
@@ -24,16 +26,10 @@ def train(net, criterion, optimizer, loader):
 """
 
 
-def _rules(src: str) -> list[tuple[int, str]]:
-    return [(f.line, f.rule) for f in lint_source(src, "train.py")]
-
-
-def _line(src: str, text: str) -> int:
-    return next(i for i, t in enumerate(src.splitlines(), 1) if text in t)
 
 
 def test_the_pre_04_read_of_a_loss_is_a_sync_and_a_row_of_a_batch_is_not():
-    assert _rules(OLD_READ) == [(_line(OLD_READ, "loss.data[0]"), "GB002")]   # `out.data[0]`: a row, on the device
+    assert rules(OLD_READ) == [(line_of(OLD_READ, "loss.data[0]"), "GB002")]   # `out.data[0]`: a row, on the device
 
 
 PY2 = """
@@ -56,10 +52,10 @@ def test_a_python_2_file_of_print_statements_is_checked(tmp_path, capsys):
     path.write_text(textwrap.dedent(PY2))
     assert main([str(path)]) == 1   # findings, no refusal
     out = capsys.readouterr().out
-    assert f"eval.py:{_line(PY2, 'inputs.cuda()')}:" in out and f"eval.py:{_line(PY2, 'loc_preds.cpu()')}:" in out
+    assert f"eval.py:{line_of(PY2, 'inputs.cuda()')}:" in out and f"eval.py:{line_of(PY2, 'loc_preds.cpu()')}:" in out
 
 
-def test_a_file_that_is_broken_beside_its_print_statements_is_still_refused_in_one_line(tmp_path, capsys):
+def test_a_file_that_is_broken_beside_its_print_statements_is_still_refused_in_oneline_of(tmp_path, capsys):
     path = tmp_path / "eval.py"
     path.write_text(textwrap.dedent(PY2).replace("def evaluate(net, loader):", "def evaluate(net, loader:"))
     assert main([str(path)]) == 2

@@ -4,7 +4,7 @@ its environment through one of the project's defs (Deep-RL-Algorithms: `self.con
 body holds `env.step(action)`). Each shape from a minimal example, beside the neighbour that must stay quiet."""
 from __future__ import annotations
 
-from gobrrr.lint.check import lint_source
+from lintcase import line_of, rules
 
 NEW = """
 import torch
@@ -21,18 +21,12 @@ def train(model, opt, loader, cfg):
 """
 
 
-def _rules(src: str) -> list[tuple[int, str]]:
-    return [(f.line, f.rule) for f in lint_source(src, "train.py")]
-
-
-def _line(src: str, text: str) -> int:
-    return next(i for i, t in enumerate(src.splitlines(), 1) if text in t)
 
 
 def test_new_of_a_configuration_table_copies_it_and_new_of_a_size_does_not():
-    assert _rules(NEW) == [(_line(NEW, "out.new(cfg.TRAIN"), "GB010")]
-    assert _rules(NEW.replace("cfg.TRAIN.BBOX_NORMALIZE_STDS", "[0.1, 0.1, 0.2, 0.2]")) == \
-        [(_line(NEW, "out.new(cfg.TRAIN"), "GB010")]
+    assert rules(NEW) == [(line_of(NEW, "out.new(cfg.TRAIN"), "GB010")]
+    assert rules(NEW.replace("cfg.TRAIN.BBOX_NORMALIZE_STDS", "[0.1, 0.1, 0.2, 0.2]")) == \
+        [(line_of(NEW, "out.new(cfg.TRAIN"), "GB010")]
 
 
 AGENT = """
@@ -57,11 +51,11 @@ class Agent:
 
 
 def test_a_loop_that_steps_its_env_through_a_project_def_is_an_env_loop():
-    found = _rules(AGENT)
-    assert (_line(AGENT, "torch.from_numpy(self.state)"), "GB001") in found
-    assert (_line(AGENT, ".item()"), "GB002") in found
+    found = rules(AGENT)
+    assert (line_of(AGENT, "torch.from_numpy(self.state)"), "GB001") in found
+    assert (line_of(AGENT, ".item()"), "GB002") in found
 
 
 def test_a_def_named_like_every_class_step_does_not_make_loops_env_loops():
     src = AGENT.replace("def conduct_action", "def step").replace("self.conduct_action(", "self.step(")
-    assert _rules(src) == []
+    assert rules(src) == []
