@@ -59,6 +59,7 @@ from gobrrr.lint.loops import (
     env_stepping_defs,
     forwarding_defs,
     holds_updating_loop,
+    name_of,
     stepping_defs,
     updating_methods,
 )
@@ -141,7 +142,8 @@ def check_sources(sources: list[Source], assume_gpu: bool = False,
     gpu = {id(s): assume_gpu or may_use_gpu(s.text) for s in sources}
     gpu_project = any(gpu.values())
     project.host_attrs = host_attrs(Checker, project, flags)
-    project.default_cuda = any(_DEFAULT_CUDA.search(s.text) and "test" not in s.path.parent.name for s in sources)
+    project.default_cuda = any(_DEFAULT_CUDA.search(s.text) and "test" not in s.path.parent.name
+                               and _runs_default_cuda(s, sources) for s in sources)
     checkers: dict[int, Checker] = {}
     queue = []
     for s in sources:
@@ -202,6 +204,22 @@ def check_sources(sources: list[Source], assume_gpu: bool = False,
                 found.append(f)
     skipped = [s for s in sources if not gpu[id(s)] and not any(f.path == str(s.path) for f in found)]
     return sorted(found, key=lambda f: (f.path, f.line, f.col, f.rule)), skipped
+
+
+def _runs_default_cuda(s: Source, sources: list[Source]) -> bool:
+    """`torch.set_default_tensor_type(torch.cuda.FloatTensor)` at module level, or in a def the project calls:
+    not one in a `def set_device(device)` nothing calls (trajectory-transformer; `torch.cuda.set_device(i)` is
+    not a call of it), where tensors stay on the CPU."""
+    for n in s.nodes:
+        if not (isinstance(n, ast.Call) and _DEFAULT_CUDA.search(ast.unparse(n))):
+            continue
+        around = [d for d in s.nodes if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))
+                  and d.lineno <= n.lineno <= (d.end_lineno or d.lineno)]
+        up = max(around, key=lambda d: d.lineno) if around else None   # the innermost def holding the call
+        if up is None or any(isinstance(c, ast.Call) and name_of(c.func) == up.name
+                             and not ast.unparse(c.func).startswith(("torch.", "cuda.")) for o in sources for c in o.nodes):
+            return True
+    return False
 
 
 def _fewer_constants(old: dict, kinds: dict) -> dict | None:
