@@ -63,10 +63,9 @@ from gobrrr.lint.loops import (
     stepping_defs,
     updating_methods,
 )
-from gobrrr.lint.names import BATCHES, TENSORISH
 from gobrrr.lint.rates import defaults_of_one
+from gobrrr.lint.rewalk import fewer_constants, retyping, types_more
 from gobrrr.lint.rules import Checker
-from gobrrr.lint.scopes import HOOK_NAMES
 from gobrrr.lint.source import Source, parse
 from gobrrr.lint.steploops import looping_closure
 
@@ -77,7 +76,6 @@ _SYNC_NOTE = re.compile(r"#\s*sync:")
 _COMPUTES = re.compile(r"\btorch\.(?!utils\.tensorboard)\w|\.backward\(")   # torch compute, not only its SummaryWriter
 # torch.set_default_tensor_type("torch.cuda.FloatTensor"): torch's factories make CUDA tensors everywhere
 _DEFAULT_CUDA = re.compile(r"set_default_tensor_type\(\s*['\"]?torch\.cuda\.")
-_DEVICE = TENSORISH | {"tlist"}   # a parameter handed device tensors, or a list or dict of them (a batch moved key by key)
 _ANY_NOTE = re.compile(r"#\s*(gobrrr:|sync:)")
 
 
@@ -163,7 +161,7 @@ def check_sources(sources: list[Source], assume_gpu: bool = False,
     consts: dict[int, dict] = {}      # id(def) -> the parameter constants it was walked with (flow.static_truth)
     hooks, typed = set(seen), set()   # a hook walked again once, when a call types a parameter its name did not
     walked, retyped = {}, set()      # id(def) -> the kinds of its last walk: walked again once when a later call hands
-    #                                   device tensors (or once a batch) where that walk had none (_retyping)
+    #                                   device tensors (or once a batch) where that walk had none (rewalk.retyping)
     while True:
         for c in checkers.values():   # a CPU-only file whose step loop calls into a GPU file runs on the GPU
             if c.waiting and any(gpu[id(p[0])] for p in c.waiting):
@@ -176,13 +174,13 @@ def check_sources(sources: list[Source], assume_gpu: bool = False,
             break
         nxt = []
         for target, fn, kinds, types, chain, functions in queue:
-            again = _fewer_constants(consts[id(fn)], kinds) if id(fn) in consts else None
+            again = fewer_constants(consts[id(fn)], kinds) if id(fn) in consts else None
             if again is not None:   # another call passes other constants: walk it with only those both share
                 kinds = {k: v for k, v in kinds.items() if "#val" not in k} | again
-            elif id(fn) in seen and not (_types_more(fn, kinds) and id(fn) in hooks and id(fn) not in typed
-                                         or _retyping(id(fn), walked.get(id(fn)), kinds) - retyped):
+            elif id(fn) in seen and not (types_more(fn, kinds) and id(fn) in hooks and id(fn) not in typed
+                                         or retyping(id(fn), walked.get(id(fn)), kinds) - retyped):
                 continue
-            retyped |= _retyping(id(fn), walked.get(id(fn)), kinds)
+            retyped |= retyping(id(fn), walked.get(id(fn)), kinds)
             typed.add(id(fn))
             walked[id(fn)] = kinds
             consts[id(fn)] = {k: v for k, v in kinds.items() if "#val" in k}
@@ -220,33 +218,6 @@ def _runs_default_cuda(s: Source, sources: list[Source]) -> bool:
                              and not ast.unparse(c.func).startswith(("torch.", "cuda.")) for o in sources for c in o.nodes):
             return True
     return False
-
-
-def _fewer_constants(old: dict, kinds: dict) -> dict | None:
-    """The constants two calls of a def agree on, if fewer than the walk used (`f(x)` then `f(x,
-    action)`: the branch on `action is None` goes both ways); None if the walk already covers it."""
-    shared = {k: v for k, v in old.items() if kinds.get(k) == v}
-    return shared if shared != old else None
-
-
-def _typed_now(old: dict | None, kinds: dict, typed: set[str]) -> bool:
-    """A def first walked with unknown parameters (`get_pos_mask` reached from an untyped `forward`)
-    is now called with device tensors, or a loader's batch, in them (`forward_backward(batch, cond)` reached
-    first from the module's untyped walk of `run_step`, then from `run_step` called with `next(self.data)`)."""
-    return old is not None and any(v in typed and old.get(k) not in typed for k, v in kinds.items() if "#" not in k)
-
-
-def _retyping(key: int, old: dict | None, kinds: dict) -> set[tuple[int, str]]:
-    """Why a def walked before is walked again: ('dev') a call hands it device tensors, ('batch') a loader's
-    batch, where its last walk had none; each at most once per def."""
-    return {(key, tag) for tag, typed in (("dev", _DEVICE), ("batch", BATCHES)) if _typed_now(old, kinds, typed)}
-
-
-def _types_more(fn, kinds: dict) -> bool:
-    """A call hands a hook device tensors in parameters that its names alone leave unknown
-    (`forward(self, results, outputs, orig_target_sizes, max_target_sizes)`), or host arrays where its names
-    guess device tensors (`self.actor(obs, ...)` with numpy `obs`: the forward's own `check(obs).to(dev)`)."""
-    return any(v in _DEVICE and k not in HOOK_NAMES or v in ("numpy", "host") for k, v in kinds.items() if "#" not in k)
 
 
 def _seeded(checkers: dict, sources: list[Source], gpu: dict, errors) -> list:

@@ -1,0 +1,48 @@
+"""When the lint walks a def it has walked before (check.check_sources' queue of hot calls).
+
+Each def is walked once, with the kinds its first call hands it, unless a later call tells more:
+
+    fewer_constants  another call passes other constants (`f(x)`, then `f(x, action)`): walk it again with only
+                     the constants both share, so a branch on `action is None` is taken both ways
+    retyping         a def first walked with unknown parameters is called with device tensors ('dev') or a
+                     loader's batch ('batch'): walked again, once for each reason
+    types_more       a hook (a forward, a step) first walked with kinds guessed from its parameter names is
+                     handed device tensors where the names said nothing, or host arrays where they guessed
+                     device tensors: walked again once
+"""
+from __future__ import annotations
+
+from gobrrr.lint.names import BATCHES, TENSORISH
+from gobrrr.lint.scopes import HOOK_NAMES
+
+_DEVICE = TENSORISH | {"tlist"}   # a parameter handed device tensors, or a list or dict of them (a batch moved key by key)
+
+
+def fewer_constants(old: dict, kinds: dict) -> dict | None:
+    """The constants two calls of a def agree on, if fewer than the walk used (`f(x)` then `f(x,
+    action)`: the branch on `action is None` goes both ways); None if the walk already covers it."""
+    shared = {k: v for k, v in old.items() if kinds.get(k) == v}
+    return shared if shared != old else None
+
+
+def _typed_now(old: dict | None, kinds: dict, typed: set[str]) -> bool:
+    """A def first walked with unknown parameters (`get_pos_mask` reached from an untyped `forward`)
+    is now called with device tensors, or a loader's batch, in them (`forward_backward(batch, cond)` reached
+    first from the module's untyped walk of `run_step`, then from `run_step` called with `next(self.data)`)."""
+    return old is not None and any(v in typed and old.get(k) not in typed for k, v in kinds.items() if "#" not in k)
+
+
+def retyping(key: int, old: dict | None, kinds: dict) -> set[tuple[int, str]]:
+    """Why a def walked before is walked again: ('dev') a call hands it device tensors, ('batch') a loader's
+    batch, where its last walk had none; each at most once per def."""
+    return {(key, tag) for tag, typed in (("dev", _DEVICE), ("batch", BATCHES)) if _typed_now(old, kinds, typed)}
+
+
+def types_more(fn, kinds: dict) -> bool:
+    """A call hands a hook device tensors in parameters that its names alone leave unknown
+    (`forward(self, results, outputs, orig_target_sizes, max_target_sizes)`), or host arrays where its names
+    guess device tensors (`self.actor(obs, ...)` with numpy `obs`: the forward's own `check(obs).to(dev)`)."""
+    return any(v in _DEVICE and k not in HOOK_NAMES or v in ("numpy", "host") for k, v in kinds.items() if "#" not in k)
+
+
+__all__ = ["fewer_constants", "retyping", "types_more"]
