@@ -38,7 +38,7 @@ import re
 
 from gobrrr.lint.bindings import assigned_calls, assigned_methods, returned_defs
 from gobrrr.lint.index import Index
-from gobrrr.lint.loops import name_of
+from gobrrr.lint.loops import partial_target
 from gobrrr.lint.source import DEFS, Source
 
 # method names too common to pin to one class by name alone (torch, Python and framework APIs)
@@ -228,11 +228,8 @@ class Project(Index):
             return []
         seen.add(id(cls))
         for fn, n in self._self_assigns(cls).get(attr, ()):
-            v = n.value
-            if len(n.targets) == 1 and isinstance(v, ast.Call) and name_of(v.func) == "partial" and v.args \
-                    and isinstance(v.args[0], (ast.Name, ast.Attribute)):
-                inner = ast.Call(func=v.args[0], args=call.args, keywords=[*v.keywords, *call.keywords])
-                return self.resolve(src, inner, fn, fallback=False)
+            if len(n.targets) == 1 and isinstance(partial_target(n.value), (ast.Name, ast.Attribute)):
+                return self.resolve(src, _through_partial(n.value, call), fn, fallback=False)
         for base in cls.bases:
             b = self.class_of(src, base)
             if b is not None and (hit := self._partial_of(b[0], b[1], call, attr, seen)):
@@ -259,8 +256,8 @@ class Project(Index):
             found: list = []
             for d in getattr(fn, "decorator_list", []):
                 target, levels = d, 1
-                if isinstance(d, ast.Call) and name_of(d.func) == "partial" and d.args:
-                    target = d.args[0]
+                if (bound := partial_target(d)) is not None:
+                    target = bound
                 elif isinstance(d, ast.Call):
                     target, levels = d.func, 2
                 if not isinstance(target, (ast.Name, ast.Attribute)):
@@ -290,9 +287,8 @@ class Project(Index):
         """What `name(...)` runs when `name` was assigned a call: a partial's function, a factory's nested def."""
         found: list = []
         for made in assigned_calls(src, name, scope)[:4]:
-            if name_of(made.func) == "partial" and made.args:
-                found += self.resolve(src, ast.Call(func=made.args[0], args=[*made.args[1:], *call.args],
-                                                    keywords=[*made.keywords, *call.keywords]), scope, types, fallback)
+            if partial_target(made) is not None:
+                found += self.resolve(src, _through_partial(made, call), scope, types, fallback)
             else:   # train_step_fn = losses.get_step_fn(sde, ...): the def the factory returns
                 found += [hit for fs, fn in self.resolve(src, made, scope, types, fallback=False)[:3]
                           for hit in returned_defs(fs, fn)]
@@ -396,6 +392,12 @@ class Project(Index):
 
     def _forwards(self, insts) -> list:
         return [hit for inst in insts if (hit := self.method(*inst, "forward") or self.method(*inst, "__call__"))]
+
+
+def _through_partial(made: ast.Call, call: ast.Call) -> ast.Call:
+    """`call` of a name bound to `made = functools.partial(f, a, k=v)`: the call of f it makes, with the bound
+    arguments first (`f(a, *call.args, k=v, **call.keywords)`)."""
+    return ast.Call(func=made.args[0], args=[*made.args[1:], *call.args], keywords=[*made.keywords, *call.keywords])
 
 
 def _params(fn: ast.AST) -> set[str]:

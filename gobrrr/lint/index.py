@@ -27,10 +27,10 @@ _OTHER = object()   # an attribute assigned something other than a constant
 _TAIL = 4   # a module is indexed by the last 1..4 parts of its dotted path
 
 
-def _module_parts(s: Source) -> tuple[str, ...]:
-    """The dotted parts of the module a file is: pkg/sub/mod.py -> (pkg, sub, mod); pkg/__init__.py -> (pkg,)."""
-    p = s.path.with_suffix("")
-    return p.parent.parts if s.path.name == "__init__.py" else p.parts
+def _module_path(s: Source) -> Path:
+    """The path of the module a file is, without .py: pkg/sub/mod.py -> pkg/sub/mod; pkg/__init__.py -> pkg.
+    Its parts are the module's dotted name."""
+    return s.path.parent if s.path.name == "__init__.py" else s.path.with_suffix("")
 
 
 class Index:
@@ -42,8 +42,8 @@ class Index:
         self.methods: dict[str, list[tuple[Source, ast.AST]]] = {}
         self.by_path: dict[Path, Source] = {}   # path without .py (a package: its folder) -> file
         for s in sources:
-            self.by_path[s.path.parent if s.path.name == "__init__.py" else s.path.with_suffix("")] = s
-            parts = _module_parts(s)
+            self.by_path[_module_path(s)] = s
+            parts = _module_path(s).parts
             for k in range(1, min(len(parts), _TAIL) + 1):
                 self.by_tail.setdefault(tuple(parts[-k:]), []).append(s)
             for cls in s.classes.values():
@@ -102,7 +102,7 @@ class Index:
         parts = tuple(dotted.split("."))
         found = self.by_tail.get(parts[-_TAIL:], [])
         if len(parts) > _TAIL:   # onpolicy.algorithms.r_mappo.algorithm.r_actor_critic: indexed by its last four
-            found = [s for s in found if _module_parts(s)[-len(parts):] == parts]
+            found = [s for s in found if _module_path(s).parts[-len(parts):] == parts]
         found = [s for s in found if s is not near] or found
         if len(found) > 1:   # several scripts' folders, each with a utils.py: Python finds the one on sys.path,
             found = _nearest(found, near, len(parts))   # the importing script's own folder first

@@ -144,6 +144,13 @@ def own_level(body: list[ast.stmt], skip=None):
         stack.extend(ast.iter_child_nodes(node))
 
 
+def partial_target(node: ast.AST) -> ast.AST | None:
+    """The function a `functools.partial(f, ...)` call binds (f), or None for any other node."""
+    if isinstance(node, ast.Call) and name_of(node.func) == "partial" and node.args:
+        return node.args[0]
+    return None
+
+
 def collate_defs(nodes: list[ast.AST]) -> set[str]:
     """The names of defs handed to a DataLoader as `collate_fn`, directly or through `functools.partial`
     (`collate = partial(custom_collate_fn, device=device)`, then `collate_fn=collate`): the loader calls
@@ -152,14 +159,13 @@ def collate_defs(nodes: list[ast.AST]) -> set[str]:
     partials: dict[str, str] = {}
     for n in nodes:
         if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name) \
-                and isinstance(n.value, ast.Call) and name_of(n.value.func) == "partial" and n.value.args:
-            partials[n.targets[0].id] = name_of(n.value.args[0])
+                and (bound := partial_target(n.value)) is not None:
+            partials[n.targets[0].id] = name_of(bound)
     out = set()
     for n in nodes:
         if isinstance(n, ast.keyword) and n.arg == "collate_fn":
-            v = n.value
-            name = name_of(v.args[0]) if isinstance(v, ast.Call) and name_of(v.func) == "partial" and v.args \
-                else name_of(v) if isinstance(v, (ast.Name, ast.Attribute)) else ""
+            v = partial_target(n.value) or n.value
+            name = name_of(v) if isinstance(v, (ast.Name, ast.Attribute)) else ""
             out.add(partials.get(name, name))
     return out - {""}
 
