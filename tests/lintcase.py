@@ -1,7 +1,11 @@
-"""What the lint's round tests share: the findings of one snippet, and the line a piece of text stands on."""
+"""What the lint's round tests share: the findings of one snippet or of a small project, and the line a piece of
+text stands on."""
 from __future__ import annotations
 
-from gobrrr.lint.check import lint_source
+import textwrap
+from pathlib import Path
+
+from gobrrr.lint.check import lint_paths, lint_source
 
 
 def rules(src: str, path: str = "train.py") -> list[tuple[int, str]]:
@@ -12,3 +16,13 @@ def rules(src: str, path: str = "train.py") -> list[tuple[int, str]]:
 def line_of(src: str, text: str) -> int:
     """The 1-based number of the first line of `src` that holds `text`."""
     return next(i for i, t in enumerate(src.splitlines(), 1) if text in t)
+
+
+def project_rules(tmp_path: Path, files: dict[str, str]) -> list[tuple[str, int, str]]:
+    """(file name, line, rule) of each default finding of a project made of `files` (name -> source), linted
+    together as the default run lints a checkout: a step loop in one file changes what counts as hot in another."""
+    root = tmp_path / "project"   # not a folder named like a test's, which the default's search passes over
+    root.mkdir()
+    for name, text in files.items():
+        (root / name).write_text(textwrap.dedent(text))
+    return [(Path(f.path).name, f.line, f.rule) for f in lint_paths([root])]

@@ -4,10 +4,7 @@ count as GPU ones, so `torch.arange(n).to(idx.device)` in every forward went unr
 only at module level or in a def the project calls (not `torch.cuda.set_device`)."""
 from __future__ import annotations
 
-import textwrap
-from pathlib import Path
-
-from gobrrr.lint.check import lint_paths
+from lintcase import project_rules
 
 ARRAYS = """
 import torch
@@ -39,19 +36,11 @@ def train(model, opt, loader):
 """
 
 
-def _found(tmp_path: Path, files: dict[str, str]) -> list[tuple[str, int, str]]:
-    root = tmp_path / "project"   # not a folder named like a test's, which the default's search passes over
-    root.mkdir()
-    for name, text in files.items():
-        (root / name).write_text(textwrap.dedent(text))
-    return [(Path(f.path).name, f.line, f.rule) for f in lint_paths([root])]
-
-
 def test_a_default_device_set_in_a_def_nothing_calls_leaves_factories_on_the_cpu(tmp_path):
     line = next(i for i, t in enumerate(MODEL.splitlines(), 1) if "offsets.to(idx.device)" in t)
-    assert _found(tmp_path, {"arrays.py": ARRAYS, "model.py": MODEL}) == [("model.py", line, "GB010")]
+    assert project_rules(tmp_path, {"arrays.py": ARRAYS, "model.py": MODEL}) == [("model.py", line, "GB010")]
 
 
 def test_a_default_device_the_project_sets_makes_factories_gpu_ones(tmp_path):
     script = "from arrays import set_device\n\nset_device('cuda:0')\n"
-    assert _found(tmp_path, {"arrays.py": ARRAYS, "model.py": MODEL, "main.py": script}) == []
+    assert project_rules(tmp_path, {"arrays.py": ARRAYS, "model.py": MODEL, "main.py": script}) == []

@@ -29,6 +29,15 @@ from __future__ import annotations
 import ast
 import re
 
+from gobrrr.lint.conditions import (
+    RARE_WORDS,
+    cuda_test,
+    graph_mode,
+    mode_switch,
+    option_flags,
+    other_backend,
+    words,
+)
 from gobrrr.lint.loops import (
     LOOPS,
     OPTIM,
@@ -42,17 +51,6 @@ from gobrrr.lint.loops import (
 from gobrrr.lint.source import walk
 from gobrrr.lint.steploops import step_loops
 
-# names in a condition that make the branch rare: logging, evaluation, saving, the first step
-_RARE_WORDS = {"log", "logging", "print", "interval", "every", "freq", "frequency", "first",
-               "verbose", "debug", "save", "saving", "ckpt", "checkpoint", "eval", "evaluate", "evaluation", "val",
-               "valid", "validate", "validation", "warmup", "report", "display", "show", "visualize", "profile",
-               "profiling", "dump", "tensorboard", "wandb", "plot", "plots"}
-# a word after `log` that makes the name a log-space quantity, not a logging switch (`self.log_ent_coef`, `log_std`)
-_LOG_SPACE = {"prob", "probs", "std", "stds", "alpha", "alphas", "coef", "coeff", "var", "variance", "sigma", "sigmas",
-              "scale", "det", "density", "likelihood", "lik", "pi", "ratio", "temperature", "temp", "snr", "partition",
-              "ent", "entropy", "beta", "lambda", "rho", "odds", "softmax", "sum", "mean", "norm"}
-_RATE_WORDS = {"interval", "every", "freq", "frequency", "first", "warmup"}   # a rate, not an option
-_TRACKERS = {"wandb", "tensorboard", "writer", "tb", "logger", "run", "tracker"}
 # calls that make a branch rare work whatever guards it: saving, evaluating, plotting, sampling
 _RARE_WORK = re.compile(r"save|dump|checkpoint|ckpt|eval|valid|test|plot|visuali|sample|generate|export|"
                         r"image|video|histogram|profile", re.I)
@@ -148,13 +146,13 @@ class HotMap:
         self.on_flags, self.loop_ifs = _default_on_flags(tree)
         for n in nodes:
             if isinstance(n, ast.If):
-                cuda = _cuda_test(n.test)
+                cuda = cuda_test(n.test)
                 rare = self.rare(n)
-                if rare or _graph_mode(n.test) or cuda is False:
+                if rare or graph_mode(n.test) or cuda is False:
                     self.off_ifs.add(id(n))
                 if rare:
                     self.rare_ifs.add(id(n))
-                elif isinstance(n.test, ast.UnaryOp) and isinstance(n.test.op, ast.Not) and _graph_mode(n.test.operand) \
+                elif isinstance(n.test, ast.UnaryOp) and isinstance(n.test.op, ast.Not) and graph_mode(n.test.operand) \
                         or cuda:
                     self.off_elses.add(id(n))   # the GPU is assumed: `else:` of `if use_cuda:` is the CPU path
                 if isinstance(n.test, ast.UnaryOp) and isinstance(n.test.op, ast.Not) \
@@ -206,8 +204,10 @@ class HotMap:
     def rare(self, node: ast.If) -> bool:
         """The body runs on few iterations: rate-limited, first step, a flag, a timer; and it does
         not hold the optimizer step (`if (i + 1) % accum == 0: opt.step()` is the step itself)."""
-        if _mode_switch(node.test):
+        if mode_switch(node.test):
             return False   # `if self.training: ... return losses`: a forward's main path, not an early exit
+        if other_backend(node.test):
+            return True    # `if device.type == "mps":` never runs where the GPU is a CUDA one
         if _ends_flow(node.body, id(node) in self.loop_ifs) or _lazy_init(node):
             return True
         if isinstance(node.test, ast.Name) and id(node) in self.on_flags.get(node.test.id, ()):
@@ -221,7 +221,7 @@ class HotMap:
                for n in nodes):
             return False   # `iter_num % log_interval == 0` with `log_interval = 1` at the top: every step
         rare = False
-        flags = _option_flags(test)
+        flags = option_flags(test)
         tops, todo = set(), [test]   # the comparisons the test itself makes: `m1 == i` inside any(...) is an array's
         while todo:
             t = todo.pop()
@@ -239,7 +239,7 @@ class HotMap:
                     and _COUNTER.search(name_of(n.left) or "") and isinstance(n.comparators[0], ast.Constant) \
                     and isinstance(n.comparators[0].value, int) and n.comparators[0].value <= 10:
                 rare = True   # `if batch_i < 3:` the first few iterations
-            elif isinstance(n, (ast.Name, ast.Attribute)) and _words(name_of(n)) & _RARE_WORDS:
+            elif isinstance(n, (ast.Name, ast.Attribute)) and words(name_of(n)) & RARE_WORDS:
                 rare = True
             elif isinstance(n, ast.Call) and _TIMER.search(dotted(n.func)):
                 rare = True
@@ -313,55 +313,6 @@ def _called_in_loops(tree: ast.AST) -> set[str]:
     return out
 
 
-_GRAPH_MODE = re.compile(r"(^|\.)(is_scripting|is_tracing|_is_tracing|is_compiling|is_exporting|"
-                         r"is_dynamo_compiling|is_torchdynamo_compiling)$")
-
-
-def _graph_mode(test: ast.AST) -> bool:
-    """`torch.jit.is_scripting()`, `torch.compiler.is_compiling()` (or several, joined by or): code
-    for TorchScript, tracing or a compiler, never run eagerly step by step."""
-    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.Or):
-        return all(_graph_mode(v) for v in test.values)
-    if isinstance(test, ast.BoolOp):
-        return any(_graph_mode(v) for v in test.values)
-    return isinstance(test, ast.Call) and bool(_GRAPH_MODE.search(dotted(test.func)))
-
-
-_CUDA_FLAGS = {"use_cuda", "cuda", "is_cuda", "on_gpu", "use_gpu", "has_cuda", "cuda_available"}
-
-
-def _cuda_test(test: ast.AST) -> bool | None:
-    """True for a test that holds on the GPU (`torch.cuda.is_available()`, `device_type == "cuda"`,
-    `"cuda" in device`, `use_cuda`, `x.is_cuda`), False for its negation, None for any other test."""
-    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-        inner = _cuda_test(test.operand)
-        return None if inner is None else not inner
-    if isinstance(test, ast.Call):
-        return True if dotted(test.func).endswith("cuda.is_available") else None
-    if isinstance(test, (ast.Name, ast.Attribute)):
-        return True if name_of(test) in _CUDA_FLAGS else None
-    if isinstance(test, ast.Compare) and len(test.ops) == 1:
-        sides = [test.left, test.comparators[0]]
-        if any(isinstance(x, ast.Constant) and x.value == "cuda" for x in sides):
-            if isinstance(test.ops[0], (ast.Eq, ast.In)):
-                return True
-            if isinstance(test.ops[0], (ast.NotEq, ast.NotIn)):
-                return False
-    return None
-
-
-_MODE = re.compile(r"^(is_)?train(ing)?$|^train_mode$|^is_eval(uation)?$|^eval_mode$")
-
-
-def _mode_switch(test: ast.AST) -> bool:
-    """`if self.training:`, `if not self.training:`, `if model.training and ...`, `if is_train:`: train
-    or eval mode, two main paths. A receiver is no mode: `config.train` in `step % config.train.every == 0`."""
-    receivers = {id(n.value) for n in ast.walk(test) if isinstance(n, ast.Attribute)}   # `config.train` in
-    return any(id(n) not in receivers and (                                        # `config.train.eval_interval`
-        isinstance(n, ast.Attribute) and n.attr == "training" or isinstance(n, (ast.Name, ast.Attribute))
-        and bool(_MODE.match(name_of(n)))) for n in ast.walk(test))
-
-
 def _default_on_flags(tree: ast.AST) -> tuple[dict[str, set[int]], set[int]]:
     """(flag name -> id of the ifs that test a parameter of their def defaulting to True, id of the
     ifs inside a loop of their def), in one walk over statements."""
@@ -408,31 +359,6 @@ def _lazy_init(node: ast.If) -> bool:
         return False
     name = ast.unparse(t.left)
     return any(isinstance(s, ast.Assign) and any(ast.unparse(x) == name for x in s.targets) for s in node.body)
-
-
-def _option_flags(test: ast.AST) -> set[int]:
-    """id of the parts of a condition that are options named like logging or saving, and nothing
-    else: `args.verbose`, `train_config.save_metrics`, `wandb_run` (an optional tracker), joined
-    by and/or/not. Such a branch runs every step once the option is on, so it is rare only if it
-    does rare work itself (saves, evaluates, plots); empty if the test is anything else."""
-    parts = test.values if isinstance(test, ast.BoolOp) else [test]
-    out: set[int] = set()
-    for p in parts:
-        p = p.operand if isinstance(p, ast.UnaryOp) and isinstance(p.op, ast.Not) else p
-        if isinstance(p, ast.Compare) and len(p.ops) == 1 and isinstance(p.ops[0], (ast.Is, ast.IsNot)):
-            p = p.left   # `if tb_writer is not None:`
-        tracker = isinstance(p, ast.Name) and _words(p.id) & _TRACKERS
-        if not (isinstance(p, ast.Attribute) or tracker) or not _words(name_of(p)) & (_RARE_WORDS - _RATE_WORDS):
-            return set()
-        out |= {id(n) for n in ast.walk(p)}
-    return out
-
-
-def _words(name: str) -> set[str]:
-    """'logInterval' / 'log_interval' -> {'log', 'interval'}; `log` is left out of a log-space quantity's
-    name (`log_ent_coef`, `log_std`), which is no logging switch."""
-    words = set(re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name).lower().split("_"))
-    return words - {"log"} if words & _LOG_SPACE else words
 
 
 def _calls(stmt: ast.AST, pred) -> bool:

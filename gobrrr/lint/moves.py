@@ -38,6 +38,8 @@ class CopyRules:
     """GB001/GB005/GB009/GB010 on calls, GB011 on subscripts, GB002 on writes into host tensors."""
 
     def copy_rules(self, node: ast.Call, func, name: str, method, recv, kw) -> None:
+        if id(node) == self.rebinding:
+            return   # self.freqs_cis = self.freqs_cis.to(h.device): copied on the first call, a no-op after
         nb = kw.get("non_blocking", node.args[1] if method == "cuda" and len(node.args) > 1 else None)
         blocking = nb is None or (isinstance(nb, ast.Constant) and not nb.value)
         nb_true = isinstance(nb, ast.Constant) and nb.value is True
@@ -225,6 +227,17 @@ def _moves_to_cuda(loop: ast.AST, checker) -> bool:
     return False
 
 
+def rebinds(node: ast.Assign) -> bool:
+    """`self.freqs_cis = self.freqs_cis.to(h.device)`, `self.cache_k = self.cache_k.cuda()`: a move stored back
+    into the attribute it was read from. The attribute then holds the device copy, so only the first call copies
+    (set-up, not per step); a local name (`x = x.to(dev)`) is made anew on every call and is not one."""
+    value = node.value
+    if len(node.targets) != 1 or not isinstance(node.targets[0], ast.Attribute) or not (
+            isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr in ("to", "cuda")):
+        return False
+    return ast.unparse(value.func.value) == ast.unparse(node.targets[0])
+
+
 def _empty_literal(call: ast.Call) -> bool:
     """`torch.tensor([])`, `torch.Tensor(())`: a tensor of no elements, whose copy moves nothing."""
     return len(call.args) == 1 and isinstance(call.args[0], (ast.List, ast.Tuple)) and not call.args[0].elts
@@ -235,4 +248,4 @@ def _short(node: ast.AST, width: int = 40) -> str:
     return text if len(text) <= width else text[:width - 3] + "..."
 
 
-__all__ = ["CopyRules"]
+__all__ = ["rebinds", "CopyRules"]

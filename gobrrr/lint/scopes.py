@@ -19,6 +19,7 @@ import ast
 
 from gobrrr.lint.hot import is_model_name
 from gobrrr.lint.loops import name_of
+from gobrrr.lint.moves import rebinds
 from gobrrr.lint.names import COMPILED, DEVICE_WRAPPERS, TENSORISH
 
 # a module's forward: parameters that hold tensors (or lists and dicts of them) by their usual names
@@ -165,10 +166,11 @@ class ScopeWalk:
         self.assigning = {t.id for t in node.targets if isinstance(t, ast.Name)} if self.seeding else set()
         self.init_attrs = bool(self.defs) and getattr(self.defs[-1], "name", "") == "__init__" \
             and all(_self_attr(e) for t in node.targets for e in (t.elts if isinstance(t, ast.Tuple) else [t]))
+        self.rebinding = id(node.value) if rebinds(node) else None
         try:
             self._assign(node)
         finally:
-            self.assigning, self.init_attrs = set(), False
+            self.assigning, self.init_attrs, self.rebinding = set(), False, None
         self.note_elements(node)   # after the binding, which clears a name's marks
 
     def _assign(self, node: ast.Assign) -> None:

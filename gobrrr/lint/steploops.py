@@ -21,6 +21,7 @@ from gobrrr.lint.loops import (
 )
 
 _DATA_ITERATOR = re.compile(r"^(train|eval|val|valid|test|data|batch)_?iterator$", re.I)   # self.eval_iterator
+_NOT_WRAPPERS = {"DataLoader"}   # `torch.utils.data.DataLoader(dataset)` is the loader itself, not a wrapper of one
 _BATCH_SOURCE = re.compile(r"loader|iter|gen|data|batch|stream|_dl$|^dl$", re.I)   # next(train_iter)
 
 
@@ -107,10 +108,11 @@ def step_loops(tree: ast.AST, facts: Facts, rare) -> tuple[set[int], set[int], s
             updates.add(id(node))
         if "env" in kinds:
             envs.add(id(node))
-        if "update" in kinds or "env" in kinds or ("data" in kinds and (not outer or _moves_batch(node, own) or any(
-                    facts.step_kind(n) == "forward" and not looping(n) for n in calls))) \
-                or ("forward" in kinds and not (inner or outer)):
+        runs_model = any(facts.step_kind(n) == "forward" and not looping(n) for n in calls)   # not a sampler's loop
+        if "update" in kinds or "env" in kinds or ("data" in kinds and (not outer or _moves_batch(node, own) or runs_model)) \
+                or ("forward" in kinds and (not (inner or outer) or runs_model and _moves_batch(node, own))):
             steps.add(id(node))   # an env stepped or a batch taken is a step, whatever inner loops it holds
+            # (and a loop that copies its own item to the device and runs the model on it: a detect loop)
             return True
         inner |= outer
         return inner
@@ -154,7 +156,19 @@ def _moves_batch(loop: ast.AST, own: list[ast.AST]) -> bool:
         if isinstance(n, ast.Assign) and isinstance(n.value, ast.Name) and n.value.id in names:
             names |= {t.id for tgt in n.targets for t in ast.walk(tgt) if isinstance(t, ast.Name)}
     return any(isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr in ("to", "cuda")
-               and isinstance(c.func.value, ast.Name) and c.func.value.id in names for c in own)
+               and _bare(c.func.value) in names for c in own)
+
+
+def _bare(node: ast.AST) -> str:
+    """The name a copy starts from: `im` in `im`, `torch.from_numpy(im)`, `im.float()`."""
+    while isinstance(node, ast.Call):
+        if isinstance(node.func, ast.Attribute) and not node.args and not node.keywords:
+            node = node.func.value   # im.float(), x.contiguous()
+        elif name_of(node.func) in ("from_numpy", "as_tensor", "tensor") and len(node.args) == 1:
+            node = node.args[0]   # torch.from_numpy(im)
+        else:
+            return ""
+    return node.id if isinstance(node, ast.Name) else ""
 
 
 def _takes_batches(loop: ast.AST, calls: list[ast.Call]) -> bool:
@@ -171,8 +185,9 @@ def _loader_like(it: ast.AST) -> bool:
     """`train_loader`, `DataLoader(...)`, `tqdm(loader)`, `dataloaders["train"]`, `self.eval_iterator`, and
     `tqdm(it) if main_process else it`."""
     while isinstance(it, ast.Call) and it.args and isinstance(it.func, (ast.Name, ast.Attribute)) \
-            and name_of(it.func) in ("enumerate", "tqdm", "iter", "zip", "islice", "progress_bar", "track"):
-        it = it.args[0]
+            and (name_of(it.func) in ("enumerate", "tqdm", "iter", "zip", "islice", "progress_bar", "track")
+                 or isinstance(it.func, ast.Attribute) and name_of(it.func) not in _NOT_WRAPPERS):
+        it = it.args[0]   # also a logger's wrapper: `metric_logger.log_every(data_loader, 10, header)`
     if isinstance(it, ast.IfExp):
         return _loader_like(it.body) or _loader_like(it.orelse)
     if isinstance(it, ast.Call):
