@@ -182,3 +182,64 @@ def test_a_branch_for_another_backend_is_not_the_cuda_path():
     """sd-scripts' samplers: `if device.type == "mps": torch.randn(..., device="cpu").to(device)`."""
     from lintcase import rules
     assert rules(SAMPLE) == [(line_of(SAMPLE, "latents.std().item()"), "GB002")]
+
+
+EMPTY = """
+import torch
+
+
+def match(outputs, targets, loader, model):
+    for x in loader:
+        prob = model(x.cuda(non_blocking=True))
+        for t in targets:
+            if len(t) == 0:
+                keep = torch.arange(0, 0).to(prob)
+                none = torch.zeros(0, 4).to(prob)
+                one = torch.tensor(0).to(prob)
+"""
+
+
+def test_a_factory_of_no_elements_copies_nothing():
+    """DiffusionDet's matcher for an image without boxes: `torch.arange(0, 0).to(bz_out_prob)`."""
+    from lintcase import rules
+    assert rules(EMPTY) == [(line_of(EMPTY, "torch.tensor(0)"), "GB001")]
+
+
+MASKED = """
+import torch
+import torch.nn.functional as F
+
+
+def train(model, opt, loader, save_ckpt):
+    for x, y, valid in loader:
+        logits = model(x.cuda(non_blocking=True))
+        y = y.cuda(non_blocking=True)
+        valid = valid.cuda(non_blocking=True) if valid is not None else None
+        loss_all = F.cross_entropy(logits, y, reduction="none")
+        if valid is not None:
+            loss = (loss_all * valid).sum() / max(valid.sum(), 1)
+        else:
+            loss = loss_all.mean()
+        loss.backward()
+        opt.step()
+        if save_ckpt:
+            torch.save(model.state_dict(), "model.pt")
+            print("saved at loss", loss.item())
+"""
+
+
+def test_a_bare_name_named_like_an_option_is_judged_by_what_its_branch_does():
+    """LlamaGen's `if valid is not None:` (a validity mask, not validation): the branch does the step's loss; a
+    branch on `save_ckpt` that saves stays rare."""
+    from lintcase import rules
+    assert rules(MASKED) == [(line_of(MASKED, "max(valid.sum(), 1)"), "GB002")]
+
+
+def test_a_name_that_holds_a_rate_decided_per_step_stays_rare():
+    """Megatron-LM's `will_log_this_step = interval > 0 and (step + 1) % interval == 0; if will_log_this_step:`."""
+    from lintcase import rules
+    src = MASKED.replace("        if save_ckpt:\n", "        will_log_this_step = (step + 1) % 10 == 0\n"
+                         "        if will_log_this_step:\n").replace("for x, y, valid in loader:",
+                                                             "for step, (x, y, valid) in enumerate(loader):")
+    src = src.replace('torch.save(model.state_dict(), "model.pt")', 'print("step", step)')
+    assert rules(src) == [(line_of(src, "max(valid.sum(), 1)"), "GB002")]

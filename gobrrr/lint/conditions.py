@@ -90,11 +90,12 @@ def other_backend(test: ast.AST) -> bool:
     return False
 
 
-def option_flags(test: ast.AST) -> set[int]:
+def option_flags(test: ast.AST, rated: set[str] = frozenset()) -> set[int]:
     """id of the parts of a condition that are options named like logging or saving, and nothing
-    else: `args.verbose`, `train_config.save_metrics`, `wandb_run` (an optional tracker), joined
+    else: `args.verbose`, `train_config.save_metrics`, `wandb_run` (an optional tracker), `valid`, joined
     by and/or/not. Such a branch runs every step once the option is on, so it is rare only if it
-    does rare work itself (saves, evaluates, plots); empty if the test is anything else."""
+    does rare work itself (saves, evaluates, plots); empty if the test is anything else, or a name of
+    `rated` (`will_log = step % every == 0`: a rate decided per step)."""
     parts = test.values if isinstance(test, ast.BoolOp) else [test]
     out: set[int] = set()
     for p in parts:
@@ -104,8 +105,10 @@ def option_flags(test: ast.AST) -> set[int]:
         if _switched_on(p):   # `self.write_interval > 0`: logging on, every step, not a rate
             out |= {id(n) for n in ast.walk(p)}
             continue
+        if isinstance(p, ast.Name) and p.id in rated:
+            return set()
         tracker = isinstance(p, ast.Name) and words(p.id) & _TRACKERS
-        if not (isinstance(p, ast.Attribute) or tracker) or not words(name_of(p)) & (RARE_WORDS - RATE_WORDS):
+        if not (isinstance(p, (ast.Attribute, ast.Name)) or tracker) or not words(name_of(p)) & (RARE_WORDS - RATE_WORDS):
             return set()
         out |= {id(n) for n in ast.walk(p)}
     return out

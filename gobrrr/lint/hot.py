@@ -130,6 +130,9 @@ class HotMap:
         nodes = walk(tree) if nodes is None else nodes
         self.constants = {t.id: st.value.value for st in tree.body if isinstance(st, ast.Assign)
                           and isinstance(st.value, ast.Constant) for t in st.targets if isinstance(t, ast.Name)}
+        self.rated = {t.id for st in nodes if isinstance(st, ast.Assign) and any(   # log_now = step % every == 0
+            isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod) for n in ast.walk(st.value))
+            for t in st.targets if isinstance(t, ast.Name)}   # a rate decided per step, not an option
         if facts is None:
             facts = Facts(nodes, module_classes)
             facts.stepping |= stepping_defs(nodes, facts)
@@ -221,7 +224,7 @@ class HotMap:
                for n in nodes):
             return False   # `iter_num % log_interval == 0` with `log_interval = 1` at the top: every step
         rare = False
-        flags = option_flags(test)
+        flags = option_flags(test, self.rated)
         tops, todo = set(), [test]   # the comparisons the test itself makes: `m1 == i` inside any(...) is an array's
         while todo:
             t = todo.pop()

@@ -22,6 +22,7 @@ import ast
 from gobrrr.lint.hot import iterates, own_nodes, root_name
 from gobrrr.lint.names import BATCHES, COMPILED, DATA_FACTORIES, DTYPE_METHODS, FACTORIES, HOSTISH, TENSORISH, VIEW_METHODS
 
+_SIZED = {"zeros", "ones", "empty", "rand", "randn"}   # factories whose int arguments are all sizes
 _HOST_INDEX = {"numpy", "host", "pinned", "hlist"}
 
 
@@ -239,8 +240,18 @@ def rebinds(node: ast.Assign) -> bool:
 
 
 def _empty_literal(call: ast.Call) -> bool:
-    """`torch.tensor([])`, `torch.Tensor(())`: a tensor of no elements, whose copy moves nothing."""
-    return len(call.args) == 1 and isinstance(call.args[0], (ast.List, ast.Tuple)) and not call.args[0].elts
+    """`torch.tensor([])`, `torch.Tensor(())`, `torch.arange(0, 0)`, `torch.zeros(0)`: a tensor of no elements,
+    whose copy moves nothing (copy_ returns before any transfer)."""
+    args = call.args
+    if len(args) == 1 and isinstance(args[0], (ast.List, ast.Tuple)) and not args[0].elts:
+        return True
+    numbers = [a.value for a in args if isinstance(a, ast.Constant) and type(a.value) is int]
+    if not args or len(numbers) != len(args):
+        return False
+    made = call.func.attr if isinstance(call.func, ast.Attribute) else ""
+    if made == "arange":
+        return len(numbers) == 1 and numbers[0] == 0 or len(numbers) >= 2 and numbers[0] == numbers[1]
+    return made in _SIZED and 0 in numbers   # torch.zeros(0), torch.empty(0, 4): a zero-sized dimension
 
 
 def _short(node: ast.AST, width: int = 40) -> str:
