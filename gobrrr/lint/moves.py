@@ -63,7 +63,8 @@ class CopyRules:
                 self.flag(node, "GB001")
             elif nb_true and recv in ("host", "batch_host"):
                 self.flag(node, "GB005")
-            elif (recv in ("host", "hlist") or recv is None and self._sample_item()) and blocking and self.looping() \
+            elif (recv in ("host", "hlist") or recv is None and (self._sample_item() or self._converted(func.value))) \
+                    and blocking and self.looping() \
                     and not self.per_prompt() and not self._compiled_constant(func.value):
                 self.flag(node, "GB010", what=_short(node))   # hlist: an item of a list of host tensors
             if recv in BATCHES and blocking and self.looping() and (recv != "batch_tok" or self.updating()):
@@ -99,6 +100,18 @@ class CopyRules:
             isinstance(n, ast.Call) and (self.dotted(n.func) or "").startswith("torch.")
             and (self.dotted(n.func) or "")[6:] in FACTORIES for n in ast.walk(value)) and not any(
             isinstance(n, ast.Name) and self.kind(n) in ("host", "hlist", "numpy") for n in ast.walk(value))
+
+    def _converted(self, value: ast.AST) -> bool:
+        """`check(obs)` / `to_tensor(batch.obs)`, a call of a project def that exists to turn numpy into a tensor
+        (_numpy_converter), on data of unknown kind: the data is numpy (or the def would not be called), so
+        moving the result copies host data."""
+        if not (isinstance(value, ast.Call) and value.args and isinstance(value.func, (ast.Name, ast.Attribute))):
+            return False
+        if self.kind(value.args[0]) in TENSORISH:
+            return False
+        scope = self.defs[-1] if self.defs else None
+        return any(_numpy_converter(fn) for _, fn in self.project.resolve(self.src, value, scope, self.types,
+                                                                           fallback=False)[:3])
 
     def _sample_item(self) -> bool:
         """Inside a Dataset's `__getitem__` walked as a hook (hot.HotMap): what it builds is host data, so a
@@ -226,6 +239,32 @@ def _moves_to_cuda(loop: ast.AST, checker) -> bool:
                     and not checker.is_model(n.func.value):
                 return True
     return False
+
+
+def _numpy_converter(fn) -> bool:
+    """A small def that turns its argument from numpy into a tensor and returns anything else as it is:
+    `def check(x): return torch.from_numpy(x) if type(x) == np.ndarray else x` (on-policy, HARL), mbrl's
+    `to_tensor(x)`; every return is the parameter or `torch.from_numpy` of it (directly or through a local)."""
+    if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) or len(fn.body) > 6 or not fn.args.args:
+        return False
+    param = fn.args.args[0].arg
+    made: dict[str, list[ast.AST]] = {}
+    for n in ast.walk(fn):
+        if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name):
+            made.setdefault(n.targets[0].id, []).append(n.value)
+
+    def converts(e: ast.AST, seen: frozenset = frozenset()) -> bool:
+        if isinstance(e, ast.IfExp):
+            return converts(e.body, seen) and converts(e.orelse, seen)
+        if isinstance(e, ast.Name):
+            return e.id == param or e.id not in seen and e.id in made and all(
+                converts(v, seen | {e.id}) for v in made[e.id])
+        return isinstance(e, ast.Call) and isinstance(e.func, ast.Attribute) and e.func.attr == "from_numpy" \
+            and len(e.args) == 1 and isinstance(e.args[0], ast.Name) and e.args[0].id == param
+
+    returns = [n.value for n in ast.walk(fn) if isinstance(n, ast.Return) and n.value is not None]
+    return bool(returns) and all(converts(r) for r in returns) and any(
+        isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "from_numpy" for n in ast.walk(fn))
 
 
 def rebinds(node: ast.Assign) -> bool:
