@@ -218,6 +218,10 @@ class HotMap:
         return self._rate_limited(node.test, node.body)
 
     def _rate_limited(self, test: ast.AST, body: list[ast.stmt]) -> bool:
+        if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.Or) and all(
+                isinstance(v, (ast.Name, ast.Attribute)) for v in test.values):
+            # `if save_img or save_crop or view_img:` runs when any option is on: rare only if each one is
+            return all(self._rate_limited(v, body) for v in test.values)
         nodes = list(ast.walk(test))
         if any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod) and (
                 self.constants.get(name_of(n.right)) == 1 or name_of(n.right) in self.facts.every_step)
