@@ -12,6 +12,7 @@ replica takes its rows; the tp ranks of a replica see the same rows), so every `
 the same whatever the layout. At the end rank 0 prints each collective of one step, with its bytes.
 """
 import argparse
+import gc
 
 import torch
 
@@ -62,4 +63,6 @@ for step, (x, y) in enumerate(loader, start=1):
 # -- what one step sends: every collective of forward and backward, its tensor, the bytes per rank
 if args.tp > 1:
     gobrrr.comm.print0(format_plan(comm_plan(model.module, B, cfg.block_size), n=args.tp))
+del model, opt, loader, mesh   # the groups' last references go while the interpreter is whole, not in its teardown
+gc.collect()
 gobrrr.comm.shutdown()
