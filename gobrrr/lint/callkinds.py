@@ -363,10 +363,10 @@ _NP_SIZE = {"randint": 2, "choice": 1, "uniform": 2, "normal": 2, "random": 0, "
 def _np_random_kind(node: ast.Call, last: str) -> str | None:
     """np.random.randint(0, n, size=b), np.random.choice(n, b), np.random.permutation(n): a numpy array
     (a host index, a replay buffer's sample); the draw of one number (no size) is a number."""
-    if last == "permutation":
-        return "numpy"
+    if last in ("permutation", "default_rng", "RandomState", "Generator"):
+        return "numpy"   # a generator's draws (`rng.choice(pool, k).tolist()`) are numpy, as np.random's own
     if last not in _NP_SIZE:
-        return None   # np.random.seed(), shuffle(), default_rng(): no array
+        return None   # np.random.seed(), shuffle(): no array
     pos = _NP_SIZE[last]
     if pos is None:
         return "numpy" if node.args else "num"

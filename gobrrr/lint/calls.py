@@ -103,6 +103,17 @@ class CallRules:
                     or re.search(r"loss|criterion|forward", name_of(value.func), re.I)
                     or name_of(value.func) in TENSOR_METHODS)
 
+    def own_method(self, value: ast.AST) -> bool:
+        """`self._prepare(x)`: a call of the object's own method, not of a module it holds (`self.neck(x)`
+        runs the neck's forward) nor of a loss or a forward; a tensor only by the guess that a module's calls
+        return one. Unread, a method is known by its leading underscore."""
+        f = value.func if isinstance(value, ast.Call) else None
+        if not (isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "self") \
+                or self.is_model(f) or re.search(r"loss|criterion|forward", f.attr, re.I):
+            return False
+        runs = self.project.resolve(self.src, value, self.defs[-1] if self.defs else None, self.types)
+        return any(fn.name == f.attr for _, fn in runs) if runs else f.attr.startswith("_")
+
     def visit_Return(self, node: ast.Return) -> None:
         if self.collect is not None and self.defs and self.defs[-1] is self.collect:
             none = node.value is None or isinstance(node.value, ast.Constant) and node.value.value is None

@@ -27,6 +27,13 @@ _OTHER = object()   # an attribute assigned something other than a constant
 _TAIL = 4   # a module is indexed by the last 1..4 parts of its dotted path
 
 
+def _python_property(fn: ast.AST) -> bool:
+    """`@property def num_frames(self) -> int`: a field of a project batch class that is a Python number or
+    string, though the batch holds tensors (sam2's tensorclass batch: its frame count was taken for a tensor)."""
+    return any(isinstance(d, ast.Name) and d.id in ("property", "cached_property") for d in fn.decorator_list) \
+        and isinstance(fn.returns, ast.Name) and fn.returns.id in ("int", "float", "bool", "str")
+
+
 def _module_path(s: Source) -> Path:
     """The path of the module a file is, without .py: pkg/sub/mod.py -> pkg/sub/mod; pkg/__init__.py -> pkg.
     Its parts are the module's dotted name."""
@@ -82,6 +89,8 @@ class Index:
                               if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "setattr"
                               and len(n.args) == 3 and isinstance(n.args[1], ast.Constant)
                               and isinstance(n.args[1].value, str)}   # param.allreduce = False: a flag on a tensor
+        self.python_attrs |= {n.name for s in sources if "property" in s.text for n in s.nodes
+                              if isinstance(n, DEFS) and _python_property(n)}   # batch.num_frames, typed `-> int`
         self.attr_types: dict[tuple[int, str], list] = {}   # (id(cls), attr) -> classes its constructors were given
         self.attr_defs: dict[tuple[int, str], list] = {}    # (id(cls), attr) -> defs its constructors were given
         for s in sources:

@@ -222,6 +222,8 @@ class ScopeWalk:
             if any(isinstance(t, ast.Tuple) for t in node.targets):
                 k = None   # `q, was_thd = helper(q)`: a guess that a call returns a tensor says nothing of its parts
             self.guesses.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif k == "tensor" and any(isinstance(t, ast.Tuple) for t in node.targets) and self.own_method(value):
+            k = None   # `_, feats, sizes = self._features(x)` not read: a method's tuple may hold sizes
         for t in node.targets:
             self.bind(t, k)
         self.note_flat(node.targets, value)
