@@ -86,7 +86,11 @@ class CallKinds:
                 return "num" if len(node.args) > 2 and self.kind(node.args[2]) == "num" else None
             own = self.local_defs.get(func.id)
             if own is not None and own.returns is not None:   # def _avg_emulated(...) -> bool
-                return self.annotation_kind(own.returns)
+                ann = self.annotation_kind(own.returns)
+                if ann not in ("tensor", "tlist"):
+                    return ann
+                summary = self.return_kind(node)   # `-> torch.Tensor` names no device: what the def makes of
+                return summary or ann              # these arguments does (pad() of host tensors builds on the host)
             if func.id in ("abs", "sum", "min", "max"):
                 kinds = {self.kind(_values_of(a)) if _values_of(a) is not None else self.kind(a) for a in node.args}
                 if kinds & (TENSORISH | {"tlist"}):

@@ -36,6 +36,8 @@ from gobrrr.lint.callkinds import CallKinds
 from gobrrr.lint.loops import is_model_name, name_of
 from gobrrr.lint.names import BATCHES, ITEM_KIND, NUMBER_ATTRS, TENSORISH
 
+_COUNT_KEY = re.compile(r"^(batch_size|num_\w+|n_\w+|\w+_(size|count|num|len|length|shape))$")
+
 
 class Kinds(CallKinds):
     """Scopes of name -> kind, import aliases, and the kind of any expression."""
@@ -219,6 +221,9 @@ class Kinds(CallKinds):
                 return "mask" if self._plain_index(node.slice) else "tensor"
             if k == "num" and not isinstance(node.slice, ast.Slice):
                 return "num"   # masks.shape[1], size[0]: an int
+            if k == "tlist" and isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str) \
+                    and _COUNT_KEY.search(node.slice.value):
+                return "num"   # batch_dict["batch_size"]: a count a dict of device tensors carries beside them
             if k in ("tlist", "hlist"):
                 return ("tensor" if k == "tlist" else "hlist") if not isinstance(node.slice, ast.Slice) else k
             return k if k in TENSORISH | {"host", "pinned", "numpy"} | BATCHES else None
@@ -265,7 +270,7 @@ class Kinds(CallKinds):
         if name.startswith("torch.") and name.count(".") == 1:
             return None  # torch.float16 and friends: a dtype
         if isinstance(node, ast.Attribute) and node.attr == "device":   # .to(t.device): where t is
-            return "cpu" if self.kind(node.value) in ({"host", "pinned", "numpy"} | BATCHES) else "cuda"
+            return "cpu" if self.kind(node.value) in ({"host", "pinned", "numpy", "hlist"} | BATCHES) else "cuda"
         if isinstance(node, ast.Name) and isinstance(self.lookup(node.id + "#val"), str):
             passed = self.lookup(node.id + "#val")   # device='cpu', a parameter the call leaves at (or sets to)
             if passed[:1] in ("'", '"'):             # a constant: that device

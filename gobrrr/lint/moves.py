@@ -18,8 +18,10 @@ A mixin of rules.Checker: it relies on `kind()`, `copy_target()`, `looping()`, `
 from __future__ import annotations
 
 import ast
+import re
 
 from gobrrr.lint.hot import iterates, own_nodes, root_name
+from gobrrr.lint.loops import name_of
 from gobrrr.lint.names import BATCHES, COMPILED, DATA_FACTORIES, DTYPE_METHODS, FACTORIES, HOSTISH, TENSORISH, VIEW_METHODS
 
 _SIZED = {"zeros", "ones", "empty", "rand", "randn"}   # factories whose int arguments are all sizes
@@ -33,6 +35,19 @@ def _host_data(arg: ast.AST, kind: str | None) -> bool:
     if isinstance(arg, (ast.List, ast.Tuple)) or kind in ("numpy", "hlist"):
         return True
     return isinstance(arg, ast.Attribute) and arg.attr.isupper() and len(arg.attr) > 1
+
+
+_SIZE_NAME = re.compile(r"^(n|k|num|size|count|length|dim)$|^(n|num|max)_|_(size|len|count|dim|num|length)$", re.I)
+
+
+def _legacy_data(arg: ast.AST, kind: str | None) -> bool:
+    """The one argument of a typed CUDA constructor (`torch.cuda.LongTensor(x)`) is data to copy up, not a
+    size: a list, a numpy array, or a name of unknown kind not named like a count (`torch.cuda.FloatTensor(n)`
+    allocates n elements and copies nothing)."""
+    if isinstance(arg, (ast.ListComp, ast.GeneratorExp)) or _host_data(arg, kind) or kind == "host":
+        return True
+    return kind is None and isinstance(arg, (ast.Name, ast.Attribute, ast.Subscript)) \
+        and not _SIZE_NAME.search(name_of(arg) if not isinstance(arg, ast.Subscript) else name_of(arg.value))
 
 
 class CopyRules:
@@ -92,6 +107,9 @@ class CopyRules:
                 and not (name == "torch.as_tensor" and self._on_its_own_device(node.args[0], kw["device"])) \
                 and not (isinstance(node.args[0], (ast.List, ast.Tuple)) and not node.args[0].elts):   # [] copies nothing
             self.flag(node, "GB010", what=_short(node))   # torch.tensor(host_list, device="cuda")
+        elif self.cuda_type(func) and len(node.args) == 1 and not node.keywords and self.looping() \
+                and not self.per_prompt() and _legacy_data(node.args[0], self.kind(node.args[0])):
+            self.flag(node, "GB010", what=_short(node))   # torch.cuda.LongTensor(sizes): a host list, copied
 
     def _compiled_constant(self, value: ast.AST) -> bool:
         """A host table built from torch factories (`torch.exp(-c * torch.arange(half) / half)`) in code
@@ -192,8 +210,9 @@ class CopyRules:
     def host_write(self, target: ast.AST, value: ast.AST, augmented: bool = False) -> None:
         """`cpu_t[i] = cuda_value`: the device value is read back to the host to be stored;
         `cuda_t[2:6] = torch.tensor(shape)`: a host tensor is copied in, blocking; `t[mask] = u`
-        with a tensor `u`, `t[i, mask] = 1` or `t[:, mask] *= 0`: the mask goes through nonzero
-        (only `t[mask] = 0` alone is a masked_fill)."""
+        with a tensor `u`, `t[idx, mask] = 1` with a second tensor index, or `t[:, mask] *= 0`: the mask
+        goes through nonzero. A Python value through the mask alone (`t[mask] = 0`, `t[i, mask] = 0`
+        with an int i, `t[:, mask] = 0`) is a masked_fill (index_put_ sends one mask and a CPU scalar there)."""
         if not isinstance(target, ast.Subscript) or not self.looping():
             return
         into, k = self.kind(target.value), self.kind(value)
@@ -205,7 +224,9 @@ class CopyRules:
             parts = target.slice.elts if isinstance(target.slice, ast.Tuple) else [target.slice]
             masks = [p for p in parts if self.kind(p) == "mask"]
             others = [p for p in parts if p not in masks and not isinstance(p, ast.Slice)
-                      and not (isinstance(p, ast.Constant) and p.value in (Ellipsis, None))]
+                      and not (isinstance(p, ast.Constant) and p.value in (Ellipsis, None))
+                      and not (isinstance(p, ast.Constant) and type(p.value) is int) and self.kind(p) != "num"]
+            # `t[i, mask] = 0` with an int i selects first: the mask is then the one index, a masked_fill
             if masks and (augmented or k in TENSORISH or others):
                 self.flag(target, "GB008", what="writing through a boolean mask `x[mask] = y`")
 

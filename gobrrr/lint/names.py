@@ -21,7 +21,8 @@ DATA_FACTORIES = {"tensor", "as_tensor", "Tensor", "FloatTensor", "LongTensor", 
                   "HalfTensor", "DoubleTensor", "ByteTensor", "from_numpy"}
 NUMBER_ATTRS = {"shape", "ndim", "dtype", "device", "is_cuda", "requires_grad", "is_leaf", "itemsize", "nbytes",
                 "training", "layout", "is_sparse", "is_quantized", "is_meta", "names",
-                "placements", "device_mesh"}   # a DTensor's layout: Python objects
+                "placements", "device_mesh",   # a DTensor's layout: Python objects
+                "batch_size"}   # x.batch_size of a sparse-conv tensor or a batch object: an int beside the tensors
 NUMBER_METHODS = {"item", "size", "dim", "numel", "nelement", "ndimension", "element_size", "get_device",
                   "data_ptr", "is_pinned", "is_contiguous", "is_floating_point", "stride", "storage_offset",
                   "is_complex", "is_set_to", "is_shared", "is_signed", "is_inference",

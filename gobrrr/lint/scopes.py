@@ -83,6 +83,8 @@ class ScopeWalk:
         params = [*args.posonlyargs, *args.args, *args.kwonlyargs]
         for a in params:
             scope[a.arg] = self.annotation_kind(a.annotation)
+            if scope[a.arg] in ("tensor", "tlist"):
+                scope[a.arg + "#dflt"] = "dflt"   # `tensors: list[torch.Tensor]` names no device: a call's host list wins
             if scope[a.arg] == "numpy" and "Tensor" in ast.unparse(a.annotation):
                 scope[a.arg + "#dflt"] = "dflt"   # `np.ndarray | Tensor`: numpy unless a call passes a tensor
         for a, d in [*zip(reversed([*args.posonlyargs, *args.args]), reversed(args.defaults)),
@@ -100,13 +102,16 @@ class ScopeWalk:
                     guessed.add(a.arg)
                     tensors = _FORWARD_TENSORS if node.name == "forward" else _HOOK_TENSORS
                     batch = "batch" in a.arg   # forward(self, batched_inputs): a host batch it copies itself
-                    scope[a.arg] = "num" if "idx" in a.arg else "batch" if batch and node.name == "forward" \
+                    scope[a.arg] = "num" if "idx" in a.arg else "tlist" if a.arg.endswith("_dict") \
+                        and node.name == "forward" else "batch" if batch and node.name == "forward" \
                         else "tensor" if a.arg in tensors or batch else "obj" if is_model_name(a.arg) or "module" in a.arg \
                         or a.arg == "trainer" else None
         if args.kwarg is not None and seed and args.kwarg.arg not in seed:
             scope[args.kwarg.arg] = _kwargs_kind(seed, {a.arg for a in params})
         for name, k in (seed or {}).items():   # `sample(z, temperature, cfg_iter)` with a CUDA cfg_iter passes
             if scope.get(name) is None or (k in TENSORISH and scope.get(name + "#dflt")) \
+                    or (k in ("host", "hlist", "pinned") and scope.get(name) in ("tensor", "tlist")
+                        and scope.get(name + "#dflt")) \
                     or (name in guessed and k in (*TENSORISH, "tlist", "numpy", "host")):   # `cfg=1.0` a tensor,
                 # forward(batch) a dict of them, `self.actor(np.concatenate(obs))` a host array it moves itself
                 scope[name] = k
