@@ -126,6 +126,23 @@ CASES = {
     """, """
         v = c.item()  # quiet
     """),
+    "masked_writes": ("""
+        buf = torch.zeros(4, 8, device="cuda")
+        rows = torch.arange(2, device="cuda")
+    """, """
+        m = x[0] > 0
+        m8 = torch.cat([m, m])
+        buf[1, m8] = 0  # quiet
+        buf[:, m8] = 0  # quiet
+        buf[rows[:, None], m8] = 0  # flagged
+        buf[:, m8] *= 2  # flagged
+    """),
+    "legacy_cuda_constructor": ("""
+        sizes = [3, 4]
+    """, """
+        s = torch.cuda.LongTensor(sizes)  # flagged
+        scratch = torch.cuda.FloatTensor(4, 3)  # quiet
+    """),
 }
 
 
@@ -172,6 +189,15 @@ def synced_lines(src: str) -> set[int]:
             torch.cuda.set_sync_debug_mode(before)
     torch.cuda.synchronize()
     return hits
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_the_lint_reads_each_case_as_marked(name):
+    """Without a GPU: the lint flags each case's `# flagged` lines and none of its `# quiet` ones, so the cases
+    the GPU test runs stay about what they say."""
+    src = snippet(*CASES[name])
+    found = flagged(src)
+    assert marked(src, "flagged") <= set(found) and not marked(src, "quiet") & set(found), (name, found)
 
 
 @pytest.mark.gpu
