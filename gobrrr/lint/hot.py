@@ -64,10 +64,25 @@ _BENCH = re.compile(r"bench|timing|timed|timeit|timer|profil|measure|latency|thr
 STEP_HOOKS = {"training_step", "validation_step", "test_step", "predict_step", "training_step_end",
               "validation_step_end", "on_train_batch_start", "on_train_batch_end", "on_validation_batch_end",
               "on_before_optimizer_step", "on_after_backward", "compute_loss", "prediction_step",
-              "train_batch", "post_step"}   # OLMo-core: TrainModule.train_batch, Callback.post_step
+              "train_batch", "post_step",   # OLMo-core: TrainModule.train_batch, Callback.post_step
+              "get_batch_loss_metrics", "concatenated_forward"}   # trl's DPO/KTO/ORPO trainers call them per step
 # words that say a file runs on a device; `.cpu()` alone does not (a CPU model's .cpu() is a no-op)
 _GPU_WORDS = re.compile(r"cuda|device|gpu|\.to\(|accelerat|torch_xla|\bxla\b|\bxm\b|\bmps\b|deepspeed|lightning|"
                         r"fabric")
+
+
+# an event-driven trainer's handlers: a method named for a batch event (`on_new_training_batch`), or one connected
+# to a loop's per-iteration signal (`self.inference_loop.iteration.connect(self._run)`): run once per batch or step
+_BATCH_HANDLER = re.compile(r"on_(new_)?\w*batch\w*")
+_STEP_SIGNALS = {"iteration", "step", "on_step", "new_batch"}
+
+
+def _per_step_slots(cls: ast.ClassDef) -> set[str]:
+    """Names of the class's methods connected to a per-iteration signal: `loop.iteration.connect(self._run)`."""
+    return {n.args[0].attr for n in ast.walk(cls)
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "connect"
+            and isinstance(n.func.value, ast.Attribute) and n.func.value.attr in _STEP_SIGNALS and len(n.args) == 1
+            and isinstance(n.args[0], ast.Attribute) and isinstance(n.args[0].value, ast.Name) and n.args[0].value.id == "self"}
 
 
 def _moves_to_device(fn: ast.AST) -> bool:
@@ -185,10 +200,12 @@ class HotMap:
             bases = [dotted(b) for b in cls.bases] if cls is not None else []
             is_module = cls is not None and (cls.name in module_classes or any(b.endswith("Module") for b in bases))
             is_optim = cls is not None and any(b.endswith("Optimizer") for b in bases)
+            slots = _per_step_slots(cls) if cls is not None else set()
             for fn in body:
                 if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
                     continue
-                if cls is not None and (fn.name in STEP_HOOKS or (fn.name == "forward" and is_module)
+                if cls is not None and (fn.name in STEP_HOOKS or fn.name in slots or _BATCH_HANDLER.fullmatch(fn.name)
+                                        or (fn.name == "forward" and is_module)
                                         or (fn.name == "step" and is_optim)
                                         or (fn.name == "__call__" and any(   # a wrapper that runs the model
                                             isinstance(n, ast.Call) and self.facts.step_kind(n) == "forward"

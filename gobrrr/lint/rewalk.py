@@ -41,8 +41,10 @@ def retyping(key: int, old: dict | None, kinds: dict) -> set[tuple[int, str]]:
 def types_more(fn, kinds: dict) -> bool:
     """A call hands a hook device tensors in parameters that its names alone leave unknown
     (`forward(self, results, outputs, orig_target_sizes, max_target_sizes)`), or host arrays where its names
-    guess device tensors (`self.actor(obs, ...)` with numpy `obs`: the forward's own `check(obs).to(dev)`)."""
-    return any(v in _DEVICE and k not in HOOK_NAMES or v in ("numpy", "host") for k, v in kinds.items() if "#" not in k)
+    guess device tensors (`self.actor(obs, ...)` with numpy `obs`: the forward's own `check(obs).to(dev)`), or a
+    loader's batch that the hook moves itself."""
+    return any(v in _DEVICE and k not in HOOK_NAMES or v in ("numpy", "host") or v in BATCHES
+               for k, v in kinds.items() if "#" not in k)   # a loader's batch: `concatenated_forward(model, batch)`
 
 
 __all__ = ["fewer_constants", "retyping", "types_more"]

@@ -20,7 +20,7 @@ import ast
 from gobrrr.lint.hot import is_model_name
 from gobrrr.lint.loops import name_of
 from gobrrr.lint.moves import rebinds
-from gobrrr.lint.names import COMPILED, DEVICE_WRAPPERS, TENSORISH
+from gobrrr.lint.names import BATCHES, COMPILED, DEVICE_WRAPPERS, TENSORISH
 
 # a module's forward: parameters that hold tensors (or lists and dicts of them) by their usual names
 _FORWARD_TENSORS = {"x", "input", "inputs", "outputs", "output", "logits", "targets", "labels", "hidden_states",
@@ -110,10 +110,10 @@ class ScopeWalk:
             scope[args.kwarg.arg] = _kwargs_kind(seed, {a.arg for a in params})
         for name, k in (seed or {}).items():   # `sample(z, temperature, cfg_iter)` with a CUDA cfg_iter passes
             if scope.get(name) is None or (k in TENSORISH and scope.get(name + "#dflt")) \
-                    or (k in ("host", "hlist", "pinned") and scope.get(name) in ("tensor", "tlist")
+                    or (k in ("host", "hlist", "pinned", *BATCHES) and scope.get(name) in ("tensor", "tlist")
                         and scope.get(name + "#dflt")) \
-                    or (name in guessed and k in (*TENSORISH, "tlist", "numpy", "host")):   # `cfg=1.0` a tensor,
-                # forward(batch) a dict of them, `self.actor(np.concatenate(obs))` a host array it moves itself
+                    or (name in guessed and k in (*TENSORISH, "tlist", "numpy", "host", "hlist", *BATCHES)):   # `cfg=1.0`,
+                # a tensor, forward(batch) a dict of them, `self.actor(np.concatenate(obs))` a host array it moves itself
                 scope[name] = k
         closure = self.closure_scope(node) if chain else None
         if closure is not None:
