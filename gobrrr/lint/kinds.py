@@ -36,7 +36,7 @@ from gobrrr.lint.callkinds import CallKinds
 from gobrrr.lint.loops import is_model_name, name_of
 from gobrrr.lint.names import BATCHES, ITEM_KIND, NUMBER_ATTRS, TENSORISH
 
-_COUNT_KEY = re.compile(r"^(batch_size|num_\w+|n_\w+|\w+_(size|count|num|len|length|shape))$")
+_COUNT_KEY = re.compile(r"^(batch_size|num_\w+|n_\w+|\w+_(size|count|num|len|length))$")   # not `image_shape`: a tensor
 
 
 class Kinds(CallKinds):

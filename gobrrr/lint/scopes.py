@@ -112,8 +112,9 @@ class ScopeWalk:
             if scope.get(name) is None or (k in TENSORISH and scope.get(name + "#dflt")) \
                     or (k in ("host", "hlist", "pinned", *BATCHES) and scope.get(name) in ("tensor", "tlist")
                         and scope.get(name + "#dflt")) \
-                    or (name in guessed and k in (*TENSORISH, "tlist", "numpy", "host", "hlist", *BATCHES)):   # `cfg=1.0`,
-                # a tensor, forward(batch) a dict of them, `self.actor(np.concatenate(obs))` a host array it moves itself
+                    or (name in guessed and k in (*TENSORISH, "tlist", "numpy", "host", "hlist", *BATCHES)):
+                # `cfg=1.0` a tensor, forward(batch) a dict of them, `self.actor(np.concatenate(obs))` a host array it
+                # moves itself, `batch: tuple[torch.Tensor, ...]` a loader's host batch
                 scope[name] = k
         closure = self.closure_scope(node) if chain else None
         if closure is not None:
