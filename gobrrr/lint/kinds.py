@@ -277,8 +277,8 @@ class Kinds(CallKinds):
                 return self.device_of(ast.Constant(passed[1:-1]))
         if isinstance(node, (ast.Name, ast.Attribute)):
             tail = name.rsplit(".", 1)[-1].lower()
-            if "dtype" in tail or "type" == tail:
-                return None
+            if "dtype" in tail or "precision" in tail or "type" == tail:
+                return None   # .to(precision) with precision=torch.half (gpt-neox's rotary cache): a cast, no copy
             if "cpu" in tail.split("_") or self.kind(node) == "cpudev":
                 return "cpu"   # cpu_device = torch.device("cpu")
             if any(w in tail for w in ("device", "dev", "cuda", "gpu", "rank")) or self.kind(node) in TENSORISH:

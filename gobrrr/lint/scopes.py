@@ -171,7 +171,8 @@ class ScopeWalk:
     def visit_Assign(self, node: ast.Assign) -> None:
         self.assigning = {t.id for t in node.targets if isinstance(t, ast.Name)} if self.seeding else set()
         self.init_attrs = bool(self.defs) and getattr(self.defs[-1], "name", "") == "__init__" \
-            and all(_self_attr(e) for t in node.targets for e in (t.elts if isinstance(t, ast.Tuple) else [t]))
+            and (all(_self_attr(e) for t in node.targets for e in (t.elts if isinstance(t, ast.Tuple) else [t]))
+                 or isinstance(node.value, ast.Call) and _self_attr(node.value.func))   # cos, sin = self._cache(n)
         self.rebinding = id(node.value) if rebinds(node) else None
         try:
             self._assign(node)
