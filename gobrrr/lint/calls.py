@@ -25,6 +25,7 @@ from gobrrr.lint.names import BATCHES, TENSOR_METHODS, TENSORISH
 from gobrrr.lint.source import DEFS, Source
 
 MAX_DEPTH = 6   # calls followed from a hot loop into the project's functions
+_TENSOR_CALL = re.compile(r"loss|criterion|forward", re.I)   # a call named so returns tensors, whatever it is
 
 
 class CallRules:
@@ -33,8 +34,9 @@ class CallRules:
     def return_kind(self, node: ast.Call) -> str | None:
         """What the project def this call runs returns, learnt by walking its body with the call's
         argument kinds (two calls deep, in hot code): a CPU matcher's index list, a helper's tensor; in
-        set-up code only for a def holding a step loop, or for self attributes set in __init__
-        (`self.anchors, self.valid_mask = self._generate_anchors()`: host tables a forward copies)."""
+        set-up code only for a def holding a step loop, or in __init__ for self attributes or a call of the object's
+        own helper (`self.anchors, self.valid_mask = self._generate_anchors()`, `cos, sin, inv =
+        self._prepare_cache(n)`: host tables a forward copies)."""
         set_up = self.region != "hot" and not self.summary_depth and not self.assigning & self.seeding
         if set_up and not (self.looping_def and self.region is None) and not self.init_attrs \
                 or self.summary_depth >= 2 \
@@ -100,7 +102,7 @@ class CallRules:
         return not (name.startswith("torch.") or self.is_model(value.func) or self.return_kind(value)
                     or (isinstance(value.func, ast.Attribute) and (self.is_model(value.func.value)
                                                                    or self.kind(value.func.value) in TENSORISH))
-                    or re.search(r"loss|criterion|forward", name_of(value.func), re.I)
+                    or _TENSOR_CALL.search(name_of(value.func))
                     or name_of(value.func) in TENSOR_METHODS)
 
     def own_method(self, value: ast.AST) -> bool:
@@ -109,7 +111,7 @@ class CallRules:
         return one. Unread, a method is known by its leading underscore."""
         f = value.func if isinstance(value, ast.Call) else None
         if not (isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "self") \
-                or self.is_model(f) or re.search(r"loss|criterion|forward", f.attr, re.I):
+                or self.is_model(f) or _TENSOR_CALL.search(f.attr):
             return False
         runs = self.project.resolve(self.src, value, self.defs[-1] if self.defs else None, self.types)
         return any(fn.name == f.attr for _, fn in runs) if runs else f.attr.startswith("_")

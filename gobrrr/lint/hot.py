@@ -62,8 +62,7 @@ _TIMER = re.compile(r"(^|\.)(time|perf_counter|perf_counter_ns|monotonic|monoton
 _BENCH = re.compile(r"bench|timing|timed|timeit|timer|profil|measure|latency|throughput|speed", re.I)
 # per-step hooks that a framework calls (Lightning, the HF Trainer): their bodies are hot
 STEP_HOOKS = {"training_step", "validation_step", "test_step", "predict_step", "training_step_end",
-              "validation_step_end", "on_train_batch_start", "on_train_batch_end", "on_validation_batch_end",
-              "on_before_optimizer_step", "on_after_backward", "compute_loss", "prediction_step",
+              "validation_step_end", "on_before_optimizer_step", "on_after_backward", "compute_loss", "prediction_step",
               "train_batch", "post_step",   # OLMo-core: TrainModule.train_batch, Callback.post_step
               "get_batch_loss_metrics", "concatenated_forward"}   # trl's DPO/KTO/ORPO trainers call them per step
 # words that say a file runs on a device; `.cpu()` alone does not (a CPU model's .cpu() is a no-op)
@@ -71,9 +70,9 @@ _GPU_WORDS = re.compile(r"cuda|device|gpu|\.to\(|accelerat|torch_xla|\bxla\b|\bx
                         r"fabric")
 
 
-# an event-driven trainer's handlers: a method named for a batch event (`on_new_training_batch`), or one connected
-# to a loop's per-iteration signal (`self.inference_loop.iteration.connect(self._run)`): run once per batch or step
-_BATCH_HANDLER = re.compile(r"on_(new_)?\w*batch\w*")
+# handlers of a batch event (Lightning's `on_train_batch_end`, sample-factory's `on_new_training_batch`), and methods
+# connected to a loop's per-iteration signal (`self.inference_loop.iteration.connect(self._run)`): once per batch or step
+_BATCH_HANDLER = re.compile(r"on_\w*batch\w*")
 _STEP_SIGNALS = {"iteration", "step", "on_step", "new_batch"}
 
 

@@ -97,7 +97,7 @@ class Checker(ScopeWalk, FlowRules, CallRules, SyncRules, CopyRules, InsideRules
         self.cuda_types: set[str] = set()       # names bound to torch.cuda.FloatTensor and friends
         self.seeding: set[str] = set()          # names this def hands to a def holding a step loop (note_seed)
         self.assigning: set[str] = set()        # the names the assignment being walked binds
-        self.init_attrs = False                 # it binds only self attributes, in __init__ (calls.return_kind)
+        self.init_attrs = False                 # in __init__, it binds self attributes or calls an own helper
         self.rebinding: int | None = None       # id of a move stored back into its attribute (moves.rebinds)
         self.seeds: list[tuple] = []            # (Source, def holding a step loop, kinds and classes of its parameters)
         self.left = False                       # this call has returned (flow.static_truth): the rest is dead
