@@ -176,7 +176,7 @@ class HotMap:
                         and isinstance(n.test.operand, (ast.Name, ast.Attribute)) \
                         and "debug" in dotted(n.test.operand).rsplit(".", 1)[-1].lower():
                     self.main_ifs.add(id(n))
-        self.tree = tree
+        self.tree, self._nodes = tree, nodes
         self.restep()
         self.prompt_loops = {id(n) for n in nodes if isinstance(n, LOOPS) and any(
             isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr == "generate"
@@ -190,7 +190,7 @@ class HotMap:
     def restep(self) -> None:
         """(Re)find the step loops, with what `facts` knows now."""
         self.step_loops, self.update_loops, self.env_loops, self.looping = step_loops(
-            self.tree, self.facts, lambda n: id(n) in self.off_ifs)
+            self.tree, self.facts, lambda n: id(n) in self.off_ifs, self._nodes)
 
     def _hooks(self, tree: ast.Module, module_classes, nodes) -> None:
         in_loops = None

@@ -58,6 +58,7 @@ class Index:
                     if isinstance(d, DEFS):
                         self.methods.setdefault(d.name, []).append((s, d))
         self._lookups: dict = {}
+        self._returns: dict[int, list[ast.Return]] = {}   # id(def) -> its return statements, walked once
         self._defining: dict[str, list[Source]] | None = None   # name -> the checked files defining it (_below)
         self.module_classes = self._module_classes()
         self.buffers = {n.args[0].value for s in sources if "register_buffer" in s.text for n in s.nodes
@@ -229,9 +230,9 @@ class Index:
         evaluator`), or as item `item` of the tuple it returns."""
         out: list = []
         owner = src.owner.get(id(fn))
-        for n in ast.walk(fn):
-            if not isinstance(n, ast.Return) or n.value is None:
-                continue
+        if id(fn) not in self._returns:
+            self._returns[id(fn)] = [n for n in ast.walk(fn) if isinstance(n, ast.Return) and n.value is not None]
+        for n in self._returns[id(fn)]:
             value = n.value
             if item is not None:
                 if not (isinstance(value, ast.Tuple) and len(value.elts) > item):

@@ -25,12 +25,14 @@ _NOT_WRAPPERS = {"DataLoader"}   # `torch.utils.data.DataLoader(dataset)` is the
 _BATCH_SOURCE = re.compile(r"loader|iter|gen|data|batch|stream|_dl$|^dl$", re.I)   # next(train_iter)
 
 
-def step_loops(tree: ast.AST, facts: Facts, rare) -> tuple[set[int], set[int], set[int], set[str]]:
+def step_loops(tree: ast.AST, facts: Facts, rare, nodes: list[ast.AST] | None = None
+               ) -> tuple[set[int], set[int], set[int], set[str]]:
     """(id of the step loops, id of those that update, id of those that step an environment, names
     of the defs that hold a step loop), bottom-up. A loop that calls a def holding a step loop
     (`facts.looping`, this file's or the project's: `train_one_epoch()`, `sample_fn(model, shape)`)
     is an outer loop, not a step loop, unless it updates itself or takes a batch that it copies to the
-    device itself (an evaluation loop that runs a sampler per batch: its copies and reads repeat)."""
+    device itself (an evaluation loop that runs a sampler per batch: its copies and reads repeat).
+    `nodes`: every node of `tree` in one list (source.walk), when the caller has it."""
     steps: set[int] = set()
     updates: set[int] = set()
     envs: set[int] = set()
@@ -38,7 +40,7 @@ def step_loops(tree: ast.AST, facts: Facts, rare) -> tuple[set[int], set[int], s
 
     imported: set[str] = set()
     wrapped: set[str] = set()   # names assigned a loader or a wrapper of one: `diter = enumerate(tqdm(dl))`
-    for n in ast.walk(tree):
+    for n in ast.walk(tree) if nodes is None else nodes:
         if isinstance(n, (ast.Import, ast.ImportFrom)):
             imported |= {(a.asname or a.name).split(".")[0] for a in n.names}
         elif isinstance(n, ast.Assign) and isinstance(n.value, ast.Call) and _loader_like(n.value):
