@@ -40,7 +40,6 @@ import argparse
 import ast
 import io
 import json
-import os
 import re
 import sys
 import tokenize
@@ -48,7 +47,7 @@ from pathlib import Path
 
 from gobrrr.lint.calls import host_attrs
 from gobrrr.lint.env import absorb_round_trips
-from gobrrr.lint.files import python_files
+from gobrrr.lint.files import inside_project, python_files
 from gobrrr.lint.findings import RULES, SYNC_RULES, TITLES, Finding
 from gobrrr.lint.graph import Project
 from gobrrr.lint.hot import HotMap, may_use_gpu
@@ -122,7 +121,7 @@ def check_sources(sources: list[Source], assume_gpu: bool = False,
     looping: set[str] = set()
     called: dict[str, set[str]] = {}
     hotmaps = {}
-    inside = _inside_project(sources)
+    inside = dict(zip(map(id, sources), inside_project([s.path for s in sources])))
     for s in sources:
         f = facts[id(s)]
         f.stepping, f.forwarding, f.every_step, f.updaters = set(stepping), set(forwarding), every_step, updaters
@@ -204,33 +203,6 @@ def check_sources(sources: list[Source], assume_gpu: bool = False,
                 found.append(f)
     skipped = [s for s in sources if not gpu[id(s)] and not any(f.path == str(s.path) for f in found)]
     return sorted(found, key=lambda f: (f.path, f.line, f.col, f.rule)), skipped
-
-
-_PROJECT_MARKERS = (".git", "pyproject.toml", "setup.py", "setup.cfg")
-
-
-def _inside_project(sources: list[Source]) -> dict[int, str]:
-    """id(source) -> its path below its project's root: what the file's own names say (`benchmarks/attn.py` is a
-    benchmark), not where the project sits (`~/speedrun/train.py` is not). The root is the nearest folder above
-    the file that holds `.git`, `pyproject.toml` or `setup.py`; without one, the folder holding every file checked."""
-    where = {id(s): s.path.resolve() for s in sources}
-    try:
-        common = Path(os.path.commonpath([str(p.parent) for p in where.values()])) if where else None
-    except ValueError:   # paths on different drives
-        common = None
-    roots: dict[Path, Path | None] = {}
-
-    def root_of(folder: Path) -> Path | None:
-        if folder not in roots:
-            roots[folder] = folder if any((folder / m).exists() for m in _PROJECT_MARKERS) else \
-                (root_of(folder.parent) if folder.parent != folder else None)
-        return roots[folder]
-
-    out = {}
-    for k, p in where.items():
-        root = root_of(p.parent) or common
-        out[k] = str(p.relative_to(root)) if root is not None and p.is_relative_to(root) else p.name
-    return out
 
 
 def _runs_default_cuda(s: Source, sources: list[Source]) -> bool:

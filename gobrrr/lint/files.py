@@ -85,4 +85,32 @@ def _excluded(f: Path, rel: Path, globs) -> bool:
     return any(fnmatch(n, g.rstrip("/")) for g in globs for n in names)
 
 
-__all__ = ["python_files", "SKIP_DIRS", "TEST_DIRS"]
+_PROJECT_MARKERS = (".git", "pyproject.toml", "setup.py", "setup.cfg")
+
+
+def inside_project(paths: list[Path]) -> list[str]:
+    """Each file's path below its project's root: what the file's own names say (`benchmarks/attn.py` is a
+    benchmark), not where the project sits (`~/speedrun/train.py` is not). The root is the nearest folder
+    above the file that holds `.git`, `pyproject.toml` or `setup.py`; without one, the folder holding every
+    file given."""
+    where = [p.resolve() for p in paths]
+    try:
+        common = Path(os.path.commonpath([str(p.parent) for p in where])) if where else None
+    except ValueError:   # paths on different drives
+        common = None
+    roots: dict[Path, Path | None] = {}
+
+    def root_of(folder: Path) -> Path | None:
+        if folder not in roots:
+            roots[folder] = folder if any((folder / m).exists() for m in _PROJECT_MARKERS) else \
+                (root_of(folder.parent) if folder.parent != folder else None)
+        return roots[folder]
+
+    out = []
+    for p in where:
+        root = root_of(p.parent) or common
+        out.append(str(p.relative_to(root)) if root is not None and p.is_relative_to(root) else p.name)
+    return out
+
+
+__all__ = ["python_files", "inside_project", "SKIP_DIRS", "TEST_DIRS"]
