@@ -179,8 +179,6 @@ NEGATIVE = {
     "GB010": [
         "t = torch.tensor([1.0, 2.0], device='cuda')",                       # once, outside a loop
         "def f(xs):\n    for x in xs:\n        t = torch.as_tensor(x.sum(), device=DEVICE)",   # already there
-        "def f(model, prompts):\n    for p in prompts:\n        x = torch.tensor(p, device=DEVICE)\n"
-        "        model.generate(x)",                                          # per prompt, not per step
     ],
     "GB011": [
         "x = torch.randn(9, device='cuda')\nfor i in range(3):\n    y = x[i]",     # a Python int

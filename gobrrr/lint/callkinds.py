@@ -48,6 +48,11 @@ _CPU_TENSOR_TYPE = re.compile(r"torch\.(Float|Double|Half|BFloat16|Long|Int|Shor
 _DIST_METHODS = {"sample", "rsample", "log_prob", "entropy", "cdf", "icdf", "sample_n", "mode", "mean", "stddev"}
 
 
+# a tokenizer or processor called on text or images returns host data (`tokenizer(text).input_ids`); not a call that
+# builds one (`get_tokenizer(opt)`, `load_processor(path)`)
+_HOST_MAKER = re.compile(r"^(?!(get|load|build|make|create|init|setup|new)_)(\w+_)?(tokenizer|processor|feature_extractor)$",
+                         re.I)
+
 class CallKinds:
     """The kind of a call's result: functions, torch, methods, loaders and the project's defs."""
 
@@ -184,6 +189,8 @@ class CallKinds:
                 return "loader_device"   # accelerator.prepare(loader): its batches arrive on the device
         if isinstance(func, ast.Attribute):
             return self.method_kind(node, func)
+        if _HOST_MAKER.search(name_of(func)) and not {self.kind(a) for a in node.args} & TENSORISH:
+            return "host"    # tokenizer(text).input_ids, image_processor(img): a tokenizer's ids are made on the host
         if (self.is_model(func) and (node.args or node.keywords)) or re.search(r"loss|criterion", name_of(func), re.I):
             return "tensor"  # a model's forward or a loss
         kinds = {self.kind(a) for a in node.args}

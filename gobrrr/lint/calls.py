@@ -135,15 +135,15 @@ class CallRules:
 
     def _arguments(self, node: ast.Call, fn, target_src, scope) -> tuple[dict, dict]:
         """The kinds and project classes of the arguments, by the callee's parameter names."""
-        params = [a.arg for a in [*fn.args.posonlyargs, *fn.args.args]]
-        if params and params[0] in ("self", "cls") and target_src.owner.get(id(fn)) is not None:
-            params = params[1:]   # a method: its first parameter is the object
+        params, pairs = _passed(node, fn, target_src)
         kinds, types = {}, {}
-        pairs = [*zip(params, node.args), *((k.arg, k.value) for k in node.keywords if k.arg)]
         for p, a in pairs:
             if isinstance(a, ast.Starred):
                 continue
             kinds[p] = self.kind(a)
+            if kinds[p] is None and isinstance(a, (ast.List, ast.Tuple)) and a.elts \
+                    and all(self.kind(e) in ("num", "str") for e in a.elts):
+                kinds[p] = "nums"   # image_sizes=[image.size]: Python numbers, whatever the callee's annotation says
             if isinstance(a, ast.Name) and self.lookup(a.id + "#kept"):   # a batch moved but for its "meta" key
                 kinds[p + "#kept"] = self.lookup(a.id + "#kept")
             insts = self.project.instances_of(self.src, a, scope, self.types)
@@ -203,9 +203,21 @@ class CallRules:
             if fn is scope or fn.name not in self.project.looping | self.project.housekeeping_looping:
                 continue
             kinds, types = self._arguments(node, fn, target_src, scope)
-            kinds = {k: v for k, v in kinds.items() if "#" not in k and v is not None}
+            guessed = {p for p, a in _passed(node, fn, target_src)[1]
+                       if isinstance(a, ast.Name) and self.lookup(a.id + "#dflt")}
+            kinds = {k: v for k, v in kinds.items() if "#" not in k and v is not None and k not in guessed}
+            # a parameter typed only by the caller's annotation or default (`image_sizes: Optional[torch.Tensor]`,
+            # handed PIL sizes by every caller) is passed on as a guess, which seeds nothing
             if kinds or types:   # types: `agent.train(data_sampler, ...)` hands the loop a Data_Sampler
                 self.seeds.append((target_src, fn, kinds, types))
+
+
+def _passed(node: ast.Call, fn, target_src: Source) -> tuple[list[str], list[tuple[str, ast.expr]]]:
+    """(the callee's positional parameter names, the (parameter, argument) pairs this call passes)."""
+    params = [a.arg for a in [*fn.args.posonlyargs, *fn.args.args]]
+    if params and params[0] in ("self", "cls") and target_src.owner.get(id(fn)) is not None:
+        params = params[1:]   # a method: its first parameter is the object
+    return params, [*zip(params, node.args), *((k.arg, k.value) for k in node.keywords if k.arg)]
 
 
 def _constants(fn, passed: dict, call: ast.Call) -> dict[str, str]:
@@ -245,6 +257,8 @@ def summarize(checker_cls, project: Project, src: Source, fn, kinds: dict, depth
     found = found - {"none"} or ({"num"} if found else found)   # None or a tensor: a tensor where it is used
     if found == {"tensor", "tlist"}:
         found = {"tlist"}   # `return data` (a loss dict passed in) or `{k: v for ...}` of reduced tensors: a container
+    elif found == {"host", "hlist"}:
+        found = {"host"}   # `return torch.tensor(ids) if return_tensors == "pt" else ids`: host data either way
     k = found.pop() if len(found) == 1 else None
     items = set(c.return_items)
     parts = None

@@ -253,7 +253,9 @@ class FlowRules:
             # with no action passed is no lazy initialisation: it runs on every such call
             rare = truth is None and id(node) in self.hotmap.rare_ifs
             self.rare_depth += rare
+            self.dead_depth += truth is False
             self.visit_off(*node.body)
+            self.dead_depth -= truth is False
             self.rare_depth -= rare
         else:
             for stmt in node.body:
@@ -266,7 +268,9 @@ class FlowRules:
         if name and positive and scope.get(name) in TENSORISH:
             scope[name] = None
         if id(node) in self.hotmap.off_elses or truth is True:
+            self.dead_depth += truth is True
             self.visit_off(*node.orelse)   # `if not torch.jit.is_scripting(): ... else:` never runs eagerly
+            self.dead_depth -= truth is True
         else:
             for stmt in node.orelse:
                 self.visit(stmt)
@@ -278,8 +282,9 @@ class FlowRules:
             elif not node.orelse and before.get(name) == "num" and body[name] in {"host", *TENSORISH}:
                 scope[name] = body[name]   # `if type(x) is not torch.Tensor: x = torch.tensor([x])` of a number
         taken = node.body if truth is True else node.orelse if truth is False else []
-        if taken and isinstance(taken[-1], (ast.Return, ast.Raise)):
+        if taken and isinstance(taken[-1], (ast.Return, ast.Raise)) and not self.dead_depth:
             self.left = True   # `if copy: return th.tensor(...)` with copy=True: the rest of the def never runs
+            # (not inside a branch this call never takes: `elif side == "right": ... else: raise` with side "left")
 
     @staticmethod
     def _merge(scope: dict, before: dict, body: dict, body_leaves: bool, else_leaves: bool) -> None:

@@ -178,9 +178,6 @@ class HotMap:
                     self.main_ifs.add(id(n))
         self.tree, self._nodes = tree, nodes
         self.restep()
-        self.prompt_loops = {id(n) for n in nodes if isinstance(n, LOOPS) and any(
-            isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr == "generate"
-            for c in own_level(n.body))}   # one prompt per iteration: `out = model.generate(x)`
         self._hooks(tree, module_classes, nodes)
         self.off_tails = self._off_tails(nodes)  # id(stmt) after `if not should_log(step): return`
         if any(isinstance(n, ast.Attribute) and n.attr == "synchronize" or isinstance(n, ast.Name)

@@ -18,6 +18,7 @@ defs a call runs.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from gobrrr.lint.bindings import assigned_calls
@@ -39,6 +40,10 @@ def _module_path(s: Source) -> Path:
     Its parts are the module's dotted name."""
     return s.path.parent if s.path.name == "__init__.py" else s.path.with_suffix("")
 
+
+# a transformers model class: `PreTrainedModel`, `LlamaModel`, `LlamaForCausalLM`, `T5ForConditionalGeneration`
+# (not pydantic's `BaseModel`, nor a bare `Model`)
+_HF_MODEL = re.compile(r"(?<!\bBase)(?<=[a-z0-9])(Model|For[A-Z]\w+)$")
 
 class Index:
     """Every checked file, indexed once: modules, classes, methods and what names mean (see the module doc)."""
@@ -308,8 +313,9 @@ class Index:
         return out
 
     def _module_classes(self) -> set[str]:
-        """Names of the project's classes that are torch modules (a base named *Module*, or a base
-        that is one of these), by fixed point over the bases."""
+        """Names of the project's classes that are torch modules (a base named *Module*, a transformers model
+        such as `LlamaForCausalLM` or `CLIPVisionModel`, or a base that is one of these), by fixed point over
+        the bases."""
         out: set[str] = set()
         changed = True
         while changed:
@@ -319,8 +325,7 @@ class Index:
                     if cls.name in out:
                         continue
                     bases = [ast.unparse(b) for b in cls.bases]
-                    if any(b.rsplit(".", 1)[-1] in out or b.endswith("Module") or b.endswith("LightningModule")
-                           for b in bases):
+                    if any(b.rsplit(".", 1)[-1] in out or b.endswith("Module") or _HF_MODEL.search(b) for b in bases):
                         out.add(cls.name)
                         changed = True
         return out

@@ -36,6 +36,7 @@ from gobrrr.lint.callkinds import CallKinds
 from gobrrr.lint.loops import is_model_name, name_of
 from gobrrr.lint.names import BATCHES, ITEM_KIND, NUMBER_ATTRS, TENSORISH
 
+_TYPED_TENSOR = re.compile(r"\b(torch\.)?(?:Long|Float|Half|BFloat16|Double|Int|Short|Byte|Bool|Char)Tensor\b")
 _COUNT_KEY = re.compile(r"^(batch_size|num_\w+|n_\w+|\w+_(size|count|num|len|length))$")   # not `image_shape`: a tensor
 
 
@@ -66,6 +67,7 @@ class Kinds(CallKinds):
             self.scopes[-1].pop(target.id + "#elem", None)
             self.scopes[-1].pop(target.id + "#part", None)
             self.scopes[-1].pop(target.id + "#kept", None)
+            self.scopes[-1].pop(target.id + "#dflt", None)   # bound here: no longer a guess from the signature
         elif isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self":
             # one kind per attribute name in the file; two different kinds leave it unknown
             old = self.self_attrs.get(target.attr, kind)
@@ -324,6 +326,7 @@ class Kinds(CallKinds):
         head, dot, rest = text.partition(".")
         if dot and self.aliases.get(head) == "torch":
             text = "torch." + rest   # `import torch as th`: th.Tensor
+        text = _TYPED_TENSOR.sub(r"\1Tensor", text)   # torch.LongTensor, torch.FloatTensor: a tensor, device unsaid
         if re.fullmatch(r"(torch\.)?Tensor", text) or re.fullmatch(
                 r"(typing\.)?Optional\[(torch\.)?Tensor\]|(torch\.)?Tensor \| None|None \| (torch\.)?Tensor", text):
             return "tensor"

@@ -80,9 +80,9 @@ class CopyRules:
                 self.flag(node, "GB005")
             elif (recv in ("host", "hlist") or recv is None and (self._sample_item() or self._converted(func.value))) \
                     and blocking and self.looping() \
-                    and not self.per_prompt() and not self._compiled_constant(func.value):
+                    and not self._compiled_constant(func.value):
                 self.flag(node, "GB010", what=_short(node))   # hlist: an item of a list of host tensors
-            if recv in BATCHES and blocking and self.looping() and (recv != "batch_tok" or self.updating()):
+            if recv in BATCHES and blocking and self.looping():   # a prompt tokenized per question, too
                 self.flag(node, "GB009", what=_short(node))
         elif method == "to" and recv in TENSORISH and self.looping() and self.copy_target(node) == "cpu":
             self.flag(node, "GB002", what="`.to('cpu')`")   # x.to('cpu'), x.to(cpu_device): a read like .cpu()
@@ -91,24 +91,24 @@ class CopyRules:
         elif method == "copy_" and blocking and node.args and recv in TENSORISH and self.looping() \
                 and self.kind(node.args[0]) in BATCHES:
             self.flag(node, "GB009", what=_short(node))   # x_dev.copy_(batch): a blocking copy into a device buffer
-        elif method == "copy_" and node.args and recv in TENSORISH and self.looping() and not self.per_prompt() \
+        elif method == "copy_" and node.args and recv in TENSORISH and self.looping() \
                 and self.kind(node.args[0]) in ("host", "hlist"):   # buf[i].copy_(torch.from_numpy(obs)): pageable
             self.flag(node, "GB010", what=_short(node))   # memory copied into a device buffer, blocking
-        elif method == "new_tensor" and recv in TENSORISH and node.args and self.looping() and not self.per_prompt() \
+        elif method == "new_tensor" and recv in TENSORISH and node.args and self.looping() \
                 and self.kind(node.args[0]) not in TENSORISH:
             self.flag(node, "GB010", what=_short(node))   # obs.new_tensor(0.0): host data copied to obs's device
         elif method == "new" and recv in TENSORISH and len(node.args) == 1 and not node.keywords and self.looping() \
-                and not self.per_prompt() and _host_data(node.args[0], self.kind(node.args[0])):
+                and _host_data(node.args[0], self.kind(node.args[0])):
             self.flag(node, "GB010", what=_short(node))   # t.new(cfg.TRAIN.BBOX_NORMALIZE_STDS): a table, copied
         elif name.startswith("torch.") and name.count(".") == 1 and name[6:] in DATA_FACTORIES and self.looping() \
-                and node.args and not self.per_prompt() \
+                and node.args \
                 and (self.device_of(kw["device"]) == "cuda" if "device" in kw else self.default_cuda(name)) \
                 and self.kind(node.args[0]) not in TENSORISH \
                 and not (name == "torch.as_tensor" and self._on_its_own_device(node.args[0], kw["device"])) \
                 and not (isinstance(node.args[0], (ast.List, ast.Tuple)) and not node.args[0].elts):   # [] copies nothing
             self.flag(node, "GB010", what=_short(node))   # torch.tensor(host_list, device="cuda")
         elif self.cuda_type(func) and len(node.args) == 1 and not node.keywords and self.looping() \
-                and not self.per_prompt() and _legacy_data(node.args[0], self.kind(node.args[0])):
+                and _legacy_data(node.args[0], self.kind(node.args[0])):
             self.flag(node, "GB010", what=_short(node))   # torch.cuda.LongTensor(sizes): a host list, copied
 
     def _compiled_constant(self, value: ast.AST) -> bool:
@@ -156,10 +156,6 @@ class CopyRules:
         return isinstance(device, ast.Name) and scope is not None and any(
             isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == device.id for t in n.targets)
             and own in ast.unparse(n.value) for n in ast.walk(scope))
-
-    def per_prompt(self) -> bool:
-        """In a loop that runs one generate() per iteration: a small copy per prompt is not worth a finding."""
-        return bool(self.loop_stack) and self.loop_stack[-1] in self.hotmap.prompt_loops
 
     def index_rule(self, node: ast.Subscript) -> None:
         """GB011: a device tensor indexed (read or written) by host indices."""
@@ -218,7 +214,7 @@ class CopyRules:
         into, k = self.kind(target.value), self.kind(value)
         if into in ("host", "pinned") and k in TENSORISH:
             self.flag(target, "GB002", what="writing a device value into a host tensor")
-        elif into in TENSORISH and k in ("host", "hlist") and not self.per_prompt():
+        elif into in TENSORISH and k in ("host", "hlist"):
             self.flag(target, "GB010", what=f"{_short(target, 30)} = <host tensor>")
         if into in TENSORISH:
             parts = target.slice.elts if isinstance(target.slice, ast.Tuple) else [target.slice]

@@ -101,6 +101,7 @@ class Checker(ScopeWalk, FlowRules, CallRules, SyncRules, CopyRules, InsideRules
         self.rebinding: int | None = None       # id of a move stored back into its attribute (moves.rebinds)
         self.seeds: list[tuple] = []            # (Source, def holding a step loop, kinds and classes of its parameters)
         self.left = False                       # this call has returned (flow.static_truth): the rest is dead
+        self.dead_depth = 0                     # > 0 inside a branch this call never takes (flow.static_truth)
         self._host_defs: dict[int, bool] = {}   # id(def) -> hot.host_model_def
         self.mask_lists: set[str] = set()       # lists that masks are appended to (torch.cat of them is a mask)
         self.normal_attrs: set[tuple[str, str]] = set()   # (class, self attribute) bound to a Normal (inside)
@@ -146,12 +147,9 @@ class Checker(ScopeWalk, FlowRules, CallRules, SyncRules, CopyRules, InsideRules
             self._host_defs[id(fn)] = host_model_def(fn)
         return self._host_defs[id(fn)]
 
-    def updating(self) -> bool:
-        """In a loop that trains (backward / optimizer step), or in a helper or hook of one: not a
-        generation or inference loop, where a small per-prompt copy is not worth a finding."""
-        return bool(self.chain) or not self.loop_stack or self.loop_stack[-1] in self.hotmap.update_loops
-
     def visit(self, node: ast.AST):
+        if self.left and self.summary_depth and isinstance(node, ast.stmt):
+            return None   # a summary reads what this call returns: not the returns of the dead rest
         if self.region != "off" and (id(node) in self.hotmap.off_tails or self.left and isinstance(node, ast.stmt)):
             return self.visit_off(node)   # after `if not should_log(step): return`, or a return this call takes
         return super().visit(node)

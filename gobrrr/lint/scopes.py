@@ -57,8 +57,9 @@ class ScopeWalk:
         if not chain:
             for d in node.decorator_list:
                 self.visit(d)
-        saved = (self.region, self.loaders, self.scope_node, self.chain, self.types, self.loop_stack, self.left)
-        self.left = False
+        saved = (self.region, self.loaders, self.scope_node, self.chain, self.types, self.loop_stack, self.left,
+                 self.dead_depth)
+        self.left, self.dead_depth = False, 0
         hook = id(node) in self.hotmap.hooks
         per_step = hook or id(node) in self.hotmap.step_fns
         self.region = region or ("hot" if per_step else None)
@@ -110,12 +111,13 @@ class ScopeWalk:
             scope[args.kwarg.arg] = _kwargs_kind(seed, {a.arg for a in params})
         for name, k in (seed or {}).items():   # `sample(z, temperature, cfg_iter)` with a CUDA cfg_iter passes
             if scope.get(name) is None or (k in TENSORISH and scope.get(name + "#dflt")) \
-                    or (k in ("host", "hlist", "pinned", *BATCHES) and scope.get(name) in ("tensor", "tlist")
+                    or (k in ("host", "hlist", "nums", "numpy", "pinned", *BATCHES) and scope.get(name) in ("tensor", "tlist")
                         and scope.get(name + "#dflt")) \
                     or (name in guessed and k in (*TENSORISH, "tlist", "numpy", "host", "hlist", *BATCHES)):
                 # `cfg=1.0` a tensor, forward(batch) a dict of them, `self.actor(np.concatenate(obs))` a host array it
                 # moves itself, `batch: tuple[torch.Tensor, ...]` a loader's host batch
                 scope[name] = k
+                scope.pop(name + "#dflt", None)   # what a call passes: no longer a guess
         closure = self.closure_scope(node) if chain else None
         if closure is not None:
             self.scopes.append(closure)
@@ -130,7 +132,8 @@ class ScopeWalk:
             self.functions.pop()
         self.functions.pop()
         self.defs.pop()
-        self.region, self.loaders, self.scope_node, self.chain, self.types, self.loop_stack, self.left = saved
+        self.region, self.loaders, self.scope_node, self.chain, self.types, self.loop_stack, self.left, \
+            self.dead_depth = saved
         self.seeding, self.looping_def = saved_seeding, saved_looping
 
     def closure_scope(self, node) -> dict | None:

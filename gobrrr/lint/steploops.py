@@ -105,12 +105,17 @@ def step_loops(tree: ast.AST, facts: Facts, rare, nodes: list[ast.AST] | None = 
         if calls and (_takes_batches(node, calls) or isinstance(node, ast.For) and isinstance(node.iter, ast.Name)
                       and node.iter.id in wrapped):
             kinds.add("data")
-        outer = any(looping(n) for n in calls)   # calls a def that holds a step loop: a loop around runs
+        prompts = [n for n in calls if isinstance(n.func, ast.Attribute) and n.func.attr == "generate"] \
+            if _copies_up(calls) else []   # one prompt per iteration, copied up here: `model.generate(ids.cuda())`
+        outer = any(looping(n) for n in calls if n not in prompts)   # calls a def that holds a step loop: a loop around
+        if prompts:
+            kinds.add("forward")
         if "update" in kinds:
             updates.add(id(node))
         if "env" in kinds:
             envs.add(id(node))
-        runs_model = any(facts.step_kind(n) == "forward" and not looping(n) for n in calls)   # not a sampler's loop
+        runs_model = bool(prompts) or any(facts.step_kind(n) == "forward" and not looping(n)
+                                          for n in calls)   # not a sampler's loop
         if "update" in kinds or "env" in kinds or ("data" in kinds and (not outer or _moves_batch(node, own) or runs_model)) \
                 or ("forward" in kinds and (not (inner or outer) or runs_model and _moves_batch(node, own))):
             steps.add(id(node))   # an env stepped or a batch taken is a step, whatever inner loops it holds
@@ -159,6 +164,11 @@ def _moves_batch(loop: ast.AST, own: list[ast.AST]) -> bool:
             names |= {t.id for tgt in n.targets for t in ast.walk(tgt) if isinstance(t, ast.Name)}
     return any(isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr in ("to", "cuda")
                and _bare(c.func.value) in names for c in own)
+
+
+def _copies_up(calls: list[ast.Call]) -> bool:
+    """The loop copies something to the device itself (`.cuda()`, `.to(...)`): a prompt, an image."""
+    return any(isinstance(c.func, ast.Attribute) and c.func.attr in ("to", "cuda") for c in calls)
 
 
 def _bare(node: ast.AST) -> str:

@@ -228,6 +228,8 @@ class SyncRules:
             elif isinstance(a, (ast.Name, ast.Subscript)) and self.kind(a) in TENSORISH \
                     and not (isinstance(root, ast.Name) and (root.id in params or self.lookup(root.id + "#part"))):
                 return a
+            elif isinstance(a, ast.BinOp) and self.kind(a) in TENSORISH and self._made_here([a.left, a.right]):
+                return a   # range(num_images + 1) with num_images = (ids == IMAGE).sum()
         return None
 
     def visit_JoinedStr(self, node: ast.JoinedStr) -> None:

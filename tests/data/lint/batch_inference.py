@@ -6,7 +6,7 @@ def predict(model, texts, tokenizer, device, batch_size=32):
     model.eval()
     results, scores = [], []
     for i in range(0, len(texts), batch_size):
-        enc = tokenizer(texts[i:i + batch_size], return_tensors="pt", padding=True).to(device)
+        enc = tokenizer(texts[i:i + batch_size], return_tensors="pt", padding=True).to(device)  # expect: GB009 (a pageable copy per batch of prompts)
         logits = model(**enc).logits
         probs = logits.softmax(-1)
         results.extend(probs.argmax(-1).tolist())  # expect: GB002

@@ -23,7 +23,7 @@ def main(model, encode, decode, prompts, device="cuda", n_new=200):
     model.eval().to(device)
     with torch.no_grad():
         for prompt in prompts:
-            x = torch.tensor(encode(prompt), dtype=torch.long, device=device)[None, ...]
+            x = torch.tensor(encode(prompt), dtype=torch.long, device=device)[None, ...]  # expect: GB010 (a host list copied up per prompt)
             out = model.generate(x, n_new, temperature=0.8)
             print(decode(out[0].tolist()))
             print("-" * 40)

@@ -33,7 +33,7 @@ class TextTrainer:
     def answer(self, prompts):
         replies = []
         for p in prompts:
-            enc = self.tokenizer(p, return_tensors="pt").to(self.device)
+            enc = self.tokenizer(p, return_tensors="pt").to(self.device)  # expect: GB009 (a pageable copy per prompt)
             ids = self.model.generate(**enc, max_new_tokens=32)
             replies.append(self.tokenizer.decode(ids[0], skip_special_tokens=True))
         return replies
