@@ -102,6 +102,9 @@ def option_flags(test: ast.AST, rated: set[str] = frozenset()) -> set[int]:
         p = p.operand if isinstance(p, ast.UnaryOp) and isinstance(p.op, ast.Not) else p
         if isinstance(p, ast.Compare) and len(p.ops) == 1 and isinstance(p.ops[0], (ast.Is, ast.IsNot)):
             p = p.left   # `if tb_writer is not None:`
+        elif isinstance(p, ast.Compare) and len(p.ops) == 1 and isinstance(p.ops[0], (ast.Eq, ast.NotEq)) \
+                and isinstance(p.comparators[0], ast.Constant) and isinstance(p.comparators[0].value, bool):
+            p = p.left   # `if self.debug == False:`, as `if not self.debug:`
         if _switched_on(p):   # `self.write_interval > 0`: logging on, every step, not a rate
             out |= {id(n) for n in ast.walk(p)}
             continue

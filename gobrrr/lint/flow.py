@@ -55,6 +55,19 @@ def _tensor_test(test: ast.AST) -> tuple[str | None, bool]:
     return None, positive
 
 
+def _container_test(test: ast.AST) -> str | None:
+    """x for `isinstance(x, list)` (tuple, dict, or a tuple of them): a Python container there, never tested
+    as a tensor (`if not images:` asks whether the list is empty)."""
+    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And) and test.values:
+        return _container_test(test.values[0])   # isinstance(images, list) and images
+    if isinstance(test, ast.Call) and name_of(test.func) == "isinstance" and len(test.args) == 2 \
+            and isinstance(test.args[0], ast.Name):
+        types = test.args[1].elts if isinstance(test.args[1], ast.Tuple) else [test.args[1]]
+        if types and all(name_of(t) in ("list", "tuple", "dict", "List", "Tuple", "Dict", "Sequence") for t in types):
+            return test.args[0].id
+    return None
+
+
 def _number_test(test: ast.AST) -> str | None:
     """x for `isinstance(x, float)` (int, bool, numbers.Number, or a tuple of them): a Python number there."""
     if isinstance(test, ast.Call) and name_of(test.func) == "isinstance" and len(test.args) == 2 \
@@ -246,6 +259,9 @@ class FlowRules:
         number = _number_test(node.test)
         if number and scope.get(number) in TENSORISH:   # `if isinstance(sigma, float): torch.full(..., sigma)`
             scope[number] = "num"
+        listed = _container_test(node.test)
+        if listed and scope.get(listed) in TENSORISH:   # `if isinstance(images, list): ... if not images:`
+            scope[listed] = "tlist"
         dist = _dist_test(node.test)   # `if isinstance(out, Distribution): out.log_prob(a)`: a model's output that
         if dist and scope.get(dist) in TENSORISH and not self.project_flags.get("no_validation"):   # is a distribution,
             scope[dist + "#dist"] = "dist"   # validated unless the project turns validation off (inside.py)
@@ -263,6 +279,8 @@ class FlowRules:
         body = dict(scope)
         if number and body.get(number) == "num" and before.get(number) in TENSORISH:
             body[number] = before[number]   # after the if, it holds what it held (or the body's tensor)
+        if listed and body.get(listed) == "tlist" and before.get(listed) in TENSORISH:
+            body[listed] = before[listed]
         scope.clear()
         scope.update(before)
         if name and positive and scope.get(name) in TENSORISH:

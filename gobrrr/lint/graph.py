@@ -92,6 +92,10 @@ class Project(Index):
                     if isinstance(d, DEFS) and d.name == f.id:
                         return [(src, d)]
                 s = src.parent.get(id(s))
+            default = _param_default(scope, f.id)
+            if default is not None:   # def cornernet(db, nnet, decode_func=decode): decode_func(...) runs decode
+                return self.resolve(src, ast.Call(func=default, args=call.args, keywords=call.keywords),
+                                    src.parent.get(id(scope)), types, fallback)
             hit = self.lookup(src, f.id)
             if hit and hit[0] == "def":
                 return [(hit[1], hit[2])]
@@ -398,6 +402,15 @@ def _through_partial(made: ast.Call, call: ast.Call) -> ast.Call:
     """`call` of a name bound to `made = functools.partial(f, a, k=v)`: the call of f it makes, with the bound
     arguments first (`f(a, *call.args, k=v, **call.keywords)`)."""
     return ast.Call(func=made.args[0], args=[*made.args[1:], *call.args], keywords=[*made.keywords, *call.keywords])
+
+
+def _param_default(fn: ast.AST | None, name: str) -> ast.expr | None:
+    """The default of `fn`'s parameter `name` when it names a callable (`decode_func=decode`), else None."""
+    if not isinstance(fn, DEFS):
+        return None
+    a = fn.args
+    pairs = [*zip(reversed([*a.posonlyargs, *a.args]), reversed(a.defaults)), *zip(a.kwonlyargs, a.kw_defaults)]
+    return next((d for p, d in pairs if p.arg == name and isinstance(d, (ast.Name, ast.Attribute))), None)
 
 
 def _params(fn: ast.AST) -> set[str]:

@@ -172,10 +172,13 @@ class HotMap:
                 elif isinstance(n.test, ast.UnaryOp) and isinstance(n.test.op, ast.Not) and graph_mode(n.test.operand) \
                         or cuda:
                     self.off_elses.add(id(n))   # the GPU is assumed: `else:` of `if use_cuda:` is the CPU path
-                if isinstance(n.test, ast.UnaryOp) and isinstance(n.test.op, ast.Not) \
-                        and isinstance(n.test.operand, (ast.Name, ast.Attribute)) \
-                        and "debug" in dotted(n.test.operand).rsplit(".", 1)[-1].lower():
+                off_flag = n.test.operand if isinstance(n.test, ast.UnaryOp) and isinstance(n.test.op, ast.Not) else \
+                    n.test.left if isinstance(n.test, ast.Compare) and len(n.test.ops) == 1 \
+                    and isinstance(n.test.ops[0], ast.Eq) and isinstance(n.test.comparators[0], ast.Constant) \
+                    and n.test.comparators[0].value is False else None   # `not cfg.DEBUG`, `self.debug == False`
+                if isinstance(off_flag, (ast.Name, ast.Attribute)) and "debug" in dotted(off_flag).rsplit(".", 1)[-1].lower():
                     self.main_ifs.add(id(n))
+                    self.off_elses.add(id(n))   # its else is the debug way: off, as `if cfg.DEBUG:` is rare
         self.tree, self._nodes = tree, nodes
         self.restep()
         self._hooks(tree, module_classes, nodes)

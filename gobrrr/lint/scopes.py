@@ -24,7 +24,9 @@ from gobrrr.lint.names import BATCHES, COMPILED, DEVICE_WRAPPERS, TENSORISH
 
 # a module's forward: parameters that hold tensors (or lists and dicts of them) by their usual names
 _FORWARD_TENSORS = {"x", "input", "inputs", "outputs", "output", "logits", "targets", "labels", "hidden_states",
-                    "y", "src", "tgt", "query", "key", "value", "obs", "observations"}
+                    "y", "src", "tgt", "query", "key", "value", "obs", "observations",
+                    "input_ids", "attention_mask", "position_ids", "token_type_ids", "pixel_values",   # a language model's
+                    "timestep", "timesteps"}   # a denoiser's: `forward(self, x, timestep)`
 _HOOK_TENSORS = {"inputs", "outputs", "output", "x", "y", "logits", "loss", "labels", "targets", "images", "data"}
 HOOK_NAMES = _FORWARD_TENSORS | _HOOK_TENSORS
 

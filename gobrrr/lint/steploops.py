@@ -120,7 +120,7 @@ def step_loops(tree: ast.AST, facts: Facts, rare, nodes: list[ast.AST] | None = 
                 or ("forward" in kinds and (not (inner or outer) or runs_model and _moves_batch(node, own))):
             steps.add(id(node))   # an env stepped or a batch taken is a step, whatever inner loops it holds
             # (and a loop that copies its own item to the device and runs the model on it: a detect loop)
-            return True
+            return not (_over_optimizers(node) and "data" not in kinds and "env" not in kinds)
         inner |= outer
         return inner
 
@@ -164,6 +164,13 @@ def _moves_batch(loop: ast.AST, own: list[ast.AST]) -> bool:
             names |= {t.id for tgt in n.targets for t in ast.walk(tgt) if isinstance(t, ast.Name)}
     return any(isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr in ("to", "cuda")
                and _bare(c.func.value) in names for c in own)
+
+
+def _over_optimizers(loop: ast.AST) -> bool:
+    """`for name, opt in self.optimizers.items():` (a GAN's generator and discriminator, VQ-Diffusion's
+    `optimizer_and_scheduler`): one update per optimizer inside the step, not a step loop that makes the
+    def holding it a loop of its own; the loop over batches that calls that def is the step loop."""
+    return isinstance(loop, ast.For) and bool(re.search(r"optim", ast.unparse(loop.iter), re.I))
 
 
 def _copies_up(calls: list[ast.Call]) -> bool:
