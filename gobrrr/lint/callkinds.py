@@ -53,6 +53,7 @@ _DIST_METHODS = {"sample", "rsample", "log_prob", "entropy", "cdf", "icdf", "sam
 _HOST_MAKER = re.compile(r"^(?!(get|load|build|make|create|init|setup|new)_)(\w+_)?(tokenizer|processor|feature_extractor)$",
                          re.I)
 
+
 class CallKinds:
     """The kind of a call's result: functions, torch, methods, loaders and the project's defs."""
 

@@ -45,6 +45,7 @@ def _module_path(s: Source) -> Path:
 # (not pydantic's `BaseModel`, nor a bare `Model`)
 _HF_MODEL = re.compile(r"(?<!\bBase)(?<=[a-z0-9])(Model|For[A-Z]\w+)$")
 
+
 class Index:
     """Every checked file, indexed once: modules, classes, methods and what names mean (see the module doc)."""
 
