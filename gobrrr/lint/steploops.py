@@ -120,7 +120,7 @@ def step_loops(tree: ast.AST, facts: Facts, rare, nodes: list[ast.AST] | None = 
                 or ("forward" in kinds and (not (inner or outer) or runs_model and _moves_batch(node, own))):
             steps.add(id(node))   # an env stepped or a batch taken is a step, whatever inner loops it holds
             # (and a loop that copies its own item to the device and runs the model on it: a detect loop)
-            inside = _over_optimizers(node) or _runs_its_items(node, calls) and "update" not in kinds
+            inside = _over_optimizers(node) or (_runs_its_items(node, calls) and "update" not in kinds)
             return not (inside and not kinds & {"data", "env"})   # one optimizer or layer at a time, in the step
         inner |= outer
         return inner
@@ -175,9 +175,9 @@ def _over_optimizers(loop: ast.AST) -> bool:
 
 
 def _runs_its_items(loop: ast.AST, calls: list[ast.Call]) -> bool:
-    """`for block in self.blocks: x = block(x)` (or `self.blocks[i](x)`): a loop over layers that runs each one, inside a module's
-    forward (or an encoder's `encode`): per layer inside the step, not a step loop that makes the def holding it
-    a loop of its own (every caller of `encode` would be taken for an outer loop)."""
+    """`for block in self.blocks: x = block(x)` (or `self.blocks[i](x)`): a loop over layers that runs each one,
+    inside a module's forward (or an encoder's `encode`): per layer inside the step, not a step loop that makes the
+    def holding it a loop of its own (every caller of `encode` would be taken for an outer loop)."""
     if not isinstance(loop, ast.For):
         return False
     names = {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)}
