@@ -63,7 +63,7 @@ from gobrrr.lint.loops import (
     stepping_defs,
     updating_methods,
 )
-from gobrrr.lint.rates import defaults_of_one
+from gobrrr.lint.rates import defaults_of_one, switches
 from gobrrr.lint.rewalk import fewer_constants, retyping, types_more
 from gobrrr.lint.rules import Checker
 from gobrrr.lint.source import Source, parse
@@ -107,7 +107,11 @@ def check_sources(sources: list[Source], assume_gpu: bool = False,
     skipped as CPU-only (they never name a device; `assume_gpu` checks them). The project is
     indexed once; calls from hot code are followed breadth-first, each function walked once."""
     project = Project(sources)
-    flags = {"no_validation": any(validation_off_globally(s.text) for s in sources)}
+    off, on = set(), set()
+    for s in sources:
+        o, x = switches(s.nodes)
+        off, on = off | o, on | x
+    flags = {"no_validation": any(validation_off_globally(s, on - off) for s in sources)}
     facts = {id(s): Facts(s.nodes, project.module_classes) for s in sources}
     stepping, forwarding = _closures(sources, facts)
     collates = frozenset(c for s in sources if "collate_fn" in s.text for c in collate_defs(s.nodes))
