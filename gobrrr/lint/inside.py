@@ -113,10 +113,22 @@ class InsideRules:
             for t in node.targets:   # its samples, log_prob and entropy are device tensors
                 if made and isinstance(t, ast.Name):
                     self.scopes[-1][t.id + _DEVICE_DIST] = "dist"
+                elif isinstance(t, ast.Name) and self.host_dist(v):
+                    self.scopes[-1][t.id + _HOST_DIST] = "dist"
             if made == "Normal":   # its .sample() calls torch.normal(loc, scale), validation or not
                 self.bind_to(node.targets, _NORMAL, self.normal_attrs)
             if self.validated_dist(v, self.dotted(v.func) or "", kw):
                 self.bind_to(node.targets, _DIST, self.dist_attrs)
+
+    def host_dist(self, call: ast.Call) -> bool:
+        """`Normal(0, 1)`, `Uniform(-1.0, 1.0)`: a torch distribution of Python numbers, whose samples are drawn on
+        the host (a `.cuda()` of each one is a blocking copy)."""
+        name = self.dotted(call.func) or ""
+        last = name.rsplit(".", 1)[-1]
+        args = [*call.args, *(k.value for k in call.keywords if k.arg != "validate_args")]
+        return name.startswith("torch.distributions.") and last[:1].isupper() and bool(args) and all(
+            isinstance(a, ast.Constant) and type(a.value) in (int, float) or isinstance(a, ast.UnaryOp)
+            and isinstance(a.operand, ast.Constant) for a in args)
 
     def wrapper_of(self, call: ast.Call) -> str | None:
         """The base a project TransformedDistribution subclass builds (dists.wrapped_dist), when this
@@ -204,6 +216,7 @@ class InsideRules:
 
 _DIST = "#dist"   # scope key of a name bound to a validated distribution
 _DEVICE_DIST = "#ddist"   # scope key of a name bound to a distribution of device tensors
+_HOST_DIST = "#hdist"   # scope key of a name bound to a distribution of Python numbers (sampled on the host)
 _NORMAL = "#normal"   # scope key of a name bound to a Normal of device tensors
 _DISTS = "#dists"   # scope key of a name bound to a list of validated distributions
 _FIX = ("pass validate_args=False, or call torch.distributions.Distribution.set_default_validate_args(False) once "
