@@ -109,8 +109,8 @@ def test_real_judgements_are_well_formed():
     assert len({d["domain"] for d in docs}) == 4
     for d in docs:
         assert len(d["commit"]) == 40 and d["url"].startswith("https://github.com/")
-        if d.get("negative_control"):   # a project that never uses the GPU (minimalRL): every line judged false
-            assert d["lines"] and all(e["verdict"] == "false" for e in d["lines"]), d["name"]
+        if d.get("negative_control"):   # a project that never uses the GPU (minimalRL): every line judged false,
+            assert all(e["verdict"] == "false" for e in d["lines"]), d["name"]   # none if the lint reports none
         else:
             assert sum(e["verdict"] == "step" for e in d["lines"]) >= 2, d["name"]   # VAR: few, still some
         assert len({(e["path"], e["line"]) for e in d["lines"]}) == len(d["lines"]), d["name"]

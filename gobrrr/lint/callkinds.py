@@ -62,6 +62,20 @@ class CallKinds:
         known to be neither a tensor nor a list of them."""
         return None
 
+    def _host_items(self, comp: ast.ListComp | ast.GeneratorExp) -> bool:
+        """Every item of the comprehension is host data: made by a tokenizer, processor or transform, or taken
+        (by index or attribute, nothing called) from the items of a host batch, list or array it iterates."""
+        if self.kind(comp.elt) in ("host", "hlist", "numpy", "batch_tok"):
+            return True
+        if len(comp.generators) != 1 or not isinstance(comp.generators[0].target, ast.Name):
+            return False
+        target = comp.generators[0].target.id
+        e = comp.elt
+        while isinstance(e, (ast.Subscript, ast.Attribute)):
+            e = e.value
+        return isinstance(e, ast.Name) and e.id == target and not any(isinstance(n, ast.Call) for n in ast.walk(comp.elt)) \
+            and self.kind(comp.generators[0].iter) in ({"host", "hlist", "numpy"} | BATCHES)
+
     def call_kind(self, node: ast.Call) -> str | None:
         func = node.func
         name = self.dotted(func)
@@ -161,6 +175,9 @@ class CallKinds:
                 parts = {self.kind(e) for e in node.args[0].elts}
                 if parts & ({"host", "hlist"} | BATCHES) and not parts & TENSORISH:
                     return "host"   # torch.cat((labels[:, :1], boxes), 1) with host labels: one device for all parts
+            if last in ("cat", "stack", "concat") and root == "torch" and node.args \
+                    and isinstance(node.args[0], (ast.ListComp, ast.GeneratorExp)) and self._host_items(node.args[0]):
+                return "host"   # torch.stack([x[0] for x in batch[1]]), torch.stack([processor(im) for im in images])
             if root == "torch" and last in ("ones_like", "zeros_like") and node.args and len(node.args) == 1 \
                     and not node.keywords and self.kind(node.args[0]) == "mask":
                 return "mask"   # torch.ones_like(j) keeps j's bool dtype
@@ -244,6 +261,9 @@ class CallKinds:
             return recv
         if method in _DIST_METHODS and isinstance(func.value, ast.Name) and self.lookup(func.value.id + "#ddist"):
             return "tensor"   # probs.sample(), probs.log_prob(a) of a distribution of device tensors
+        if method in ("sample", "rsample", "sample_n") and isinstance(func.value, ast.Name) \
+                and self.lookup(func.value.id + "#hdist"):
+            return "host"     # Normal(0, 1).sample(shape): drawn on the host, wherever its caller uses it
         if method == "get" and recv in BATCHES and node.args:
             return recv   # data.get('cond_image'): a field of the batch, where the batch is
         if recv == "obj" or method in NOT_TENSOR_METHODS:

@@ -63,7 +63,7 @@ from gobrrr.lint.loops import (
     stepping_defs,
     updating_methods,
 )
-from gobrrr.lint.rates import defaults_of_one
+from gobrrr.lint.rates import defaults_of_one, switches
 from gobrrr.lint.rewalk import fewer_constants, retyping, types_more
 from gobrrr.lint.rules import Checker
 from gobrrr.lint.source import Source, parse
@@ -107,16 +107,20 @@ def check_sources(sources: list[Source], assume_gpu: bool = False,
     skipped as CPU-only (they never name a device; `assume_gpu` checks them). The project is
     indexed once; calls from hot code are followed breadth-first, each function walked once."""
     project = Project(sources)
-    flags = {"no_validation": any(validation_off_globally(s.text) for s in sources)}
+    off, on = set(), set()
+    for s in sources:
+        o, x = switches(s.nodes)
+        off, on = off | o, on | x
+    flags = {"no_validation": any(validation_off_globally(s, on - off) for s in sources)}
     facts = {id(s): Facts(s.nodes, project.module_classes) for s in sources}
     stepping, forwarding = _closures(sources, facts)
     collates = frozenset(c for s in sources if "collate_fn" in s.text for c in collate_defs(s.nodes))
     env_stepping = frozenset(n for s in sources if "step(" in s.text for n in env_stepping_defs(s.nodes))
     updaters = frozenset(m for s in sources if "class " in s.text for m in updating_methods(s.nodes, facts[id(s)]))
-    ones, others = set(), set()
+    ones, others, own = set(), set(), {}
     for s in sources:
         o, x = defaults_of_one(s.nodes)
-        ones, others = ones | o, others | x
+        ones, others, own[id(s)] = ones | o, others | x, (o, x)
     every_step = ones - others   # `completed_steps % args.logging_steps` with `logging_steps: int = 1`
     looping: set[str] = set()
     called: dict[str, set[str]] = {}
@@ -124,7 +128,9 @@ def check_sources(sources: list[Source], assume_gpu: bool = False,
     inside = dict(zip(map(id, sources), inside_project([s.path for s in sources])))
     for s in sources:
         f = facts[id(s)]
-        f.stepping, f.forwarding, f.every_step, f.updaters = set(stepping), set(forwarding), every_step, updaters
+        o, x = own[id(s)]   # a script's own parser decides for its own branches (`--log_interval` 1 here, 100 there)
+        f.stepping, f.forwarding, f.updaters = set(stepping), set(forwarding), updaters
+        f.every_step = (every_step | (o - x)) - (x - o)
         f.collates, f.env_stepping = collates, env_stepping
         hotmaps[id(s)] = project.hotmaps[id(s)] = HotMap(s.tree, inside[id(s)], s.nodes, project.module_classes, f)
         looping |= hotmaps[id(s)].looping

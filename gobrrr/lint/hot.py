@@ -298,10 +298,18 @@ class HotMap:
                     t = stmt.test
                     inner = t.operand if isinstance(t, ast.UnaryOp) and isinstance(t.op, ast.Not) else (
                         t if isinstance(t, ast.Compare) and any(isinstance(o, ast.NotEq) for o in t.ops) else None)
-                    if inner is not None and self._rate_limited(inner, body[i + 1:]):
+                    if inner is not None and self._rate_limited(inner, body[i + 1:]) \
+                            and not self._runs_a_model(body[i + 1:]):
                         out |= {id(s) for s in body[i + 1:]}
                         break
         return out
+
+    def _runs_a_model(self, stmts: list[ast.stmt]) -> bool:
+        """The tail after `if count % skip != 0: continue` runs a model (`model(x)`, `detect(pose_model, img)`):
+        the loop skips frames and the kept ones are its steps, not a log written every N steps."""
+        return any(isinstance(n, ast.Call) and (self.facts.step_kind(n) in ("forward", "update") or any(
+            isinstance(a, (ast.Name, ast.Attribute)) and is_model_name(name_of(a)) for a in n.args))
+            for st in stmts for n in own_level([st]))
 
     def _timed(self, nodes: list[ast.AST]) -> None:
         """synchronize() next to a timer read, or in a loop that reads one: measurement."""

@@ -26,7 +26,9 @@ import ast
 from gobrrr.lint.bindings import assigned_calls, own_statements
 from gobrrr.lint.cpuparams import cpu_grad_backwards
 from gobrrr.lint.dists import dist_aliases, qualified, wrapped_dist
+from gobrrr.lint.loops import name_of
 from gobrrr.lint.names import TENSORISH
+from gobrrr.lint.source import DEFS
 
 _BARRIERS = ("torch.distributed.barrier", "dist.barrier", "wait_for_everyone", "xm.rendezvous",
              "torch_xla.core.xla_model.rendezvous")
@@ -111,10 +113,22 @@ class InsideRules:
             for t in node.targets:   # its samples, log_prob and entropy are device tensors
                 if made and isinstance(t, ast.Name):
                     self.scopes[-1][t.id + _DEVICE_DIST] = "dist"
+                elif isinstance(t, ast.Name) and self.host_dist(v):
+                    self.scopes[-1][t.id + _HOST_DIST] = "dist"
             if made == "Normal":   # its .sample() calls torch.normal(loc, scale), validation or not
                 self.bind_to(node.targets, _NORMAL, self.normal_attrs)
             if self.validated_dist(v, self.dotted(v.func) or "", kw):
                 self.bind_to(node.targets, _DIST, self.dist_attrs)
+
+    def host_dist(self, call: ast.Call) -> bool:
+        """`Normal(0, 1)`, `Uniform(-1.0, 1.0)`: a torch distribution of Python numbers, whose samples are drawn on
+        the host (a `.cuda()` of each one is a blocking copy)."""
+        name = self.dotted(call.func) or ""
+        last = name.rsplit(".", 1)[-1]
+        args = [*call.args, *(k.value for k in call.keywords if k.arg != "validate_args")]
+        return name.startswith("torch.distributions.") and last[:1].isupper() and bool(args) and all(
+            isinstance(a, ast.Constant) and type(a.value) in (int, float) or isinstance(a, ast.UnaryOp)
+            and isinstance(a.operand, ast.Constant) for a in args)
 
     def wrapper_of(self, call: ast.Call) -> str | None:
         """The base a project TransformedDistribution subclass builds (dists.wrapped_dist), when this
@@ -202,6 +216,7 @@ class InsideRules:
 
 _DIST = "#dist"   # scope key of a name bound to a validated distribution
 _DEVICE_DIST = "#ddist"   # scope key of a name bound to a distribution of device tensors
+_HOST_DIST = "#hdist"   # scope key of a name bound to a distribution of Python numbers (sampled on the host)
 _NORMAL = "#normal"   # scope key of a name bound to a Normal of device tensors
 _DISTS = "#dists"   # scope key of a name bound to a list of validated distributions
 _FIX = ("pass validate_args=False, or call torch.distributions.Distribution.set_default_validate_args(False) once "
@@ -262,9 +277,43 @@ def _torch_dist_base(project, src, cls, depth: int = 0) -> bool:
     return False
 
 
-def validation_off_globally(text: str) -> bool:
-    """The project turns argument validation off once: set_default_validate_args(False)."""
-    return "set_default_validate_args(False)" in text.replace(" ", "")
+def validation_off_globally(src, on: set[str] = frozenset()) -> bool:
+    """The file turns argument validation off for the whole process: `set_default_validate_args(False)` once,
+    or a call of `torch.compile`, whose first call does the same (torch/_dynamo/eval_frame.py, TorchPatcher.patch,
+    since torch 2.0; seen on an H100: a Categorical that synced before a compiled test in the same process no
+    longer did after it). A compile counts where it runs by default: outside any `if`, or under tests that name
+    only options on by default (`on`: `compile = True`, `default=True`); under any other test (`if
+    args.compile:` with `store_true`, a flag passed down) validation stays on for the default run."""
+    text = src.text
+    if "set_default_validate_args(False)" in text.replace(" ", ""):
+        return True
+    if "compile" not in text:
+        return False
+    guarded: set[int] = set()
+    for n in src.nodes:
+        if isinstance(n, (ast.If, ast.IfExp)) and not _names_on(n.test, on):
+            for branch in (n.body, n.orelse):
+                guarded |= {id(x) for st in (branch if isinstance(branch, list) else [branch]) for x in ast.walk(st)}
+    for n in src.nodes:
+        if id(n) in guarded:
+            continue
+        if isinstance(n, ast.Call) and (qualified(src, n.func) in _COMPILERS or isinstance(n.func, ast.Attribute)
+                                        and n.func.attr == "compile" and not n.args
+                                        and all(k.arg in _COMPILE_KEYWORDS for k in n.keywords)):
+            return True   # torch.compile(model), @torch.compile(mode=...), model.compile()
+        if isinstance(n, DEFS) and any(qualified(src, d) in _COMPILERS for d in n.decorator_list):
+            return True   # @torch.compile
+    return False
+
+
+def _names_on(test: ast.AST, on: set[str]) -> bool:
+    """`if compile:` / `if args.compile and use_cuda:`: every part an option on by default."""
+    parts = test.values if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And) else [test]
+    return all(isinstance(p, (ast.Name, ast.Attribute)) and name_of(p) in on for p in parts)
+
+
+_COMPILERS = {"torch.compile", "torch._dynamo.optimize"}
+_COMPILE_KEYWORDS = {"mode", "fullgraph", "dynamic", "backend", "options", "disable"}
 
 
 __all__ = ["InsideRules", "validation_off_globally"]

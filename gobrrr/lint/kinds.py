@@ -180,6 +180,8 @@ class Kinds(CallKinds):
             a, b = self.kind(node.body), self.kind(node.orelse)
             return a if a == b else None
         if isinstance(node, ast.Attribute):
+            if node.attr == "device" and self.kind(node.value) in ("host", "pinned", "batch_host"):
+                return "cpudev"   # `dtype, device = im.dtype, im.device` of a host image: the CPU
             if node.attr in NUMBER_ATTRS or node.attr in ("size", "dim"):   # x.size, p.dim uncalled: a tuple, an int
                 return "num"
             own = isinstance(node.value, ast.Name) and node.value.id == "self" and node.attr in self.self_attrs
@@ -219,6 +221,8 @@ class Kinds(CallKinds):
             kept = self.lookup(node.value.id + "#kept") if isinstance(node.value, ast.Name) else None
             if kept and isinstance(node.slice, ast.Constant) and node.slice.value in kept[0]:
                 return kept[1]   # batch["meta"] of a batch whose other keys a loop moved to the device
+            if isinstance(node.slice, (ast.Constant, ast.UnaryOp)) and _one_token_id(node.value):
+                return "num"   # tokenizer("<image>", add_special_tokens=False)["input_ids"][-1]: an int
             if k == "mask":   # a row of a mask (`xc[xi]`, `mask[:, 0]`) is a mask; what else indexes it, a tensor
                 return "mask" if self._plain_index(node.slice) else "tensor"
             if k == "num" and not isinstance(node.slice, ast.Slice):
@@ -342,3 +346,13 @@ class Kinds(CallKinds):
         if re.search(r"Module|Optimizer", text):
             return "obj"
         return "str" if text == "str" else None
+
+
+def _one_token_id(ids: ast.AST) -> bool:
+    """`tokenizer("<image>")["input_ids"]` / `.input_ids`: the ids of one text, a Python list of ints (no
+    `return_tensors`), whose items are ints."""
+    call = ids.value if isinstance(ids, ast.Subscript) and isinstance(ids.slice, ast.Constant) \
+        and ids.slice.value == "input_ids" or isinstance(ids, ast.Attribute) and ids.attr == "input_ids" else None
+    return isinstance(call, ast.Call) and bool(call.args) and isinstance(call.args[0], (ast.Constant, ast.JoinedStr)) \
+        and isinstance(getattr(call.args[0], "value", ""), str) and "tokeni" in name_of(call.func).lower() \
+        and not any(k.arg == "return_tensors" for k in call.keywords)

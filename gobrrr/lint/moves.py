@@ -8,8 +8,9 @@
     GB010  host data copied by a factory (or a device tensor's `.new_tensor(data)`) or a host tensor's
            `.to(device)` inside the loop:
            `torch.tensor(data, device=dev)`, `torch.as_tensor(x, device=dev)`, `lr_t.to(dev)`, a host
-           tensor written into a device one (`gain[2:6] = torch.tensor(shape)`): each a blocking copy
-           that waits for the GPU to drain (torch copies from pageable memory and syncs)
+           tensor written into a device one (`gain[2:6] = torch.tensor(shape)`), a Python number written
+           into one element (`rewards[i] = 0.5`): each a blocking copy that waits for the GPU to drain
+           (torch copies from pageable memory and syncs)
     GB011  a device tensor indexed by host indices (`b_obs[mb_inds]` with a numpy array, a CPU
            `torch.arange`, a `range` or a list): the index is copied to the device, blocking, each time
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 import ast
 import re
 
+from gobrrr.lint.bindings import assigned_calls
 from gobrrr.lint.hot import iterates, own_nodes, root_name
 from gobrrr.lint.loops import name_of
 from gobrrr.lint.names import BATCHES, COMPILED, DATA_FACTORIES, DTYPE_METHODS, FACTORIES, HOSTISH, TENSORISH, VIEW_METHODS
@@ -216,6 +218,8 @@ class CopyRules:
             self.flag(target, "GB002", what="writing a device value into a host tensor")
         elif into in TENSORISH and k in ("host", "hlist"):
             self.flag(target, "GB010", what=f"{_short(target, 30)} = <host tensor>")
+        elif into in TENSORISH and not augmented and self.element_write(target, value, k):
+            self.flag(target, "GB010", what=f"{_short(target, 30)} = <Python number>, one element")
         if into in TENSORISH:
             parts = target.slice.elts if isinstance(target.slice, ast.Tuple) else [target.slice]
             masks = [p for p in parts if self.kind(p) == "mask"]
@@ -225,6 +229,37 @@ class CopyRules:
             # `t[i, mask] = 0` with an int i selects first: the mask is then the one index, a masked_fill
             if masks and (augmented or k in TENSORISH or others):
                 self.flag(target, "GB008", what="writing through a boolean mask `x[mask] = y`")
+
+
+    def element_write(self, target: ast.Subscript, value: ast.AST, k: str | None) -> bool:
+        """`rewards[i] = 0.5` into a device tensor made here with one dim per index: the value becomes a CPU
+        scalar tensor that is copied into the one element, blocking (a sync; measured on an H100, torch 2.11).
+        A row or a slice (`m[1] = 0`, `t[2:5] = 7`) is filled on the device instead, and `t[i] += 0.5` adds
+        on the device and writes back a device scalar: neither syncs."""
+        if not (isinstance(value, ast.Constant) and type(value.value) in (int, float, bool) or k == "num"
+                or isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id in _NUMBER_CALLS
+                and all(self.kind(a) not in TENSORISH for a in value.args)) or not isinstance(target.value, ast.Name):
+            return False
+        parts = target.slice.elts if isinstance(target.slice, ast.Tuple) else [target.slice]
+        if any(not (isinstance(p, ast.Constant) and type(p.value) is int) and not (
+                isinstance(p, ast.Name) and self.kind(p) in (None, "num")) for p in parts):
+            return False
+        made = assigned_calls(self.src, target.value.id, self.defs[-1] if self.defs else None)
+        return bool(made) and all(_made_ndim(c) == len(parts) for c in made)
+
+
+_NUMBER_CALLS = {"float", "int", "bool", "max", "min", "round", "abs", "sum", "len"}
+
+
+def _made_ndim(call: ast.Call) -> int | None:
+    """The dims of a tensor a factory makes (`torch.zeros(n, device=d)`: 1, `torch.full((b, t), v)`: 2), or None."""
+    last = name_of(call.func)
+    if last not in _SIZED and last != "full" or not call.args:
+        return None
+    sizes = call.args[:1] if last == "full" else call.args
+    if len(sizes) == 1 and isinstance(sizes[0], (ast.Tuple, ast.List)):
+        return len(sizes[0].elts)
+    return None if any(isinstance(a, (ast.Tuple, ast.List, ast.Starred)) for a in sizes) else len(sizes)
 
 
 def _int_list(val: ast.AST) -> bool:

@@ -48,3 +48,35 @@ def defaults_of_one(nodes: list[ast.AST]) -> tuple[set[str], set[str]]:
 
 
 _RATE_NAME = re.compile(r"interval|every|freq|period|_steps$")
+
+
+def switches(nodes: list[ast.AST]) -> tuple[set[str], set[str]]:
+    """(options some config leaves off by default, options it turns on): an argparse flag with
+    `action="store_true"` or `default=False`, a dataclass field, class attribute or module constant `= False`
+    (or `= True`)."""
+    off, on = set(), set()
+    for n in nodes:
+        if isinstance(n, ast.Module):   # nanoGPT's `compile = True`, overridden from the command line
+            for st in n.body:
+                if isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name) \
+                        and isinstance(st.value, ast.Constant) and isinstance(st.value.value, bool):
+                    (on if st.value.value else off).add(st.targets[0].id)
+        elif isinstance(n, ast.ClassDef):
+            for st in n.body:
+                if isinstance(st, (ast.Assign, ast.AnnAssign)) and isinstance(st.value, ast.Constant) \
+                        and isinstance(st.value.value, bool):
+                    target = st.target if isinstance(st, ast.AnnAssign) else st.targets[0]
+                    if isinstance(target, ast.Name):
+                        (on if st.value.value else off).add(target.id)
+        elif isinstance(n, ast.Call) and name_of(n.func) == "add_argument":
+            flags = [a.value for a in n.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+            if not flags:
+                continue
+            kw = {k.arg: k.value for k in n.keywords if k.arg}
+            dest = kw["dest"].value if isinstance(kw.get("dest"), ast.Constant) else flags[-1].lstrip("-").replace("-", "_")
+            default, action = kw.get("default"), kw.get("action")
+            if isinstance(default, ast.Constant) and isinstance(default.value, bool):
+                (on if default.value else off).add(dest)
+            elif default is None and isinstance(action, ast.Constant) and action.value in ("store_true", "store_false"):
+                (off if action.value == "store_true" else on).add(dest)
+    return off, on

@@ -223,6 +223,17 @@ class ScopeWalk:
             return
         if isinstance(value, ast.Constant) and value.value is None and all(_self_attr(t) for t in node.targets):
             return   # self.tloss = None: a reset before the step assigns what the attribute holds
+        if isinstance(value, ast.BoolOp):   # `cached = self.use_cache and not locs.any()`: bool() of the tensor,
+            last = value.values[-1]          # here (of every operand but the last, and of a `not` one)
+            for v in [*value.values[:-1], *([last] if isinstance(last, ast.UnaryOp) else [])]:
+                inner = v.operand if isinstance(v, ast.UnaryOp) and isinstance(v.op, ast.Not) else v
+                if isinstance(inner, ast.Compare) or isinstance(inner, ast.Call) \
+                        and name_of(inner.func) in _TRUTH_CALLS:   # computed here: `m.any()`, `x.isnan().all()`
+                    self.check_condition(v)
+            if isinstance(last, ast.UnaryOp) and isinstance(last.op, ast.Not):
+                for t in node.targets:
+                    self.bind(t, "num")
+                return
         k = self.kind(value)
         if zero_d:
             for t in node.targets:
@@ -294,6 +305,9 @@ class ScopeWalk:
             elif k == "host" and old in (None, "hlist"):
                 self.bind(v.func.value, "hlist")
         self.generic_visit(node)
+
+
+_TRUTH_CALLS = {"any", "all", "isnan", "isinf", "isfinite", "equal", "eq", "ne", "gt", "ge", "lt", "le"}
 
 
 def _self_attr(node: ast.AST) -> bool:

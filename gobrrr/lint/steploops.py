@@ -22,6 +22,7 @@ from gobrrr.lint.loops import (
 
 _DATA_ITERATOR = re.compile(r"^(train|eval|val|valid|test|data|batch)_?iterator$", re.I)   # self.eval_iterator
 _NOT_WRAPPERS = {"DataLoader"}   # `torch.utils.data.DataLoader(dataset)` is the loader itself, not a wrapper of one
+_CAPTURE = re.compile(r"cap|video|cam$|camera|webcam", re.I)   # cv2.VideoCapture(...) as vidcap, cap, cam
 _BATCH_SOURCE = re.compile(r"loader|iter|gen|data|batch|stream|_dl$|^dl$", re.I)   # next(train_iter)
 
 
@@ -208,7 +209,11 @@ def _bare(node: ast.AST) -> str:
 
 def _takes_batches(loop: ast.AST, calls: list[ast.Call]) -> bool:
     """A for loop over a loader (`train_loader`, `DataLoader(...)`, `tqdm(loader)`), a while loop that
-    calls next() on an iterator, or a for loop that calls it on one named for data (`next(train_iter)`)."""
+    calls next() on an iterator, a for loop that calls it on one named for data (`next(train_iter)`), or a
+    loop that reads a frame from a video capture (`cap.read()`)."""
+    if any(isinstance(c.func, ast.Attribute) and c.func.attr == "read" and not c.args
+           and _CAPTURE.search(name_of(c.func.value)) for c in calls):
+        return True   # ret, frame = vidcap.read(): a frame of a video or camera per iteration
     nexts = [c.args[0] for c in calls if isinstance(c.func, ast.Name) and c.func.id == "next" and c.args]
     if isinstance(loop, ast.While) or any(isinstance(a, (ast.Name, ast.Attribute)) and _BATCH_SOURCE.search(
             name_of(a)) for a in nexts):   # not `next(iter(m.parameters()))` in a loop over modules
