@@ -134,42 +134,29 @@ def test_noise_drawn_from_a_distribution_of_numbers_is_drawn_on_the_host(tmp_pat
     assert found.get(14) == "GB010", found
 
 
+_RATED_SCRIPT = """
+    import argparse
+    import torch
+
+    def train(model, loader, opt, args):
+        for step, x in enumerate(loader):
+            loss = model(x.cuda(non_blocking=True)).mean()
+            loss.backward()
+            opt.step()
+            if step % args.log_interval == 0:
+                print(loss.item())
+
+    if __name__ == "__main__":
+        p = argparse.ArgumentParser()
+        p.add_argument("--log_interval", type=int, default=DEFAULT)
+    """
+
+
 def test_a_scripts_own_parser_decides_its_own_logging_rate(tmp_path):
     """minimind's RL trainers parse `--log_interval` with default 1 while its pretraining script says 100: the
     project-wide reading took the name as a rate, so the RL trainers' per-step `.item()` reads went unreported."""
-    found = _lint(tmp_path, {
-        "train_grpo.py": """
-            import argparse
-            import torch
-
-            def train(model, loader, opt, args):
-                for step, x in enumerate(loader):
-                    loss = model(x.cuda(non_blocking=True)).mean()
-                    loss.backward()
-                    opt.step()
-                    if step % args.log_interval == 0:
-                        print(loss.item())
-
-            if __name__ == "__main__":
-                p = argparse.ArgumentParser()
-                p.add_argument("--log_interval", type=int, default=1)
-            """,
-        "train_pretrain.py": """
-            import argparse
-            import torch
-
-            def train(model, loader, opt, args):
-                for step, x in enumerate(loader):
-                    loss = model(x.cuda(non_blocking=True)).mean()
-                    loss.backward()
-                    opt.step()
-                    if step % args.log_interval == 0:
-                        print(loss.item())
-
-            if __name__ == "__main__":
-                p = argparse.ArgumentParser()
-                p.add_argument("--log_interval", type=int, default=100)
-            """})
+    found = _lint(tmp_path, {"train_grpo.py": _RATED_SCRIPT.replace("DEFAULT", "1"),
+                             "train_pretrain.py": _RATED_SCRIPT.replace("DEFAULT", "100")})
     assert ("train_grpo.py", 11, "GB002") in found, found
     assert not [f for f in found if f[0] == "train_pretrain.py" and f[1] == 11], found
 
