@@ -230,7 +230,6 @@ class CopyRules:
             if masks and (augmented or k in TENSORISH or others):
                 self.flag(target, "GB008", what="writing through a boolean mask `x[mask] = y`")
 
-
     def element_write(self, target: ast.Subscript, value: ast.AST, k: str | None) -> bool:
         """`rewards[i] = 0.5` into a device tensor made here with one dim per index: the value becomes a CPU
         scalar tensor that is copied into the one element, blocking (a sync; measured on an H100, torch 2.11).
