@@ -205,10 +205,11 @@ class Kinds(CallKinds):
                 return "generated" if k == "generated" else "tensor"  # .data, .T, a model output's .loss / .logits
             if k in ("host", "pinned", "numpy") or k in BATCHES:
                 return k  # a field of a host batch is on the host too
+            known = getattr(getattr(self, "project", None), "host_attrs", {}).get(node.attr)
             if k is None and not (isinstance(node.value, ast.Name) and node.value.id == "self"):
                 # sde.discrete_betas: the project sets that attribute only to host tables (calls.host_attrs)
-                return getattr(getattr(self, "project", None), "host_attrs", {}).get(node.attr)
-            return None
+                return known
+            return known if known == "loader_device" else None   # a subclass prepared self.eval_dataloader
         if isinstance(node, ast.Subscript):
             if self.dotted(node.value) in ("numpy.r_", "numpy.c_"):
                 return "numpy"   # np.r_[:2, 4:n]: an index array built on the host

@@ -51,12 +51,24 @@ def step_loops(tree: ast.AST, facts: Facts, rare, nodes: list[ast.AST] | None = 
 
     local = {d.name: d for d in getattr(tree, "body", []) if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))}
     local_looping: set[str] = set()   # this file's module-level defs that hold a step loop
+    own_methods = _own_method_calls(tree)   # id of a `self.forward(...)` call -> the class's own `def forward`
+    method_loops: dict[int, bool] = {}   # id of such a method -> it reaches a def that holds a step loop
 
-    def looping(call: ast.Call) -> bool:
+    def looping(call: ast.Call, seen: frozenset = frozenset()) -> bool:
         n = name_of(call.func)
         f = call.func
         if isinstance(f, ast.Name) and f.id in local:   # update_params(batch), defined here: what this file's def
             return local_holds(f.id, set())            # does, whatever other scripts' defs of the name do
+        method = own_methods.get(id(call))
+        if method is not None and id(method) not in seen and not any(
+                isinstance(x, LOOPS) and not _runs_its_items(x, [c for c in own_level(x.body) if isinstance(c, ast.Call)])
+                for x in ast.walk(method)):
+            # self.forward(ids) of a class whose own forward has no loop (but over its layers): what it calls
+            # decides, not every project def named forward (MaskGIT's sampling loop is a step loop, not an outer one)
+            if id(method) not in method_loops:
+                method_loops[id(method)] = any(looping(c, seen | {id(method)}) for c in ast.walk(method)
+                                               if isinstance(c, ast.Call))
+            return method_loops[id(method)]
         if isinstance(f, ast.Attribute) and n in COMMON_METHODS and not (
                 isinstance(f.value, ast.Name) and (f.value.id == "self" or f.value.id in imported)):
             return False   # `callbacks.run("on_val_batch_start")` is not the project's `def run` (`val.run` is)
@@ -130,7 +142,7 @@ def step_loops(tree: ast.AST, facts: Facts, rare, nodes: list[ast.AST] | None = 
     visit(tree)
     if looping_fns != known or local_looping:   # again, now that every def holding a step loop is known (a
         steps.clear(), updates.clear(), envs.clear()   # local one may be defined below the loop that calls it)
-        held.clear()
+        held.clear(), method_loops.clear()
         visit(tree)
     return steps, updates, envs, looping_fns
 
@@ -188,6 +200,18 @@ def _runs_its_items(loop: ast.AST, calls: list[ast.Call]) -> bool:
             return f.id in names
         return isinstance(f, ast.Subscript) and any(isinstance(n, ast.Name) and n.id in names for n in ast.walk(f.slice))
     return any(runs_item(c.func) for c in calls)
+
+
+def _own_method_calls(tree: ast.AST) -> dict[int, ast.AST]:
+    """id of each `self.name(...)` call inside a class -> that class's own method `name`, where it defines one."""
+    out: dict[int, ast.AST] = {}
+    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+        methods = {d.name: d for d in cls.body if isinstance(d, DEFS)}
+        for c in ast.walk(cls):
+            if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr in methods \
+                    and isinstance(c.func.value, ast.Name) and c.func.value.id == "self":
+                out[id(c)] = methods[c.func.attr]
+    return out
 
 
 def _copies_up(calls: list[ast.Call]) -> bool:
