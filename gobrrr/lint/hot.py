@@ -84,6 +84,26 @@ def _per_step_slots(cls: ast.ClassDef) -> set[str]:
             and isinstance(n.args[0], ast.Attribute) and isinstance(n.args[0].value, ast.Name) and n.args[0].value.id == "self"}
 
 
+_ROUTES = {"post", "get", "put", "route", "websocket", "api_route"}   # @app.post("/generate"), @bp.route(...)
+_SUBSCRIBERS = {"Subscriber", "create_subscription"}   # rospy.Subscriber(topic, Msg, cb), node.create_subscription(...)
+
+
+def _request_handlers(nodes: list[ast.AST]) -> set[str]:
+    """Names of the defs a server runs once per request or message: a web route's handler (`@app.post(...)`) and
+    a callback given to a ROS subscriber. Each call is one iteration of a loop the framework runs."""
+    out: set[str] = set()
+    for n in nodes:
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(
+                isinstance(d, ast.Call) and isinstance(d.func, ast.Attribute) and d.func.attr in _ROUTES
+                and isinstance(d.func.value, ast.Name) and re.search(r"app|router|bp|api|server", d.func.value.id)
+                for d in n.decorator_list):
+            out.add(n.name)
+        elif isinstance(n, ast.Call) and name_of(n.func) in _SUBSCRIBERS and len(n.args) > 2:
+            cb = n.args[2]
+            out.add(cb.attr if isinstance(cb, ast.Attribute) else cb.id if isinstance(cb, ast.Name) else "")
+    return out - {""}
+
+
 def _moves_to_device(fn: ast.AST) -> bool:
     """The def calls `.cuda()` or `.to(<a device>)` (syntax only: `.to(self.device)`, `.to("cuda")`)."""
     for n in ast.walk(fn):
@@ -194,6 +214,7 @@ class HotMap:
 
     def _hooks(self, tree: ast.Module, module_classes, nodes) -> None:
         in_loops = None
+        handlers = _request_handlers(nodes)
         for cls in [None, *(n for n in nodes if isinstance(n, ast.ClassDef))]:   # nested classes too
             body = tree.body if cls is None else cls.body
             bases = [dotted(b) for b in cls.bases] if cls is not None else []
@@ -203,7 +224,9 @@ class HotMap:
             for fn in body:
                 if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
                     continue
-                if cls is not None and (fn.name in STEP_HOOKS or fn.name in slots or _BATCH_HANDLER.fullmatch(fn.name)
+                if fn.name in handlers:
+                    self.hooks.add(id(fn))   # a request's or a message's handler: per request
+                elif cls is not None and (fn.name in STEP_HOOKS or fn.name in slots or _BATCH_HANDLER.fullmatch(fn.name)
                                         or (fn.name == "forward" and is_module)
                                         or (fn.name == "step" and is_optim)
                                         or (fn.name == "__call__" and any(   # a wrapper that runs the model

@@ -59,6 +59,8 @@ class CopyRules:
         if id(node) == self.rebinding:
             return   # self.freqs_cis = self.freqs_cis.to(h.device): copied on the first call, a no-op after
         nb = kw.get("non_blocking", node.args[1] if method == "cuda" and len(node.args) > 1 else None)
+        if isinstance(nb, ast.Name) and self.lookup(nb.id + "#val") == "False":
+            nb = ast.Constant(False)   # to(device, non_blocking=non_blocking) with the parameter left at False
         blocking = nb is None or (isinstance(nb, ast.Constant) and not nb.value)
         nb_true = isinstance(nb, ast.Constant) and nb.value is True
         if method == "type" and node.args and (self.cuda_type(node.args[0]) or self.kind(node.args[0]) == "ttype") \
