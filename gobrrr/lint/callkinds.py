@@ -50,8 +50,8 @@ _DIST_METHODS = {"sample", "rsample", "log_prob", "entropy", "cdf", "icdf", "sam
 
 # a tokenizer or processor called on text or images returns host data (`tokenizer(text).input_ids`); not a call that
 # builds one (`get_tokenizer(opt)`, `load_processor(path)`)
-_HOST_MAKER = re.compile(r"^(?!(get|load|build|make|create|init|setup|new)_)(\w+_)?(tokenizer|processor|feature_extractor)$",
-                         re.I)
+_HOST_MAKER = re.compile(r"^(?!(get|load|build|make|create|init|setup|new)_)(\w+_)?(tokenizer|processor|feature_extractor)$"
+                         r"|^tokenize$", re.I)   # ... and clip.tokenize(texts): a host tensor of token ids
 
 
 class CallKinds:
@@ -205,6 +205,9 @@ class CallKinds:
             k = self.iter_kind(node.args[0])
             if k and k.startswith("loader"):
                 return "loader_device"   # accelerator.prepare(loader): its batches arrive on the device
+        if isinstance(func, ast.Attribute) and func.attr == "tokenize" and isinstance(func.value, ast.Name) \
+                and func.value.id in getattr(getattr(self, "src", None), "imports", {}):
+            return "host"    # clip.tokenize(texts): a module's tokenizer makes the ids on the host
         if isinstance(func, ast.Attribute):
             return self.method_kind(node, func)
         if _HOST_MAKER.search(name_of(func)) and not {self.kind(a) for a in node.args} & TENSORISH:

@@ -157,7 +157,8 @@ def check_sources(sources: list[Source], assume_gpu: bool = False,
         # a file that names no device but trains (an update loop) in a project that uses the GPU runs on it: its
         # trainer is handed the model and the batches (decision-transformer's Trainer names no device, its script does);
         # not a script whose only torch is a SummaryWriter (tabular Q-learning in numpy beside the project's DQNs)
-        if not gpu[id(s)] and gpu_project and c.hotmap.update_loops and _COMPUTES.search(s.text):
+        if not gpu[id(s)] and gpu_project and c.hotmap.update_loops and _COMPUTES.search(s.text) \
+                and not _own_program(s):
             gpu[id(s)] = True
         elif not gpu[id(s)]:
             _hold_back(c, gpu_project)
@@ -321,6 +322,15 @@ def _hold_back(c: Checker, gpu_project: bool) -> None:
         line = int(p[4][0].rsplit(":", 1)[1])
         (keep if any(line in r for r in spans) else wait).append(p)
     c.pending, c.waiting = keep, wait
+
+
+def _own_program(s: Source) -> bool:
+    """The file runs as its own program (`if __name__ == "__main__":`): a script in a folder of scripts (sweetice's
+    DQN beside its DDPG) that names no device trains on the CPU, whatever its neighbours do. A trainer module handed
+    its model by a script (decision-transformer's) has no such guard."""
+    return "__main__" in s.text and any(
+        isinstance(n, ast.If) and isinstance(n.test, ast.Compare) and isinstance(n.test.left, ast.Name)
+        and n.test.left.id == "__name__" for n in s.tree.body)
 
 
 def called_names(s: Source):

@@ -242,18 +242,23 @@ class CopyRules:
                 and all(self.kind(a) not in TENSORISH for a in value.args)) or not isinstance(target.value, ast.Name):
             return False
         parts = target.slice.elts if isinstance(target.slice, ast.Tuple) else [target.slice]
-        if any(not (isinstance(p, ast.Constant) and type(p.value) is int) and not (
-                isinstance(p, ast.Name) and self.kind(p) in (None, "num")) for p in parts):
+        if any(not (isinstance(p, ast.Constant) and type(p.value) is int) and not (   # ints, or 0-d host tensors
+                isinstance(p, ast.Name) and (self.kind(p) in (None, "num", "host", "numpy") or self.kind(p) in BATCHES))
+                for p in parts):
             return False
         made = assigned_calls(self.src, target.value.id, self.defs[-1] if self.defs else None)
         return bool(made) and all(_made_ndim(c) == len(parts) for c in made)
 
 
+_KEEPS_SHAPE = {"type", "to", "cuda", "float", "half", "double", "long", "int", "bool", "contiguous"}
 _NUMBER_CALLS = {"float", "int", "bool", "max", "min", "round", "abs", "sum", "len"}
 
 
 def _made_ndim(call: ast.Call) -> int | None:
-    """The dims of a tensor a factory makes (`torch.zeros(n, device=d)`: 1, `torch.full((b, t), v)`: 2), or None."""
+    """The dims of a tensor a factory makes (`torch.zeros(n, device=d)`: 1, `torch.full((b, t), v)`: 2, also
+    through a cast or a move: `torch.ones(b, a, h, w).type(dtype)`: 4), or None."""
+    while isinstance(call.func, ast.Attribute) and call.func.attr in _KEEPS_SHAPE and isinstance(call.func.value, ast.Call):
+        call = call.func.value
     last = name_of(call.func)
     if last not in _SIZED and last != "full" or not call.args:
         return None
