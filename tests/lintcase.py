@@ -22,7 +22,8 @@ def project_rules(tmp_path: Path, files: dict[str, str]) -> list[tuple[str, int,
     """(file name, line, rule) of each default finding of a project made of `files` (name -> source), linted
     together as the default run lints a checkout: a step loop in one file changes what counts as hot in another."""
     root = tmp_path / "project"   # not a folder named like a test's, which the default's search passes over
-    root.mkdir()
+    root.mkdir(parents=True)
     for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)   # "DQN/DQN.py": a project of folders
         (root / name).write_text(textwrap.dedent(text))
     return [(Path(f.path).name, f.line, f.rule) for f in lint_paths([root])]

@@ -5,17 +5,9 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-from gobrrr.lint import lint_paths
 from gobrrr.lint.check import _own_program
 from gobrrr.lint.source import parse
-
-
-def _lint(tmp_path: Path, files: dict[str, str]) -> set[tuple[str, int, str]]:
-    base = tmp_path / "proj"
-    for name, text in files.items():
-        (base / name).parent.mkdir(parents=True, exist_ok=True)
-        (base / name).write_text(textwrap.dedent(text))
-    return {(Path(f.path).name, f.line, f.rule) for f in lint_paths([base])}
+from tests.lintcase import project_rules as _lint
 
 
 def test_a_script_that_is_its_own_program_is_not_taken_for_the_gpu_by_its_neighbours():
