@@ -18,11 +18,12 @@ def line_of(src: str, text: str) -> int:
     return next(i for i, t in enumerate(src.splitlines(), 1) if text in t)
 
 
-def project_rules(tmp_path: Path, files: dict[str, str]) -> list[tuple[str, int, str]]:
+def project_rules(tmp_path: Path, files: dict[str, str], root: str = "project") -> list[tuple[str, int, str]]:
     """(file name, line, rule) of each default finding of a project made of `files` (name -> source), linted
-    together as the default run lints a checkout: a step loop in one file changes what counts as hot in another."""
-    root = tmp_path / "project"   # not a folder named like a test's, which the default's search passes over
-    root.mkdir(parents=True)
+    together as the default run lints a checkout: a step loop in one file changes what counts as hot in another.
+    `root` names the project's folder (not one named like a test's, which the default's search passes over)."""
+    root = tmp_path / root
+    root.mkdir(parents=True, exist_ok=True)
     for name, text in files.items():
         (root / name).parent.mkdir(parents=True, exist_ok=True)   # "DQN/DQN.py": a project of folders
         (root / name).write_text(textwrap.dedent(text))

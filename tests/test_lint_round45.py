@@ -2,18 +2,14 @@
 sits: each firing test beside the neighbour that must stay quiet."""
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 
 from gobrrr.lint import lint_paths
+from tests.lintcase import project_rules
 
 
 def _lint(tmp_path: Path, files: dict[str, str], root: str = "proj") -> set[tuple[str, int, str]]:
-    base = tmp_path / root
-    for name, text in files.items():
-        (base / name).parent.mkdir(parents=True, exist_ok=True)
-        (base / name).write_text(textwrap.dedent(text))
-    return {(Path(f.path).name, f.line, f.rule) for f in lint_paths([base])}
+    return set(project_rules(tmp_path, files, root))
 
 
 _TIMED_STEP = """

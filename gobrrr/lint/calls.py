@@ -20,7 +20,7 @@ import re
 
 from gobrrr.lint.graph import Project
 from gobrrr.lint.hot import HotMap
-from gobrrr.lint.loops import name_of
+from gobrrr.lint.loops import name_of, self_attr
 from gobrrr.lint.names import BATCHES, DEVICE_WRAPPERS, TENSOR_METHODS, TENSORISH
 from gobrrr.lint.source import DEFS, Source
 
@@ -302,16 +302,13 @@ def host_attrs(checker_cls, project: Project, flags: dict) -> dict[str, str]:
                         and isinstance(n.value, ast.Call) and name_of(n.value.func) in DEVICE_WRAPPERS \
                         and len(n.targets[0].elts) == len(n.value.args):
                     for t, a in zip(n.targets[0].elts, n.value.args):   # self.model, self.eval_dataloader =
-                        if _self_attr(t):                                # accelerator.prepare(model, eval_dataloader)
+                        if self_attr(t):                                # accelerator.prepare(model, eval_dataloader)
                             k = c.iter_kind(a)
                             kinds.setdefault(t.attr, set()).add("loader_device" if k and k.startswith("loader") else c.kind(a))
         except RecursionError:
             continue
     return {a: ks.pop() for a, ks in kinds.items() if len(ks) == 1 and (ks <= {"host", "numpy"} or ks == {"loader_device"})}
 
-
-def _self_attr(node: ast.AST) -> bool:
-    return isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"
 
 
 def _scratch_checker(checker_cls, project: Project, src: Source, flags: dict):

@@ -89,6 +89,11 @@ def name_of(node: ast.AST) -> str:
     return ""
 
 
+def self_attr(node: ast.AST) -> bool:
+    """`self.x`: an attribute of the instance a method runs on."""
+    return isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"
+
+
 def dotted(node: ast.AST) -> str:
     parts = []
     while isinstance(node, ast.Attribute):
@@ -403,5 +408,5 @@ def forwarding_defs(nodes: list[ast.AST], facts: Facts, calls: dict[str, set[str
 
 
 __all__ = ["Facts", "updating_methods", "stepping_defs", "forwarding_defs", "holds_updating_loop", "own_level", "name_of",
-           "dotted", "is_model_name", "is_env_name", "env_steps", "sends_step", "HOUSEKEEPING", "OPTIM", "LOADER_NAME",
-           "LOOPS", "DEFS", "COMMON_METHODS"]
+           "self_attr", "dotted", "is_model_name", "is_env_name", "env_steps", "sends_step", "HOUSEKEEPING", "OPTIM",
+           "LOADER_NAME", "LOOPS", "DEFS", "COMMON_METHODS"]

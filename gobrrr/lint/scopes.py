@@ -18,7 +18,7 @@ from __future__ import annotations
 import ast
 
 from gobrrr.lint.hot import is_model_name
-from gobrrr.lint.loops import name_of
+from gobrrr.lint.loops import name_of, self_attr
 from gobrrr.lint.moves import rebinds
 from gobrrr.lint.names import BATCHES, COMPILED, DEVICE_WRAPPERS, TENSORISH
 
@@ -176,8 +176,8 @@ class ScopeWalk:
     def visit_Assign(self, node: ast.Assign) -> None:
         self.assigning = {t.id for t in node.targets if isinstance(t, ast.Name)} if self.seeding else set()
         self.init_attrs = bool(self.defs) and getattr(self.defs[-1], "name", "") == "__init__" \
-            and (all(_self_attr(e) for t in node.targets for e in (t.elts if isinstance(t, ast.Tuple) else [t]))
-                 or isinstance(node.value, ast.Call) and _self_attr(node.value.func))   # cos, sin = self._cache(n)
+            and (all(self_attr(e) for t in node.targets for e in (t.elts if isinstance(t, ast.Tuple) else [t]))
+                 or isinstance(node.value, ast.Call) and self_attr(node.value.func))   # cos, sin = self._cache(n)
         self.rebinding = id(node.value) if rebinds(node) else None
         try:
             self._assign(node)
@@ -221,7 +221,7 @@ class ScopeWalk:
                 if isinstance(t, ast.Name):
                     self.scopes[-1][t.id + "#part"] = "part"   # a helper's guess: no evidence for a size rule
             return
-        if isinstance(value, ast.Constant) and value.value is None and all(_self_attr(t) for t in node.targets):
+        if isinstance(value, ast.Constant) and value.value is None and all(self_attr(t) for t in node.targets):
             return   # self.tloss = None: a reset before the step assigns what the attribute holds
         if isinstance(value, ast.BoolOp):   # `cached = self.use_cache and not locs.any()`: bool() of the tensor,
             last = value.values[-1]          # here (of every operand but the last, and of a `not` one)
@@ -309,9 +309,6 @@ class ScopeWalk:
 
 _TRUTH_CALLS = {"any", "all", "isnan", "isinf", "isfinite", "equal", "eq", "ne", "gt", "ge", "lt", "le"}
 
-
-def _self_attr(node: ast.AST) -> bool:
-    return isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"
 
 
 def seed_names(body: list[ast.stmt], looping: set[str]) -> set[str]:
