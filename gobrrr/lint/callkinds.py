@@ -37,7 +37,8 @@ from gobrrr.lint.names import (
 )
 
 _DATA_WORDS = {"data", "dataset", "ds", "batches", "train", "val", "valid", "test", "eval", "dl"}
-_PREDICATE = re.compile(r"(^_*|[a-z0-9]_)(is|has|should|can|needs?|uses?|supports?|check_is)_")   # param_is_not_shared
+_PREDICATE = re.compile(r"(^_*|[a-z0-9]_)(is|has|should|can|needs?|uses?|supports?|check_is)_|^exists$")   # param_is_not_shared,
+# exists(x) (`x is not None`, lucidrains' helper, even where a file forgets to import it)
 _TOKENIZER = re.compile(r"tokeni[sz]er|processor|feature_extractor|^tok$", re.I)
 _LOADER_NAME = LOADER_NAME
 _DOTTED_WRAPPERS = {"tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm", "itertools.islice", "itertools.cycle"}

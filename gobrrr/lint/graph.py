@@ -15,7 +15,9 @@
                  buf.m(x), unknown the classes buf is named after (`replay_buffer` -> ReplayBuffer and its
                                    subclasses, `proposal_matcher` -> Matcher; see _named_like); when the
                                    project has too many (one-file scripts, each with its Actor), the
-                                   calling file's own class, or the one method of that name it defines
+                                   calling file's own class, or the one method of that name it defines;
+                                   failing those, the classes of the folder named after it, for a component
+                                   a registry builds (`self.dense_head` -> the classes in dense_heads/)
                  fn(x)             with `fn = functools.partial(g, k=v)` in a def around: g, given k=v too;
                                    with `fn = get_step_fn(cfg)`: the def nested in get_step_fn that it returns
                  wrap(g)(x)        g: a wrapper made at the call site (`retry_if_cuda_oom(self.matcher)(iou)`)
@@ -179,10 +181,11 @@ class Project(Index):
             return [hit for inst in insts if (hit := self.method(*inst, f.attr))]
         if not fallback or f.attr.startswith("__"):
             return []
-        like = self._named_like(recv) or self._named_here(recv, src)
+        like = self._named_like(recv) or self._named_here(recv, src) or self._in_folder_named(recv)
         named = [hit for inst in like if (hit := self.method(*inst, f.attr))]
         if named:   # replay_buffer.sample(n) with replay_buffer a parameter: ReplayBuffer's sample, or a subclass's
-            return (named + [o for inst in like for o in self.overrides(inst[1], f.attr)])[:6]
+            found = named + [o for inst in like for o in self.overrides(inst[1], f.attr) if o not in named]
+            return found[:24] if like and like == self._in_folder_named(recv) else found[:6]
         if f.attr in GENERIC:
             return []
         only = self.methods.get(f.attr, [])
@@ -345,6 +348,22 @@ class Project(Index):
         found = self._like[("near", key, src.path.parent)]
         return list(found) if len(found) <= 3 else []
 
+    def _in_folder_named(self, recv: ast.AST) -> list:
+        """The classes of the project folder an object is named after, for components a registry builds from a
+        config (`self.dense_head.get_loss()` -> the heads in models/dense_heads/, `self.bbox_head.loss(...)` ->
+        bbox_heads/, `self.neck` -> necks/): the folder's name, its words singular and without underscores,
+        equals the object's key. A folder named in the singular (`network/`) is a package, not a registry of
+        one kind of component. At most 24 classes; vague names pin nothing."""
+        key = _object_key(recv)
+        if len(key) < 4 or key in VAGUE:
+            return []
+        if ("folder", key) not in self._like:
+            self._classes_by_lower()
+            found = [c for cs in self._by_lower.values() for c in cs
+                     if any(_folder_key(part) == key != part.replace("_", "").lower() for part in c[0].path.parent.parts)]
+            self._like[("folder", key)] = found if len(found) <= 24 else []
+        return list(self._like[("folder", key)])
+
     def _classes_named(self, key: str) -> list:
         self._classes_by_lower()
         found = [c for low, cs in self._by_lower.items() if low.endswith(key) for c in cs]
@@ -422,6 +441,14 @@ def _on_self(node: ast.AST) -> bool:
     while isinstance(node, ast.Attribute):
         node = node.value
     return isinstance(node, ast.Name) and node.id == "self"
+
+
+def _folder_key(part: str) -> str:
+    """A folder's name as an object key, each word singular: `dense_heads` -> densehead, `backbones_3d` ->
+    backbone3d, `necks` -> neck."""
+    words = [w[:-2] if w.endswith("sses") else w[:-1] if w.endswith("s") and not w.endswith("ss") and len(w) > 3
+             else w for w in part.lower().split("_")]
+    return "".join(words)
 
 
 def _object_key(recv: ast.AST) -> str:

@@ -305,24 +305,27 @@ class Kinds(CallKinds):
 
     def splatted_device(self, value: ast.AST) -> ast.AST | None:
         """The `device` entry of the dict a `**name` spreads, as this file builds it: `name = dict(device=d, ...)`
-        or `{"device": d, ...}` (on-policy's `check(obs).to(**self.tpdv)`); None if it builds none."""
-        table = self.project.per_file.setdefault(id(self.src), {})
-        if "splat_devices" not in table:
-            found: dict[str, ast.AST] = {}
-            for n in self.src.nodes:
-                if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], (ast.Name, ast.Attribute)):
-                    v = n.value
-                    if isinstance(v, ast.Call) and name_of(v.func) == "dict":
-                        d = next((k.value for k in v.keywords if k.arg == "device"), None)
-                    elif isinstance(v, ast.Dict):
-                        d = next((x for key, x in zip(v.keys, v.values)
-                                  if isinstance(key, ast.Constant) and key.value == "device"), None)
-                    else:
-                        d = None
-                    if d is not None:
-                        found[name_of(n.targets[0])] = d
-            table["splat_devices"] = found
-        return table["splat_devices"].get(name_of(value)) if isinstance(value, (ast.Name, ast.Attribute)) else None
+        or `{"device": d, ...}` (on-policy's `check(obs).to(**self.tpdv)`), or, for `self.<name>`, as a base class
+        builds it in its own file (HARL's actors set `self.tpdv` in OnPolicyBase); None if none builds it."""
+        if not isinstance(value, (ast.Name, ast.Attribute)):
+            return None
+        found = _splat_table(self.project, self.src).get(name_of(value))
+        if found is not None or not (isinstance(value, ast.Attribute) and isinstance(value.value, ast.Name)
+                                     and value.value.id == "self"):
+            return found
+        cls = self.project._class_around(self.src, self.defs[-1] if self.defs else None)
+        todo, seen = [(self.src, cls)] if cls is not None else [], set()
+        while todo and len(seen) < 8:
+            src, c = todo.pop()
+            seen.add(id(c))
+            for base in c.bases:
+                b = self.project.class_of(src, base)
+                if b is None or id(b[1]) in seen:
+                    continue
+                if (d := _splat_table(self.project, b[0]).get(name_of(value))) is not None:
+                    return d
+                todo.append(b)
+        return None
 
     def annotation_kind(self, ann: ast.AST | None) -> str | None:
         if ann is None:
@@ -347,6 +350,27 @@ class Kinds(CallKinds):
         if re.search(r"Module|Optimizer", text):
             return "obj"
         return "str" if text == "str" else None
+
+
+def _splat_table(project, src) -> dict[str, ast.AST]:
+    """{name: the `device` entry of the dict assigned to it} for one file (`self.tpdv = dict(device=d, ...)`)."""
+    table = project.per_file.setdefault(id(src), {})
+    if "splat_devices" not in table:
+        found: dict[str, ast.AST] = {}
+        for n in src.nodes:
+            if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], (ast.Name, ast.Attribute)):
+                v = n.value
+                if isinstance(v, ast.Call) and name_of(v.func) == "dict":
+                    d = next((k.value for k in v.keywords if k.arg == "device"), None)
+                elif isinstance(v, ast.Dict):
+                    d = next((x for key, x in zip(v.keys, v.values)
+                              if isinstance(key, ast.Constant) and key.value == "device"), None)
+                else:
+                    d = None
+                if d is not None:
+                    found[name_of(n.targets[0])] = d
+        table["splat_devices"] = found
+    return table["splat_devices"]
 
 
 def _one_token_id(ids: ast.AST) -> bool:

@@ -31,6 +31,19 @@ _HOOK_TENSORS = {"inputs", "outputs", "output", "x", "y", "logits", "loss", "lab
 HOOK_NAMES = _FORWARD_TENSORS | _HOOK_TENSORS
 
 
+# tensor methods and fields that numpy arrays and Python lists lack (not `.size()`: a process group has one)
+_TENSOR_ONLY = {"device", "is_cuda", "view", "unsqueeze", "permute", "contiguous", "dim", "numel", "new_zeros",
+                "new_ones", "new_full", "new_tensor", "new_empty", "masked_fill", "masked_fill_", "index_select",
+                "detach", "float", "long", "half", "bool", "int"}
+
+
+def _tensor_uses(fn: ast.AST) -> set[str]:
+    """Names a def uses as a torch tensor, by a method or field only tensors have (`features.device`,
+    `coors.long()`, `x.view(b, -1)`): a forward's inputs that its caller's kinds do not tell."""
+    return {n.value.id for n in ast.walk(fn) if isinstance(n, ast.Attribute) and n.attr in _TENSOR_ONLY
+            and isinstance(n.value, ast.Name)}
+
+
 def _kwargs_kind(seed: dict, params: set[str]) -> str | None:
     """The kind of a `**kwargs` dict from the keywords a call passes into it: device tensors ('tlist': its
     items are tensors), only numbers and strings ('nums': `metric_logger.update(loss=loss.item())`, whose
@@ -109,6 +122,11 @@ class ScopeWalk:
                         and node.name == "forward" else "batch" if batch and node.name == "forward" \
                         else "tensor" if a.arg in tensors or batch else "obj" if is_model_name(a.arg) or "module" in a.arg \
                         or a.arg == "trainer" else None
+            if node.name == "forward":   # forward(self, features, coors): named like nothing, used as a tensor
+                used = _tensor_uses(node)
+                for a in params[1:]:
+                    if scope.get(a.arg) is None and a.arg in used:
+                        scope[a.arg] = "tensor"
         if args.kwarg is not None and seed and args.kwarg.arg not in seed:
             scope[args.kwarg.arg] = _kwargs_kind(seed, {a.arg for a in params})
         for name, k in (seed or {}).items():   # `sample(z, temperature, cfg_iter)` with a CUDA cfg_iter passes
