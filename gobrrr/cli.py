@@ -66,6 +66,19 @@ def _bench_usage() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command. Output piped into a reader that stops early (`gobrrr lint . | head`) ends the run quietly
+    with 1, as a closed pipe does for other tools, and not with a traceback."""
+    try:
+        code = _main(argv)
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)   # Python flushes stdout again at exit: let that go nowhere
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+
+
+def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(_usage())

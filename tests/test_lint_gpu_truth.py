@@ -108,6 +108,7 @@ CASES = {
         p = torch.ones(4).pin_memory()
     """, """
         w = p.to("cuda", non_blocking=True)  # quiet
+        v = p.to("cuda")  # flagged
     """),
     "cuda_of_a_pageable_batch": ("""
         loader = iter(torch.utils.data.DataLoader(torch.randn(24, 4), batch_size=8))

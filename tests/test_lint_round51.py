@@ -5,7 +5,7 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-from gobrrr.lint.check import _own_program
+from gobrrr.lint.placed import own_program
 from gobrrr.lint.source import parse
 from tests.lintcase import project_rules as _lint
 
@@ -27,7 +27,7 @@ def test_a_script_that_is_its_own_program_is_not_taken_for_the_gpu_by_its_neighb
             main()
         """))
     module = parse(Path("trainer.py"), "import torch\n\nclass Trainer:\n    pass\n")
-    assert _own_program(script) and not _own_program(module)
+    assert own_program(script) and not own_program(module)
 
 
 def test_an_element_written_into_a_cast_tensor_with_host_scalar_indices(tmp_path):

@@ -37,6 +37,8 @@ from gobrrr.lint.names import (
 )
 
 _DATA_WORDS = {"data", "dataset", "ds", "batches", "train", "val", "valid", "test", "eval", "dl"}
+# accelerate's collectives, which hand back what they are given, gathered from every rank (on the device)
+_GATHERS = {"gather", "gather_for_metrics", "reduce", "pad_across_processes"}
 _PREDICATE = re.compile(r"(^_*|[a-z0-9]_)(is|has|should|can|needs?|uses?|supports?|check_is)_|^exists$")   # param_is_not_shared,
 # exists(x) (`x is not None`, lucidrains' helper, even where a file forgets to import it)
 _TOKENIZER = re.compile(r"tokeni[sz]er|processor|feature_extractor|^tok$", re.I)
@@ -206,6 +208,10 @@ class CallKinds:
             k = self.iter_kind(node.args[0])
             if k and k.startswith("loader"):
                 return "loader_device"   # accelerator.prepare(loader): its batches arrive on the device
+        if isinstance(func, ast.Attribute) and func.attr == "skip_first_batches" and node.args:
+            k = self.iter_kind(node.args[0])
+            if k and k.startswith("loader"):
+                return k   # accelerator.skip_first_batches(loader, n): the same loader, resumed
         if isinstance(func, ast.Attribute) and func.attr == "tokenize" and isinstance(func.value, ast.Name) \
                 and func.value.id in getattr(getattr(self, "src", None), "imports", {}):
             return "host"    # clip.tokenize(texts): a module's tokenizer makes the ids on the host
@@ -227,6 +233,11 @@ class CallKinds:
         method = func.attr
         if method == "copy" and not node.args and recv in ("hlist", "tlist", "numpy"):
             return recv   # indices.copy(): a shallow copy of the list holds the same tensors
+        if method in _GATHERS and len(node.args) == 1 and recv not in TENSORISH:
+            arg = node.args[0]   # accelerator.gather_for_metrics((preds, labels)): the ranks' device tensors
+            items = arg.elts if isinstance(arg, (ast.Tuple, ast.List)) else [arg]
+            if {self.kind(a) for a in items} <= TENSORISH:
+                return "tlist" if isinstance(arg, (ast.Tuple, ast.List)) else "tensor"
         if method == "type" and node.args and (self.kind(node.args[0]) == "ttype" or getattr(
                 self, "cuda_type", None) and self.cuda_type(node.args[0])):
             return "tensor"   # x.type(torch.cuda.FloatTensor), x.type(dtype) with dtype = xin[0].type()

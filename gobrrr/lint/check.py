@@ -63,6 +63,7 @@ from gobrrr.lint.loops import (
     stepping_defs,
     updating_methods,
 )
+from gobrrr.lint.placed import imported_files, moved_classes, own_program
 from gobrrr.lint.rates import defaults_of_one, switches
 from gobrrr.lint.rewalk import fewer_constants, retyping, types_more
 from gobrrr.lint.rules import Checker
@@ -145,6 +146,8 @@ def check_sources(sources: list[Source], assume_gpu: bool = False,
             hm.restep()
     project.looping = looping
     gpu = {id(s): assume_gpu or may_use_gpu(s.text) for s in sources}
+    moved = moved_classes(project, [s for s in sources if gpu[id(s)]])   # `Translator(model).to(device)` elsewhere
+    gpu.update({id(s): True for s in sources if any(id(c) in moved for c in s.classes.values())})
     gpu_project = any(gpu.values())
     project.host_attrs = host_attrs(Checker, project, flags)
     project.default_cuda = any(_DEFAULT_CUDA.search(s.text) and "test" not in s.path.parent.name
@@ -158,7 +161,7 @@ def check_sources(sources: list[Source], assume_gpu: bool = False,
         # trainer is handed the model and the batches (decision-transformer's Trainer names no device, its script does);
         # not a script whose only torch is a SummaryWriter (tabular Q-learning in numpy beside the project's DQNs)
         if not gpu[id(s)] and gpu_project and c.hotmap.update_loops and _COMPUTES.search(s.text) \
-                and not _own_program(s):
+                and not own_program(s):
             gpu[id(s)] = True
         elif not gpu[id(s)]:
             _hold_back(c, gpu_project)
@@ -171,8 +174,9 @@ def check_sources(sources: list[Source], assume_gpu: bool = False,
     walked, retyped = {}, set()      # id(def) -> the kinds of its last walk: walked again once when a later call hands
     #                                   device tensors (or once a batch) where that walk had none (rewalk.retyping)
     while True:
-        for c in checkers.values():   # a CPU-only file whose step loop calls into a GPU file runs on the GPU
-            if c.waiting and any(gpu[id(p[0])] for p in c.waiting):
+        for c in checkers.values():   # a CPU-only file whose step loop calls into a GPU file runs on the GPU (a
+            mine = imported_files(project, c.src) if c.waiting and own_program(c.src) else None   # script: one it
+            if c.waiting and any(gpu[id(p[0])] and (mine is None or id(p[0]) in mine) for p in c.waiting):   # imports
                 c.findings.update(c.dropped)
                 c.dropped = {}
                 queue += c.waiting
@@ -324,15 +328,6 @@ def _hold_back(c: Checker, gpu_project: bool) -> None:
     c.pending, c.waiting = keep, wait
 
 
-def _own_program(s: Source) -> bool:
-    """The file runs as its own program (`if __name__ == "__main__":`): a script in a folder of scripts (sweetice's
-    DQN beside its DDPG) that names no device trains on the CPU, whatever its neighbours do. A trainer module handed
-    its model by a script (decision-transformer's) has no such guard."""
-    return "__main__" in s.text and any(
-        isinstance(n, ast.If) and isinstance(n.test, ast.Compare) and isinstance(n.test.left, ast.Name)
-        and n.test.left.id == "__name__" for n in s.tree.body)
-
-
 def called_names(s: Source):
     return (n.func.attr if isinstance(n.func, ast.Attribute) else n.func.id for n in s.nodes
             if isinstance(n, ast.Call) and isinstance(n.func, (ast.Name, ast.Attribute)))
@@ -363,7 +358,8 @@ def read_sources(files: list[Path], errors: list[str] | None) -> list[Source]:
 
 def _read(file: Path) -> Source:
     try:
-        return parse(file, file.read_text(encoding="utf-8"))
+        with tokenize.open(file) as f:   # the encoding Python itself reads: a UTF-8 BOM, a `coding:` line
+            return parse(file, f.read())
     except (SyntaxError, UnicodeDecodeError, OSError) as e:
         line = getattr(e, "lineno", None)
         raise ValueError(f"{file}:{line or 0}: cannot check this file: {e.__class__.__name__}: "

@@ -63,7 +63,8 @@ class EnvRules:
         device tensor (a GPU simulator), 'numpy' when it is read to the host first, else None."""
         call = node.value
         action = call.args[0]
-        if _reads(action) or self.kind(action) in ("num", "numpy", "host") or self.cpu_env(call.func.value):
+        if _reads(action) or self.kind(action) in ("num", "numpy", "host") \
+                or isinstance(call.func, ast.Attribute) and self.cpu_env(call.func.value):   # not step_env(env, a)
             return "numpy"
         return "tensor" if self.kind(action) in TENSORISH else None
 
@@ -106,7 +107,8 @@ class EnvRules:
                     if _names(n.value) & obs_names:
                         obs_names |= got
             drawn = self._drawn(action, loop)
-            host_action = _reads(action) or self.kind(action) in ("num", "numpy") and not drawn or self.cpu_env(call.func.value) \
+            host_action = _reads(action) or self.kind(action) in ("num", "numpy") and not drawn \
+                or isinstance(call.func, ast.Attribute) and self.cpu_env(call.func.value) \
                 or any(_reads(n.value) for n in own_level(loop.body) if isinstance(n, ast.Assign)
                        and set().union(*(_names(t) for t in n.targets)) & action_names) \
                 or any(_host_copy(self.dotted(c.func) or "") and c.args for c in policy)

@@ -33,7 +33,7 @@ RULES = {
               "keep the decision on the device: torch.where(cond, a, b) or masking; check on the host every N steps"),
     "GB008": ("{what} inside a loop has a data-dependent output shape: the host waits for the GPU to learn the size",
               "use fixed-shape ops: torch.where(mask, x, 0), masked_fill, or nonzero_static / bincount with a known size"),
-    "GB009": ("blocking host-to-device copy of every batch (`{what}` without non_blocking=True): the host "
+    "GB009": ("blocking host-to-device copy of per-step data (`{what}` without non_blocking=True): the host "
               "waits for the copy and the GPU for the host, each step",
               "DataLoader(pin_memory=True) and .to(device, non_blocking=True), or wrap the loader in "
               "gobrrr.Prefetcher(loader, device=device), which copies the next batch during this step"),

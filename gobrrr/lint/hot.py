@@ -215,6 +215,10 @@ class HotMap:
     def _hooks(self, tree: ast.Module, module_classes, nodes) -> None:
         in_loops = None
         handlers = _request_handlers(nodes)
+        engines = {n.args[0].id for n in nodes if isinstance(n, ast.Call) and name_of(n.func) == "Engine"
+                   and n.args and isinstance(n.args[0], ast.Name)}   # ignite: Engine(process_batch) runs it per batch
+        self.step_fns |= {id(fn) for fn in nodes if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+                          and fn.name in engines}   # (a step function: on the CPU in a script that names no device)
         for cls in [None, *(n for n in nodes if isinstance(n, ast.ClassDef))]:   # nested classes too
             body = tree.body if cls is None else cls.body
             bases = [dotted(b) for b in cls.bases] if cls is not None else []

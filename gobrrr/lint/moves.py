@@ -28,6 +28,8 @@ from gobrrr.lint.names import BATCHES, COMPILED, DATA_FACTORIES, DTYPE_METHODS, 
 
 _SIZED = {"zeros", "ones", "empty", "rand", "randn"}   # factories whose int arguments are all sizes
 _HOST_INDEX = {"numpy", "host", "pinned", "hlist"}
+# pinned host data copied without non_blocking=True: the copy is done on the stream, and the host waits for it
+_PINNED_FIX = "it is pinned already: copy it with .to(device, non_blocking=True), so the host does not wait"
 
 
 def _host_data(arg: ast.AST, kind: str | None) -> bool:
@@ -88,6 +90,8 @@ class CopyRules:
                 self.flag(node, "GB010", what=_short(node))   # hlist: an item of a list of host tensors
             if recv in BATCHES and blocking and self.looping():   # a prompt tokenized per question, too
                 self.flag(node, "GB009", what=_short(node))
+            elif recv == "pinned" and blocking and self.looping() and not made_here:   # stylegan2-ada's labels:
+                self.flag(node, "GB009", what=_short(node), fix=_PINNED_FIX)   # `.pin_memory().to(device)`
         elif method == "to" and recv in TENSORISH and self.looping() and self.copy_target(node) == "cpu":
             self.flag(node, "GB002", what="`.to('cpu')`")   # x.to('cpu'), x.to(cpu_device): a read like .cpu()
         elif method == "copy_" and nb_true and node.args and self.kind(node.args[0]) in ("host", "batch_host"):

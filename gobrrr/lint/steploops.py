@@ -115,8 +115,7 @@ def step_loops(tree: ast.AST, facts: Facts, rare, nodes: list[ast.AST] | None = 
         kinds = {local_kind(n) or facts.step_kind(n) for n in calls}
         if any(env_steps(n) for n in own) or sends_step(node) or any(name_of(c.func) in facts.env_stepping for c in calls):
             kinds.add("env")   # (or a call of the project's def that steps one: `self.conduct_action(self.action)`)
-        if calls and (_takes_batches(node, calls) or isinstance(node, ast.For) and isinstance(node.iter, ast.Name)
-                      and node.iter.id in wrapped):
+        if calls and (_takes_batches(node, calls) or isinstance(node, ast.For) and _unwrapped(node.iter) in wrapped):
             kinds.add("data")
         prompts = [n for n in calls if isinstance(n.func, ast.Attribute) and n.func.attr == "generate"] \
             if _copies_up(calls) else []   # one prompt per iteration, copied up here: `model.generate(ids.cuda())`
@@ -171,13 +170,25 @@ def statements(node: ast.AST):
 
 
 def _moves_batch(loop: ast.AST, own: list[ast.AST]) -> bool:
-    """The loop copies its batch to the device itself (`x.to(dev)` of its target or a name unpacked from it)."""
+    """The loop copies its batch to the device itself: `x.to(dev)` of its target, of a name unpacked or made
+    from it (`ids = [vocab[w] for w in example.src]`), or of a tensor built from those
+    (`torch.LongTensor([ids]).to(device)`, a translation loop's sentence)."""
     names = {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)} if isinstance(loop, ast.For) else set()
     for n in own:   # images, targets, ids = batch
-        if isinstance(n, ast.Assign) and isinstance(n.value, ast.Name) and n.value.id in names:
+        if isinstance(n, ast.Assign) and _mentions(n.value, names):
             names |= {t.id for tgt in n.targets for t in ast.walk(tgt) if isinstance(t, ast.Name)}
     return any(isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr in ("to", "cuda")
-               and _bare(c.func.value) in names for c in own)
+               and (_bare(c.func.value) in names or _built_from(c.func.value, names)) for c in own)
+
+
+def _mentions(e: ast.AST, names: set[str]) -> bool:
+    return any(isinstance(n, ast.Name) and n.id in names for n in ast.walk(e))
+
+
+def _built_from(e: ast.AST, names: set[str]) -> bool:
+    """`torch.LongTensor([ids])`, `torch.tensor(ids)`: a tensor made from the loop's item on the host."""
+    return isinstance(e, ast.Call) and bool(re.match(r"(torch|th)\.(tensor|as_tensor|from_numpy|[A-Z]\w*Tensor)$",
+                                                      ast.unparse(e.func))) and _mentions(e, names)
 
 
 def _over_optimizers(loop: ast.AST) -> bool:
@@ -243,6 +254,13 @@ def _takes_batches(loop: ast.AST, calls: list[ast.Call]) -> bool:
             name_of(a)) for a in nexts):   # not `next(iter(m.parameters()))` in a loop over modules
         return bool(nexts)
     return _loader_like(loop.iter)
+
+
+def _unwrapped(it: ast.AST) -> str | None:
+    """The name a loop iterates through enumerate/tqdm/iter/zip (`for i, x in enumerate(t)` -> t), else None."""
+    while isinstance(it, ast.Call) and it.args and name_of(it.func) in ("enumerate", "tqdm", "iter", "zip"):
+        it = it.args[0]
+    return it.id if isinstance(it, ast.Name) else None
 
 
 def _loader_like(it: ast.AST) -> bool:

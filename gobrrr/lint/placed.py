@@ -1,0 +1,94 @@
+"""Which files run on the GPU though they never name a device: those whose classes another file moves there, and
+scripts that use what a GPU file they import hands them; and which do not (a script that is its own program).
+
+A project's decoder (attention-is-all-you-need's `Translator`) is a module whose file never names a device: the
+script that uses it does, `translator = Translator(model, ...).to(device)`. Its forward is a per-step hook anyway,
+but its other methods (`translate_sentence`, a beam search with a `.item()` per step) would be taken for CPU code.
+A class constructed and moved in one expression (`Cls(...).to(device)`, `.cuda()`), or assigned and then moved
+(`net = Cls(...)`, later `net.to(device)` / `net.cuda()` in the same file), is placed on the device, and so are its
+project base classes.
+"""
+from __future__ import annotations
+
+import ast
+
+_MOVES = {"to", "cuda"}
+
+
+def moved_classes(project, sources) -> set[int]:
+    """ids of the project classes (and their project bases) that one of `sources` builds and moves to a device."""
+    out: set[int] = set()
+    for s in sources:
+        built: dict[str, list] = {}
+        for n in s.nodes:
+            if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call) and (hit := _class(project, s, n.value)):
+                for t in n.targets:
+                    if isinstance(t, (ast.Name, ast.Attribute)):
+                        built.setdefault(ast.unparse(t), []).append(hit)
+        for n in s.nodes:
+            if not (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in _MOVES
+                    and _to_device(n)):
+                continue
+            recv = n.func.value
+            hits = [h] if isinstance(recv, ast.Call) and (h := _class(project, s, recv)) else \
+                built.get(ast.unparse(recv), []) if isinstance(recv, (ast.Name, ast.Attribute)) else []
+            for hit in hits:
+                _add_with_bases(project, hit, out)
+    return out
+
+
+def _class(project, src, call: ast.Call):
+    return project.class_of(src, call.func) if isinstance(call.func, (ast.Name, ast.Attribute)) else None
+
+
+def _to_device(call: ast.Call) -> bool:
+    """`.cuda()`, `.to(device)`, `.to("cuda:0")`; not `.to("cpu")` nor a cast (`.to(torch.float16)`)."""
+    if call.func.attr == "cuda":
+        return True
+    target = next((k.value for k in call.keywords if k.arg == "device"), call.args[0] if call.args else None)
+    if target is None:
+        return False
+    if isinstance(target, ast.Constant):
+        return isinstance(target.value, str) and not target.value.startswith(("cpu", "meta")) \
+            or isinstance(target.value, int) and not isinstance(target.value, bool)
+    text = ast.unparse(target)
+    return not (text.startswith(("torch.", "th.")) and text.count(".") == 1) and "dtype" not in text \
+        and "cpu" not in text.lower()
+
+
+def _add_with_bases(project, hit, out: set[int], depth: int = 0) -> None:
+    src, cls = hit
+    if id(cls) in out or depth > 6:
+        return
+    out.add(id(cls))
+    for base in cls.bases:
+        b = project.class_of(src, base)
+        if b is not None:
+            _add_with_bases(project, b, out, depth + 1)
+
+
+def own_program(s) -> bool:
+    """The file runs as its own program (`if __name__ == "__main__":`): a script in a folder of scripts (sweetice's
+    DQN beside its DDPG) that names no device trains on the CPU, whatever its neighbours do. A trainer module handed
+    its model by a script (decision-transformer's) has no such guard."""
+    return "__main__" in s.text and any(
+        isinstance(n, ast.If) and isinstance(n.test, ast.Compare) and isinstance(n.test.left, ast.Name)
+        and n.test.left.id == "__name__" for n in s.tree.body)
+
+
+def imported_files(project, src) -> set[int]:
+    """ids of the project files `src` imports (`import TD3`, `from lib import model`, `from lib.model import Net`)
+    that pick CUDA themselves (`torch.device("cuda" if ... else "cpu")`, `.cuda()`): a script that names no device
+    runs on the GPU through what these give it. Not through a method of another file that a call's name happens
+    to match (a CartPole script's `optimizer.step()` is not a KFAC optimizer's), nor through helpers whose device is
+    a parameter left at "cpu", nor through a model class that only another file moves."""
+    out: set[int] = set()
+    for module, name in src.imports.values():
+        for dotted in (module, f"{module}.{name}") if name else (module,):
+            found = project.module(dotted, src)
+            if found is not None and "cuda" in found.text:
+                out.add(id(found))
+    return out
+
+
+__all__ = ["imported_files", "moved_classes", "own_program"]
