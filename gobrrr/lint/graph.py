@@ -357,12 +357,20 @@ class Project(Index):
         key = _object_key(recv)
         if len(key) < 4 or key in VAGUE:
             return []
-        if ("folder", key) not in self._like:
+        if ("folders",) not in self._like:   # built once: folder key -> the classes under such a folder
             self._classes_by_lower()
-            found = [c for cs in self._by_lower.values() for c in cs
-                     if any(_folder_key(part) == key != part.replace("_", "").lower() for part in c[0].path.parent.parts)]
-            self._like[("folder", key)] = found if len(found) <= 24 else []
-        return list(self._like[("folder", key)])
+            table: dict[str, dict] = {}
+            keys: dict[str, str | None] = {}
+            for cs in self._by_lower.values():
+                for c in cs:
+                    for part in c[0].path.parent.parts:
+                        if part not in keys:
+                            k = _folder_key(part)
+                            keys[part] = k if k != part.replace("_", "").lower() else None
+                        if keys[part] is not None:
+                            table.setdefault(keys[part], {})[id(c[1])] = c   # once, however deep the folder
+            self._like[("folders",)] = {k: list(v.values()) if len(v) <= 24 else [] for k, v in table.items()}
+        return list(self._like[("folders",)].get(key, []))
 
     def _classes_named(self, key: str) -> list:
         self._classes_by_lower()
