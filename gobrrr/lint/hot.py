@@ -6,7 +6,8 @@ A sync costs something only where it repeats. This pass marks, before any rule r
                    hold no inner step loop (loops: by what they do, not by names).
     hot code       a step loop's body, and everything nested in it; the body of a per-step hook:
                    one a framework calls (`training_step`, `compute_loss`, ...), a module's
-                   `forward()` (it runs on every batch), an optimizer's `step()`, a method that
+                   `forward()` (it runs on every batch), an optimizer's `step()`, an environment's
+                   `step(actions)` (a GPU env: a class based on a Task or VecEnv, stepped by a library's runner), a method that
                    steps the optimizer itself (`def run_step(self): ... opt.step()`).
     off branches   code that runs rarely even inside a step loop: the body of an `if` that is
                    rate-limited (`if step % 100 == 0:`, `if step == warmup:`, a timer) unless it
@@ -73,6 +74,10 @@ _GPU_WORDS = re.compile(r"cuda|device|gpu|\.to\(|accelerat|torch_xla|\bxla\b|\bx
 # handlers of a batch event (Lightning's `on_train_batch_end`, sample-factory's `on_new_training_batch`), and methods
 # connected to a loop's per-iteration signal (`self.inference_loop.iteration.connect(self._run)`): once per batch or step
 _BATCH_HANDLER = re.compile(r"on_\w*batch\w*")
+# a GPU environment class (Isaac Gym's `BaseTask`/`VecTask`, a `VecEnv`): a runner from a library calls its
+# `step(actions)` per step, so its body (and what it calls) is per-step code though no loop of the project calls it;
+# not a `gym.Env` (a host simulator in numpy, mbrl-lib's CartPole)
+_ENV_BASE = re.compile(r"(Task|VecEnv)$")
 _STEP_SIGNALS = {"iteration", "step", "on_step", "new_batch"}
 
 
@@ -224,6 +229,7 @@ class HotMap:
             bases = [dotted(b) for b in cls.bases] if cls is not None else []
             is_module = cls is not None and (cls.name in module_classes or any(b.endswith("Module") for b in bases))
             is_optim = cls is not None and any(b.endswith("Optimizer") for b in bases)
+            is_env = cls is not None and any(_ENV_BASE.search(b) for b in bases)   # legged_gym's LeggedRobot(BaseTask)
             slots = _per_step_slots(cls) if cls is not None else set()
             for fn in body:
                 if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -232,7 +238,7 @@ class HotMap:
                     self.hooks.add(id(fn))   # a request's or a message's handler: per request
                 elif cls is not None and (fn.name in STEP_HOOKS or fn.name in slots or _BATCH_HANDLER.fullmatch(fn.name)
                                         or (fn.name == "forward" and is_module)
-                                        or (fn.name == "step" and is_optim)
+                                        or (fn.name == "step" and (is_optim or is_env))
                                         or (fn.name == "__call__" and any(   # a wrapper that runs the model
                                             isinstance(n, ast.Call) and self.facts.step_kind(n) == "forward"
                                             for n in own_level(fn.body)))):
