@@ -55,4 +55,30 @@ def returned_defs(src: Source, fn: ast.AST) -> list[tuple[Source, ast.AST]]:
             if isinstance(r, ast.Return) and isinstance(r.value, ast.Name) and r.value.id in nested]
 
 
-__all__ = ["assigned_calls", "own_statements", "returned_defs"]
+
+
+def converted_in_place(loop: ast.AST) -> str | None:
+    """The dict a loop turns into host tensors key by key, `for key in batch.keys(): batch[key] =
+    torch.tensor(batch[key], dtype=...)` (a replay sample of numpy arrays, MARL-Algorithms' learners): its name,
+    whose items are then host tensors; None for any other loop (a `device=` puts them on the device)."""
+    if not (isinstance(loop, ast.For) and isinstance(loop.target, ast.Name)):
+        return None
+    it = loop.iter.func.value if isinstance(loop.iter, ast.Call) and isinstance(loop.iter.func, ast.Attribute) \
+        and loop.iter.func.attr == "keys" and not loop.iter.args else loop.iter
+    if not isinstance(it, ast.Name):
+        return None
+    for n in ast.walk(loop):
+        if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Subscript) \
+                and ast.unparse(n.targets[0]) == f"{it.id}[{loop.target.id}]" and isinstance(n.value, ast.Call) \
+                and ast.unparse(n.value.func) in _HOST_MAKERS and n.value.args \
+                and ast.unparse(n.value.args[0]) == f"{it.id}[{loop.target.id}]" \
+                and not any(k.arg == "device" for k in n.value.keywords):
+            return it.id
+    return None
+
+
+_HOST_MAKERS = {"torch.tensor", "torch.as_tensor", "torch.from_numpy", "torch.Tensor", "torch.FloatTensor",
+                "torch.LongTensor"}
+
+
+__all__ = ["assigned_calls", "converted_in_place", "own_statements", "returned_defs"]

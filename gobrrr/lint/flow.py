@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import ast
 
-from gobrrr.lint.bindings import assigned_calls
+from gobrrr.lint.bindings import assigned_calls, converted_in_place
 from gobrrr.lint.loops import name_of
 from gobrrr.lint.names import BATCHES, HOSTISH, ITEM_KIND, TENSORISH
 
@@ -203,6 +203,8 @@ class FlowRules:
         if self.region == "hot" and id(node) in self.hotmap.step_loops:
             self.env_loop(node)
         self.loop_stack.pop()
+        if (converted := converted_in_place(node)) is not None:   # `for k in batch: batch[k] = torch.tensor(batch[k])`
+            self.scopes[-1][converted] = "batch_host"
         self.region = saved
         for stmt in node.orelse:
             self.visit(stmt)
