@@ -55,8 +55,6 @@ def returned_defs(src: Source, fn: ast.AST) -> list[tuple[Source, ast.AST]]:
             if isinstance(r, ast.Return) and isinstance(r.value, ast.Name) and r.value.id in nested]
 
 
-
-
 def converted_in_place(loop: ast.AST) -> str | None:
     """The dict a loop turns into host tensors key by key, `for key in batch.keys(): batch[key] =
     torch.tensor(batch[key], dtype=...)` (a replay sample of numpy arrays, MARL-Algorithms' learners): its name,
