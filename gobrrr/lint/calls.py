@@ -310,7 +310,6 @@ def host_attrs(checker_cls, project: Project, flags: dict) -> dict[str, str]:
     return {a: ks.pop() for a, ks in kinds.items() if len(ks) == 1 and (ks <= {"host", "numpy"} or ks == {"loader_device"})}
 
 
-
 def _scratch_checker(checker_cls, project: Project, src: Source, flags: dict):
     """A checker of `src` that has read only the file's imports: for walks that report nothing."""
     c = checker_cls(src, project, project.hotmaps.get(id(src)) or HotMap(src.tree, str(src.path), src.nodes), flags)

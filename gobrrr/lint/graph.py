@@ -124,7 +124,7 @@ class Project(Index):
             return []
         recv = f.value
         if isinstance(recv, ast.Name) and recv.id == "self":
-            cls = self._class_around(src, scope)
+            cls = self.class_around(src, scope)
             if cls is not None:
                 hit = self.method(src, cls, f.attr)
                 found = ([hit] if hit else []) + self.overrides(cls, f.attr)
@@ -175,17 +175,19 @@ class Project(Index):
                 return [(inner[1], inner[2])] if inner and inner[0] == "def" else []
         insts = self.instances_of(src, recv, scope, types)     # obj.m(x), self.obj.m(x)
         if insts:   # and its siblings among the classes it is named after: `predictor_obj = NonePredictor(...)` in
-            seen = set().union(*(self._ancestors(id(c)) for _, c in insts))   # one branch, `predictor(...)` of a
+            seen = set().union(*(self.ancestors(id(c)) for _, c in insts))   # one branch, `predictor(...)` of a
             insts += [c for c in self._named_like(recv)   # parameter (another Predictor subclass) in the other
-                      if c not in insts and self._ancestors(id(c[1])) & seen]
+                      if c not in insts and self.ancestors(id(c[1])) & seen]
             return [hit for inst in insts if (hit := self.method(*inst, f.attr))]
         if not fallback or f.attr.startswith("__"):
             return []
-        like = self._named_like(recv) or self._named_here(recv, src) or self._in_folder_named(recv)
+        like, cap = self._named_like(recv) or self._named_here(recv, src), 6
+        if not like:   # a registry's component: any class of its folder (more of them than a name pins)
+            like, cap = self._in_folder_named(recv), 24
         named = [hit for inst in like if (hit := self.method(*inst, f.attr))]
         if named:   # replay_buffer.sample(n) with replay_buffer a parameter: ReplayBuffer's sample, or a subclass's
             found = named + [o for inst in like for o in self.overrides(inst[1], f.attr) if o not in named]
-            return found[:24] if like and like == self._in_folder_named(recv) else found[:6]
+            return found[:cap]
         if f.attr in GENERIC:
             return []
         only = self.methods.get(f.attr, [])
@@ -193,11 +195,11 @@ class Project(Index):
             return only[:1]
         if 1 < len(only) <= 8 and self._one_hierarchy(only):
             return only
-        mine = self._class_around(src, scope) if _on_self(recv) else None
+        mine = self.class_around(src, scope) if _on_self(recv) else None
         if mine is not None and 1 < len(only) <= 8:   # self.config.method.loss(...) in a trainer's loss: not the
-            mine_up = self._ancestors(id(mine))           # trainer's own; the other hierarchy's, if one
+            mine_up = self.ancestors(id(mine))           # trainer's own; the other hierarchy's, if one
             others = [m for m in only if (o := m[0].owner.get(id(m[1]))) is not None
-                      and not self._ancestors(id(o)) & mine_up]
+                      and not self.ancestors(id(o)) & mine_up]
             if others and len(others) < len(only) and self._one_hierarchy(others):
                 return others
         here = [m for m in only if m[0] is src]   # one-file scripts that each define their Actor.act: this file's
@@ -398,9 +400,9 @@ class Project(Index):
         owners = [d if classes else s.owner.get(id(d)) for s, d in defs]
         if any(o is None for o in owners):
             return False
-        common = self._ancestors(id(owners[0]))
+        common = self.ancestors(id(owners[0]))
         for o in owners[1:]:
-            common &= self._ancestors(id(o))
+            common &= self.ancestors(id(o))
         return bool(common)
 
     def _dict_values(self, src: Source, node: ast.AST, scope) -> list[ast.AST]:
@@ -409,7 +411,7 @@ class Project(Index):
         if isinstance(node, ast.Name):
             where, target = ([scope] if scope is not None else []) + [src.tree], node.id
         elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
-            cls = self._class_around(src, scope)
+            cls = self.class_around(src, scope)
             where, target = ([cls] if cls is not None else []), "self." + node.attr
         else:
             return []

@@ -347,7 +347,7 @@ class Index:
             todo += self.children.get(id(c), [])
         return out[:limit]
 
-    def _ancestors(self, cls_id: int) -> set[int]:
+    def ancestors(self, cls_id: int) -> set[int]:
         out, todo = set(), [cls_id]
         while todo:
             c = todo.pop()
@@ -357,7 +357,7 @@ class Index:
         return out
 
     # -- instances
-    def _class_around(self, src: Source, scope: ast.AST | None) -> ast.ClassDef | None:
+    def class_around(self, src: Source, scope: ast.AST | None) -> ast.ClassDef | None:
         s = scope
         while s is not None:
             cls = src.owner.get(id(s))
@@ -392,7 +392,7 @@ class Index:
                 s = src.parent.get(id(s))
             made = made or src.instances.get((id(None), node.id), [])
         elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
-            cls = self._class_around(src, scope)
+            cls = self.class_around(src, scope)
             return self._attr_instances(src, cls, node.attr) if cls is not None else []
         elif isinstance(node, ast.Attribute) and isinstance(node.value, (ast.Name, ast.Attribute)):
             out = []   # agent.replay_buffer, self.agent.buffer: the attribute of an object whose class is known
@@ -402,7 +402,7 @@ class Index:
                         out.append(hit)
             return out
         out = []
-        around = self._class_around(src, scope) if made else None
+        around = self.class_around(src, scope) if made else None
         for m in made:
             for hit in self.classes_of(src, m, cls=around):
                 if hit not in out:

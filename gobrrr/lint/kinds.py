@@ -33,7 +33,7 @@ import ast
 import re
 
 from gobrrr.lint.callkinds import CallKinds
-from gobrrr.lint.loops import is_model_name, name_of
+from gobrrr.lint.loops import is_model_name, name_of, self_attr
 from gobrrr.lint.names import BATCHES, ITEM_KIND, NUMBER_ATTRS, TENSORISH
 
 _TYPED_TENSOR = re.compile(r"\b(torch\.)?(?:Long|Float|Half|BFloat16|Double|Int|Short|Byte|Bool|Char)Tensor\b")
@@ -310,10 +310,9 @@ class Kinds(CallKinds):
         if not isinstance(value, (ast.Name, ast.Attribute)):
             return None
         found = _splat_table(self.project, self.src).get(name_of(value))
-        if found is not None or not (isinstance(value, ast.Attribute) and isinstance(value.value, ast.Name)
-                                     and value.value.id == "self"):
+        if found is not None or not self_attr(value):
             return found
-        cls = self.project._class_around(self.src, self.defs[-1] if self.defs else None)
+        cls = self.project.class_around(self.src, self.defs[-1] if self.defs else None)
         todo, seen = [(self.src, cls)] if cls is not None else [], set()
         while todo and len(seen) < 8:
             src, c = todo.pop()

@@ -6,7 +6,7 @@ script that uses it does, `translator = Translator(model, ...).to(device)`. Its 
 but its other methods (`translate_sentence`, a beam search with a `.item()` per step) would be taken for CPU code.
 A class constructed and moved in one expression (`Cls(...).to(device)`, `.cuda()`), or assigned and then moved
 (`net = Cls(...)`, later `net.to(device)` / `net.cuda()` in the same file), is placed on the device, and so are its
-project base classes.
+project base classes (the index's `ancestors`).
 """
 from __future__ import annotations
 
@@ -32,8 +32,8 @@ def moved_classes(project, sources) -> set[int]:
             recv = n.func.value
             hits = [h] if isinstance(recv, ast.Call) and (h := _class(project, s, recv)) else \
                 built.get(ast.unparse(recv), []) if isinstance(recv, (ast.Name, ast.Attribute)) else []
-            for hit in hits:
-                _add_with_bases(project, hit, out)
+            for _, cls in hits:
+                out |= project.ancestors(id(cls))   # the class and its project bases
     return out
 
 
@@ -54,17 +54,6 @@ def _to_device(call: ast.Call) -> bool:
     text = ast.unparse(target)
     return not (text.startswith(("torch.", "th.")) and text.count(".") == 1) and "dtype" not in text \
         and "cpu" not in text.lower()
-
-
-def _add_with_bases(project, hit, out: set[int], depth: int = 0) -> None:
-    src, cls = hit
-    if id(cls) in out or depth > 6:
-        return
-    out.add(id(cls))
-    for base in cls.bases:
-        b = project.class_of(src, base)
-        if b is not None:
-            _add_with_bases(project, b, out, depth + 1)
 
 
 def own_program(s) -> bool:

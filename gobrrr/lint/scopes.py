@@ -328,7 +328,6 @@ class ScopeWalk:
 _TRUTH_CALLS = {"any", "all", "isnan", "isinf", "isfinite", "equal", "eq", "ne", "gt", "ge", "lt", "le"}
 
 
-
 def seed_names(body: list[ast.stmt], looping: set[str]) -> set[str]:
     """The names passed to calls of defs that hold a step loop (`sample_euler(model, x, sigmas)`):
     what a helper returns into them is worth learning (calls.return_kind)."""

@@ -17,12 +17,14 @@ from gobrrr.lint.loops import (
     env_steps,
     name_of,
     own_level,
+    self_attr,
     sends_step,
 )
 
 _DATA_ITERATOR = re.compile(r"^(train|eval|val|valid|test|data|batch)_?iterator$", re.I)   # self.eval_iterator
 _NOT_WRAPPERS = {"DataLoader"}   # `torch.utils.data.DataLoader(dataset)` is the loader itself, not a wrapper of one
 _CAPTURE = re.compile(r"cap|video|cam$|camera|webcam", re.I)   # cv2.VideoCapture(...) as vidcap, cap, cam
+_ITER_WRAPPERS = ("enumerate", "tqdm", "iter", "zip")   # what a loop iterates its loader through
 _BATCH_SOURCE = re.compile(r"loader|iter|gen|data|batch|stream|_dl$|^dl$", re.I)   # next(train_iter)
 
 
@@ -219,8 +221,7 @@ def _own_method_calls(tree: ast.AST) -> dict[int, ast.AST]:
     for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
         methods = {d.name: d for d in cls.body if isinstance(d, DEFS)}
         for c in ast.walk(cls):
-            if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr in methods \
-                    and isinstance(c.func.value, ast.Name) and c.func.value.id == "self":
+            if isinstance(c, ast.Call) and self_attr(c.func) and c.func.attr in methods:
                 out[id(c)] = methods[c.func.attr]
     return out
 
@@ -258,7 +259,7 @@ def _takes_batches(loop: ast.AST, calls: list[ast.Call]) -> bool:
 
 def _unwrapped(it: ast.AST) -> str | None:
     """The name a loop iterates through enumerate/tqdm/iter/zip (`for i, x in enumerate(t)` -> t), else None."""
-    while isinstance(it, ast.Call) and it.args and name_of(it.func) in ("enumerate", "tqdm", "iter", "zip"):
+    while isinstance(it, ast.Call) and it.args and name_of(it.func) in _ITER_WRAPPERS:
         it = it.args[0]
     return it.id if isinstance(it, ast.Name) else None
 
@@ -267,7 +268,7 @@ def _loader_like(it: ast.AST) -> bool:
     """`train_loader`, `DataLoader(...)`, `tqdm(loader)`, `dataloaders["train"]`, `self.eval_iterator`, and
     `tqdm(it) if main_process else it`."""
     while isinstance(it, ast.Call) and it.args and isinstance(it.func, (ast.Name, ast.Attribute)) \
-            and (name_of(it.func) in ("enumerate", "tqdm", "iter", "zip", "islice", "progress_bar", "track")
+            and (name_of(it.func) in (*_ITER_WRAPPERS, "islice", "progress_bar", "track")
                  or isinstance(it.func, ast.Attribute) and name_of(it.func) not in _NOT_WRAPPERS):
         it = it.args[0]   # also a logger's wrapper: `metric_logger.log_every(data_loader, 10, header)`
     if isinstance(it, ast.IfExp):
