@@ -36,6 +36,17 @@ def assigned_methods(src: Source, name: str, scope: ast.AST | None) -> list[ast.
     return out
 
 
+def picked_tables(src: Source, name: str, scope: ast.AST | None) -> list[ast.AST]:
+    """The tables of callables `name` was picked from in this def (or at module level): `sample_fn = {"heun":
+    sample_heun, "dpm": sample_dpm}[sampler]` gives the dict literal, `fn = SAMPLERS[kind]` the name SAMPLERS."""
+    out: list[ast.AST] = []
+    for st in own_statements(getattr(scope, "body", None) or src.tree.body):
+        if isinstance(st, ast.Assign) and isinstance(st.value, ast.Subscript) \
+                and any(isinstance(t, ast.Name) and t.id == name for t in st.targets):
+            out.append(st.value.value)
+    return out
+
+
 def own_statements(body: list[ast.stmt]):
     """The statements of a body and of its ifs, withs, trys and loops, not of nested defs."""
     for st in body:

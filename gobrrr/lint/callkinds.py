@@ -55,6 +55,8 @@ _DIST_METHODS = {"sample", "rsample", "log_prob", "entropy", "cdf", "icdf", "sam
 # builds one (`get_tokenizer(opt)`, `load_processor(path)`)
 _HOST_MAKER = re.compile(r"^(?!(get|load|build|make|create|init|setup|new)_)(\w+_)?(tokenizer|processor|feature_extractor)$"
                          r"|^tokenize$", re.I)   # ... and clip.tokenize(texts): a host tensor of token ids
+_OWN_TOKENIZER = re.compile(r"(?!_*(get|load|build|make|create|init|setup|new)_)_*(\w+_)?(tokenizer|tokenize|tokenizer_encode)")
+#                            self.tokenizer_encode(text), self.tokenizer(text); not self._load_tokenizer(cls, path)
 
 
 class CallKinds:
@@ -215,6 +217,9 @@ class CallKinds:
         if isinstance(func, ast.Attribute) and func.attr == "tokenize" and isinstance(func.value, ast.Name) \
                 and func.value.id in getattr(getattr(self, "src", None), "imports", {}):
             return "host"    # clip.tokenize(texts): a module's tokenizer makes the ids on the host
+        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self" \
+                and _OWN_TOKENIZER.fullmatch(func.attr) and not {self.kind(a) for a in node.args} & TENSORISH:
+            return "host"    # self.tokenizer_encode(prompt): a tokenizer the object was handed, ids on the host
         if isinstance(func, ast.Attribute):
             return self.method_kind(node, func)
         if _HOST_MAKER.search(name_of(func)) and not {self.kind(a) for a in node.args} & TENSORISH:
@@ -305,6 +310,8 @@ class CallKinds:
             return "tensor"  # self.model(x)
         if method in ("forward", "generate") and self.is_model(func.value):
             return "generated" if method == "generate" else "tensor"
+        if method.startswith("forward_") and node.args and self.is_model(func.value):
+            return "tensor"   # target_model.forward_(next_states), model.forward_features(x): a forward by another name
         if method in TENSOR_METHODS:
             return "tensor" if recv is None and not isinstance(func.value, ast.Constant) else None
         if recv is None and {self.kind(a) for a in node.args} & TENSORISH:

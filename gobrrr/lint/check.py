@@ -164,7 +164,7 @@ def check_sources(sources: list[Source], assume_gpu: bool = False,
                 and not own_program(s):
             gpu[id(s)] = True
         elif not gpu[id(s)]:
-            _hold_back(c, gpu_project)
+            _hold_back(c, gpu_project, own_program(s) and not imported_files(project, s))
         queue += c.pending
         c.pending = []
     queue = _seeded(checkers, sources, gpu, errors) + queue
@@ -312,12 +312,15 @@ def _fail(message: str, errors: list[str] | None, cause: BaseException) -> None:
     errors.append(message)
 
 
-def _hold_back(c: Checker, gpu_project: bool) -> None:
+def _hold_back(c: Checker, gpu_project: bool, alone: bool = False) -> None:
     """A file that never names a device: keep only the findings of its per-step hooks (a module's
     forward runs on the device the project uses elsewhere); the rest wait in `dropped`, and the
-    calls of its step loops in `waiting`, until a call is seen to reach a file that names one."""
+    calls of its step loops in `waiting`, until a call is seen to reach a file that names one.
+    `alone`: a script of its own that imports no file picking CUDA (pydreamer's generator.py steps its
+    envs with a CPU copy of the model): only the forwards of its modules are kept, not the other hooks
+    (a policy object's `__call__`)."""
     spans = [range(n.lineno, (n.end_lineno or n.lineno) + 1) for n in c.src.nodes
-             if id(n) in c.hotmap.hooks] if gpu_project else []
+             if id(n) in c.hotmap.hooks and not (alone and getattr(n, "name", "") != "forward")] if gpu_project else []
     c.dropped = {k: f for k, f in c.findings.items() if not any(f.line in r for r in spans)}
     for k in c.dropped:
         del c.findings[k]

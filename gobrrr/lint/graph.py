@@ -38,7 +38,7 @@ from __future__ import annotations
 import ast
 import re
 
-from gobrrr.lint.bindings import assigned_calls, assigned_methods, returned_defs
+from gobrrr.lint.bindings import assigned_calls, assigned_methods, picked_tables, returned_defs
 from gobrrr.lint.index import Index
 from gobrrr.lint.loops import partial_target
 from gobrrr.lint.source import DEFS, Source
@@ -303,6 +303,11 @@ class Project(Index):
                           for hit in returned_defs(fs, fn)]
         for method in assigned_methods(src, name, scope)[:4]:   # sample_fn = self.sample: the method it names
             found += self.resolve(src, ast.Call(func=method, args=call.args, keywords=call.keywords), scope, types)
+        for table in picked_tables(src, name, scope)[:2]:   # sample_fn = {"heun": sample_heun, ...}[sampler]
+            values = [v for v in table.values if isinstance(v, (ast.Name, ast.Attribute))] \
+                if isinstance(table, ast.Dict) else self._dict_values(src, table, scope)
+            found += [hit for v in values[:6] for hit in self.resolve(
+                src, ast.Call(func=v, args=call.args, keywords=call.keywords), scope, types, fallback=False)]
         return found
 
     def _set_attrs(self, src: Source, cls: ast.ClassDef) -> set[str]:

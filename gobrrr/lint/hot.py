@@ -58,6 +58,8 @@ _RARE_WORK = re.compile(r"save|dump|checkpoint|ckpt|eval|valid|test|plot|visuali
 _COUNTER = re.compile(r"^(i|j|k|it|n|step|steps|iter|iters|iteration|idx|batch_idx|batch_i|batch_id|"
                       r"global_step|iter_num|n_iter|epoch|micro_step|completed_steps|num_updates|"
                       r"update|updates)$|_(step|idx|iter|iters|steps|num)$", re.I)
+_ACCUM = re.compile(r"^(gradient_accumulation_steps|grad(ient)?_accum\w*|accum(ulation)?(_steps|_iters?)?|"
+                    r"accumulate_grad_batches|num_accum\w*)$")   # micro-batches per optimizer step
 _TIMER = re.compile(r"(^|\.)(time|perf_counter|perf_counter_ns|monotonic|monotonic_ns|process_time|"
                     r"time_ns|default_timer|elapsed_time|tic|toc)$")
 _BENCH = re.compile(r"bench|timing|timed|timeit|timer|profil|measure|latency|throughput|speed", re.I)
@@ -65,7 +67,8 @@ _BENCH = re.compile(r"bench|timing|timed|timeit|timer|profil|measure|latency|thr
 STEP_HOOKS = {"training_step", "validation_step", "test_step", "predict_step", "training_step_end",
               "validation_step_end", "on_before_optimizer_step", "on_after_backward", "compute_loss", "prediction_step",
               "train_batch", "post_step",   # OLMo-core: TrainModule.train_batch, Callback.post_step
-              "get_batch_loss_metrics", "concatenated_forward"}   # trl's DPO/KTO/ORPO trainers call them per step
+              "get_batch_loss_metrics", "concatenated_forward",   # trl's DPO/KTO/ORPO trainers call them per step
+              "_prepare_inputs"}   # transformers' Trainer.training_step, per micro-batch (trl's on-policy trainers)
 # words that say a file runs on a device; `.cpu()` alone does not (a CPU model's .cpu() is a no-op)
 _GPU_WORDS = re.compile(r"cuda|device|gpu|\.to\(|accelerat|torch_xla|\bxla\b|\bxm\b|\bmps\b|deepspeed|lightning|"
                         r"fabric")
@@ -169,6 +172,8 @@ class HotMap:
         nodes = walk(tree) if nodes is None else nodes
         self.constants = {t.id: st.value.value for st in tree.body if isinstance(st, ast.Assign)
                           and isinstance(st.value, ast.Constant) for t in st.targets if isinstance(t, ast.Name)}
+        self.accum = {t.id for st in nodes if isinstance(st, ast.Assign) and isinstance(st.value, (ast.Name, ast.Attribute))
+                      and _ACCUM.search(name_of(st.value)) for t in st.targets if isinstance(t, ast.Name)}
         self.rated = {t.id for st in nodes if isinstance(st, ast.Assign) and any(   # log_now = step % every == 0
             isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod) for n in ast.walk(st.value))
             for t in st.targets if isinstance(t, ast.Name)}   # a rate decided per step, not an option
@@ -276,6 +281,9 @@ class HotMap:
                 self.constants.get(name_of(n.right)) == 1 or name_of(n.right) in self.facts.every_step)
                for n in nodes):
             return False   # `iter_num % log_interval == 0` with `log_interval = 1` at the top: every step
+        if any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod) and (
+                _ACCUM.search(name_of(n.right) or "") or name_of(n.right) in self.accum) for n in nodes):
+            return False   # `step % gradient_accumulation_steps == 0`: once per optimizer step, a step itself
         rare = False
         flags = option_flags(test, self.rated)
         tops, todo = set(), [test]   # the comparisons the test itself makes: `m1 == i` inside any(...) is an array's
@@ -287,7 +295,7 @@ class HotMap:
             if flags and id(n) in flags:
                 continue   # judged below, by what its branch does
             if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod):
-                rare = True
+                rare = rare or not _remainder_test(n)
             elif isinstance(n, ast.Compare) and any(isinstance(op, ast.Eq) for op in n.ops) and id(n) in tops \
                     and any(_COUNTER.search(name_of(x) or "") for x in [n.left, *n.comparators]):
                 rare = True
@@ -315,7 +323,9 @@ class HotMap:
 
     def _off_tails(self, nodes: list[ast.AST]) -> set[int]:
         """Statements after a guard that leaves on most steps (`if not log_now: return`,
-        `if step % N != 0: continue`): they run on the rare steps only."""
+        `if step % N != 0: continue`): they run on the rare steps only. Also those after a GPU path that
+        returns (`if torch.cuda.is_available(): return nms_cuda(...)`, `if x.is_cuda: return ext(x)`): the
+        rest is the CPU fallback, as the `else:` of such a test is."""
         out: set[int] = set()
         for node in nodes:
             if not isinstance(node, (ast.stmt, ast.Module, ast.excepthandler)) or isinstance(node, _SIMPLE):
@@ -329,6 +339,9 @@ class HotMap:
                             and isinstance(stmt.body[-1], (ast.Return, ast.Continue))):
                         continue
                     t = stmt.test
+                    if cuda_test(t) is True and isinstance(stmt.body[-1], ast.Return):
+                        out |= {id(s) for s in body[i + 1:]}
+                        break
                     inner = t.operand if isinstance(t, ast.UnaryOp) and isinstance(t.op, ast.Not) else (
                         t if isinstance(t, ast.Compare) and any(isinstance(o, ast.NotEq) for o in t.ops) else None)
                     if inner is not None and self._rate_limited(inner, body[i + 1:]) \
@@ -400,6 +413,17 @@ def _default_on_flags(tree: ast.AST) -> tuple[dict[str, set[int]], set[int]]:
         for field in ("body", "orelse", "finalbody", "handlers", "cases"):
             stack += [(child, on, inner) for child in getattr(node, field, None) or ()]
     return flags, in_loop
+
+
+_SIZE_WORDS = {"len", "length", "size", "shape", "dim", "seq", "pred", "width", "height", "channels"}
+
+
+def _remainder_test(mod: ast.BinOp) -> bool:
+    """A remainder of sizes decides a shape, not a rate: `(self.seq_len + self.pred_len) % period != 0` pads a
+    sequence the period does not divide, on whatever step the data asks. `step % every == 0` stays a rate limit."""
+    inner = {id(x.value) for x in ast.walk(mod.left) if isinstance(x, ast.Attribute)}   # x.shape: "shape", not "x"
+    names = [name_of(x) for x in ast.walk(mod.left) if isinstance(x, (ast.Name, ast.Attribute)) and id(x) not in inner]
+    return bool(names) and all(set(re.split(r"_+", n.lower())) & _SIZE_WORDS for n in names)
 
 
 def _lazy_init(node: ast.If) -> bool:

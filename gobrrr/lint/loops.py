@@ -60,6 +60,8 @@ _OPTIM_MAKERS = re.compile(r"(^|\.)optim\.[A-Z]\w*$|Optimi[sz]er$|(^|\.)(Adam|Ad
 _MODEL_MAKERS = re.compile(r"(^|\.)(from_pretrained|create_model|build_model|get_model|load_model|"
                            r"DistributedDataParallel|DDP|DataParallel|FSDP|FullyShardedDataParallel)$|^torch\.compile$|"
                            r"(^|\.)(models|nn)\.[A-Za-z_]+$|^torchvision\.models\.")
+# what `from_pretrained` also loads beside models: tokenizers, processors, configs (host objects, never run on a batch)
+_NOT_A_MODEL = re.compile(r"(Tokenizer|Processor|FeatureExtractor|Config|Preprocessor)(Fast)?\.from_pretrained$")
 # callees that take a model without running it on a batch
 _NOT_RUNNING = re.compile(r"^_*(save|load|log|print|set|build|create|get|init|copy|deepcopy|wrap|unwrap|prepare|"
                           r"register|count|summary|summarize|freeze|unfreeze|to|move|apply|isinstance|hasattr|"
@@ -68,6 +70,7 @@ _NOT_RUNNING = re.compile(r"^_*(save|load|log|print|set|build|create|get|init|co
 LOADER_NAME = re.compile(r"loader|dataloader|_dl$|^dl$|batches$", re.I)
 _STEPS_WITH = {"optimize", "step", "apply_gradients", "update", "optimizer_step", "take_step"}
 _ENV = re.compile(r"(^|_)(env|envs|environment|environments|venv|vec_?env|sim|simulator|game)(_|$|\d)", re.I)
+_ENV_COUNT = re.compile(r"^(envs|env_nums?|num_envs|n_envs|nenvs|env_num|environments|num_env)$", re.I)
 _ENV_STEP = re.compile(r"^(step|env_step|step_env|step_envs|envs_step)$")
 # names too common to take a call as a forward because one project def of that name runs a model
 COMMON_METHODS = {"forward", "step", "update", "run", "call", "apply", "get", "sample", "predict", "compute", "process",
@@ -199,6 +202,11 @@ class Facts:
                 options = [v.body, v.orelse] if isinstance(v, ast.IfExp) else [v]
                 if all(isinstance(o, ast.Attribute) for o in options):
                     self.aliases.setdefault(node.targets[0].id, set()).update(o.attr for o in options)
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Subscript) \
+                    and isinstance(node.value.value, ast.Dict) and len(node.targets) == 1 \
+                    and isinstance(node.targets[0], ast.Name):   # sample_fn = {"heun": sample_heun, ...}[name]
+                self.aliases.setdefault(node.targets[0].id, set()).update(
+                    name_of(v) for v in node.value.value.values if isinstance(v, (ast.Name, ast.Attribute)))
             if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
                 made = name_of(node.value.func)
                 if made[:1].isupper() and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
@@ -222,6 +230,8 @@ class Facts:
             return "model" if isinstance(a, (ast.Name, ast.Attribute)) and is_model_name(name_of(a)) else None
         if _OPTIM_MAKERS.search(made) and not made.startswith("torch.optim.lr_scheduler"):
             return "optimizer"
+        if _NOT_A_MODEL.search(made):
+            return None   # AutoTokenizer.from_pretrained(path): a tokenizer (its encode makes host ids), not a module
         if _MODEL_MAKERS.search(made) and not re.search(r"(^|\.)nn\.(functional|init|utils)|Loss$", made):
             return "model"
         if last in module_classes:
@@ -242,6 +252,11 @@ class Facts:
         if strict:
             return self._strict_kind(call)
         func = call.func
+        target = next((k.value for k in call.keywords if k.arg == "target"), None)
+        if name_of(func) == "Thread" and isinstance(target, (ast.Name, ast.Attribute)) and (
+                name_of(target) == "generate" and isinstance(target, ast.Attribute)
+                and (is_model_name(name_of(target.value)) or name_of(target.value) in self.models)):
+            return "forward"   # Thread(target=model.generate, kwargs=...).start(): streaming generation, per turn
         if isinstance(func, ast.Attribute):
             if func.attr == "backward":
                 return "update"
@@ -329,9 +344,25 @@ def env_stepping_defs(nodes: list[ast.AST]) -> set[str]:
     """The names of defs that step an environment at their own level (`def conduct_action(self, action):
     self.next_state, self.reward, self.done, _ = self.environment.step(action)`): a loop calling one steps the
     environment once per iteration. Names every class has (`step`, `run`) are left out: an env wrapper's
-    `def step` would make every `opt.step()` loop an environment loop."""
+    `def step` would make every `opt.step()` loop an environment loop; so is `reset` (an Atari wrapper's no-op
+    reset steps its env, but `env.reset()` starts an episode, once per episode loop)."""
     return {n.name for n in nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-            and n.name not in COMMON_METHODS | HOUSEKEEPING and any(env_steps(s) for s in own_level(n.body))}
+            and n.name not in COMMON_METHODS | HOUSEKEEPING | {"reset"} and any(env_steps(s) for s in own_level(n.body))}
+
+
+def steps_each_env(loop: ast.AST) -> bool:
+    """`while not dones.all(): ... for i in range(env_nums): obs, r, done, info = envs[i].step(a[i])`: a loop just
+    inside goes over the environments and steps each one; the loop around it is the step (one move of them all)."""
+    stack = list(loop.body)
+    while stack:   # the loops just inside this one (through with / if / try), not deeper
+        n = stack.pop()
+        if isinstance(n, ast.For) and any(isinstance(x, (ast.Name, ast.Attribute)) and _ENV_COUNT.search(name_of(x))
+                                          for x in ast.walk(n.iter)):
+            if any(env_steps(s) for s in own_level(n.body)):
+                return True
+        elif isinstance(n, ast.stmt) and not isinstance(n, (*LOOPS, *DEFS)):
+            stack += [c for c in ast.iter_child_nodes(n) if isinstance(c, ast.stmt)]
+    return False
 
 
 def sends_step(loop: ast.AST) -> bool:
@@ -408,5 +439,5 @@ def forwarding_defs(nodes: list[ast.AST], facts: Facts, calls: dict[str, set[str
 
 
 __all__ = ["Facts", "updating_methods", "stepping_defs", "forwarding_defs", "holds_updating_loop", "own_level", "name_of",
-           "self_attr", "dotted", "is_model_name", "is_env_name", "env_steps", "sends_step", "HOUSEKEEPING", "OPTIM",
-           "LOADER_NAME", "LOOPS", "DEFS", "COMMON_METHODS"]
+           "self_attr", "dotted", "is_model_name", "is_env_name", "env_steps", "sends_step", "steps_each_env",
+           "HOUSEKEEPING", "OPTIM", "LOADER_NAME", "LOOPS", "DEFS", "COMMON_METHODS"]

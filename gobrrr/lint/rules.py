@@ -31,7 +31,7 @@ from gobrrr.lint.inside import InsideRules
 from gobrrr.lint.kinds import Kinds
 from gobrrr.lint.loops import name_of
 from gobrrr.lint.moves import CopyRules
-from gobrrr.lint.names import LOADERS_PINNED
+from gobrrr.lint.names import BATCHES, ITEM_KIND, LOADERS_PINNED
 from gobrrr.lint.scopes import HOOK_NAMES, ScopeWalk, seed_names
 from gobrrr.lint.source import Source
 from gobrrr.lint.sync import SyncRules
@@ -94,6 +94,7 @@ class Checker(ScopeWalk, FlowRules, CallRules, SyncRules, CopyRules, InsideRules
         self.module_scope: dict = {}
         self.silent = False                     # a first pass over a step loop's body: kinds only (flow)
         self.eager_lambdas: set[int] = set()    # id of lambdas that map()/sorted() call right away
+        self.lambda_items: dict[int, str] = {}  # id(lambda) -> the kind its one parameter takes (a batch's leaves)
         self.cuda_types: set[str] = set()       # names bound to torch.cuda.FloatTensor and friends
         self.seeding: set[str] = set()          # names this def hands to a def holding a step loop (note_seed)
         self.assigning: set[str] = set()        # the names the assignment being walked binds
@@ -216,6 +217,20 @@ class Checker(ScopeWalk, FlowRules, CallRules, SyncRules, CopyRules, InsideRules
                             value=item.context_expr, attr=m, ctx=ast.Load()), args=[], keywords=[]), node))
         self.generic_visit(node)
 
+    def batch_lambdas(self, node: ast.Call) -> None:
+        """`tree_map(lambda x: x.to(device), batch)`, `map_structure(batch, lambda x: x.to(device))`: a helper
+        runs the lambda now on each leaf of the batch it is handed with it, so its parameter is one of the batch's
+        tensors (a copy of per-step data, as `{k: v.to(device) for k, v in batch.items()}` is)."""
+        args = [*node.args, *(k.value for k in node.keywords)]
+        lams = [a for a in args if isinstance(a, ast.Lambda) and len(a.args.args) == 1 and not a.args.vararg]
+        if len(lams) != 1:
+            return
+        kinds = [self.kind(a) for a in args if a is not lams[0]]
+        batch = next((k for k in kinds if k in BATCHES), None)
+        if batch is not None:
+            self.eager_lambdas.add(id(lams[0]))
+            self.lambda_items[id(lams[0])] = ITEM_KIND[batch]
+
     # -- the rules on expressions
     def visit_Call(self, node: ast.Call) -> None:
         func = node.func
@@ -225,6 +240,7 @@ class Checker(ScopeWalk, FlowRules, CallRules, SyncRules, CopyRules, InsideRules
         kw = {k.arg: k.value for k in node.keywords if k.arg}
         if name in _EAGER and node.args and isinstance(node.args[0], ast.Lambda):
             self.eager_lambdas.add(id(node.args[0]))   # map(lambda t: t.item(), ts): run here, per item
+        self.batch_lambdas(node)
         self.copy_rules(node, func, name, method, recv, kw)
         if self.looping():
             self.sync_rules(node, func, name, method, recv, kw)
@@ -232,6 +248,7 @@ class Checker(ScopeWalk, FlowRules, CallRules, SyncRules, CopyRules, InsideRules
         if self.region == "hot" and not self.silent:
             self.follow(node)
         elif not self.silent and not self.summary_depth and (name_of(func) in self.project.looping or (
+                self.hotmap.facts.aliases.get(name_of(func), set()) & self.project.looping) or (
                 name_of(func) in self.project.housekeeping_looping and _not_a_mode_switch(node))):
             self.note_seed(node)   # sample_euler(model, x, sigmas) from a script: its own loop learns the kinds
         # calls that hand a pageable loader to gobrrr (which pins): not a GB006 any more

@@ -181,7 +181,8 @@ class ScopeWalk:
     def visit_Lambda(self, node: ast.Lambda) -> None:
         saved, self.region = self.region, (self.region if id(node) in self.eager_lambdas else None)
         a = node.args
-        self.scopes.append({p.arg: None for p in [*a.posonlyargs, *a.args, *a.kwonlyargs]})
+        item = getattr(self, "lambda_items", {}).get(id(node))   # tree_map(lambda x: x.to(d), batch): a leaf
+        self.scopes.append({p.arg: item for p in [*a.posonlyargs, *a.args, *a.kwonlyargs]})
         self.visit(node.body)   # deferred (a callback, `default(x, lambda: ...)`) unless map() runs it now
         self.scopes.pop()
         self.region = saved

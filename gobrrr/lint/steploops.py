@@ -19,6 +19,7 @@ from gobrrr.lint.loops import (
     own_level,
     self_attr,
     sends_step,
+    steps_each_env,
 )
 
 _DATA_ITERATOR = re.compile(r"^(train|eval|val|valid|test|data|batch)_?iterator$", re.I)   # self.eval_iterator
@@ -115,7 +116,8 @@ def step_loops(tree: ast.AST, facts: Facts, rare, nodes: list[ast.AST] | None = 
         own = list(own_level(node.body, rare))
         calls = [n for n in own if isinstance(n, ast.Call)]
         kinds = {local_kind(n) or facts.step_kind(n) for n in calls}
-        if any(env_steps(n) for n in own) or sends_step(node) or any(name_of(c.func) in facts.env_stepping for c in calls):
+        if any(env_steps(n) for n in own) or sends_step(node) or steps_each_env(node) \
+                or any(name_of(c.func) in facts.env_stepping for c in calls):
             kinds.add("env")   # (or a call of the project's def that steps one: `self.conduct_action(self.action)`)
         if calls and (_takes_batches(node, calls) or isinstance(node, ast.For) and _unwrapped(node.iter) in wrapped):
             kinds.add("data")
