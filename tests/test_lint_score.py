@@ -111,7 +111,8 @@ def test_real_judgements_are_well_formed():
     assert {d["domain"] for d in docs} == {"detection", "diffusion", "llm-finetune", "rl", "speech", "time-series"}
     for d in docs:
         assert len(d["commit"]) == 40 and d["url"].startswith("https://github.com/")
-        if d.get("negative_control"):   # a project that never uses the GPU (minimalRL): every line judged false,
+        if d.get("negative_control"):   # a project that never uses the GPU (minimalRL), or whose own code syncs
+            #                             nothing per step (open-r1: its loops run inside trl): every line judged false,
             assert all(e["verdict"] == "false" for e in d["lines"]), d["name"]   # none if the lint reports none
         else:
             assert sum(e["verdict"] == "step" for e in d["lines"]) >= 2, d["name"]   # VAR: few, still some
