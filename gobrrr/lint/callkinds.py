@@ -324,6 +324,9 @@ class CallKinds:
         if name.endswith(".as_tensor") and "device" not in kw and node.args \
                 and self.kind(node.args[0]) in TENSORISH:
             return "tensor"   # torch.as_tensor(sigma) of a device tensor is that tensor, where it is
+        if name.rsplit(".", 1)[-1] in ("normal", "bernoulli") and "device" not in kw \
+                and any(self.kind(a) in TENSORISH for a in node.args[:2]):
+            return "tensor"   # torch.normal(mean_t, std_t), torch.bernoulli(p): drawn where the tensors handed are
         if "device" not in kw and any(k.arg is None for k in node.keywords):
             return None   # torch.randint(*args, **kwargs): the device may be in kwargs
         if "device" in kw and self.device_of(kw["device"]) != "cpu":

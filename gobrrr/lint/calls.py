@@ -131,6 +131,7 @@ class CallRules:
             if k is None and isinstance(node.value, (ast.Tuple, ast.List)):
                 k = ""   # a mixed tuple, `x, (h, w)`: known not to be one tensor
             self.returns.append(k)
+            self.return_at[id(node)] = k
         self.generic_visit(node)
 
     def _arguments(self, node: ast.Call, fn, target_src, scope) -> tuple[dict, dict]:
@@ -259,7 +260,7 @@ def summarize(checker_cls, project: Project, src: Source, fn, kinds: dict, depth
         found = {"tlist"}   # `return data` (a loss dict passed in) or `{k: v for ...}` of reduced tensors: a container
     elif found == {"host", "hlist"}:
         found = {"host"}   # `return torch.tensor(ids) if return_tensors == "pt" else ids`: host data either way
-    k = found.pop() if len(found) == 1 else None
+    k = found.pop() if len(found) == 1 else _main_path(fn, c.return_at)
     items = set(c.return_items)
     parts = None
     if items and None not in items and len({len(t) for t in items}) == 1:
@@ -270,6 +271,32 @@ def summarize(checker_cls, project: Project, src: Source, fn, kinds: dict, depth
         keyed = {name: _agreed({d[name] for d in dicts if name in d}) for name in set().union(*dicts)}
     project.summaries[key] = (k, parts, keyed)
     return k, parts, keyed
+
+
+def _main_path(fn, return_at: dict) -> str | None:
+    """The kind of a def's last statement, `return ...`, when every other return leaves from a guard at its top
+    level (`if not targets: return [(torch.as_tensor([]).to(logits), ...)] * B`, then the matcher's host index
+    tensors): the edge case returns something else, the main path says what callers get."""
+    body = getattr(fn, "body", [])
+    while body and isinstance(body[-1], (ast.With, ast.AsyncWith)):
+        body = body[-1].body   # `with torch.no_grad(): ... return indices`
+    last = body[-1] if body else None
+    if not isinstance(last, ast.Return) or return_at.get(id(last)) in (None, "", "none"):
+        return None
+    guards = {id(r) for st in body if isinstance(st, ast.If) and not st.orelse and _empty_test(st.test)
+              for r in ast.walk(ast.Module(body=st.body, type_ignores=[])) if isinstance(r, ast.Return)}
+    if all(i == id(last) or i in guards for i in return_at):
+        return return_at[id(last)]
+    return None
+
+
+def _empty_test(test: ast.AST) -> bool:
+    """`if tgt_ids.shape[0] == 0:`, `if not targets:`, `if boxes is None:`, `if len(x) == 0:`: a test for nothing
+    to work on (an edge case), not `if torch.cuda.is_available():` (the path that matters on the GPU)."""
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        return not isinstance(test.operand, ast.Call) or name_of(test.operand.func) == "len"
+    return isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], (ast.Eq, ast.Is, ast.LtE)) \
+        and isinstance(test.comparators[0], ast.Constant) and test.comparators[0].value in (0, None)
 
 
 def _agreed(kinds: set) -> str | None:

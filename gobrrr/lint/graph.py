@@ -178,7 +178,11 @@ class Project(Index):
             seen = set().union(*(self.ancestors(id(c)) for _, c in insts))   # one branch, `predictor(...)` of a
             insts += [c for c in self._named_like(recv)   # parameter (another Predictor subclass) in the other
                       if c not in insts and self.ancestors(id(c[1])) & seen]
-            return [hit for inst in insts if (hit := self.method(*inst, f.attr))]
+            found = []
+            for inst in insts:   # (a buffer's `self.sample = self.sample_ere if ere else self.sample_`: the methods
+                hit = self.method(*inst, f.attr)   # that attribute is bound to)
+                found += [hit] if hit else self._bound_methods(*inst, f.attr)
+            return found
         if not fallback or f.attr.startswith("__"):
             return []
         like, cap = self._named_like(recv) or self._named_here(recv, src), 6
@@ -224,9 +228,10 @@ class Project(Index):
 
     def _bound_methods(self, src: Source, cls: ast.ClassDef, attr: str) -> list[tuple[Source, ast.AST]]:
         """The methods of cls that its defs set `self.<attr>` to (`self.get_r = self.get_r_single`)."""
-        names = {n.value.attr for _, n in self._self_assigns(cls).get(attr, ()) if len(n.targets) == 1
-                 and isinstance(n.value, ast.Attribute) and isinstance(n.value.value, ast.Name)
-                 and n.value.value.id == "self"}
+        values = [v for _, n in self._self_assigns(cls).get(attr, ()) if len(n.targets) == 1
+                  for v in ([n.value.body, n.value.orelse] if isinstance(n.value, ast.IfExp) else [n.value])]
+        names = {v.attr for v in values if isinstance(v, ast.Attribute) and isinstance(v.value, ast.Name)
+                 and v.value.id == "self"}   # (`self.sample = self.sample_ere if ere else self.sample_`: both)
         return [hit for m in sorted(names) if (hit := self.method(src, cls, m))][:4]
 
     def _partial_of(self, src: Source, cls: ast.ClassDef, call: ast.Call, attr: str, seen=None) -> list:

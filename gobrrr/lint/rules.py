@@ -113,6 +113,7 @@ class Checker(ScopeWalk, FlowRules, CallRules, SyncRules, CopyRules, InsideRules
         self.looping_def = False                # in a def that holds a step loop (its set-up learns what helpers return)
         self.collect: ast.AST | None = None     # that def
         self.returns: list = []                 # the kinds of its return values
+        self.return_at: dict[int, str | None] = {}   # id(Return) -> the kind it returns (summaries' main path)
         self.return_items: list = []            # per return: the kinds of a returned tuple's items, or None
         self.return_keyed: list = []            # per return: {key: kind} of a returned dict literal, or None
         self.return_dicts: dict[int, dict] = {}   # id(Call) -> {key: kind} of the dict it returns
