@@ -63,7 +63,7 @@ from gobrrr.lint.loops import (
     stepping_defs,
     updating_methods,
 )
-from gobrrr.lint.placed import imported_files, moved_classes, own_program
+from gobrrr.lint.placed import gpu_reach, imported_files, moved_classes, own_program
 from gobrrr.lint.rates import defaults_of_one, switches
 from gobrrr.lint.rewalk import fewer_constants, retyping, types_more
 from gobrrr.lint.rules import Checker
@@ -154,6 +154,7 @@ def check_sources(sources: list[Source], assume_gpu: bool = False,
                                and _runs_default_cuda(s, sources) for s in sources)
     checkers: dict[int, Checker] = {}
     queue = []
+    reach = gpu_reach(project, sources, gpu)
     for s in sources:
         c = checkers[id(s)] = Checker(s, project, hotmaps[id(s)], flags)
         _guarded(c.check_module, s, errors)
@@ -161,7 +162,7 @@ def check_sources(sources: list[Source], assume_gpu: bool = False,
         # trainer is handed the model and the batches (decision-transformer's Trainer names no device, its script does);
         # not a script whose only torch is a SummaryWriter (tabular Q-learning in numpy beside the project's DQNs)
         if not gpu[id(s)] and gpu_project and c.hotmap.update_loops and _COMPUTES.search(s.text) \
-                and not own_program(s):
+                and not own_program(s) and id(s) in reach:
             gpu[id(s)] = True
         elif not gpu[id(s)]:
             _hold_back(c, gpu_project, own_program(s) and not imported_files(project, s))

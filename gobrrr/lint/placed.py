@@ -80,4 +80,22 @@ def imported_files(project, src) -> set[int]:
     return out
 
 
-__all__ = ["imported_files", "moved_classes", "own_program"]
+def gpu_reach(project, sources, gpu: dict) -> set[int]:
+    """ids of the files that a file naming a device imports, directly or through others (decision-transformer's
+    script imports its SequenceTrainer's module, which imports the Trainer's): a trainer that names no device
+    runs on the GPU when such a file reaches it, not because the project uses the GPU elsewhere (a folder of
+    DDPG and TRPO scripts beside GPU ones, whose own files never name a device, trains on the CPU)."""
+    todo = [s for s in sources if gpu[id(s)]]
+    seen = {id(s) for s in todo}
+    while todo:
+        src = todo.pop()
+        names = [d for module, name in src.imports.values() for d in ((module, f"{module}.{name}") if name else (module,))]
+        for dotted in names + list(src.stars):   # `from .agent import *` in a package's __init__ too
+            found = project.module(dotted, src)
+            if found is not None and id(found) not in seen:
+                seen.add(id(found))
+                todo.append(found)
+    return seen
+
+
+__all__ = ["gpu_reach", "imported_files", "moved_classes", "own_program"]
