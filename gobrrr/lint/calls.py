@@ -284,7 +284,7 @@ def _main_path(fn, return_at: dict) -> str | None:
     if not isinstance(last, ast.Return) or return_at.get(id(last)) in (None, "", "none"):
         return None
     guards = {id(r) for st in body if isinstance(st, ast.If) and not st.orelse and _empty_test(st.test)
-              for r in ast.walk(ast.Module(body=st.body, type_ignores=[])) if isinstance(r, ast.Return)}
+              for inner in st.body for r in ast.walk(inner) if isinstance(r, ast.Return)}
     if all(i == id(last) or i in guards for i in return_at):
         return return_at[id(last)]
     return None
