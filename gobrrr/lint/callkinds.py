@@ -217,6 +217,8 @@ class CallKinds:
         if isinstance(func, ast.Attribute) and func.attr == "tokenize" and isinstance(func.value, ast.Name) \
                 and func.value.id in getattr(getattr(self, "src", None), "imports", {}):
             return "host"    # clip.tokenize(texts): a module's tokenizer makes the ids on the host
+        if isinstance(func, ast.Name) and getattr(self, "cuda_type", None) and self.cuda_type(func):
+            return "tensor"  # dtype(np_array) with dtype = torch.cuda.FloatTensor if x.is_cuda else ...: on the device
         if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self" \
                 and _OWN_TOKENIZER.fullmatch(func.attr) and not {self.kind(a) for a in node.args} & TENSORISH:
             return "host"    # self.tokenizer_encode(prompt): a tokenizer the object was handed, ids on the host
