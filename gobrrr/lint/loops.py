@@ -252,11 +252,11 @@ class Facts:
         if strict:
             return self._strict_kind(call)
         func = call.func
-        target = next((k.value for k in call.keywords if k.arg == "target"), None)
-        if name_of(func) == "Thread" and isinstance(target, (ast.Name, ast.Attribute)) and (
-                name_of(target) == "generate" and isinstance(target, ast.Attribute)
-                and (is_model_name(name_of(target.value)) or name_of(target.value) in self.models)):
-            return "forward"   # Thread(target=model.generate, kwargs=...).start(): streaming generation, per turn
+        if name_of(func) == "Thread":   # Thread(target=model.generate, kwargs=...).start(): streaming generation
+            target = next((k.value for k in call.keywords if k.arg == "target"), None)
+            if isinstance(target, ast.Attribute) and target.attr == "generate" \
+                    and (is_model_name(name_of(target.value)) or name_of(target.value) in self.models):
+                return "forward"
         if isinstance(func, ast.Attribute):
             if func.attr == "backward":
                 return "update"
@@ -350,32 +350,29 @@ def env_stepping_defs(nodes: list[ast.AST]) -> set[str]:
             and n.name not in COMMON_METHODS | HOUSEKEEPING | {"reset"} and any(env_steps(s) for s in own_level(n.body))}
 
 
+def _fors_just_inside(loop: ast.AST):
+    """The `for` loops just inside this one (through with / if / try), not deeper."""
+    stack = list(loop.body)
+    while stack:
+        n = stack.pop()
+        if isinstance(n, ast.For):
+            yield n
+        elif isinstance(n, ast.stmt) and not isinstance(n, (*LOOPS, *DEFS)):
+            stack += [c for c in ast.iter_child_nodes(n) if isinstance(c, ast.stmt)]
+
+
 def steps_each_env(loop: ast.AST) -> bool:
     """`while not dones.all(): ... for i in range(env_nums): obs, r, done, info = envs[i].step(a[i])`: a loop just
     inside goes over the environments and steps each one; the loop around it is the step (one move of them all)."""
-    stack = list(loop.body)
-    while stack:   # the loops just inside this one (through with / if / try), not deeper
-        n = stack.pop()
-        if isinstance(n, ast.For) and any(isinstance(x, (ast.Name, ast.Attribute)) and _ENV_COUNT.search(name_of(x))
-                                          for x in ast.walk(n.iter)):
-            if any(env_steps(s) for s in own_level(n.body)):
-                return True
-        elif isinstance(n, ast.stmt) and not isinstance(n, (*LOOPS, *DEFS)):
-            stack += [c for c in ast.iter_child_nodes(n) if isinstance(c, ast.stmt)]
-    return False
+    return any(any(isinstance(x, (ast.Name, ast.Attribute)) and _ENV_COUNT.search(name_of(x)) for x in ast.walk(f.iter))
+               and any(env_steps(s) for s in own_level(f.body)) for f in _fors_just_inside(loop))
 
 
 def sends_step(loop: ast.AST) -> bool:
     """`worker.child.send(("step", action))` in a loop over the workers just inside: environments stepped
     in worker processes through pipes (recurrent-ppo, SubprocVecEnv-style code); the loop around it is
     the step, not the loop over the workers."""
-    stack, inner = list(loop.body), []
-    while stack:   # the loops just inside this one (through with / if / try), not deeper
-        n = stack.pop()
-        if isinstance(n, ast.For):
-            inner += own_level(n.body)
-        elif isinstance(n, ast.stmt) and not isinstance(n, (*LOOPS, *DEFS)):
-            stack += [c for c in ast.iter_child_nodes(n) if isinstance(c, ast.stmt)]
+    inner = [n for f in _fors_just_inside(loop) for n in own_level(f.body)]
     return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "send" and n.args
                and isinstance(n.args[0], ast.Tuple) and n.args[0].elts and isinstance(n.args[0].elts[0], ast.Constant)
                and n.args[0].elts[0].value == "step" for n in inner)

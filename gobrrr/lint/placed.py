@@ -71,13 +71,17 @@ def imported_files(project, src) -> set[int]:
     runs on the GPU through what these give it. Not through a method of another file that a call's name happens
     to match (a CartPole script's `optimizer.step()` is not a KFAC optimizer's), nor through helpers whose device is
     a parameter left at "cpu", nor through a model class that only another file moves."""
-    out: set[int] = set()
-    for module, name in src.imports.values():
-        for dotted in (module, f"{module}.{name}") if name else (module,):
-            found = project.module(dotted, src)
-            if found is not None and "cuda" in found.text:
-                out.add(id(found))
-    return out
+    return {id(found) for found in _imports(project, src) if "cuda" in found.text}
+
+
+def _imports(project, src, stars: bool = False):
+    """The project files `src` imports (a module and, for `from m import x`, `m.x` too); with `stars`, also those
+    of its `from m import *`."""
+    names = [d for module, name in src.imports.values() for d in ((module, f"{module}.{name}") if name else (module,))]
+    for dotted in names + (list(src.stars) if stars else []):
+        found = project.module(dotted, src)
+        if found is not None:
+            yield found
 
 
 def gpu_reach(project, sources, gpu: dict) -> set[int]:
@@ -88,11 +92,8 @@ def gpu_reach(project, sources, gpu: dict) -> set[int]:
     todo = [s for s in sources if gpu[id(s)]]
     seen = {id(s) for s in todo}
     while todo:
-        src = todo.pop()
-        names = [d for module, name in src.imports.values() for d in ((module, f"{module}.{name}") if name else (module,))]
-        for dotted in names + list(src.stars):   # `from .agent import *` in a package's __init__ too
-            found = project.module(dotted, src)
-            if found is not None and id(found) not in seen:
+        for found in _imports(project, todo.pop(), stars=True):   # `from .agent import *` in a package's __init__ too
+            if id(found) not in seen:
                 seen.add(id(found))
                 todo.append(found)
     return seen
