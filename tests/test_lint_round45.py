@@ -155,7 +155,9 @@ def test_a_project_helper_returning_host_ids_or_a_list_returns_host_data(tmp_pat
     list on the one it never reaches: host data either way, so its `.cuda()` per question is a blocking copy; a
     `raise` in a branch the call never takes does not end the def."""
     found = _lint(tmp_path, _LLAVA_LIKE)
-    assert {("eval.py", 9, "GB010"), ("eval.py", 11, "GB009")} <= found   # the prompt, the image
+    assert ("eval.py", 11, "GB009") in found, found   # the image
+    assert found & {("eval.py", 9, "GB010"), ("eval.py", 9, "GB009")}, found   # the prompt: host data, or (since
+    # round 60) the host batch any call with return_tensors="pt" gives
 
 
 def test_a_raise_in_a_branch_the_call_never_takes_does_not_end_the_def(tmp_path):

@@ -94,7 +94,9 @@ class CallKinds:
                 return "host"        # TF.to_tensor(pil_image)
         if any(k.arg == "return_tensors" for k in node.keywords) and (
                 _TOKENIZER.search(name_of(func)) or (isinstance(func, ast.Attribute) and _TOKENIZER.search(
-                    name_of(func.value)))):
+                    name_of(func.value)))
+                or any(k.arg == "return_tensors" and isinstance(k.value, ast.Constant) and k.value.value == "pt"
+                       for k in node.keywords)):   # model.encode(text, return_tensors="pt"): a wrapper's tokenizer
             return "batch_tok"   # tokenizer(texts, return_tensors="pt"): a fresh host batch, pageable
         if name in ("copy.deepcopy", "copy.copy", "deepcopy") and len(node.args) == 1:
             return self.kind(node.args[0])   # copy.deepcopy([x.cpu() for x in outputs]): what it copies

@@ -47,7 +47,7 @@ from pathlib import Path
 
 from gobrrr.lint.calls import host_attrs
 from gobrrr.lint.env import absorb_round_trips
-from gobrrr.lint.files import inside_project, python_files
+from gobrrr.lint.files import inside_project, python_files, read_text
 from gobrrr.lint.findings import RULES, SYNC_RULES, TITLES, Finding
 from gobrrr.lint.graph import Project
 from gobrrr.lint.hot import HotMap, may_use_gpu
@@ -362,8 +362,7 @@ def read_sources(files: list[Path], errors: list[str] | None) -> list[Source]:
 
 def _read(file: Path) -> Source:
     try:
-        with tokenize.open(file) as f:   # the encoding Python itself reads: a UTF-8 BOM, a `coding:` line
-            return parse(file, f.read())
+        return parse(file, read_text(file))
     except (SyntaxError, UnicodeDecodeError, OSError) as e:
         line = getattr(e, "lineno", None)
         raise ValueError(f"{file}:{line or 0}: cannot check this file: {e.__class__.__name__}: "

@@ -1,10 +1,11 @@
 """Which files `gobrrr lint` checks: every regular *.py below the paths given, minus hidden, build
 and test folders (unless asked), minus --exclude globs, each file once; and one-line problems for
-paths that cannot be checked (missing, a link loop, a FIFO)."""
+paths that cannot be checked (missing, a link loop, a FIFO); and each file's text, decoded as Python reads it."""
 from __future__ import annotations
 
 import errno
 import os
+import tokenize
 from fnmatch import fnmatch
 from pathlib import Path
 
@@ -114,3 +115,16 @@ def inside_project(paths: list[Path]) -> list[str]:
 
 
 __all__ = ["python_files", "inside_project", "SKIP_DIRS", "TEST_DIRS"]
+
+
+def read_text(file: Path) -> str:
+    """The file's text in the encoding Python itself reads (a UTF-8 BOM, a `coding:` line). A cookie naming a
+    codec this Python does not know, most often one a package registers at run time (`# -*- coding:
+    future_fstrings -*-`, a backport of f-strings), is read as UTF-8: what those codecs decode."""
+    try:
+        with tokenize.open(file) as f:
+            return f.read()
+    except SyntaxError as e:
+        if "unknown encoding" not in str(e.msg):
+            raise
+        return file.read_bytes().decode("utf-8")

@@ -311,6 +311,13 @@ class FlowRules:
         """The kinds after an if: a way that leaves does not count; where both go on, a name keeps a
         kind both agree on (or the one way's, for a name the other never bound)."""
         orelse = dict(scope)
+        for name in [n[:-6] for n in before if n.endswith("#empty")]:   # an empty placeholder one way filled
+            filled_body, filled_else = name + "#empty" not in body, name + "#empty" not in orelse
+            if filled_body != filled_else and not body_leaves and not else_leaves:
+                body[name] = orelse[name] = body.get(name) if filled_body else orelse.get(name)
+                body.pop(name + "#empty", None)
+                orelse.pop(name + "#empty", None)
+                scope.pop(name + "#empty", None)
         if body_leaves and not else_leaves:
             return   # scope already holds the else way
         if else_leaves and not body_leaves:

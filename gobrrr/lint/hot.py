@@ -60,6 +60,7 @@ _COUNTER = re.compile(r"^(i|j|k|it|n|step|steps|iter|iters|iteration|idx|batch_i
                       r"update|updates)$|_(step|idx|iter|iters|steps|num)$", re.I)
 _ACCUM = re.compile(r"^(gradient_accumulation_steps|grad(ient)?_accum\w*|accum(ulation)?(_steps|_iters?)?|"
                     r"accumulate_grad_batches|num_accum\w*)$")   # micro-batches per optimizer step
+_BATCHING = re.compile(r"(^|_)(batch_size|bsz|bs)$")   # `(i + 1) % infer_batch_size == 0`: a batch gathered is run
 _TIMER = re.compile(r"(^|\.)(time|perf_counter|perf_counter_ns|monotonic|monotonic_ns|process_time|"
                     r"time_ns|default_timer|elapsed_time|tic|toc)$")
 _BENCH = re.compile(r"bench|timing|timed|timeit|timer|profil|measure|latency|throughput|speed", re.I)
@@ -282,8 +283,10 @@ class HotMap:
                for n in nodes):
             return False   # `iter_num % log_interval == 0` with `log_interval = 1` at the top: every step
         if any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod) and (
-                _ACCUM.search(name_of(n.right) or "") or name_of(n.right) in self.accum) for n in nodes):
-            return False   # `step % gradient_accumulation_steps == 0`: once per optimizer step, a step itself
+                _ACCUM.search(name_of(n.right) or "") or name_of(n.right) in self.accum
+                or _BATCHING.search(name_of(n.right) or "")) for n in nodes):
+            return False   # `step % gradient_accumulation_steps == 0`: once per optimizer step, a step itself;
+            # `(i + 1) % batch_size == 0` over samples: the batch they fill runs, once per batch
         rare = False
         flags = option_flags(test, self.rated)
         tops, todo = set(), [test]   # the comparisons the test itself makes: `m1 == i` inside any(...) is an array's

@@ -68,6 +68,7 @@ class Kinds(CallKinds):
             self.scopes[-1].pop(target.id + "#part", None)
             self.scopes[-1].pop(target.id + "#kept", None)
             self.scopes[-1].pop(target.id + "#dflt", None)   # bound here: no longer a guess from the signature
+            self.scopes[-1].pop(target.id + "#empty", None)
         elif isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self":
             # one kind per attribute name in the file; two different kinds leave it unknown
             old = self.self_attrs.get(target.attr, kind)

@@ -76,7 +76,7 @@ class CopyRules:
                 src = src.func.value
             inner = self.dotted(src.func) if isinstance(src, ast.Call) else ""
             made_here = bool(inner) and inner.startswith("torch.") and inner.count(".") == 1 and (
-                (inner.split(".")[1] in FACTORIES and self.factory_kind(src) in ("host", "pinned"))
+                (inner.split(".")[1] in FACTORIES and (self.factory_kind(src) in ("host", "pinned") or _splat(src)))
                 or (inner == "torch.from_numpy" and self.looping()))   # from_numpy once is how host data loads
             if made_here and _empty_literal(src):
                 pass   # torch.tensor([]).to('cuda'): an empty literal moves no bytes
@@ -338,6 +338,21 @@ def rebinds(node: ast.Assign) -> bool:
             isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr in ("to", "cuda")):
         return False
     return ast.unparse(value.func.value) == ast.unparse(node.targets[0])
+
+
+def _splat(call: ast.Call) -> bool:
+    """`torch.zeros(*sizes, **kwargs)` with no device= of its own, then moved: a helper (rlkit-style `ptu.zeros`)
+    that builds on the host and copies; were the device in kwargs, the move after it would be pointless."""
+    return any(k.arg is None for k in call.keywords) and not any(k.arg == "device" for k in call.keywords)
+
+
+def placeholder(value: ast.AST) -> bool:
+    """A tensor of no elements a name starts as before an `if` fills it (`map_known_indice =
+    torch.tensor([]).to('cuda')`, `torch.zeros(0)`): after the if, the name holds what the if bound."""
+    while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr in ("to", "cuda"):
+        value = value.func.value
+    return isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) \
+        and isinstance(value.func.value, ast.Name) and value.func.value.id in ("torch", "th") and _empty_literal(value)
 
 
 def _empty_literal(call: ast.Call) -> bool:

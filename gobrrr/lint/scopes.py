@@ -19,7 +19,7 @@ import ast
 
 from gobrrr.lint.hot import is_model_name
 from gobrrr.lint.loops import name_of, self_attr
-from gobrrr.lint.moves import rebinds
+from gobrrr.lint.moves import placeholder, rebinds
 from gobrrr.lint.names import BATCHES, COMPILED, DEVICE_WRAPPERS, TENSORISH
 
 # a module's forward: parameters that hold tensors (or lists and dicts of them) by their usual names
@@ -268,6 +268,8 @@ class ScopeWalk:
             k = None   # `_, feats, sizes = self._features(x)` not read: a method's tuple may hold sizes
         for t in node.targets:
             self.bind(t, k)
+            if isinstance(t, ast.Name) and placeholder(value):
+                self.scopes[-1][t.id + "#empty"] = "empty"   # `idx = torch.tensor([]).to('cuda')`, then filled by an if
         self.note_flat(node.targets, value)
         for t in node.targets:
             for kl in self.key_loops:   # for k in batch: batch[k] = batch[k].to(dev): flow binds batch after the loop

@@ -133,9 +133,11 @@ def step_loops(tree: ast.AST, facts: Facts, rare, nodes: list[ast.AST] | None = 
         runs_model = bool(prompts) or any(facts.step_kind(n) == "forward" and not looping(n)
                                           for n in calls)   # not a sampler's loop
         if "update" in kinds or "env" in kinds or ("data" in kinds and (not outer or _moves_batch(node, own) or runs_model)) \
-                or ("forward" in kinds and (not (inner or outer) or runs_model and _moves_batch(node, own))):
+                or ("forward" in kinds and (not (inner or outer) or runs_model and _moves_batch(node, own)
+                                            or prompts and outer and not inner)):
             steps.add(id(node))   # an env stepped or a batch taken is a step, whatever inner loops it holds
-            # (and a loop that copies its own item to the device and runs the model on it: a detect loop)
+            # (and a loop that copies its own item to the device and runs the model on it: a detect loop; one that
+            # copies up a prompt and generates from it, though it calls a looping def too: RAFT's reward pass)
             inside = _over_optimizers(node) or (_runs_its_items(node, calls) and "update" not in kinds)
             return not (inside and not kinds & {"data", "env"})   # one optimizer or layer at a time, in the step
         inner |= outer
