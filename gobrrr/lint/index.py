@@ -43,6 +43,14 @@ def _module_path(s: Source) -> Path:
 
 # a transformers model class: `PreTrainedModel`, `LlamaModel`, `LlamaForCausalLM`, `T5ForConditionalGeneration`
 # (not pydantic's `BaseModel`, nor a bare `Model`)
+def _forward_on_a_library_base(cls: ast.ClassDef, bases: list[str], own: set[str]) -> bool:
+    """A class that defines `forward(self, x, ...)` over a base from a library (detectron2's `CascadeROIHeads`,
+    `GeneralizedRCNN`): a torch module whose base the project does not hold, not one of its own helper classes
+    (nor an autograd Function, whose forward runs only where `.apply` is called)."""
+    return any(isinstance(d, ast.FunctionDef) and d.name == "forward" and len(d.args.args) > 1 for d in cls.body) \
+        and any(b.rsplit(".", 1)[-1] not in own | {"object", "ABC", "Generic", "Protocol", "Function"} for b in bases)
+
+
 _HF_MODEL = re.compile(r"(?<!\bBase)(?<=[a-z0-9])(Model|For[A-Z]\w+)$")
 
 
@@ -318,6 +326,7 @@ class Index:
         such as `LlamaForCausalLM` or `CLIPVisionModel`, or a base that is one of these), by fixed point over
         the bases."""
         out: set[str] = set()
+        own = {c.name for s in self.sources for c in s.classes.values()}
         changed = True
         while changed:
             changed = False
@@ -326,7 +335,8 @@ class Index:
                     if cls.name in out:
                         continue
                     bases = [ast.unparse(b) for b in cls.bases]
-                    if any(b.rsplit(".", 1)[-1] in out or b.endswith("Module") or _HF_MODEL.search(b) for b in bases):
+                    if any(b.rsplit(".", 1)[-1] in out or b.endswith("Module") or _HF_MODEL.search(b) for b in bases) \
+                            or _forward_on_a_library_base(cls, bases, own) and "torch" in s.text:
                         out.add(cls.name)
                         changed = True
         return out

@@ -258,7 +258,7 @@ class Facts:
                     and (is_model_name(name_of(target.value)) or name_of(target.value) in self.models):
                 return "forward"
         if isinstance(func, ast.Attribute):
-            if func.attr == "backward":
+            if func.attr == "backward" or _autograd_grad(func):
                 return "update"
             if func.attr in ("step", "optimizer_step"):
                 if self.is_optimizer(func.value):
@@ -298,7 +298,8 @@ class Facts:
     def _strict_kind(self, call: ast.Call) -> str | None:
         func, args = call.func, bool(call.args or call.keywords)
         if isinstance(func, ast.Attribute):
-            if func.attr == "backward" or func.attr in ("step", "optimizer_step") and self.is_optimizer(func.value):
+            if func.attr == "backward" or _autograd_grad(func) \
+                    or func.attr in ("step", "optimizer_step") and self.is_optimizer(func.value):
                 return "update"
             if func.attr in _STEPS_WITH and call.args and self.is_optimizer(call.args[0]):
                 return "update"   # self.mp_trainer.optimize(self.opt), scaler.step(optimizer): it steps the optimizer
@@ -329,6 +330,12 @@ class Facts:
             if isinstance(a, (ast.Name, ast.Attribute)) and (is_model_name(name_of(a)) or name_of(a) in self.models):
                 return name_of(a) not in ("self", "module")
         return False
+
+
+def _autograd_grad(func: ast.Attribute) -> bool:
+    """`torch.autograd.grad(loss, params)`: the gradients of a hand-written update (TRPO's natural gradient, MAML's
+    adaptation step), as a backward is."""
+    return func.attr == "grad" and name_of(func.value) == "autograd"
 
 
 def env_steps(node: ast.AST) -> bool:

@@ -26,6 +26,7 @@ _DATA_ITERATOR = re.compile(r"^(train|eval|val|valid|test|data|batch)_?iterator$
 _NOT_WRAPPERS = {"DataLoader"}   # `torch.utils.data.DataLoader(dataset)` is the loader itself, not a wrapper of one
 _CAPTURE = re.compile(r"cap|video|cam$|camera|webcam", re.I)   # cv2.VideoCapture(...) as vidcap, cap, cam
 _ITER_WRAPPERS = ("enumerate", "tqdm", "iter", "zip")   # what a loop iterates its loader through
+_BATCHING_CALL = re.compile(r"^(get_|iter_|iterate_|make_|yield_)?(as_)?(mini)?batch(es|ify)?(_|$)", re.I)
 _BATCH_SOURCE = re.compile(r"loader|iter|gen|data|batch|stream|_dl$|^dl$", re.I)   # next(train_iter)
 
 
@@ -277,8 +278,8 @@ def _loader_like(it: ast.AST) -> bool:
         it = it.args[0]   # also a logger's wrapper: `metric_logger.log_every(data_loader, 10, header)`
     if isinstance(it, ast.IfExp):
         return _loader_like(it.body) or _loader_like(it.orelse)
-    if isinstance(it, ast.Call):
-        return name_of(it.func) == "DataLoader"
+    if isinstance(it, ast.Call):   # DataLoader(...), or a project generator named for batches: get_as_batch(data,
+        return name_of(it.func) == "DataLoader" or bool(_BATCHING_CALL.search(name_of(it.func)))   # bs, device=dev)
     if isinstance(it, ast.Subscript) and isinstance(it.slice, ast.Constant) and isinstance(it.slice.value, str):
         it = it.value   # dataloaders["train"]: one loader of a dict of them
     return isinstance(it, (ast.Name, ast.Attribute)) and bool(LOADER_NAME.search(name_of(it))
