@@ -25,6 +25,7 @@ from gobrrr.lint.names import BATCHES, DEVICE_WRAPPERS, TENSOR_METHODS, TENSORIS
 from gobrrr.lint.source import DEFS, Source
 
 MAX_DEPTH = 6   # calls followed from a hot loop into the project's functions
+_HOST_DATA = {"host", "pinned", "hlist", "numpy"}   # what a method found by its name alone may say it returns
 _TENSOR_CALL = re.compile(r"loss|criterion|forward", re.I)   # a call named so returns tensors, whatever it is
 
 
@@ -53,7 +54,13 @@ class CallRules:
         self.return_kinds[id(node)] = None   # a recursive call learns nothing
         scope = self.defs[-1] if self.defs else None
         found, parts, dicts = set(), set(), []
-        for target_src, fn in self.project.resolve(self.src, node, scope, self.types, fallback=False)[:3]:
+        hits = self.project.resolve(self.src, node, scope, self.types, fallback=False)[:3]
+        if not hits:   # sde.get_z0(batch), sde handed in: the one get_z0 there is, when it hands back host data
+            only = self._only_method(node)
+            if only and summarize(type(self), self.project, *only[0], {}, self.summary_depth + 1,
+                                  self.project_flags)[0] in _HOST_DATA:
+                hits = only
+        for target_src, fn in hits:
             kinds, _ = self._arguments(node, fn, target_src, scope)
             k, p, keyed = summarize(type(self), self.project, target_src, fn, kinds, self.summary_depth + 1,
                                     self.project_flags)
@@ -68,6 +75,14 @@ class CallRules:
         if read and k is None:
             self.read_defs.add(id(node))   # a project def was read and says nothing: no guess from its arguments
         return k
+
+    def _only_method(self, node: ast.Call) -> list:
+        """The project's one method of the call's name, for a receiver of unknown kind (not a tensor's `.max(0)`
+        that a SmoothedValue.max property shares a name with)."""
+        func = node.func
+        if not isinstance(func, ast.Attribute) or func.attr in TENSOR_METHODS or self.kind(func.value) is not None:
+            return []
+        return self.project.only_method(func)
 
     def returned_key(self, node: ast.Call, key: str) -> str | None:
         """The kind of `node(...)[key]` when the project function it runs returns a dict literal: found as for
@@ -147,6 +162,9 @@ class CallRules:
                 kinds[p] = "nums"   # image_sizes=[image.size]: Python numbers, whatever the callee's annotation says
             if isinstance(a, ast.Name) and self.lookup(a.id + "#kept"):   # a batch moved but for its "meta" key
                 kinds[p + "#kept"] = self.lookup(a.id + "#kept")
+            if isinstance(a, ast.Name):   # targets["num_boxes"] = n.item() before the call: a number in the callee
+                kinds.update({p + m[len(a.id):]: "num" for sc in self.scopes for m in sc
+                              if m.startswith(a.id + "#num:")})
             insts = self.project.instances_of(self.src, a, scope, self.types)
             if insts:
                 types[p] = insts

@@ -82,6 +82,14 @@ class Project(Index):
         #                             wrappers; what a factory stored on self returns (("factory", id, attr))
 
     # -- calls
+    def only_method(self, func: ast.AST) -> list[tuple[Source, ast.AST]]:
+        """`obj.get_z0` of an object of unknown class: the project's one method of that name, if there is exactly
+        one and the name is not a common one (`sample`, `forward`): what the call returns, for the kinds."""
+        if not isinstance(func, ast.Attribute) or func.attr in GENERIC or func.attr.startswith("__"):
+            return []
+        only = self.methods.get(func.attr, [])
+        return only[:1] if len(only) == 1 else []
+
     def resolve(self, src: Source, call: ast.Call, scope: ast.AST | None, types=None,
                 fallback: bool = True) -> list[tuple[Source, ast.AST]]:
         """The project defs `call` may run, from inside `scope` (a def, or None at module level) of

@@ -258,6 +258,10 @@ class HotMap:
                         and any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "step"
                                 and self.facts.is_optimizer(n.func.value) for n in own_level(fn.body)):
                     self.step_fns.add(id(fn))   # `def run_step(self): ... loss.backward(); opt.step()`
+        in_classes = {id(d) for c in nodes if isinstance(c, ast.ClassDef) for d in c.body}
+        self.hooks |= {id(fn) for fn in nodes if isinstance(fn, ast.FunctionDef) and fn.name in STEP_HOOKS
+                       and id(fn) not in in_classes and fn.args.args and fn.args.args[0].arg == "self"}
+        # `def training_step(self, model, inputs)` written in main() and bound onto the trainer (types.MethodType)
 
     def rare(self, node: ast.If) -> bool:
         """The body runs on few iterations: rate-limited, first step, a flag, a timer; and it does

@@ -34,6 +34,11 @@ _BARRIERS = ("torch.distributed.barrier", "dist.barrier", "wait_for_everyone", "
              "torch_xla.core.xla_model.rendezvous")
 
 
+# wrappers with no parameters of their own to check: Independent(base, 1) validates nothing when built (the base
+# distribution inside it, built elsewhere, does)
+_NO_ARGS_CHECKED = {"Independent", "MixtureSameFamily"}
+
+
 class InsideRules:
     """GB012 and GB013 on calls."""
 
@@ -82,7 +87,7 @@ class InsideRules:
             return None
         last = name.rsplit(".", 1)[-1]
         if name.startswith("torch.distributions.") and last[:1].isupper() \
-                and not name.endswith(("Distribution", "constraints")):
+                and not name.endswith(("Distribution", "constraints")) and last not in _NO_ARGS_CHECKED:
             return last
         func = node.func
         if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self":
