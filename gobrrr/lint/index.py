@@ -21,7 +21,7 @@ import ast
 import re
 from pathlib import Path
 
-from gobrrr.lint.bindings import assigned_calls
+from gobrrr.lint.bindings import assigned_calls, returned_defs
 from gobrrr.lint.source import DEFS, Source, _constructed
 
 _OTHER = object()   # an attribute assigned something other than a constant
@@ -278,7 +278,13 @@ class Index:
                     self.attr_defs.setdefault((id(cls), attr), []).append(fn)
 
     def _def_named(self, src: Source, arg: ast.AST, scope) -> tuple | None:
-        """(Source, def) that the name `arg` passed at a call in `scope` is: a def nested there, or the file's."""
+        """(Source, def) that the name `arg` passed at a call in `scope` is: a def nested there, or the file's; or
+        the def a factory called there returns (`Trainer(model, train_functions.model_fn_decorator(), ...)`)."""
+        if isinstance(arg, ast.Call) and not arg.args and not arg.keywords:
+            factory = self._def_named(src, arg.func, scope) if isinstance(arg.func, ast.Name) else \
+                self._module_def(src, arg.func)
+            made = returned_defs(*factory) if factory is not None else []
+            return made[0] if len(made) == 1 else None
         if not isinstance(arg, ast.Name):
             return None
         s = scope
@@ -289,6 +295,14 @@ class Index:
             s = src.parent.get(id(s))
         hit = self.lookup(src, arg.id)
         return (hit[1], hit[2]) if hit and hit[0] == "def" else None
+
+    def _module_def(self, src: Source, func: ast.AST) -> tuple | None:
+        """(Source, def) of `module.fn` with `module` a project module this file imports."""
+        if not (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name)):
+            return None
+        hit = self.lookup(src, func.value.id)
+        inner = self.lookup(hit[1], func.attr) if hit and hit[0] == "module" else None
+        return (inner[1], inner[2]) if inner and inner[0] == "def" else None
 
     def method(self, src: Source, cls: ast.ClassDef, name: str, seen=None):
         """(Source, def) of `name` on `cls` or its bases (own first), else None."""

@@ -27,6 +27,7 @@ _NOT_WRAPPERS = {"DataLoader"}   # `torch.utils.data.DataLoader(dataset)` is the
 _CAPTURE = re.compile(r"cap|video|cam$|camera|webcam", re.I)   # cv2.VideoCapture(...) as vidcap, cap, cam
 _ITER_WRAPPERS = ("enumerate", "tqdm", "iter", "zip")   # what a loop iterates its loader through
 _BATCHING_CALL = re.compile(r"^(get_|iter_|iterate_|make_|yield_)?(as_)?(mini)?batch(es|ify)?(_|$)", re.I)
+_LAYERS = re.compile(r"(^|_)(layers|blocks|h)$")   # a model's list of blocks
 _BATCH_SOURCE = re.compile(r"loader|iter|gen|data|batch|stream|_dl$|^dl$", re.I)   # next(train_iter)
 
 
@@ -133,7 +134,8 @@ def step_loops(tree: ast.AST, facts: Facts, rare, nodes: list[ast.AST] | None = 
             envs.add(id(node))
         runs_model = bool(prompts) or any(facts.step_kind(n) == "forward" and not looping(n)
                                           for n in calls)   # not a sampler's loop
-        if "update" in kinds or "env" in kinds or ("data" in kinds and (not outer or _moves_batch(node, own) or runs_model)) \
+        if "update" in kinds or "env" in kinds or _uploads_a_layer(own) \
+                or ("data" in kinds and (not outer or _moves_batch(node, own) or runs_model)) \
                 or ("forward" in kinds and (not (inner or outer) or runs_model and _moves_batch(node, own)
                                             or prompts and outer and not inner)):
             steps.add(id(node))   # an env stepped or a batch taken is a step, whatever inner loops it holds
@@ -186,6 +188,15 @@ def _moves_batch(loop: ast.AST, own: list[ast.AST]) -> bool:
             names |= {t.id for tgt in n.targets for t in ast.walk(tgt) if isinstance(t, ast.Name)}
     return any(isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr in ("to", "cuda")
                and (_bare(c.func.value) in names or _built_from(c.func.value, names)) for c in own)
+
+
+def _uploads_a_layer(own: list[ast.AST]) -> bool:
+    """`layer = layers[i].to(dev)` at the loop's own level: a layer-by-layer pass (GPTQ's quantization, an offloaded
+    evaluation) that moves one block to the device per iteration and runs its samples through it; each layer is
+    a step, whatever loops over samples it holds."""
+    return any(isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr in ("to", "cuda")
+               and isinstance(c.func.value, ast.Subscript) and _LAYERS.search(name_of(c.func.value.value) or "")
+               for c in own)
 
 
 def _mentions(e: ast.AST, names: set[str]) -> bool:
