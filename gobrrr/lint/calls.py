@@ -162,9 +162,8 @@ class CallRules:
                 kinds[p] = "nums"   # image_sizes=[image.size]: Python numbers, whatever the callee's annotation says
             if isinstance(a, ast.Name) and self.lookup(a.id + "#kept"):   # a batch moved but for its "meta" key
                 kinds[p + "#kept"] = self.lookup(a.id + "#kept")
-            if isinstance(a, ast.Name):   # targets["num_boxes"] = n.item() before the call: a number in the callee
-                kinds.update({p + m[len(a.id):]: "num" for sc in self.scopes for m in sc
-                              if m.startswith(a.id + "#num:")})
+            if isinstance(a, ast.Name) and self.lookup(a.id + "#nums"):   # targets["num_boxes"] = n.item() before
+                kinds[p + "#nums"] = self.lookup(a.id + "#nums")   # the call: a number in the callee
             insts = self.project.instances_of(self.src, a, scope, self.types)
             if insts:
                 types[p] = insts

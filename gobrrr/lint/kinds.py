@@ -69,8 +69,7 @@ class Kinds(CallKinds):
             self.scopes[-1].pop(target.id + "#kept", None)
             self.scopes[-1].pop(target.id + "#dflt", None)   # bound here: no longer a guess from the signature
             self.scopes[-1].pop(target.id + "#empty", None)
-            for mark in [m for m in self.scopes[-1] if m.startswith(target.id + "#num:")]:
-                del self.scopes[-1][mark]   # a new dict: its keys hold what it is given
+            self.scopes[-1].pop(target.id + "#nums", None)   # a new dict: its keys hold what it is given
         elif isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self":
             # one kind per attribute name in the file; two different kinds leave it unknown
             old = self.self_attrs.get(target.attr, kind)
@@ -80,11 +79,11 @@ class Kinds(CallKinds):
                 self.bind(t.value if isinstance(t, ast.Starred) else t, ITEM_KIND.get(kind))
         elif isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name) \
                 and isinstance(target.slice, ast.Constant) and isinstance(target.slice.value, str):
-            mark = f"{target.value.id}#num:{target.slice.value}"   # a dict's key set to a Python number
-            if kind == "num":
-                self.scopes[-1][mark] = "num"
-            else:
-                self.scopes[-1].pop(mark, None)
+            mark, key = target.value.id + "#nums", target.slice.value   # the keys of a dict set to Python numbers
+            keys = set(self.lookup(mark) or ())
+            if kind == "num" or key in keys:
+                keys = keys | {key} if kind == "num" else keys - {key}
+                self.scopes[-1][mark] = tuple(sorted(keys))
         elif isinstance(target, ast.Subscript) and kind in TENSORISH and self.kind(target.value) == "hlist" \
                 and isinstance(target.value, (ast.Name, ast.Attribute)):
             self.bind(target.value, None)   # self.grid[i] = make_grid().to(dev): items of both places now
@@ -230,7 +229,7 @@ class Kinds(CallKinds):
                 if keyed is not None:
                     return keyed
             if isinstance(node.value, ast.Name) and isinstance(node.slice, ast.Constant) \
-                    and self.lookup(f"{node.value.id}#num:{node.slice.value}"):
+                    and node.slice.value in (self.lookup(node.value.id + "#nums") or ()):
                 return "num"   # targets["num_boxes"] after `targets["num_boxes"] = n.item()`, here or in a caller
             kept = self.lookup(node.value.id + "#kept") if isinstance(node.value, ast.Name) else None
             if kept and isinstance(node.slice, ast.Constant) and node.slice.value in kept[0]:
