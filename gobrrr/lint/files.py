@@ -114,9 +114,6 @@ def inside_project(paths: list[Path]) -> list[str]:
     return out
 
 
-__all__ = ["python_files", "inside_project", "SKIP_DIRS", "TEST_DIRS"]
-
-
 def read_text(file: Path) -> str:
     """The file's text in the encoding Python itself reads (a UTF-8 BOM, a `coding:` line). A cookie naming a
     codec this Python does not know, most often one a package registers at run time (`# -*- coding:
@@ -128,3 +125,6 @@ def read_text(file: Path) -> str:
         if "unknown encoding" not in str(e.msg):
             raise
         return file.read_bytes().decode("utf-8")
+
+
+__all__ = ["python_files", "inside_project", "read_text", "SKIP_DIRS", "TEST_DIRS"]

@@ -43,15 +43,15 @@ def _module_path(s: Source) -> Path:
 
 # a transformers model class: `PreTrainedModel`, `LlamaModel`, `LlamaForCausalLM`, `T5ForConditionalGeneration`
 # (not pydantic's `BaseModel`, nor a bare `Model`)
+_HF_MODEL = re.compile(r"(?<!\bBase)(?<=[a-z0-9])(Model|For[A-Z]\w+)$")
+
+
 def _forward_on_a_library_base(cls: ast.ClassDef, bases: list[str], own: set[str]) -> bool:
     """A class that defines `forward(self, x, ...)` over a base from a library (detectron2's `CascadeROIHeads`,
     `GeneralizedRCNN`): a torch module whose base the project does not hold, not one of its own helper classes
     (nor an autograd Function, whose forward runs only where `.apply` is called)."""
     return any(isinstance(d, ast.FunctionDef) and d.name == "forward" and len(d.args.args) > 1 for d in cls.body) \
         and any(b.rsplit(".", 1)[-1] not in own | {"object", "ABC", "Generic", "Protocol", "Function"} for b in bases)
-
-
-_HF_MODEL = re.compile(r"(?<!\bBase)(?<=[a-z0-9])(Model|For[A-Z]\w+)$")
 
 
 class Index:
