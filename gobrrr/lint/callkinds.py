@@ -331,7 +331,7 @@ class CallKinds:
         if name.rsplit(".", 1)[-1] in ("normal", "bernoulli") and "device" not in kw \
                 and any(self.kind(a) in TENSORISH for a in node.args[:2]):
             return "tensor"   # torch.normal(mean_t, std_t), torch.bernoulli(p): drawn where the tensors handed are
-        if "device" not in kw and any(k.arg is None for k in node.keywords):
+        if splatted(node):
             return None   # torch.randint(*args, **kwargs): the device may be in kwargs
         if "device" in kw and self.device_of(kw["device"]) != "cpu":
             dtype = self.dotted(kw["dtype"]) if "dtype" in kw else ""
@@ -451,3 +451,8 @@ def _values_of(node: ast.AST) -> ast.AST | None:
             and not node.args and not node.keywords:
         return node.func.value
     return None
+
+
+def splatted(call: ast.Call) -> bool:
+    """`torch.zeros(*sizes, **kwargs)` with no device= of its own: the device, if any, comes in the kwargs."""
+    return any(k.arg is None for k in call.keywords) and not any(k.arg == "device" for k in call.keywords)

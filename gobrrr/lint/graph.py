@@ -84,7 +84,8 @@ class Project(Index):
     # -- calls
     def only_method(self, func: ast.AST) -> list[tuple[Source, ast.AST]]:
         """`obj.get_z0` of an object of unknown class: the project's one method of that name, if there is exactly
-        one and the name is not a common one (`sample`, `forward`): what the call returns, for the kinds."""
+        one and the name is not a common one (`sample`, `forward`): resolve's last resort, and what the call
+        returns for the kinds (calls.return_kind)."""
         if not isinstance(func, ast.Attribute) or func.attr in GENERIC or func.attr.startswith("__"):
             return []
         only = self.methods.get(func.attr, [])
@@ -200,11 +201,10 @@ class Project(Index):
         if named:   # replay_buffer.sample(n) with replay_buffer a parameter: ReplayBuffer's sample, or a subclass's
             found = named + [o for inst in like for o in self.overrides(inst[1], f.attr) if o not in named]
             return found[:cap]
-        if f.attr in GENERIC:
-            return []
+        one = self.only_method(f)
+        if one or f.attr in GENERIC:
+            return one
         only = self.methods.get(f.attr, [])
-        if len(only) == 1:
-            return only[:1]
         if 1 < len(only) <= 8 and self._one_hierarchy(only):
             return only
         mine = self.class_around(src, scope) if _on_self(recv) else None

@@ -22,6 +22,7 @@ import ast
 import re
 
 from gobrrr.lint.bindings import assigned_calls
+from gobrrr.lint.callkinds import splatted
 from gobrrr.lint.hot import iterates, own_nodes, root_name
 from gobrrr.lint.loops import name_of
 from gobrrr.lint.names import BATCHES, COMPILED, DATA_FACTORIES, DTYPE_METHODS, FACTORIES, HOSTISH, TENSORISH, VIEW_METHODS
@@ -76,8 +77,10 @@ class CopyRules:
                 src = src.func.value
             inner = self.dotted(src.func) if isinstance(src, ast.Call) else ""
             made_here = bool(inner) and inner.startswith("torch.") and inner.count(".") == 1 and (
-                (inner.split(".")[1] in FACTORIES and (self.factory_kind(src) in ("host", "pinned") or _splat(src)))
-                or (inner == "torch.from_numpy" and self.looping()))   # from_numpy once is how host data loads
+                (inner.split(".")[1] in FACTORIES and (self.factory_kind(src) in ("host", "pinned") or splatted(src)))
+                or (inner == "torch.from_numpy" and self.looping()))   # from_numpy once is how host data loads;
+            # a factory handed only splatted arguments, then moved (rlkit's `ptu.zeros(*sizes, **kwargs).to(device)`),
+            # builds on the host: were the device in kwargs, the move after it would be pointless
             if made_here and _empty_literal(src):
                 pass   # torch.tensor([]).to('cuda'): an empty literal moves no bytes
             elif made_here and not (recv == "pinned" and nb_true):   # pinned + non_blocking is the right pattern
@@ -338,12 +341,6 @@ def rebinds(node: ast.Assign) -> bool:
             isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr in ("to", "cuda")):
         return False
     return ast.unparse(value.func.value) == ast.unparse(node.targets[0])
-
-
-def _splat(call: ast.Call) -> bool:
-    """`torch.zeros(*sizes, **kwargs)` with no device= of its own, then moved: a helper (rlkit-style `ptu.zeros`)
-    that builds on the host and copies; were the device in kwargs, the move after it would be pointless."""
-    return any(k.arg is None for k in call.keywords) and not any(k.arg == "device" for k in call.keywords)
 
 
 def placeholder(value: ast.AST) -> bool:
