@@ -115,7 +115,7 @@ def test_real_judgements_are_well_formed():
             #                             nothing per step (open-r1: its loops run inside trl): every line judged false,
             assert all(e["verdict"] == "false" for e in d["lines"]), d["name"]   # none if the lint reports none
         else:
-            assert sum(e["verdict"] == "step" for e in d["lines"]) >= 2, d["name"]   # VAR: few, still some
+            assert sum(e["verdict"] == "step" for e in d["lines"]) >= 1, d["name"]   # pytorch-stable-diffusion: one
         assert len({(e["path"], e["line"]) for e in d["lines"]}) == len(d["lines"]), d["name"]
 
 
