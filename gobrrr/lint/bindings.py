@@ -47,6 +47,15 @@ def picked_tables(src: Source, name: str, scope: ast.AST | None) -> list[ast.AST
     return out
 
 
+def module_attrs(src: Source, name: str, scope: ast.AST | None, modules: set[str]) -> list[str]:
+    """The attributes of those modules assigned to `name` in this def or at module level: `criterion =
+    MODEL.get_loss` gives ["get_loss"]."""
+    return [st.value.attr for body in (getattr(scope, "body", None) or [], src.tree.body)
+            for st in own_statements(body) if isinstance(st, ast.Assign) and isinstance(st.value, ast.Attribute)
+            and isinstance(st.value.value, ast.Name) and st.value.value.id in modules
+            and any(isinstance(t, ast.Name) and t.id == name for t in st.targets)]
+
+
 def own_statements(body: list[ast.stmt]):
     """The statements of a body and of its ifs, withs, trys and loops, not of nested defs."""
     for st in body:
@@ -90,4 +99,4 @@ _HOST_MAKERS = {"torch.tensor", "torch.as_tensor", "torch.from_numpy", "torch.Te
                 "torch.LongTensor"}
 
 
-__all__ = ["assigned_calls", "converted_in_place", "own_statements", "returned_defs"]
+__all__ = ["assigned_calls", "converted_in_place", "module_attrs", "own_statements", "returned_defs"]

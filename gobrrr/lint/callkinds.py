@@ -136,6 +136,8 @@ class CallKinds:
                 if k is None and isinstance(node.args[0], (ast.Name, ast.Attribute)) \
                         and _DATA_ITER.search(name_of(node.args[0])):
                     return "batch"   # next(self.train_iter): a batch of a loader passed in (host, pinned or not)
+                if k is None and _kept_loader(node.args[0]):
+                    return "batch"   # next(self.dataloaders['train']): a loader (or its endless wrapper) kept by key
                 return ITEM_KIND.get(k) if k and k.startswith("loader") else None
         if name:
             root, _, last = name.rpartition(".")
@@ -411,6 +413,13 @@ class CallKinds:
             return inner if inner and inner.startswith("loader") else k
         return k
 
+
+
+def _kept_loader(node: ast.AST) -> bool:
+    """`self.dataloaders['train']`, `loaders[phase]`: an item of a dict named for loaders (ResShift keeps an endless
+    wrapper of each DataLoader there); `next()` of it draws a batch."""
+    return isinstance(node, ast.Subscript) and isinstance(node.value, (ast.Name, ast.Attribute)) \
+        and bool(_LOADER_NAME.search(name_of(node.value)))
 
 
 def _loaded_module(node: ast.AST) -> bool:

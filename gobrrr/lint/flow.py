@@ -326,7 +326,9 @@ class FlowRules:
             return
         for name in set(body) | set(orelse):
             a, b = body.get(name, _MISSING), orelse.get(name, _MISSING)
-            if a is _MISSING or b is _MISSING or a == b:
+            if (a is _MISSING or b is _MISSING) and "#" in name and name in before:
+                scope.pop(name, None)   # a mark one way's binding dropped (`if x is None: x = cfg.x`): gone after
+            elif a is _MISSING or b is _MISSING or a == b:
                 scope[name] = b if a is _MISSING else a
             elif (a in TENSORISH) != (b in TENSORISH):
                 scope[name] = a if a in TENSORISH else b   # `if use_cuda: buf = buf.cuda()`: the GPU is assumed

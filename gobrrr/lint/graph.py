@@ -26,6 +26,7 @@
                  Cls(x)            its __init__: a constructor called in hot code runs every step
                  @deco def f       (wrappers) the inner def a project decorator returns runs with f, per call
                  pkg.mod.f(x)      through a chain of modules (`import k_diffusion as K; K.sampling.f`)
+                 M.f(x)            with `M = importlib.import_module(name)`: the project's functions named f
                  torch.min(a, b)   nothing: a module from outside the project is never a project method
                  obj(x), unknown   an object built from a config: the class named like it (augment_pipe ->
                                    AugmentPipe), or the __call__/forward taking all of the call's keywords
@@ -38,7 +39,7 @@ from __future__ import annotations
 import ast
 import re
 
-from gobrrr.lint.bindings import assigned_calls, assigned_methods, picked_tables, returned_defs
+from gobrrr.lint.bindings import assigned_calls, assigned_methods, module_attrs, picked_tables, returned_defs
 from gobrrr.lint.index import Index
 from gobrrr.lint.loops import partial_target
 from gobrrr.lint.source import DEFS, Source
@@ -175,6 +176,8 @@ class Project(Index):
                 return [found] if found else []
             if hit is None and recv.id in src.imports and src.imports[recv.id][1] is None:
                 return []   # torch.min(a, b), np.max(x): a module from outside the project
+            if hit is None and recv.id in src.dynamic:   # MODEL = importlib.import_module(FLAGS.model)
+                return self.defs_named(f.attr)
         if isinstance(recv, ast.Attribute) and isinstance(recv.value, (ast.Name, ast.Attribute)):
             hit = self._named(src, recv)
             if hit and hit[0] == "module":   # K.sampling.sample_lms(model, x, sigmas)
@@ -194,12 +197,12 @@ class Project(Index):
             return found
         if not fallback or f.attr.startswith("__"):
             return []
-        like, cap = self._named_like(recv) or self._named_here(recv, src), 6
+        like, cap = self._named_like(recv) or self._named_here(recv, src), 24
         if not like:   # a registry's component: any class of its folder (more of them than a name pins)
             like, cap = self._in_folder_named(recv), 24
         named = [hit for inst in like if (hit := self.method(*inst, f.attr))]
         if named:   # replay_buffer.sample(n) with replay_buffer a parameter: ReplayBuffer's sample, or a subclass's
-            found = named + [o for inst in like for o in self.overrides(inst[1], f.attr) if o not in named]
+            found = named + [o for inst in like for o in self.overrides(inst[1], f.attr, cap) if o not in named]
             return found[:cap]
         one = self.only_method(f)
         if one or f.attr in GENERIC:
@@ -316,6 +319,8 @@ class Project(Index):
                           for hit in returned_defs(fs, fn)]
         for method in assigned_methods(src, name, scope)[:4]:   # sample_fn = self.sample: the method it names
             found += self.resolve(src, ast.Call(func=method, args=call.args, keywords=call.keywords), scope, types)
+        for attr in module_attrs(src, name, scope, src.dynamic):   # criterion = MODEL.get_loss
+            found += self.defs_named(attr)
         for table in picked_tables(src, name, scope)[:2]:   # sample_fn = {"heun": sample_heun, ...}[sampler]
             values = [v for v in table.values if isinstance(v, (ast.Name, ast.Attribute))] \
                 if isinstance(table, ast.Dict) else self._dict_values(src, table, scope)
@@ -338,7 +343,7 @@ class Project(Index):
         last name without underscores (and without an `_obj` or `_fn` suffix), or, failing that, the name ends
         with a class name of six letters or more (`proposal_matcher` -> Matcher). Names under five letters
         (`env`, `net`) or vague (`model`) pin nothing; nor do more than three classes, unless they are one
-        hierarchy (at most eight: `predictor_obj` -> the Predictor subclasses)."""
+        hierarchy (at most twelve: `predictor_obj` -> the Predictor subclasses)."""
         key = _object_key(recv)   # predictor_obj -> predictor
         if len(key) < 5 or key in VAGUE:
             return []
@@ -372,8 +377,8 @@ class Project(Index):
         """The classes of the project folder an object is named after, for components a registry builds from a
         config (`self.dense_head.get_loss()` -> the heads in models/dense_heads/, `self.bbox_head.loss(...)` ->
         bbox_heads/, `self.neck` -> necks/): the folder's name, its words singular and without underscores,
-        equals the object's key. A folder named in the singular (`network/`) is a package, not a registry of
-        one kind of component. At most 24 classes; vague names pin nothing."""
+        equals the object's key. A folder named in the singular (`network/`) is a package, not a registry of one
+        kind of component. At most 24 classes; vague names pin nothing."""
         key = _object_key(recv)
         if len(key) < 4 or key in VAGUE:
             return []
@@ -390,7 +395,8 @@ class Project(Index):
                         if keys[part] is not None:
                             table.setdefault(keys[part], {})[id(c[1])] = c   # once, however deep the folder
             self._like[("folders",)] = {k: list(v.values()) if len(v) <= 24 else [] for k, v in table.items()}
-        return list(self._like[("folders",)].get(key, []))
+        folders = self._like[("folders",)]   # `self.heads.loss()` -> heads/: the key made singular, too
+        return list(folders.get(key) or folders.get(_folder_key(key), []))
 
     def _classes_named(self, key: str) -> list:
         self._classes_by_lower()
@@ -399,7 +405,7 @@ class Project(Index):
             found = [c for low, cs in self._by_lower.items() if len(low) >= 6 and key.endswith(low) for c in cs]
         if len(found) <= 3:
             return found
-        return found if len(found) <= 8 and self._one_hierarchy([(s, c) for s, c in found], classes=True) else []
+        return found if len(found) <= 12 and self._one_hierarchy([(s, c) for s, c in found], classes=True) else []
 
     def _classes_by_lower(self) -> None:
         if self._by_lower is None:

@@ -434,10 +434,10 @@ def _remainder_test(mod: ast.BinOp) -> bool:
 
 
 def _lazy_init(node: ast.If) -> bool:
-    """`if preds is None: preds = ...`, `if self.grid[i].shape != x.shape: self.grid[i] = ...`, `if k not
-    in cache: cache[k] = ...`: runs when a cached value is missing or stale (the first iteration, a new
-    input size, a new key), not every step. `if p.grad is not None: ...; p.grad = None` uses and clears a
-    value that is there every step: no initialisation."""
+    """`if preds is None: preds = ...`, `if self.grid[i].shape != x.shape: self.grid[i] = ...`, `if k not in cache:
+    cache[k] = ...`, `if not hasattr(self, 'a'): self.a = ...`: runs when a cached value is missing or stale (the
+    first iteration, a new input size, a new key), not every step. `if p.grad is not None: ...; p.grad = None` uses
+    and clears a value that is there every step: no initialisation."""
     t = node.test
     assigned = {ast.unparse(x) for s in node.body if isinstance(s, ast.Assign)
                 and not (isinstance(s.value, ast.Constant) and s.value.value is None)   # `p.grad = None` after
@@ -445,6 +445,10 @@ def _lazy_init(node: ast.If) -> bool:
     if assigned and any(isinstance(n, (ast.Attribute, ast.Subscript)) and ast.unparse(n) in assigned
                         for n in ast.walk(t)):
         return True
+    if isinstance(t, ast.UnaryOp) and isinstance(t.op, ast.Not) and isinstance(t.operand, ast.Call) \
+            and name_of(t.operand.func) == "hasattr" and len(t.operand.args) == 2 and isinstance(t.operand.args[1], ast.Constant):
+        obj, attr = t.operand.args   # `if not hasattr(self, 'queue_lr'): self.queue_lr = torch.zeros(...).cuda()`
+        return f"{ast.unparse(obj)}.{attr.value}" in assigned
     if isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], ast.NotIn):
         key, table = ast.unparse(t.left), ast.unparse(t.comparators[0])   # `if k not in cache: cache[k] = ...`
         return any(isinstance(x, ast.Subscript) and ast.unparse(x.value) == table and ast.unparse(x.slice) == key

@@ -193,6 +193,8 @@ class Kinds(CallKinds):
                 return "cpudev"   # `dtype, device = im.dtype, im.device` of a host image: the CPU
             if node.attr in NUMBER_ATTRS or node.attr in ("size", "dim"):   # x.size, p.dim uncalled: a tuple, an int
                 return "num"
+            if node.attr.startswith("__"):
+                return "obj"   # module.__class__, x.__dict__: Python's own attributes, never a tensor
             own = isinstance(node.value, ast.Name) and node.value.id == "self" and node.attr in self.self_attrs
             if node.attr.isupper() and len(node.attr) > 1 and not (own and self.self_attrs[node.attr] in ("host", "pinned")):
                 return None   # cfg.MODEL.RPN_ONLY: a config node (yacs, ml_collections), never a tensor's field

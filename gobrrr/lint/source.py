@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 DEFS = (ast.FunctionDef, ast.AsyncFunctionDef)
@@ -62,6 +63,16 @@ class Source:
     @property
     def name(self) -> str:
         return self.path.name
+
+    @cached_property
+    def dynamic(self) -> set[str]:
+        """The names bound to a module imported by a name known only at run time (`MODEL =
+        importlib.import_module(FLAGS.model)`, votenet's network and loss): one of the project's modules."""
+        if "import_module" not in self.text:
+            return set()
+        return {t.id for n in ast.walk(self.tree) if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
+                and ast.unparse(n.value.func) in ("importlib.import_module", "import_module")
+                for t in n.targets if isinstance(t, ast.Name)}
 
 
 # a Python 2 print statement: `print x, y` (not `print(x)`, `print = f`); its comment kept apart
