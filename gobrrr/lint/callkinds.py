@@ -153,8 +153,8 @@ class CallKinds:
                 return "loader_pinned"
             if root in ("time", "math", "random", "os", "sys", "statistics", "os.path"):
                 return "num" if root not in ("os", "os.path") else None
-            if root in ("numpy", "np"):
-                return "numpy"
+            if root in ("numpy", "np", "cv2"):
+                return "numpy"   # (OpenCV takes and returns numpy arrays, and tuples of floats: `cv2.mean(m)[0]`)
             if root == "numpy.random":
                 return _np_random_kind(node, last)
             if last in ("clip_grad_norm_", "clip_grad_norm", "get_total_norm"):

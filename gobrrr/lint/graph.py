@@ -47,7 +47,8 @@ from gobrrr.lint.source import DEFS, Source
 # method names too common to pin to one class by name alone (torch, Python and framework APIs)
 GENERIC = {"forward", "step", "update", "reset", "train", "eval", "get", "set", "run", "call", "apply", "append",
            "extend", "add", "save", "load", "close", "start", "stop", "log", "info", "debug", "warning", "format",
-           "items", "keys", "values", "pop", "copy", "clone", "to", "cuda", "cpu", "item", "sum", "mean", "view",
+           "items", "keys", "values", "pop", "copy", "clone", "to", "cuda", "cpu", "item", "sum", "mean", "view", "numpy",
+           "tolist", "detach", "float", "half", "long", "int", "double", "bool", "contiguous",
            "reshape", "backward", "zero_grad", "state_dict", "load_state_dict", "parameters", "named_parameters",
            "modules", "children", "register_buffer", "sample", "read", "write", "flush", "join", "split", "strip",
            "encode", "decode", "build", "init", "setup", "prepare", "compute", "process", "transform", "predict",
