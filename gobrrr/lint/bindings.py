@@ -50,6 +50,8 @@ def picked_tables(src: Source, name: str, scope: ast.AST | None) -> list[ast.AST
 def module_attrs(src: Source, name: str, scope: ast.AST | None, modules: set[str]) -> list[str]:
     """The attributes of those modules assigned to `name` in this def or at module level: `criterion =
     MODEL.get_loss` gives ["get_loss"]."""
+    if not modules:
+        return []
     return [st.value.attr for body in (getattr(scope, "body", None) or [], src.tree.body)
             for st in own_statements(body) if isinstance(st, ast.Assign) and isinstance(st.value, ast.Attribute)
             and isinstance(st.value.value, ast.Name) and st.value.value.id in modules

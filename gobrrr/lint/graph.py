@@ -198,13 +198,12 @@ class Project(Index):
             return found
         if not fallback or f.attr.startswith("__"):
             return []
-        like, cap = self._named_like(recv) or self._named_here(recv, src), 24
-        if not like:   # a registry's component: any class of its folder (more of them than a name pins)
-            like, cap = self._in_folder_named(recv), 24
+        like = self._named_like(recv) or self._named_here(recv, src) \
+            or self._in_folder_named(recv)   # failing those, a registry's component: any class of its folder
         named = [hit for inst in like if (hit := self.method(*inst, f.attr))]
         if named:   # replay_buffer.sample(n) with replay_buffer a parameter: ReplayBuffer's sample, or a subclass's
-            found = named + [o for inst in like for o in self.overrides(inst[1], f.attr, cap) if o not in named]
-            return found[:cap]
+            found = named + [o for inst in like for o in self.overrides(inst[1], f.attr, 24) if o not in named]
+            return found[:24]
         one = self.only_method(f)
         if one or f.attr in GENERIC:
             return one

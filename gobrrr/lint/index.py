@@ -167,9 +167,12 @@ class Index:
     def defs_named(self, name: str) -> list:
         """The project's module-level functions called `name`, defined or imported in any checked file: what
         `mod.name(x)` may run when mod is a module picked at run time (at most four; more pins nothing)."""
-        found = {id(h[2]): (h[1], h[2]) for s in self.sources
-                 if name in s.functions or name in s.imports for h in [self.lookup(s, name)] if h and h[0] == "def"}
-        return list(found.values()) if len(found) <= 4 else []
+        key = ("defs_named", name)   # cached with the lookups: the index does not change
+        if key not in self._lookups:
+            found = {id(h[2]): (h[1], h[2]) for s in self.sources if name in s.functions or name in s.imports
+                     for h in [self.lookup(s, name)] if h and h[0] == "def"}
+            self._lookups[key] = list(found.values()) if len(found) <= 4 else []
+        return list(self._lookups[key])
 
     def _below(self, package: str, name: str):
         """`from pkg.data import to_numpy` when pkg/data/__init__.py, which re-exports it, was not checked:
