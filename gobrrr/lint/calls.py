@@ -160,10 +160,9 @@ class CallRules:
             if kinds[p] is None and isinstance(a, (ast.List, ast.Tuple)) and a.elts \
                     and all(self.kind(e) in ("num", "str") for e in a.elts):
                 kinds[p] = "nums"   # image_sizes=[image.size]: Python numbers, whatever the callee's annotation says
-            if isinstance(a, ast.Name) and self.lookup(a.id + "#kept"):   # a batch moved but for its "meta" key
-                kinds[p + "#kept"] = self.lookup(a.id + "#kept")
-            if isinstance(a, ast.Name) and self.lookup(a.id + "#nums"):   # targets["num_boxes"] = n.item() before
-                kinds[p + "#nums"] = self.lookup(a.id + "#nums")   # the call: a number in the callee
+            for mark in ("#kept", "#nums") if isinstance(a, ast.Name) else ():   # a batch moved but for its "meta"
+                if self.lookup(a.id + mark):   # key; targets["num_boxes"] = n.item() before the call: a number there
+                    kinds[p + mark] = self.lookup(a.id + mark)
             insts = self.project.instances_of(self.src, a, scope, self.types)
             if insts:
                 types[p] = insts

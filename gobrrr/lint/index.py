@@ -310,9 +310,8 @@ class Index:
         """(Source, def) of `module.fn` with `module` a project module this file imports."""
         if not (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name)):
             return None
-        hit = self.lookup(src, func.value.id)
-        inner = self.lookup(hit[1], func.attr) if hit and hit[0] == "module" else None
-        return (inner[1], inner[2]) if inner and inner[0] == "def" else None
+        hit = self._named(src, func)
+        return (hit[1], hit[2]) if hit and hit[0] == "def" else None
 
     def method(self, src: Source, cls: ast.ClassDef, name: str, seen=None):
         """(Source, def) of `name` on `cls` or its bases (own first), else None."""

@@ -134,7 +134,7 @@ def step_loops(tree: ast.AST, facts: Facts, rare, nodes: list[ast.AST] | None = 
             envs.add(id(node))
         runs_model = bool(prompts) or any(facts.step_kind(n) == "forward" and not looping(n)
                                           for n in calls)   # not a sampler's loop
-        if "update" in kinds or "env" in kinds or _uploads_a_layer(own) or _calibrates_a_layer(node, own) \
+        if "update" in kinds or "env" in kinds or _layer_by_layer(node, own) \
                 or ("data" in kinds and (not outer or _moves_batch(node, own) or runs_model)) \
                 or ("forward" in kinds and (not (inner or outer) or runs_model and _moves_batch(node, own)
                                             or prompts and outer and not inner)):
@@ -190,25 +190,20 @@ def _moves_batch(loop: ast.AST, own: list[ast.AST]) -> bool:
                and (_bare(c.func.value) in names or _built_from(c.func.value, names)) for c in own)
 
 
-def _uploads_a_layer(own: list[ast.AST]) -> bool:
-    """`layer = layers[i].to(dev)` at the loop's own level: a layer-by-layer pass (GPTQ's quantization, an offloaded
-    evaluation) that moves one block to the device per iteration and runs its samples through it; each layer is
-    a step, whatever loops over samples it holds; also taken first, `layer = layers[i]; layer = layer.cuda()` (AWQ)."""
+def _layer_by_layer(loop: ast.AST, own: list[ast.AST]) -> bool:
+    """A layer-by-layer pass, each layer a step whatever loops over samples it holds: one that moves a block of the
+    model to the device at the loop's own level (GPTQ's `layer = layers[i].to(dev)`, AWQ's `layer = layers[i]; layer =
+    layer.cuda()`), or takes one (`layer = layers[i]`) and runs the calibration samples through it in a loop of its
+    own (Wanda's and SparseGPT's pruning, `for j in range(nsamples): outs[j] = layer(inps[j])`). A model's forward
+    runs each layer at the loop's own level (_runs_its_items): per layer inside the step, not a pass of this kind."""
     taken = _taken_layers(own)
-    return any(isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr in ("to", "cuda")
-               and (isinstance(c.func.value, ast.Subscript) and _LAYERS.search(name_of(c.func.value.value) or "")
-                    or isinstance(c.func.value, ast.Name) and c.func.value.id in taken)
-               for c in own)
-
-
-def _calibrates_a_layer(loop: ast.AST, own: list[ast.AST]) -> bool:
-    """`layer = layers[i]`, then `for j in range(nsamples): outs[j] = layer(inps[j])` in a loop of its own: Wanda's
-    and SparseGPT's pruning pass, which runs the calibration samples through one layer and prunes it, layer by
-    layer (each layer is a step). A model's forward runs each layer at the loop's own level (_runs_its_items)."""
-    taken = _taken_layers(own)
-    return bool(taken) and any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in taken
-                               for inner in ast.walk(loop) if inner is not loop and isinstance(inner, LOOPS)
-                               for n in ast.walk(inner))
+    moves = any(isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr in ("to", "cuda")
+                and (isinstance(c.func.value, ast.Subscript) and _LAYERS.search(name_of(c.func.value.value) or "")
+                     or isinstance(c.func.value, ast.Name) and c.func.value.id in taken)
+                for c in own)
+    return moves or bool(taken) and any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in taken
+                                        for inner in ast.walk(loop) if inner is not loop and isinstance(inner, LOOPS)
+                                        for n in ast.walk(inner))
 
 
 def _taken_layers(own: list[ast.AST]) -> set[str]:
