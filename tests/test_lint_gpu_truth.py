@@ -127,6 +127,19 @@ CASES = {
         r[step] += 0.5  # quiet
         r[2:4] = 1.0  # quiet
     """),
+    "number_written_through_an_index_tensor": ("""
+        buf = torch.zeros(8, 4, device="cuda")
+        zero = torch.zeros((), device="cuda")
+    """, """
+        idx = x.argmax(1)
+        buf[idx] = 0  # flagged
+        _, top = x.topk(2)
+        buf[top] = -1.5  # flagged
+        buf[idx] = zero  # quiet
+        buf.index_fill_(0, idx, 0)  # quiet
+        buf[idx] += 1  # quiet
+        buf[x > 0] = 0  # quiet
+    """),
     "any_kept_in_device_arithmetic": ("", """
         y = x * (x > 0).any()  # quiet
     """),

@@ -154,6 +154,8 @@ class CallKinds:
             if root in ("time", "math", "random", "os", "sys", "statistics", "os.path"):
                 return "num" if root not in ("os", "os.path") else None
             if root in ("numpy", "np", "cv2"):
+                if last in _NP_SCALARS and len(node.args) == 1 and not node.keywords:
+                    return "num"   # np.argmin(d): one position, a numpy integer that indexes as an int
                 return "numpy"   # (OpenCV takes and returns numpy arrays, and tuples of floats: `cv2.mean(m)[0]`)
             if root == "numpy.random":
                 return _np_random_kind(node, last)
@@ -268,6 +270,8 @@ class CallKinds:
             return "num"   # sharded_info.is_tp_sharded(...), t.is_contiguous(): predicates (t.is_nonzero() reads t)
         if method in STR_METHODS or recv == "str":
             return "str" if method in STR_METHODS else None
+        if recv == "numpy" and method in _NP_SCALARS and not node.args and not node.keywords:
+            return "num"   # (np.abs(a - v)).argmin(): a numpy integer; indexing a device tensor with it copies nothing
         if recv in ("numpy", "num"):
             return recv
         if method == "reset" and getattr(self, "cpu_env", None) and self.cpu_env(func.value):
@@ -427,6 +431,8 @@ def _loaded_module(node: ast.AST) -> bool:
     return isinstance(node, ast.Subscript) and isinstance(node.value, ast.Call) \
         and isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str) and is_model_name(node.slice.value)
 
+
+_NP_SCALARS = {"argmin", "argmax"}   # numpy reductions over the whole array, with no axis: one index
 
 # numpy.random's draws: the position of `size` (None: any argument is a dimension, as rand(3, 4))
 _NP_SIZE = {"randint": 2, "choice": 1, "uniform": 2, "normal": 2, "random": 0, "random_sample": 0, "rand": None,

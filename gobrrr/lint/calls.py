@@ -181,10 +181,14 @@ class CallRules:
         """Queue the project function this hot call runs, with its parameters' kinds and classes."""
         if len(self.chain) >= MAX_DEPTH:
             return
+        scope = self.defs[-1] if self.defs else None
         if isinstance(node.func, ast.Name) and node.func.id in ("map", "filter") and len(node.args) == 2 \
                 and isinstance(node.args[0], (ast.Name, ast.Attribute)):
             node = ast.copy_location(ast.Call(func=node.args[0], args=[], keywords=[]), node)   # map(self.to_torch, data)
-        scope = self.defs[-1] if self.defs else None
+        elif self._applies(node, scope):   # multi_apply(self.loss_single, cls_scores, labels): per item of each
+            self.follow(ast.copy_location(ast.Call(func=node.args[0], args=[
+                ast.Subscript(value=a, slice=ast.Constant(0), ctx=ast.Load()) for a in node.args[1:]
+                if not isinstance(a, ast.Starred)], keywords=node.keywords), node))   # and the helper itself
         for target_src, fn in self.project.resolve(self.src, node, scope, self.types):
             if fn is scope:
                 continue
@@ -192,6 +196,26 @@ class CallRules:
             self.pending.append((target_src, fn, kinds, types, (*self.chain, f"{self.src.name}:{node.lineno}"),
                                  list(self.functions)))
         self._handed(node, scope)
+
+    def _applies(self, node: ast.Call, scope) -> bool:
+        """`multi_apply(self.target_assign_single_img, cls_preds, gt_bboxes)`: a project function handed first to
+        a helper that calls it on the items of the other arguments (`map(partial(func, **kw), *args)`), one
+        call per image or per level: mmdetection's multi_apply, or a project def that calls its first parameter."""
+        fn = node.args[0] if node.args else None
+        if not (isinstance(fn, ast.Name) or self_attr(fn)) or not any(   # a def by its name, not an object's call
+                d.name == name_of(fn) for _, d in self.project.resolve(self.src, ast.Call(func=fn, args=[], keywords=[]),
+                                                                       scope, self.types)):
+            return False
+        if name_of(node.func) in ("multi_apply", "starmap"):
+            return True
+        for _, helper in self.project.resolve(self.src, node, scope, self.types)[:1]:
+            params = [a.arg for a in helper.args.args if a.arg not in ("self", "cls")]
+            return bool(params) and any(
+                isinstance(n, ast.Call) and (isinstance(n.func, ast.Name) and n.func.id == params[0]
+                                             or name_of(n.func) in ("map", "partial") and n.args
+                                             and isinstance(n.args[0], ast.Name) and n.args[0].id == params[0])
+                for n in ast.walk(helper))
+        return False
 
     def _handed(self, node: ast.Call, scope) -> None:
         """A def of this scope handed, beside the data, to a helper that applies it (`apply_to_sample(

@@ -12,16 +12,24 @@ indexing on the device. The evidence here is the rank: a tensor made one-dimensi
 stays so when sliced (`inds[1:]`); one int picks a 0-d element (`ind = inds[i]`, `last = inds[-1]`),
 and iterating it yields 0-d elements (`for task_id in ids:`).
 
+Index tensors: a device tensor of positions (`x.argmax(1)`, `torch.randint(.., device=d)`, `x.topk(k)[1]`,
+`_, idx = x.sort()`, `m.long()`) indexes by advanced indexing. Writing a Python number through one
+(`t[idx] = 0`) makes the number a CPU tensor that index_put_ copies up, blocking, every call (measured on an
+H100, torch 2.11); a boolean mask alone (`t[mask] = 0`) is a masked_fill and does not.
+
 A mixin of rules.Checker: it relies on kinds.Kinds (`kind()`, `dotted()`, `lookup()`, `scopes`).
 """
 from __future__ import annotations
 
 import ast
 
-from gobrrr.lint.names import TENSORISH
+from gobrrr.lint.names import TENSORISH, VIEW_METHODS
 
 _FLAT = "#1d"   # scope key of a name bound to a one-dimensional device tensor
 _MADE_1D = {"unique", "arange", "randperm"}   # torch.<f>(...) with no dim: one dimension
+_POSITIONS = {"argmax", "argmin", "argsort", "randint", "randperm", "multinomial", "searchsorted", "bucketize",
+              "long", "arange", "nonzero", "argwhere"}   # ops whose result is a tensor of positions
+_PAIRED = {"topk", "sort", "max", "min", "kthvalue", "mode", "median"}   # (values, indices) with a dim
 
 
 class ElementRules:
@@ -59,6 +67,38 @@ class ElementRules:
                 if isinstance(t, ast.Name):
                     self.scopes[-1][t.id + _FLAT] = "1d"
 
+    def index_tensor(self, node: ast.AST) -> bool:
+        """A device tensor of positions (see the module doc), or a view or slice of one."""
+        if isinstance(node, ast.Name):
+            return bool(self.lookup(node.id + "#pos"))
+        if isinstance(node, ast.Subscript):
+            parts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+            if _pair(node.value) and isinstance(node.slice, ast.Constant) and node.slice.value == 1:
+                return self.kind(node.value) in TENSORISH   # x.max(1)[1]
+            return all(isinstance(p, (ast.Slice, ast.Constant)) for p in parts) \
+                and self.index_tensor(node.value)   # idx[:, None], top[:, 0]
+        if isinstance(node, ast.Attribute) and node.attr == "indices":
+            return _pair(node.value) and self.kind(node.value) in TENSORISH
+        if not isinstance(node, ast.Call) or not isinstance(node.func, (ast.Name, ast.Attribute)) \
+                or self.kind(node) not in TENSORISH:
+            return False
+        f = node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id
+        if f in VIEW_METHODS:
+            return isinstance(node.func, ast.Attribute) and self.index_tensor(node.func.value)
+        if f in ("argmax", "argmin") and not (node.args[1:] if _is_torch(node.func) else node.args) \
+                and not node.keywords:
+            return False   # x.argmax(): one position, a 0-d index (read with .item(), sync.scalar_index's finding)
+        return f in _POSITIONS and (f != "long" or isinstance(node.func, ast.Attribute))
+
+    def note_positions(self, targets: list[ast.AST], value: ast.AST) -> None:
+        """After an assignment: mark names bound to a device tensor of positions (`_, idx = x.topk(k)`)."""
+        for t in targets:
+            if isinstance(t, ast.Name) and self.index_tensor(value):
+                self.scopes[-1][t.id + "#pos"] = "pos"
+            elif isinstance(t, ast.Tuple) and len(t.elts) == 2 and isinstance(t.elts[1], ast.Name) \
+                    and _pair(value) and self.kind(value) in TENSORISH:
+                self.scopes[-1][t.elts[1].id + "#pos"] = "pos"
+
     def note_loop_elements(self, target: ast.AST, it: ast.AST) -> None:
         """`for task_id in torch.unique(ids):` yields 0-d device tensors."""
         if isinstance(target, ast.Name) and self.one_dim(it):
@@ -68,6 +108,23 @@ class ElementRules:
 def _minus_one(node: ast.AST) -> bool:
     return isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and isinstance(node.operand, ast.Constant) \
         and node.operand.value == 1
+
+
+def _is_torch(func: ast.AST) -> bool:
+    """`torch.argmax(x, 1)`: the tensor is the first argument."""
+    return isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "torch"
+
+
+def _pair(node: ast.AST) -> bool:
+    """`x.topk(k)`, `torch.sort(x)`, `x.max(1)`, `torch.max(x, dim=1)`: values and indices (max and min
+    only with a dim)."""
+    if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
+        return False
+    f = node.func.attr
+    if f in ("max", "min"):
+        own = 1 if isinstance(node.func.value, ast.Name) and node.func.value.id == "torch" else 0
+        return len(node.args) > own or any(k.arg == "dim" for k in node.keywords)
+    return f in _PAIRED
 
 
 def _int_index(s: ast.AST, checker) -> bool:

@@ -193,9 +193,9 @@ class FlowRules:
         if saved == "off" and id(node) in self.hotmap.step_loops and self.rare_depth and not self.summary_depth:
             saved, self.region = "cold", "cold"   # `if step % val_every == 0: for _ in range(val_steps): ...`:
             # an evaluation loop run every N steps is a step loop of its own, each of its batches a step
+        if saved != "off" and id(node) in self.hotmap.step_loops and (saved != "hot" or not self.silent):
+            self._carried(node, every_iteration, saved == "hot")   # (inside another: a decode loop per batch)
         if saved != "hot" and saved != "off":
-            if id(node) in self.hotmap.step_loops:
-                self._carried(node, every_iteration)
             self.region = "hot" if id(node) in self.hotmap.step_loops else "cold"
         self.loop_stack.append(id(node))
         for part in (*every_iteration, *node.body):
@@ -209,9 +209,10 @@ class FlowRules:
         for stmt in node.orelse:
             self.visit(stmt)
 
-    def _carried(self, node, every_iteration) -> None:
+    def _carried(self, node, every_iteration, nested: bool = False) -> None:
         """One silent pass over a step loop's body first: what an iteration leaves behind is what the
-        next one starts from (`xs.append(x.cpu())` at the end makes `xs[-1].cuda()` at the top a copy)."""
+        next one starts from (`xs.append(x.cpu())` at the end makes `xs[-1].cuda()` at the top a copy);
+        `nested` (a step loop in a hot one): only names unknown or a number before it (`history = None`)."""
         scope = self.scopes[-1]
         before = dict(scope)
         saved, self.silent = self.silent, True   # walked as hot code, reporting and following nothing
@@ -227,8 +228,8 @@ class FlowRules:
         fresh = {n.id for n in ast.walk(node.target) if isinstance(n, ast.Name)} if hasattr(node, "target") else set()
         for name, k in after.items():
             b = before.get(name, _MISSING)
-            if name in fresh:
-                continue   # the loop target is bound anew each iteration
+            if name in fresh or nested and b not in (_MISSING, None, "num"):
+                continue   # the loop target is bound anew each iteration; a nested loop keeps what it is handed
             if b is _MISSING or b is None or b == k:
                 scope[name] = k
             elif (b in TENSORISH) != (k in TENSORISH):

@@ -72,6 +72,7 @@ _STEPS_WITH = {"optimize", "step", "apply_gradients", "update", "optimizer_step"
 _ENV = re.compile(r"(^|_)(env|envs|environment|environments|venv|vec_?env|sim|simulator|game)(_|$|\d)", re.I)
 _ENV_COUNT = re.compile(r"^(envs|env_nums?|num_envs|n_envs|nenvs|env_num|environments|num_env)$", re.I)
 _ENV_STEP = re.compile(r"^(step|env_step|step_env|step_envs|envs_step)$")
+LAYERS = re.compile(r"(^|_)(layers|blocks|h)$")   # a model's list of blocks (`model.layers[i]`)
 # names too common to take a call as a forward because one project def of that name runs a model
 COMMON_METHODS = {"forward", "step", "update", "run", "call", "apply", "get", "sample", "predict", "compute", "process",
            "evaluate", "eval", "train", "test", "generate", "transform", "encode", "decode", "build", "log"}

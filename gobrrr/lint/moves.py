@@ -24,7 +24,7 @@ import re
 from gobrrr.lint.bindings import assigned_calls
 from gobrrr.lint.callkinds import splatted
 from gobrrr.lint.hot import iterates, own_nodes, root_name
-from gobrrr.lint.loops import name_of
+from gobrrr.lint.loops import LAYERS, name_of
 from gobrrr.lint.names import BATCHES, COMPILED, DATA_FACTORIES, DTYPE_METHODS, FACTORIES, HOSTISH, TENSORISH, VIEW_METHODS
 
 _SIZED = {"zeros", "ones", "empty", "rand", "randn"}   # factories whose int arguments are all sizes
@@ -91,6 +91,8 @@ class CopyRules:
                     and blocking and self.looping() \
                     and not self._compiled_constant(func.value):
                 self.flag(node, "GB010", what=_short(node))   # hlist: an item of a list of host tensors
+            elif recv not in TENSORISH and blocking and self.looping() and self._one_layer(func.value):
+                self.flag(node, "GB010", what=f"{_short(node)}: one block's weights, each layer")   # GPTQ's offload
             if recv in BATCHES and blocking and self.looping():   # a prompt tokenized per question, too
                 self.flag(node, "GB009", what=_short(node))
             elif recv == "pinned" and blocking and self.looping() and not made_here:   # stylegan2-ada's labels:
@@ -121,6 +123,15 @@ class CopyRules:
         elif self.cuda_type(func) and len(node.args) == 1 and not node.keywords and self.looping() \
                 and _legacy_data(node.args[0], self.kind(node.args[0])):
             self.flag(node, "GB010", what=_short(node))   # torch.cuda.LongTensor(sizes): a host list, copied
+
+    def _one_layer(self, node: ast.AST) -> bool:
+        """`layers[i]` of a model's list of blocks, or a name bound to one in this def (`layer = layers[i]`): in a
+        layer-by-layer pass (GPTQ, AWQ, SparseGPT) the model waits on the host and each block is copied up in turn."""
+        if isinstance(node, ast.Name) and self.defs:
+            node = next((st.value for st in ast.walk(self.defs[-1]) if isinstance(st, ast.Assign)
+                         and any(isinstance(t, ast.Name) and t.id == node.id for t in st.targets)
+                         and isinstance(st.value, ast.Subscript)), node)
+        return isinstance(node, ast.Subscript) and bool(LAYERS.search(name_of(node.value) or ""))
 
     def _compiled_constant(self, value: ast.AST) -> bool:
         """A host table built from torch factories (`torch.exp(-c * torch.arange(half) / half)`) in code
@@ -227,6 +238,9 @@ class CopyRules:
             self.flag(target, "GB002", what="writing a device value into a host tensor")
         elif into in TENSORISH and k in ("host", "hlist"):
             self.flag(target, "GB010", what=f"{_short(target, 30)} = <host tensor>")
+        elif into in TENSORISH and not augmented and _python_number(value, k) and self._through_positions(target):
+            self.flag(target, "GB010", what=f"{_short(target, 30)} = <Python number> through an index tensor"
+                                            " (index_fill_ copies nothing)")
         elif into in TENSORISH and not augmented and self.element_write(target, value, k):
             self.flag(target, "GB010", what=f"{_short(target, 30)} = <Python number>, one element")
         if into in TENSORISH:
@@ -238,6 +252,12 @@ class CopyRules:
             # `t[i, mask] = 0` with an int i selects first: the mask is then the one index, a masked_fill
             if masks and (augmented or k in TENSORISH or others):
                 self.flag(target, "GB008", what="writing through a boolean mask `x[mask] = y`")
+
+    def _through_positions(self, target: ast.Subscript) -> bool:
+        """`t[idx] = 0`, `t[idx, 3] = 1.5` with a device tensor of positions among the indices and no mask (a mask
+        beside it takes the nonzero path, GB008's finding)."""
+        parts = target.slice.elts if isinstance(target.slice, ast.Tuple) else [target.slice]
+        return any(self.index_tensor(p) for p in parts) and not any(self.kind(p) == "mask" for p in parts)
 
     def element_write(self, target: ast.Subscript, value: ast.AST, k: str | None) -> bool:
         """`rewards[i] = 0.5` into a device tensor made here with one dim per index: the value becomes a CPU
@@ -255,6 +275,18 @@ class CopyRules:
             return False
         made = assigned_calls(self.src, target.value.id, self.defs[-1] if self.defs else None)
         return bool(made) and all(_made_ndim(c) == len(parts) for c in made)
+
+
+def _python_number(value: ast.AST, k: str | None) -> bool:
+    """`0`, `-1.5`, `True`, `-float('inf')`, `math.inf`, a name holding a number: what torch wraps in a CPU tensor."""
+    if isinstance(value, ast.UnaryOp) and isinstance(value.op, (ast.USub, ast.UAdd)):
+        value = value.operand
+    if isinstance(value, ast.Constant):
+        return type(value.value) in (int, float, bool)
+    if isinstance(value, ast.Attribute):
+        return value.attr in ("inf", "nan", "pi") and isinstance(value.value, ast.Name)
+    return k == "num" or isinstance(value, ast.Call) and isinstance(value.func, ast.Name) \
+        and value.func.id == "float" and len(value.args) == 1 and isinstance(value.args[0], ast.Constant)
 
 
 _KEEPS_SHAPE = {"type", "to", "cuda", "float", "half", "double", "long", "int", "bool", "contiguous"}

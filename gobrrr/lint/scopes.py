@@ -203,6 +203,7 @@ class ScopeWalk:
         finally:
             self.assigning, self.init_attrs, self.rebinding = set(), False, None
         self.note_elements(node)   # after the binding, which clears a name's marks
+        self.note_positions(node.targets, node.value)
 
     def _assign(self, node: ast.Assign) -> None:
         self.visit(node.value)

@@ -11,6 +11,7 @@ from gobrrr.lint.loops import (
     COMMON_METHODS,
     DEFS,
     HOUSEKEEPING,
+    LAYERS,
     LOADER_NAME,
     LOOPS,
     Facts,
@@ -27,7 +28,6 @@ _NOT_WRAPPERS = {"DataLoader"}   # `torch.utils.data.DataLoader(dataset)` is the
 _CAPTURE = re.compile(r"cap|video|cam$|camera|webcam", re.I)   # cv2.VideoCapture(...) as vidcap, cap, cam
 _ITER_WRAPPERS = ("enumerate", "tqdm", "iter", "zip")   # what a loop iterates its loader through
 _BATCHING_CALL = re.compile(r"^(get_|iter_|iterate_|make_|yield_)?(as_)?(mini)?batch(es|ify)?(_|$)", re.I)
-_LAYERS = re.compile(r"(^|_)(layers|blocks|h)$")   # a model's list of blocks
 _BATCH_SOURCE = re.compile(r"loader|iter|gen|data|batch|stream|_dl$|^dl$", re.I)   # next(train_iter)
 
 
@@ -58,6 +58,7 @@ def step_loops(tree: ast.AST, facts: Facts, rare, nodes: list[ast.AST] | None = 
     local_looping: set[str] = set()   # this file's module-level defs that hold a step loop
     own_methods = _own_method_calls(tree)   # id of a `self.forward(...)` call -> the class's own `def forward`
     method_loops: dict[int, bool] = {}   # id of such a method -> it reaches a def that holds a step loop
+    repeats: set[int] = set()   # step loops that run the model again on the same state (`for u in range(U):`)
 
     def looping(call: ast.Call, seen: frozenset = frozenset()) -> bool:
         n = name_of(call.func)
@@ -118,6 +119,9 @@ def step_loops(tree: ast.AST, facts: Facts, rare, nodes: list[ast.AST] | None = 
         own = list(own_level(node.body, rare))
         calls = [n for n in own if isinstance(n, ast.Call)]
         kinds = {local_kind(n) or facts.step_kind(n) for n in calls}
+        if any(id(x) in repeats for x in _loops_below(node)):
+            kinds.add("forward")   # its step only repeats the same forward U times (RePaint's resampling):
+            inner = False          # each of its own iterations is a step of the sampler
         if any(env_steps(n) for n in own) or sends_step(node) or steps_each_env(node) \
                 or any(name_of(c.func) in facts.env_stepping for c in calls):
             kinds.add("env")   # (or a call of the project's def that steps one: `self.conduct_action(self.action)`)
@@ -139,6 +143,8 @@ def step_loops(tree: ast.AST, facts: Facts, rare, nodes: list[ast.AST] | None = 
                 or ("forward" in kinds and (not (inner or outer) or runs_model and _moves_batch(node, own)
                                             or prompts and outer and not inner)):
             steps.add(id(node))   # an env stepped or a batch taken is a step, whatever inner loops it holds
+            if kinds <= {"forward", None} and _repeats(node):
+                repeats.add(id(node))
             # (and a loop that copies its own item to the device and runs the model on it: a detect loop; one that
             # copies up a prompt and generates from it, though it calls a looping def too: RAFT's reward pass)
             inside = _over_optimizers(node) or (_runs_its_items(node, calls) and "update" not in kinds)
@@ -149,7 +155,7 @@ def step_loops(tree: ast.AST, facts: Facts, rare, nodes: list[ast.AST] | None = 
     known = set(looping_fns)
     visit(tree)
     if looping_fns != known or local_looping:   # again, now that every def holding a step loop is known (a
-        steps.clear(), updates.clear(), envs.clear()   # local one may be defined below the loop that calls it)
+        steps.clear(), updates.clear(), envs.clear(), repeats.clear()   # local one may be defined below the loop that calls it)
         held.clear(), method_loops.clear()
         visit(tree)
     return steps, updates, envs, looping_fns
@@ -167,6 +173,27 @@ def looping_closure(calls_by_def: dict[str, set[str]], looping: set[str]) -> set
                 out.add(name)
                 changed = True
     return out
+
+
+def _repeats(loop: ast.AST) -> bool:
+    """`for u in range(U):`, `for t in reversed(range(T)):` whose count picks no data (`x[c, i]`, `seq[i]`: a loop
+    over chunks or a schedule's entries, whose reads stay an outer loop's): the model run again, U or T times."""
+    it = loop.iter if isinstance(loop, ast.For) else None
+    if isinstance(it, ast.Call) and name_of(it.func) == "reversed" and it.args:
+        it = it.args[0]
+    if not (isinstance(it, ast.Call) and name_of(it.func) == "range" and isinstance(loop.target, ast.Name)):
+        return False
+    var = loop.target.id
+    return not any(isinstance(n, ast.Subscript) and _mentions(n.slice, {var}) for st in loop.body for n in ast.walk(st))
+
+
+def _loops_below(node: ast.AST):
+    """The loops directly inside a loop (through ifs, withs and trys, not through other loops or defs)."""
+    for child in statements(node):
+        if isinstance(child, LOOPS):
+            yield child
+        elif not isinstance(child, DEFS):
+            yield from _loops_below(child)
 
 
 def statements(node: ast.AST):
@@ -198,7 +225,7 @@ def _layer_by_layer(loop: ast.AST, own: list[ast.AST]) -> bool:
     runs each layer at the loop's own level (_runs_its_items): per layer inside the step, not a pass of this kind."""
     taken = _taken_layers(own)
     moves = any(isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr in ("to", "cuda")
-                and (isinstance(c.func.value, ast.Subscript) and _LAYERS.search(name_of(c.func.value.value) or "")
+                and (isinstance(c.func.value, ast.Subscript) and LAYERS.search(name_of(c.func.value.value) or "")
                      or isinstance(c.func.value, ast.Name) and c.func.value.id in taken)
                 for c in own)
     return moves or bool(taken) and any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in taken
@@ -209,7 +236,7 @@ def _layer_by_layer(loop: ast.AST, own: list[ast.AST]) -> bool:
 def _taken_layers(own: list[ast.AST]) -> set[str]:
     """The names a loop binds to one block of a model's list at its own level: `layer = layers[i]`."""
     return {t.id for a in own if isinstance(a, ast.Assign) and isinstance(a.value, ast.Subscript)
-            and _LAYERS.search(name_of(a.value.value) or "") for t in a.targets if isinstance(t, ast.Name)}
+            and LAYERS.search(name_of(a.value.value) or "") for t in a.targets if isinstance(t, ast.Name)}
 
 
 def _mentions(e: ast.AST, names: set[str]) -> bool:
