@@ -210,9 +210,8 @@ class FlowRules:
             self.visit(stmt)
 
     def _carried(self, node, every_iteration, nested: bool = False) -> None:
-        """One silent pass over a step loop's body first: what an iteration leaves behind is what the
-        next one starts from (`xs.append(x.cpu())` at the end makes `xs[-1].cuda()` at the top a copy);
-        `nested` (a step loop in a hot one): only names unknown or a number before it (`history = None`)."""
+        """One silent pass over a step loop's body first: what an iteration leaves is what the next starts from (`xs[-1].cuda()`
+        after `xs.append(x.cpu())` is a copy); `nested` (in a hot loop): only names unknown or numbers before (`h = None`)."""
         scope = self.scopes[-1]
         before = dict(scope)
         saved, self.silent = self.silent, True   # walked as hot code, reporting and following nothing
