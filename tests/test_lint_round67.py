@@ -178,3 +178,41 @@ def test_a_decode_loop_inside_a_batch_loop_starts_each_token_from_what_the_last_
         """)
     found = rules(src, "beam.py")
     assert (line_of(src, "history[0].tolist()"), "GB002") in found, found
+
+
+def test_a_checkpoint_wrapper_calls_its_function_once_not_per_item(tmp_path):
+    """Megatron-LM's `tensor_parallel.checkpoint(custom_forward, False, *inputs)` calls `custom_forward(*inputs)`
+    once: not a map over items. Taking it for multi_apply handed custom_forward the first item of each argument, and
+    `attn_mask_type.item()` of a CPU tensor read as a device one. Only a helper that calls its function inside a loop
+    or comprehension, or maps it, runs it per item."""
+    found = project_rules(tmp_path, {
+        "tp.py": """
+            def checkpoint(function, distribute, *args):
+                return function(*args)
+            """,
+        "attention.py": """
+            import torch
+            from tp import checkpoint
+
+            class Attention(torch.nn.Module):
+                def checkpointed(self, query, key):
+                    def custom_forward(*inputs):
+                        q, k, mask_type = inputs
+                        kind = int(mask_type.item())
+                        return (q @ k.t()) * kind
+                    mask_type = torch.tensor([1], dtype=torch.int)
+                    return checkpoint(custom_forward, False, query, key, mask_type)
+            """,
+        "train.py": """
+            import torch
+            from attention import Attention
+
+            def train(model, loader, opt):
+                attn = Attention().cuda()
+                for x in loader:
+                    x = x.cuda(non_blocking=True)
+                    loss = attn.checkpointed(model(x), x).mean()
+                    loss.backward()
+                    opt.step()
+            """})
+    assert not any(name == "attention.py" for name, _, _ in found), found

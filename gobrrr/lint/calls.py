@@ -210,11 +210,12 @@ class CallRules:
             return True
         for _, helper in self.project.resolve(self.src, node, scope, self.types)[:1]:
             params = [a.arg for a in helper.args.args if a.arg not in ("self", "cls")]
-            return bool(params) and any(
-                isinstance(n, ast.Call) and (isinstance(n.func, ast.Name) and n.func.id == params[0]
-                                             or name_of(n.func) in ("map", "partial") and n.args
-                                             and isinstance(n.args[0], ast.Name) and n.args[0].id == params[0])
-                for n in ast.walk(helper))
+            per_item = [n for n in ast.walk(helper) if isinstance(n, (ast.For, ast.ListComp, ast.GeneratorExp))]
+            return bool(params) and any(   # map(partial(func, **kw), *args), [fn(i) for i in items]: once per item
+                isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == params[0]
+                for loop in per_item for n in ast.walk(loop)) or any(   # (a checkpoint's fn(*args) is one call)
+                isinstance(n, ast.Call) and name_of(n.func) in ("map", "partial") and n.args
+                and isinstance(n.args[0], ast.Name) and n.args[0].id == params[0] for n in ast.walk(helper))
         return False
 
     def _handed(self, node: ast.Call, scope) -> None:
