@@ -200,7 +200,8 @@ class CallRules:
     def _applies(self, node: ast.Call, scope) -> bool:
         """`multi_apply(self.target_assign_single_img, cls_preds, gt_bboxes)`: a project function handed first to
         a helper that calls it on the items of the other arguments (`map(partial(func, **kw), *args)`), one
-        call per image or per level: mmdetection's multi_apply, or a project def that calls its first parameter."""
+        call per image or per level: mmdetection's multi_apply, or a project def that maps its first parameter or calls it
+        in a loop or comprehension (not a checkpoint wrapper's one `function(*args)`)."""
         fn = node.args[0] if node.args else None
         if not (isinstance(fn, ast.Name) or self_attr(fn)) or not any(   # a def by its name, not an object's call
                 d.name == name_of(fn) for _, d in self.project.resolve(self.src, ast.Call(func=fn, args=[], keywords=[]),
