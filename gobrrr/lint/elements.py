@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ast
 
+from gobrrr.lint.loops import index_parts
 from gobrrr.lint.names import TENSORISH, VIEW_METHODS
 
 _FLAT = "#1d"   # scope key of a name bound to a one-dimensional device tensor
@@ -72,7 +73,7 @@ class ElementRules:
         if isinstance(node, ast.Name):
             return bool(self.lookup(node.id + "#pos"))
         if isinstance(node, ast.Subscript):
-            parts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+            parts = index_parts(node)
             if _pair(node.value) and isinstance(node.slice, ast.Constant) and node.slice.value == 1:
                 return self.kind(node.value) in TENSORISH   # x.max(1)[1]
             return all(isinstance(p, (ast.Slice, ast.Constant)) for p in parts) \
@@ -122,8 +123,7 @@ def _pair(node: ast.AST) -> bool:
         return False
     f = node.func.attr
     if f in ("max", "min"):
-        own = 1 if isinstance(node.func.value, ast.Name) and node.func.value.id == "torch" else 0
-        return len(node.args) > own or any(k.arg == "dim" for k in node.keywords)
+        return len(node.args) > _is_torch(node.func) or any(k.arg == "dim" for k in node.keywords)
     return f in _PAIRED
 
 

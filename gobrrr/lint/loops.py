@@ -72,7 +72,7 @@ _STEPS_WITH = {"optimize", "step", "apply_gradients", "update", "optimizer_step"
 _ENV = re.compile(r"(^|_)(env|envs|environment|environments|venv|vec_?env|sim|simulator|game)(_|$|\d)", re.I)
 _ENV_COUNT = re.compile(r"^(envs|env_nums?|num_envs|n_envs|nenvs|env_num|environments|num_env)$", re.I)
 _ENV_STEP = re.compile(r"^(step|env_step|step_env|step_envs|envs_step)$")
-LAYERS = re.compile(r"(^|_)(layers|blocks|h)$")   # a model's list of blocks (`model.layers[i]`)
+_LAYERS = re.compile(r"(^|_)(layers|blocks|h)$")   # a model's list of blocks (`model.layers[i]`)
 # names too common to take a call as a forward because one project def of that name runs a model
 COMMON_METHODS = {"forward", "step", "update", "run", "call", "apply", "get", "sample", "predict", "compute", "process",
            "evaluate", "eval", "train", "test", "generate", "transform", "encode", "decode", "build", "log"}
@@ -91,6 +91,16 @@ def name_of(node: ast.AST) -> str:
     if isinstance(node, ast.Subscript):
         return name_of(node.value)
     return ""
+
+
+def one_block(node: ast.AST) -> bool:
+    """`layers[i]`, `model.model.layers[i]`: one block of a model's list of blocks."""
+    return isinstance(node, ast.Subscript) and bool(_LAYERS.search(name_of(node.value) or ""))
+
+
+def index_parts(node: ast.Subscript) -> list[ast.AST]:
+    """The indices of a subscript, one per dimension: `t[i, mask]` gives [i, mask], `t[i]` gives [i]."""
+    return node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
 
 
 def self_attr(node: ast.AST) -> bool:
@@ -444,5 +454,5 @@ def forwarding_defs(nodes: list[ast.AST], facts: Facts, calls: dict[str, set[str
 
 
 __all__ = ["Facts", "updating_methods", "stepping_defs", "forwarding_defs", "holds_updating_loop", "own_level", "name_of",
-           "self_attr", "dotted", "is_model_name", "is_env_name", "env_steps", "sends_step", "steps_each_env",
-           "HOUSEKEEPING", "OPTIM", "LOADER_NAME", "LOOPS", "DEFS", "COMMON_METHODS"]
+           "self_attr", "one_block", "index_parts", "dotted", "is_model_name", "is_env_name", "env_steps", "sends_step",
+           "steps_each_env", "HOUSEKEEPING", "OPTIM", "LOADER_NAME", "LOOPS", "DEFS", "COMMON_METHODS"]

@@ -24,7 +24,7 @@ import re
 from gobrrr.lint.bindings import assigned_calls
 from gobrrr.lint.callkinds import splatted
 from gobrrr.lint.hot import iterates, own_nodes, root_name
-from gobrrr.lint.loops import LAYERS, name_of
+from gobrrr.lint.loops import index_parts, name_of, one_block
 from gobrrr.lint.names import BATCHES, COMPILED, DATA_FACTORIES, DTYPE_METHODS, FACTORIES, HOSTISH, TENSORISH, VIEW_METHODS
 
 _SIZED = {"zeros", "ones", "empty", "rand", "randn"}   # factories whose int arguments are all sizes
@@ -131,7 +131,7 @@ class CopyRules:
             node = next((st.value for st in ast.walk(self.defs[-1]) if isinstance(st, ast.Assign)
                          and any(isinstance(t, ast.Name) and t.id == node.id for t in st.targets)
                          and isinstance(st.value, ast.Subscript)), node)
-        return isinstance(node, ast.Subscript) and bool(LAYERS.search(name_of(node.value) or ""))
+        return one_block(node)
 
     def _compiled_constant(self, value: ast.AST) -> bool:
         """A host table built from torch factories (`torch.exp(-c * torch.arange(half) / half)`) in code
@@ -183,7 +183,7 @@ class CopyRules:
         """GB011: a device tensor indexed (read or written) by host indices."""
         if not self.looping() or self.kind(node.value) not in TENSORISH:
             return
-        parts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+        parts = index_parts(node)
         for p in parts:
             if isinstance(p, (ast.List, ast.ListComp)) or (
                     isinstance(p, ast.Call) and isinstance(p.func, ast.Name) and p.func.id in ("range", "list")) \
@@ -244,7 +244,7 @@ class CopyRules:
         elif into in TENSORISH and not augmented and self.element_write(target, value, k):
             self.flag(target, "GB010", what=f"{_short(target, 30)} = <Python number>, one element")
         if into in TENSORISH:
-            parts = target.slice.elts if isinstance(target.slice, ast.Tuple) else [target.slice]
+            parts = index_parts(target)
             masks = [p for p in parts if self.kind(p) == "mask"]
             others = [p for p in parts if p not in masks and not isinstance(p, ast.Slice)
                       and not (isinstance(p, ast.Constant) and p.value in (Ellipsis, None))
@@ -256,7 +256,7 @@ class CopyRules:
     def _through_positions(self, target: ast.Subscript) -> bool:
         """`t[idx] = 0`, `t[idx, 3] = 1.5` with a device tensor of positions among the indices and no mask (a mask
         beside it takes the nonzero path, GB008's finding)."""
-        parts = target.slice.elts if isinstance(target.slice, ast.Tuple) else [target.slice]
+        parts = index_parts(target)
         return any(self.index_tensor(p) for p in parts) and not any(self.kind(p) == "mask" for p in parts)
 
     def element_write(self, target: ast.Subscript, value: ast.AST, k: str | None) -> bool:
@@ -268,7 +268,7 @@ class CopyRules:
                 or isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id in _NUMBER_CALLS
                 and all(self.kind(a) not in TENSORISH for a in value.args)) or not isinstance(target.value, ast.Name):
             return False
-        parts = target.slice.elts if isinstance(target.slice, ast.Tuple) else [target.slice]
+        parts = index_parts(target)
         if any(not (isinstance(p, ast.Constant) and type(p.value) is int) and not (   # ints, or 0-d host tensors
                 isinstance(p, ast.Name) and (self.kind(p) in (None, "num", "host", "numpy") or self.kind(p) in BATCHES))
                 for p in parts):

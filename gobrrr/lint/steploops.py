@@ -11,12 +11,12 @@ from gobrrr.lint.loops import (
     COMMON_METHODS,
     DEFS,
     HOUSEKEEPING,
-    LAYERS,
     LOADER_NAME,
     LOOPS,
     Facts,
     env_steps,
     name_of,
+    one_block,
     own_level,
     self_attr,
     sends_step,
@@ -225,8 +225,7 @@ def _layer_by_layer(loop: ast.AST, own: list[ast.AST]) -> bool:
     runs each layer at the loop's own level (_runs_its_items): per layer inside the step, not a pass of this kind."""
     taken = _taken_layers(own)
     moves = any(isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr in ("to", "cuda")
-                and (isinstance(c.func.value, ast.Subscript) and LAYERS.search(name_of(c.func.value.value) or "")
-                     or isinstance(c.func.value, ast.Name) and c.func.value.id in taken)
+                and (one_block(c.func.value) or isinstance(c.func.value, ast.Name) and c.func.value.id in taken)
                 for c in own)
     return moves or bool(taken) and any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in taken
                                         for inner in ast.walk(loop) if inner is not loop and isinstance(inner, LOOPS)
@@ -235,8 +234,8 @@ def _layer_by_layer(loop: ast.AST, own: list[ast.AST]) -> bool:
 
 def _taken_layers(own: list[ast.AST]) -> set[str]:
     """The names a loop binds to one block of a model's list at its own level: `layer = layers[i]`."""
-    return {t.id for a in own if isinstance(a, ast.Assign) and isinstance(a.value, ast.Subscript)
-            and LAYERS.search(name_of(a.value.value) or "") for t in a.targets if isinstance(t, ast.Name)}
+    return {t.id for a in own if isinstance(a, ast.Assign) and one_block(a.value)
+            for t in a.targets if isinstance(t, ast.Name)}
 
 
 def _mentions(e: ast.AST, names: set[str]) -> bool:

@@ -9,7 +9,7 @@ import ast
 import re
 
 from gobrrr.lint.hot import is_bench_name
-from gobrrr.lint.loops import name_of
+from gobrrr.lint.loops import index_parts, name_of
 from gobrrr.lint.names import DATA_DEPENDENT, DATA_FACTORIES, HOSTISH, TENSORISH
 
 READS = {"item", "cpu", "tolist", "numpy"}
@@ -180,7 +180,7 @@ class SyncRules:
         bound = self.slice_bound(node)
         if bound is not None:
             self.flag(node, "GB002", what=f"a tensor as a slice bound (`{ast.unparse(bound)[:30]}`)")
-        parts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+        parts = index_parts(node)
         index = next((p for p in parts if self.zero_d(p)), None)
         if index is not None:
             self.flag(node, "GB002", what=f"a one-element tensor as an index (`{ast.unparse(index)[:30]}`)")
@@ -189,7 +189,7 @@ class SyncRules:
         """GB002 for a device tensor as an index of a numpy array (`matrix[dc, gc] += 1`, gc from iterating
         a CUDA tensor): numpy takes it through __index__, an .item() (a CUDA tensor of more than one
         element raises there, so code that runs indexes with 0-d ones)."""
-        parts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+        parts = index_parts(node)
         index = next((p for p in parts if not isinstance(p, ast.Slice) and self.kind(p) in ("tensor", "mask")), None)
         if index is not None:
             self.flag(node, "GB002", what=f"a device tensor as a numpy index (`{ast.unparse(index)[:30]}`, read with __index__)")
@@ -209,7 +209,7 @@ class SyncRules:
         return not node.args and self.kind(node.func.value) in TENSORISH
 
     def slice_bound(self, node: ast.Subscript) -> ast.AST | None:
-        parts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+        parts = index_parts(node)
         bounds = [b for p in parts if isinstance(p, ast.Slice) for b in (p.lower, p.upper, p.step) if b is not None]
         return self._made_here([b for b in bounds if isinstance(b, (ast.Name, ast.Subscript))])
 
@@ -259,7 +259,7 @@ class SyncRules:
                 self.flag(node, "GB002", what="`.data[0]` of a loss (the `.item()` of torch before 0.4)")
         self.scalar_index(node)
         if self.looping() and isinstance(node.ctx, ast.Load) and self.kind(node.value) not in HOSTISH:
-            parts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+            parts = index_parts(node)
             if any(self.kind(p) == "mask" for p in parts) or self.kind(node.value) in TENSORISH and any(
                     self.mask_key(p) for p in parts):
                 self.flag(node, "GB008", what="boolean-mask indexing `x[mask]`")
