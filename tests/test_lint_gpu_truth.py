@@ -159,6 +159,25 @@ CASES = {
         buf[rows[:, None], m8] = 0  # flagged
         buf[:, m8] *= 2  # flagged
     """),
+    "number_written_through_two_masks": ("""
+        H = torch.ones(8, 8, device="cuda")
+    """, """
+        dead = torch.diag(H) > 2
+        H[dead, dead] = 1  # flagged
+        H[:, dead] = 0  # quiet
+    """),
+    "legacy_cuda_type_alias_mask": ("""
+        ByteTensor = torch.cuda.ByteTensor if torch.cuda.is_available() else torch.ByteTensor
+        q = torch.zeros(4, device="cuda")
+        flags = [1, 0, 1, 0]
+    """, """
+        keep = ByteTensor(tuple(f > 0 for f in flags))  # flagged
+        q[keep.bool()] = x[:2, 0]  # flagged
+    """),
+    "non_blocking_read_back": ("", """
+        queued = loss.detach().to("cpu", non_blocking=True)  # quiet
+        read = loss.detach().to("cpu")  # flagged
+    """),
     "legacy_cuda_constructor": ("""
         sizes = [3, 4]
     """, """

@@ -139,6 +139,9 @@ class CallKinds:
                 if k is None and _kept_loader(node.args[0]):
                     return "batch"   # next(self.dataloaders['train']): a loader (or its endless wrapper) kept by key
                 return ITEM_KIND.get(k) if k and k.startswith("loader") else None
+        if getattr(self, "cuda_type", None) and self.cuda_type(func):
+            return "mask" if self.cuda_mask_type(func) and node.args else "tensor"   # dtype(np_array) with dtype =
+            # torch.cuda.FloatTensor if x.is_cuda else ...: on the device (a ByteTensor of flags: a mask)
         if name:
             root, _, last = name.rpartition(".")
             if last == "DataLoader" or "Loader" in last and self._loader_class(node.func):
@@ -192,12 +195,17 @@ class CallKinds:
             if root == "torch" and last in ("ones_like", "zeros_like") and node.args and len(node.args) == 1 \
                     and not node.keywords and self.kind(node.args[0]) == "mask":
                 return "mask"   # torch.ones_like(j) keeps j's bool dtype
+            if root == "torch" and last.endswith("_like") and node.args and self.kind(node.args[0]) in TENSORISH \
+                    and any(k.arg == "dtype" and (self.dotted(k.value) or "") in ("torch.bool", "bool")
+                            for k in node.keywords):
+                return "mask"   # torch.zeros_like(x0, dtype=torch.bool): LLaDA's transfer_index
             if root == "torch" and not last[:1].isupper():
                 kinds = {self.kind(a.value if isinstance(a, ast.Starred) else a) for a in node.args}
                 return "host" if not kinds & TENSORISH and kinds & ({"host", "hlist"} | BATCHES) else "tensor"
             if root.startswith("torch.") and root.split(".")[1] in ("nn", "linalg", "fft", "special") \
                     and not last[:1].isupper() and root != "torch.nn" and "init" not in root and "utils" not in root:
-                return "tensor"
+                kinds = {self.kind(a.value if isinstance(a, ast.Starred) else a) for a in node.args[:1]}
+                return "host" if kinds & {"host", "hlist"} else "tensor"   # F.softmax(torch.from_numpy(p)) stays there
             if root.startswith("torch."):
                 return None
             if last[:1].isupper():
@@ -223,8 +231,6 @@ class CallKinds:
         if isinstance(func, ast.Attribute) and func.attr == "tokenize" and isinstance(func.value, ast.Name) \
                 and func.value.id in getattr(getattr(self, "src", None), "imports", {}):
             return "host"    # clip.tokenize(texts): a module's tokenizer makes the ids on the host
-        if isinstance(func, ast.Name) and getattr(self, "cuda_type", None) and self.cuda_type(func):
-            return "tensor"  # dtype(np_array) with dtype = torch.cuda.FloatTensor if x.is_cuda else ...: on the device
         if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self" \
                 and _OWN_TOKENIZER.fullmatch(func.attr) and not {self.kind(a) for a in node.args} & TENSORISH:
             return "host"    # self.tokenizer_encode(prompt): a tokenizer the object was handed, ids on the host

@@ -72,7 +72,8 @@ _STEPS_WITH = {"optimize", "step", "apply_gradients", "update", "optimizer_step"
 _ENV = re.compile(r"(^|_)(env|envs|environment|environments|venv|vec_?env|sim|simulator|game)(_|$|\d)", re.I)
 _ENV_COUNT = re.compile(r"^(envs|env_nums?|num_envs|n_envs|nenvs|env_num|environments|num_env)$", re.I)
 _ENV_STEP = re.compile(r"^(step|env_step|step_env|step_envs|envs_step)$")
-_LAYERS = re.compile(r"(^|_)(layers|blocks|h)$")   # a model's list of blocks (`model.layers[i]`)
+_LAYERS = re.compile(r"(^|_)(layers|blocks|h|modules)$")   # a model's list of blocks (`model.layers[i]`, AutoAWQ's
+# `self.modules[i]`)
 # names too common to take a call as a forward because one project def of that name runs a model
 COMMON_METHODS = {"forward", "step", "update", "run", "call", "apply", "get", "sample", "predict", "compute", "process",
            "evaluate", "eval", "train", "test", "generate", "transform", "encode", "decode", "build", "log"}
@@ -351,11 +352,15 @@ def _autograd_grad(func: ast.Attribute) -> bool:
 
 def env_steps(node: ast.AST) -> bool:
     """`obs, r, done, info = env.step(a)` (or `self.env_step(a)`): a step call whose result unpacks
-    into 4-5 names."""
-    return isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) \
-        and isinstance(node.value.func, (ast.Attribute, ast.Name)) and bool(_ENV_STEP.match(name_of(node.value.func))) \
-        and bool(node.value.args) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Tuple) \
-        and len(node.targets[0].elts) in (4, 5)
+    into 4-5 names, or 3 from a receiver named for an environment (`obs, reward, done = env.step(a)`, a wrapper
+    that drops the info: PlaNet's and Dreamer's `Env`)."""
+    if not (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
+            and isinstance(node.value.func, (ast.Attribute, ast.Name)) and _ENV_STEP.match(name_of(node.value.func))
+            and node.value.args and len(node.targets) == 1 and isinstance(node.targets[0], ast.Tuple)):
+        return False
+    n = len(node.targets[0].elts)
+    return n in (4, 5) or n == 3 and isinstance(node.value.func, ast.Attribute) \
+        and is_env_name(name_of(node.value.func.value))
 
 
 def env_stepping_defs(nodes: list[ast.AST]) -> set[str]:

@@ -4,7 +4,8 @@
     GB005  non_blocking=True from pageable memory (also a pinned tensor that `.to(dtype)` made pageable)
     GB006  a DataLoader without pin_memory=True whose batches go to CUDA
     GB009  a loader's batch copied with a blocking `.to(device)` (or `.type(torch.cuda.FloatTensor)`), every step
-    GB002  a device tensor's `.to('cpu')` / `.to(cpu_device)` in a loop: a read back like `.cpu()`
+    GB002  a device tensor's `.to('cpu')` / `.to(cpu_device)` in a loop: a read back like `.cpu()` (with
+           non_blocking=True it lands in pinned memory, queued: quiet)
     GB010  host data copied by a factory (or a device tensor's `.new_tensor(data)`) or a host tensor's
            `.to(device)` inside the loop:
            `torch.tensor(data, device=dev)`, `torch.as_tensor(x, device=dev)`, `lr_t.to(dev)`, a host
@@ -49,8 +50,9 @@ def _legacy_data(arg: ast.AST, kind: str | None) -> bool:
     """The one argument of a typed CUDA constructor (`torch.cuda.LongTensor(x)`) is data to copy up, not a
     size: a list, a numpy array, or a name of unknown kind not named like a count (`torch.cuda.FloatTensor(n)`
     allocates n elements and copies nothing)."""
-    if isinstance(arg, (ast.ListComp, ast.GeneratorExp)) or _host_data(arg, kind) or kind == "host":
-        return True
+    if isinstance(arg, (ast.ListComp, ast.GeneratorExp)) or _host_data(arg, kind) or kind == "host" \
+            or isinstance(arg, ast.Call) and name_of(arg.func) in ("list", "tuple"):
+        return True   # (ByteTensor(tuple(map(f, batch))): a sequence built on the host, never a size)
     return kind is None and isinstance(arg, (ast.Name, ast.Attribute, ast.Subscript)) \
         and not _SIZE_NAME.search(name_of(arg) if not isinstance(arg, ast.Subscript) else name_of(arg.value))
 
@@ -97,7 +99,8 @@ class CopyRules:
                 self.flag(node, "GB009", what=_short(node))
             elif recv == "pinned" and blocking and self.looping() and not made_here:   # stylegan2-ada's labels:
                 self.flag(node, "GB009", what=_short(node), fix=_PINNED_FIX)   # `.pin_memory().to(device)`
-        elif method == "to" and recv in TENSORISH and self.looping() and self.copy_target(node) == "cpu":
+        elif method == "to" and recv in TENSORISH and self.looping() and self.copy_target(node) == "cpu" \
+                and not nb_true:   # x.to('cpu', non_blocking=True): into pinned memory, queued (reading it needs an event)
             self.flag(node, "GB002", what="`.to('cpu')`")   # x.to('cpu'), x.to(cpu_device): a read like .cpu()
         elif method == "copy_" and nb_true and node.args and self.kind(node.args[0]) in ("host", "batch_host"):
             self.flag(node, "GB005")
@@ -166,6 +169,13 @@ class CopyRules:
         name = self.dotted(node) or ""
         return name.startswith("torch.cuda.") and name.endswith("Tensor")
 
+    def cuda_mask_type(self, node: ast.AST) -> bool:
+        """`torch.cuda.ByteTensor` / `BoolTensor`, or a name bound to one: what it makes from a list of flags is a
+        mask (the DQN tutorial's `non_final_mask = ByteTensor(tuple(map(lambda s: s is not None, ...)))`)."""
+        if isinstance(node, ast.Name):
+            return node.id in self.cuda_masks
+        return bool(re.fullmatch(r"torch\.cuda\.(Byte|Bool)Tensor", self.dotted(node) or ""))
+
     def _on_its_own_device(self, arg: ast.AST, device: ast.AST) -> bool:
         """`torch.as_tensor(kp, device=kp.device)` (or a `device` name set from `kp.device`): a tensor
         already there comes back as is; only host data would be copied, onto the host."""
@@ -227,10 +237,11 @@ class CopyRules:
 
     def host_write(self, target: ast.AST, value: ast.AST, augmented: bool = False) -> None:
         """`cpu_t[i] = cuda_value`: the device value is read back to the host to be stored;
-        `cuda_t[2:6] = torch.tensor(shape)`: a host tensor is copied in, blocking; `t[mask] = u`
-        with a tensor `u`, `t[idx, mask] = 1` with a second tensor index, or `t[:, mask] *= 0`: the mask
-        goes through nonzero. A Python value through the mask alone (`t[mask] = 0`, `t[i, mask] = 0`
-        with an int i, `t[:, mask] = 0`) is a masked_fill (index_put_ sends one mask and a CPU scalar there)."""
+        `cuda_t[2:6] = torch.tensor(shape)`: a host tensor is copied in, blocking; `t[mask] = u` with a tensor
+        `u`, `t[idx, mask] = 1` with a second tensor index, `H[dead, dead] = 1` with two masks (GPTQ), or
+        `t[:, mask] *= 0`: the mask goes through nonzero. A Python value through the mask alone (`t[mask] = 0`,
+        `t[i, mask] = 0` with an int i, `t[:, mask] = 0`) is a masked_fill (index_put_ sends one mask and a CPU
+        scalar there)."""
         if not isinstance(target, ast.Subscript) or not self.looping():
             return
         into, k = self.kind(target.value), self.kind(value)
@@ -250,7 +261,7 @@ class CopyRules:
                       and not (isinstance(p, ast.Constant) and p.value in (Ellipsis, None))
                       and not (isinstance(p, ast.Constant) and type(p.value) is int) and self.kind(p) != "num"]
             # `t[i, mask] = 0` with an int i selects first: the mask is then the one index, a masked_fill
-            if masks and (augmented or k in TENSORISH or others):
+            if masks and (augmented or k in TENSORISH or others or len(masks) > 1):   # H[dead, dead] = 1: two masks
                 self.flag(target, "GB008", what="writing through a boolean mask `x[mask] = y`")
 
     def _through_positions(self, target: ast.Subscript) -> bool:

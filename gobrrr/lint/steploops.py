@@ -27,6 +27,9 @@ _DATA_ITERATOR = re.compile(r"^(train|eval|val|valid|test|data|batch)_?iterator$
 _NOT_WRAPPERS = {"DataLoader"}   # `torch.utils.data.DataLoader(dataset)` is the loader itself, not a wrapper of one
 _CAPTURE = re.compile(r"cap|video|cam$|camera|webcam", re.I)   # cv2.VideoCapture(...) as vidcap, cap, cam
 _ITER_WRAPPERS = ("enumerate", "tqdm", "iter", "zip")   # what a loop iterates its loader through
+_COUNTS = {"range", "trange", "arange", "count", "repeat"}   # for n in trange(n_iter): a count, not items
+_EPOCH = re.compile(r"epoch|^(it|iter|i|n|k|t|step)$", re.I)
+_SWEEP = re.compile(r"^(bs|batch_?size|seq_?len|size|lr|dim)s?$|^(n|num)_", re.I)   # a setting swept, not an item
 _BATCHING_CALL = re.compile(r"^(get_|iter_|iterate_|make_|yield_)?(as_)?(mini)?batch(es|ify)?(_|$)", re.I)
 _BATCH_SOURCE = re.compile(r"loader|iter|gen|data|batch|stream|_dl$|^dl$", re.I)   # next(train_iter)
 
@@ -127,7 +130,7 @@ def step_loops(tree: ast.AST, facts: Facts, rare, nodes: list[ast.AST] | None = 
             kinds.add("env")   # (or a call of the project's def that steps one: `self.conduct_action(self.action)`)
         if calls and (_takes_batches(node, calls) or isinstance(node, ast.For) and _unwrapped(node.iter) in wrapped):
             kinds.add("data")
-        prompts = [n for n in calls if isinstance(n.func, ast.Attribute) and n.func.attr == "generate"] \
+        prompts = [n for n in calls if isinstance(n.func, ast.Attribute) and n.func.attr.endswith("generate")] \
             if _copies_up(calls) else []   # one prompt per iteration, copied up here: `model.generate(ids.cuda())`
         outer = any(looping(n) for n in calls if n not in prompts)   # calls a def that holds a step loop: a loop around
         if prompts:
@@ -141,7 +144,10 @@ def step_loops(tree: ast.AST, facts: Facts, rare, nodes: list[ast.AST] | None = 
         if "update" in kinds or "env" in kinds or _layer_by_layer(node, own) \
                 or ("data" in kinds and (not outer or _moves_batch(node, own) or runs_model)) \
                 or ("forward" in kinds and (not (inner or outer) or runs_model and _moves_batch(node, own)
-                                            or prompts and outer and not inner)):
+                                            or prompts and outer and not inner
+                                            or runs_model and isinstance(node, ast.While) and not inner)) \
+                or (outer and not inner and _over_items(node) and (runs_model or _moves_batch(node, own))
+                    and any(looping(c) and _mentions(c, _item_names(node, own)) for c in calls)):
             steps.add(id(node))   # an env stepped or a batch taken is a step, whatever inner loops it holds
             if kinds <= {"forward", None} and _repeats(node):
                 repeats.add(id(node))
@@ -208,13 +214,23 @@ def statements(node: ast.AST):
 def _moves_batch(loop: ast.AST, own: list[ast.AST]) -> bool:
     """The loop copies its batch to the device itself: `x.to(dev)` of its target, of a name unpacked or made
     from it (`ids = [vocab[w] for w in example.src]`), or of a tensor built from those
-    (`torch.LongTensor([ids]).to(device)`, a translation loop's sentence)."""
-    names = {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)} if isinstance(loop, ast.For) else set()
-    for n in own:   # images, targets, ids = batch
-        if isinstance(n, ast.Assign) and _mentions(n.value, names):
-            names |= {t.id for tgt in n.targets for t in ast.walk(tgt) if isinstance(t, ast.Name)}
+    (`torch.LongTensor([ids]).to(device)`, a translation loop's sentence); not a copy to the host."""
+    names = _item_names(loop, own)
     return any(isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr in ("to", "cuda")
+               and not (c.args and isinstance(c.args[0], ast.Constant) and str(c.args[0].value).startswith("cpu"))
                and (_bare(c.func.value) in names or _built_from(c.func.value, names)) for c in own)
+
+
+def _item_names(loop: ast.AST, own: list[ast.AST]) -> set[str]:
+    """The names a loop binds to its item and those made from them at its own level, in source order: `images,
+    targets, ids = batch`, `ids = tokenizer(prompt)["input_ids"]`; a while loop's `batch = next(data)`."""
+    names = {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)} if isinstance(loop, ast.For) else set()
+    names |= {t.id for n in own if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
+              and name_of(n.value.func) == "next" for tgt in n.targets for t in ast.walk(tgt) if isinstance(t, ast.Name)}
+    for n in sorted((n for n in own if isinstance(n, ast.Assign)), key=lambda n: n.lineno):   # own_level runs
+        if _mentions(n.value, names):                                                           # backwards
+            names |= {t.id for tgt in n.targets for t in ast.walk(tgt) if isinstance(t, ast.Name)}
+    return names
 
 
 def _layer_by_layer(loop: ast.AST, own: list[ast.AST]) -> bool:
@@ -310,6 +326,25 @@ def _takes_batches(loop: ast.AST, calls: list[ast.Call]) -> bool:
             name_of(a)) for a in nexts):   # not `next(iter(m.parameters()))` in a loop over modules
         return bool(nexts)
     return _loader_like(loop.iter)
+
+
+def _over_items(loop: ast.AST) -> bool:
+    """`for prompts in tqdm(data):`, `for input_ids in tokenized_prompts:`, `for j in range(len(turns)):` picking
+    `turns[j]`: a for loop over items (prompts, images, requests), not a count (`range(epochs)`, `trange(n_iter)`).
+    One that hands each item (or what it makes of it) to a sampler or generator, and copies it up or runs the model
+    on what comes back, does per-item work each time (txt2img's batch of prompts, TriForce's prompt, an MT-bench turn)."""
+    if not isinstance(loop, ast.For) or _EPOCH.search(" ".join(
+            n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name))) or _SWEEP.search(name_of(loop.target)):
+        return False
+    if isinstance(loop.iter, (ast.List, ast.Tuple, ast.Set)) and all(isinstance(e, ast.Constant) for e in loop.iter.elts):
+        return False   # for bs in [1, 8, 32, 64]: a benchmark's sweep of settings, each one a run of its own
+    it = loop.iter
+    while isinstance(it, ast.Call) and it.args and name_of(it.func) in _ITER_WRAPPERS:
+        it = it.args[0]
+    if not (isinstance(it, ast.Call) and name_of(it.func) in _COUNTS):
+        return True
+    counters = {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)}
+    return any(isinstance(n, ast.Subscript) and _mentions(n.slice, counters) for st in loop.body for n in ast.walk(st))
 
 
 def _unwrapped(it: ast.AST) -> str | None:
