@@ -331,3 +331,30 @@ def test_a_non_blocking_read_back_is_queued_not_a_wait():
     found = {line for line, _ in rules(src, "router_trace.py")}
     assert line_of(src, "queued = layer_indices") not in found, found
     assert line_of(src, 'read = loss.detach().to("cpu")') in found, found
+
+
+def test_a_counter_named_i_that_picks_the_item_is_an_item_loop():
+    """MAR's generation: `for i in range(num_steps):` slices `class_label_gen_world[... * i ...]`, copies the labels up
+    and hands them to `sample_tokens`: the counter's name says nothing; what it indexes does. `for i in range(n):`
+    around the same sampler with nothing picked stays outer."""
+    src = textwrap.dedent("""
+        import torch
+
+        def sample_tokens(model, labels, steps):
+            x = torch.zeros(4, 8, device="cuda")
+            for t in range(steps):
+                x = model(x, labels)
+            return x
+
+        def generate(model, vae, labels_all, num_steps, bsz, steps):
+            for i in range(num_steps):
+                labels = torch.Tensor(labels_all[bsz * i:bsz * (i + 1)]).long().cuda()
+                images = vae.decode(sample_tokens(model, labels, steps))
+
+        def warm(model, vae, labels, n, steps):
+            for i in range(n):
+                warm_images = vae.decode(sample_tokens(model, labels.cuda(), steps))
+        """)
+    found = {line for line, _ in rules(src, "engine_mar.py")}
+    assert line_of(src, "labels = torch.Tensor(labels_all") in found, found
+    assert line_of(src, "warm_images = vae.decode") not in found, found

@@ -28,7 +28,7 @@ _NOT_WRAPPERS = {"DataLoader"}   # `torch.utils.data.DataLoader(dataset)` is the
 _CAPTURE = re.compile(r"cap|video|cam$|camera|webcam", re.I)   # cv2.VideoCapture(...) as vidcap, cap, cam
 _ITER_WRAPPERS = ("enumerate", "tqdm", "iter", "zip")   # what a loop iterates its loader through
 _COUNTS = {"range", "trange", "arange", "count", "repeat"}   # for n in trange(n_iter): a count, not items
-_EPOCH = re.compile(r"epoch|^(it|iter|i|n|k|t|step)$", re.I)
+_EPOCH = re.compile(r"epoch", re.I)   # for epoch in ...: a count of passes, whatever it iterates
 _SWEEP = re.compile(r"^(bs|batch_?size|seq_?len|size|lr|dim)s?$|^(n|num)_", re.I)   # a setting swept, not an item
 _BATCHING_CALL = re.compile(r"^(get_|iter_|iterate_|make_|yield_)?(as_)?(mini)?batch(es|ify)?(_|$)", re.I)
 _BATCH_SOURCE = re.compile(r"loader|iter|gen|data|batch|stream|_dl$|^dl$", re.I)   # next(train_iter)
@@ -147,7 +147,7 @@ def step_loops(tree: ast.AST, facts: Facts, rare, nodes: list[ast.AST] | None = 
                                             or prompts and outer and not inner
                                             or runs_model and isinstance(node, ast.While) and not inner)) \
                 or (outer and not inner and _over_items(node) and (runs_model or _moves_batch(node, own))
-                    and any(looping(c) and _mentions(c, _item_names(node, own)) for c in calls)):
+                    and _hands_item(node, own, [c for c in calls if looping(c)])):
             steps.add(id(node))   # an env stepped or a batch taken is a step, whatever inner loops it holds
             if kinds <= {"forward", None} and _repeats(node):
                 repeats.add(id(node))
@@ -326,6 +326,13 @@ def _takes_batches(loop: ast.AST, calls: list[ast.Call]) -> bool:
             name_of(a)) for a in nexts):   # not `next(iter(m.parameters()))` in a loop over modules
         return bool(nexts)
     return _loader_like(loop.iter)
+
+
+def _hands_item(loop: ast.AST, own: list[ast.AST], loopers: list[ast.Call]) -> bool:
+    """One of these calls of looping defs is handed the loop's item or a name made from it (`sample(model, c)`
+    with `c = model.get_learned_conditioning(prompts)`), not only a fixed noise or a logger's message."""
+    names = _item_names(loop, own)
+    return any(_mentions(c, names) for c in loopers)
 
 
 def _over_items(loop: ast.AST) -> bool:
