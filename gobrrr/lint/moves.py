@@ -172,9 +172,8 @@ class CopyRules:
     def cuda_mask_type(self, node: ast.AST) -> bool:
         """`torch.cuda.ByteTensor` / `BoolTensor`, or a name bound to one: what it makes from a list of flags is a
         mask (the DQN tutorial's `non_final_mask = ByteTensor(tuple(map(lambda s: s is not None, ...)))`)."""
-        if isinstance(node, ast.Name):
-            return node.id in self.cuda_masks
-        return bool(re.fullmatch(r"torch\.cuda\.(Byte|Bool)Tensor", self.dotted(node) or ""))
+        name = self.cuda_types.get(node.id, "") if isinstance(node, ast.Name) else self.dotted(node) or ""
+        return bool(re.fullmatch(r"torch\.cuda\.(Byte|Bool)Tensor", name))
 
     def _on_its_own_device(self, arg: ast.AST, device: ast.AST) -> bool:
         """`torch.as_tensor(kp, device=kp.device)` (or a `device` name set from `kp.device`): a tensor

@@ -95,8 +95,7 @@ class Checker(ScopeWalk, FlowRules, CallRules, SyncRules, CopyRules, InsideRules
         self.silent = False                     # a first pass over a step loop's body: kinds only (flow)
         self.eager_lambdas: set[int] = set()    # id of lambdas that map()/sorted() call right away
         self.lambda_items: dict[int, str] = {}  # id(lambda) -> the kind its one parameter takes (a batch's leaves)
-        self.cuda_types: set[str] = set()       # names bound to torch.cuda.FloatTensor and friends
-        self.cuda_masks: set[str] = set()       # those bound to torch.cuda.ByteTensor / BoolTensor (masks)
+        self.cuda_types: dict[str, str] = {}    # name -> the torch.cuda.FloatTensor (or friend) it is bound to
         self.seeding: set[str] = set()          # names this def hands to a def holding a step loop (note_seed)
         self.assigning: set[str] = set()        # the names the assignment being walked binds
         self.init_attrs = False                 # in __init__, it binds self attributes or calls an own helper

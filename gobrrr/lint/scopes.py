@@ -287,9 +287,8 @@ class ScopeWalk:
                         self.scopes[-1][n.id + "#part"] = "part"
         aliased = value.body if isinstance(value, ast.IfExp) else value  # `a if cuda else noop`
         if self.cuda_type(aliased) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            self.cuda_types.add(node.targets[0].id)   # Tensor = torch.cuda.FloatTensor if cuda else torch.FloatTensor
-            if self.cuda_mask_type(aliased):
-                self.cuda_masks.add(node.targets[0].id)   # ByteTensor = torch.cuda.ByteTensor if cuda else ...
+            self.cuda_types[node.targets[0].id] = self.cuda_types.get(aliased.id, "") if isinstance(aliased, ast.Name) \
+                else self.dotted(aliased) or ""   # Tensor = torch.cuda.FloatTensor if cuda else torch.FloatTensor
         dotted = self.dotted(aliased) if isinstance(aliased, ast.Attribute) else None
         if dotted and dotted.endswith(".synchronize") and len(node.targets) == 1 \
                 and isinstance(node.targets[0], ast.Name):

@@ -189,8 +189,7 @@ def _repeats(loop: ast.AST) -> bool:
         it = it.args[0]
     if not (isinstance(it, ast.Call) and name_of(it.func) == "range" and isinstance(loop.target, ast.Name)):
         return False
-    var = loop.target.id
-    return not any(isinstance(n, ast.Subscript) and _mentions(n.slice, {var}) for st in loop.body for n in ast.walk(st))
+    return not _indexes_with(loop, {loop.target.id})
 
 
 def _loops_below(node: ast.AST):
@@ -350,7 +349,11 @@ def _over_items(loop: ast.AST) -> bool:
         it = it.args[0]
     if not (isinstance(it, ast.Call) and name_of(it.func) in _COUNTS):
         return True
-    counters = {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)}
+    return _indexes_with(loop, {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)})
+
+
+def _indexes_with(loop: ast.AST, counters: set[str]) -> bool:
+    """The loop's counter picks data: some subscript in its body is indexed with it (`x[c, i]`, `turns[j]`)."""
     return any(isinstance(n, ast.Subscript) and _mentions(n.slice, counters) for st in loop.body for n in ast.walk(st))
 
 
