@@ -36,6 +36,28 @@ def assigned_methods(src: Source, name: str, scope: ast.AST | None) -> list[ast.
     return out
 
 
+def assigned_functions(src: Source, name: str, scope: ast.AST | None, memo: dict) -> list[ast.Name]:
+    """The plain names `name` is bound to in this def or the nearest enclosing def that binds it, one per branch:
+    Open-Sora's `prepare = prepare_causal if causal else prepare_uncausal` (an if, or an if expression), called in
+    a def nested in the one that chose. `memo` keeps each def's bindings (id(def) -> (def, name -> names))."""
+    if f"{name} =" not in src.text:
+        return []
+    while scope is not None:
+        if id(scope) not in memo:
+            binds: dict[str, list[ast.Name]] = {}
+            for st in own_statements(getattr(scope, "body", [])):
+                if isinstance(st, ast.Assign):
+                    values = [st.value.body, st.value.orelse] if isinstance(st.value, ast.IfExp) else [st.value]
+                    for t in st.targets:
+                        if isinstance(t, ast.Name):
+                            binds.setdefault(t.id, []).extend(v for v in values if isinstance(v, ast.Name) and v.id != t.id)
+            memo[id(scope)] = (scope, binds)
+        if memo[id(scope)][1].get(name):
+            return memo[id(scope)][1][name][:4]
+        scope = src.parent.get(id(scope))
+    return []
+
+
 def picked_tables(src: Source, name: str, scope: ast.AST | None) -> list[ast.AST]:
     """The tables of callables `name` was picked from in this def (or at module level): `sample_fn = {"heun":
     sample_heun, "dpm": sample_dpm}[sampler]` gives the dict literal, `fn = SAMPLERS[kind]` the name SAMPLERS."""
@@ -101,4 +123,4 @@ _HOST_MAKERS = {"torch.tensor", "torch.as_tensor", "torch.from_numpy", "torch.Te
                 "torch.LongTensor"}
 
 
-__all__ = ["assigned_calls", "converted_in_place", "module_attrs", "own_statements", "returned_defs"]
+__all__ = ["assigned_calls", "assigned_functions", "converted_in_place", "module_attrs", "own_statements", "returned_defs"]

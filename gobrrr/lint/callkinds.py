@@ -202,6 +202,10 @@ class CallKinds:
             if root == "torch" and not last[:1].isupper():
                 kinds = {self.kind(a.value if isinstance(a, ast.Starred) else a) for a in node.args}
                 return "host" if not kinds & TENSORISH and kinds & ({"host", "hlist"} | BATCHES) else "tensor"
+            if last == "pad_sequence" and root.startswith("torch.") and node.args and (
+                    self.kind(node.args[0]) in ("host", "hlist") or isinstance(node.args[0], (ast.ListComp, ast.GeneratorExp))
+                    and self._host_items(node.args[0])):
+                return "host"   # pad_sequence([torch.tensor(ids) for ids in texts]): F5-TTS's list_str_to_idx
             if root.startswith("torch.") and root.split(".")[1] in ("nn", "linalg", "fft", "special") \
                     and not last[:1].isupper() and root != "torch.nn" and "init" not in root and "utils" not in root:
                 kinds = {self.kind(a.value if isinstance(a, ast.Starred) else a) for a in node.args[:1]}

@@ -21,7 +21,7 @@ import re
 from gobrrr.lint.graph import Project
 from gobrrr.lint.hot import HotMap
 from gobrrr.lint.loops import name_of, self_attr
-from gobrrr.lint.names import BATCHES, DEVICE_WRAPPERS, TENSOR_METHODS, TENSORISH
+from gobrrr.lint.names import BATCHES, DATA_FACTORIES, DEVICE_WRAPPERS, TENSOR_METHODS, TENSORISH
 from gobrrr.lint.source import DEFS, Source
 
 MAX_DEPTH = 6   # calls followed from a hot loop into the project's functions
@@ -356,17 +356,20 @@ def host_attrs(checker_cls, project: Project, flags: dict) -> dict[str, str]:
     `sde.discrete_betas.to(t.device)` in another class is seen to copy a host table; any other
     assignment of the name anywhere (a device tensor, an unknown) leaves it out."""
     kinds: dict[str, set] = {}
+    bases = {b.rsplit(".", 1)[-1] for s in project.sources for c in s.classes.values() for b in map(ast.unparse, c.bases)}
     for src in project.sources:
         if "self." not in src.text:
             continue
         try:   # a file the kinds cannot read (nested too deep) adds nothing here; check_module reports it
             c = _scratch_checker(checker_cls, project, src, flags)
+            plain = _outside_modules(project, src, bases)
             for n in src.nodes:
-                if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Attribute) \
-                        and isinstance(n.targets[0].value, ast.Name) and n.targets[0].value.id == "self":
-                    k = c.kind(n.value)
-                    kinds.setdefault(n.targets[0].attr, set()).add(k)
-                    c.bind(n.targets[0], k)   # self.alphas = 1. - self.discrete_betas: host, as the line before
+                target = n.targets[0] if isinstance(n, ast.Assign) and len(n.targets) == 1 else \
+                    n.target if isinstance(n, ast.AnnAssign) and n.value is not None else None   # self.m: T = ...
+                if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self":
+                    k = c.kind(n.value.args[0]) if id(n) in plain and _parameter(n.value) else c.kind(n.value)
+                    kinds.setdefault(target.attr, set()).add(k)
+                    c.bind(target, k)   # self.alphas = 1. - self.discrete_betas: host, as the line before
                 elif isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Tuple) \
                         and isinstance(n.value, ast.Call) and name_of(n.value.func) in DEVICE_WRAPPERS \
                         and len(n.targets[0].elts) == len(n.value.args):
@@ -377,6 +380,22 @@ def host_attrs(checker_cls, project: Project, flags: dict) -> dict[str, str]:
         except RecursionError:
             continue
     return {a: ks.pop() for a, ks in kinds.items() if len(ks) == 1 and (ks <= {"host", "numpy"} or ks == {"loader_device"})}
+
+
+def _outside_modules(project: Project, src: Source, bases: set[str]) -> set[int]:
+    """ids of the nodes of `src` in classes that are not torch modules nor bases of other classes: a Parameter one of
+    them keeps (omnisafe's Lagrange multiplier) stays where its data was made, since no `.to(device)` of a model
+    moves it."""
+    return {id(n) for cls in src.classes.values() if not project.is_module_class(src, cls) and cls.name not in bases
+            for n in ast.walk(cls)}   # (not a mixin of modules: LLaVA's LlavaMetaModel keeps image_newline)
+
+
+def _parameter(value: ast.AST) -> bool:
+    """`nn.Parameter(torch.as_tensor(init))`: a Parameter of values the host gives (a multiplier, a table), not a
+    weight made by shape (`nn.Parameter(torch.empty(d))` of a mixin whose subclass is a module)."""
+    return isinstance(value, ast.Call) and bool(value.args) and isinstance(value.func, ast.Attribute) \
+        and value.func.attr == "Parameter" and isinstance(value.args[0], ast.Call) \
+        and name_of(value.args[0].func) in DATA_FACTORIES
 
 
 def _scratch_checker(checker_cls, project: Project, src: Source, flags: dict):

@@ -149,9 +149,9 @@ def check_sources(sources: list[Source], assume_gpu: bool = False,
     moved = moved_classes(project, [s for s in sources if gpu[id(s)]])   # `Translator(model).to(device)` elsewhere
     gpu.update({id(s): True for s in sources if any(id(c) in moved for c in s.classes.values())})
     gpu_project = any(gpu.values())
-    project.host_attrs = host_attrs(Checker, project, flags)
     project.default_cuda = any(_DEFAULT_CUDA.search(s.text) and "test" not in s.path.parent.name
                                and _runs_default_cuda(s, sources) for s in sources)
+    project.host_attrs = host_attrs(Checker, project, flags)   # after: torch.zeros(n) is on the device under it
     checkers: dict[int, Checker] = {}
     queue = []
     reach = gpu_reach(project, sources, gpu)

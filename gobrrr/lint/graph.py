@@ -39,7 +39,7 @@ from __future__ import annotations
 import ast
 import re
 
-from gobrrr.lint.bindings import assigned_calls, assigned_methods, module_attrs, picked_tables, returned_defs
+from gobrrr.lint.bindings import assigned_calls, assigned_functions, assigned_methods, module_attrs, picked_tables, returned_defs
 from gobrrr.lint.index import Index
 from gobrrr.lint.loops import partial_target
 from gobrrr.lint.source import DEFS, Source
@@ -73,6 +73,7 @@ class Project(Index):
                            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))   # loader wrapped in one
                            and any(isinstance(y, (ast.Yield, ast.YieldFrom)) for y in ast.walk(n))}   # (callkinds)
         self._following: set = set()   # (file, name, scope) whose assigned call is being resolved (no cycles)
+        self._bound: dict = {}   # id(def) -> (def, name -> the plain names its statements bind to it)
         self._like: dict = {}   # an object's name key (and folder, for _named_near) -> the classes it is named after
         self._by_lower: dict | None = None   # lower-cased class name -> [(Source, ClassDef)], built on first use
         self.per_file: dict[int, dict] = {}   # id(Source) -> what the checkers of that file compute once
@@ -304,9 +305,11 @@ class Project(Index):
         if hits or len([k for k in call.keywords if k.arg]) < 2:
             return hits
         keys = {k.arg for k in call.keywords if k.arg}
-        out = [(s, d) for s, d in self.methods.get("__call__", []) + self.methods.get("forward", [])
-               if keys <= {a.arg for a in [*d.args.posonlyargs, *d.args.args, *d.args.kwonlyargs]}]
-        return out if len(out) <= 6 else []
+        takes = [[(s, d) for s, d in self.methods.get(m, [])
+                  if keys <= {a.arg for a in [*d.args.posonlyargs, *d.args.args, *d.args.kwonlyargs]}]
+                 for m in ("forward", "__call__")]
+        out = takes[0] or takes[1]   # a module's forward first: `block(x, t, mask=m, rope=r)` in a loop over blocks
+        return out if len(out) <= 6 else []   # is a DiTBlock, not the attention processor its Attention calls
 
     def _made_by(self, src: Source, call: ast.Call, name: str, scope, types, fallback: bool) -> list:
         """What `name(...)` runs when `name` was assigned a call: a partial's function, a factory's nested def."""
@@ -319,6 +322,8 @@ class Project(Index):
                           for hit in returned_defs(fs, fn)]
         for method in assigned_methods(src, name, scope)[:4]:   # sample_fn = self.sample: the method it names
             found += self.resolve(src, ast.Call(func=method, args=call.args, keywords=call.keywords), scope, types)
+        for fn in assigned_functions(src, name, scope, self._bound):   # prepare = prepare_causal: the def it names
+            found += self.resolve(src, ast.Call(func=fn, args=call.args, keywords=call.keywords), scope, types)
         for attr in module_attrs(src, name, scope, src.dynamic):   # criterion = MODEL.get_loss
             found += self.defs_named(attr)
         for table in picked_tables(src, name, scope)[:2]:   # sample_fn = {"heun": sample_heun, ...}[sampler]

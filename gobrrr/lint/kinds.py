@@ -40,6 +40,9 @@ _TYPED_TENSOR = re.compile(r"\b(torch\.)?(?:Long|Float|Half|BFloat16|Double|Int|
 _COUNT_KEY = re.compile(r"^(batch_size|num_\w+|n_\w+|\w+_(size|count|num|len|length))$")   # not `image_shape`: a tensor
 
 
+_CONFIG = re.compile(r"(^|_)(cfg|config|conf|args|opt|opts|hparams|params|settings)$", re.I)   # model.config.x
+
+
 class Kinds(CallKinds):
     """Scopes of name -> kind, import aliases, and the kind of any expression."""
 
@@ -112,6 +115,19 @@ class Kinds(CallKinds):
         return isinstance(node, (ast.Name, ast.Attribute)) and (is_model_name(name_of(node)) or name_of(node) in self.models)
 
     # -- what an expression holds
+    def _in_module(self) -> bool:
+        """The method being read belongs to a torch module (or to no class the index knows): `self.quantiles` of a
+        pipeline class is its own attribute, not the buffer of that name its model registers (chronos)."""
+        project, defs = getattr(self, "project", None), getattr(self, "defs", [])
+        cls = project.class_around(self.src, defs[-1]) if project is not None and defs else None
+        if cls is None or project.is_module_class(self.src, cls):
+            return True
+        memo = self.__dict__.setdefault("_registers_memo", {})   # LDM's DDIMSampler: a plain class whose own
+        if id(cls) not in memo:                                  # register_buffer keeps tables on the device
+            memo[id(cls)] = (cls, any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                                      and n.func.attr == "register_buffer" for n in ast.walk(cls)))
+        return memo[id(cls)][1]
+
     def kind(self, node: ast.AST) -> str | None:
         if isinstance(node, ast.Constant):
             if isinstance(node.value, (bool, int, float, complex)) or node.value is None:
@@ -126,6 +142,9 @@ class Kinds(CallKinds):
             return self._list_kind([self.kind(e) for e in node.elts])
         if isinstance(node, ast.Dict):   # {"scores": s, "boxes": b}: a container of device tensors
             values = [self.kind(v) for v in node.values if v is not None]
+            if values and all(k in BATCHES for k in values) and all(isinstance(v, ast.Name) for v in node.values):
+                return values[0] if len(set(values)) == 1 else "batch"   # {"data": images, "label": labels} of the
+                #                                   tensors a loader hands the loop (efficientvit's feed_dict)
             return "tlist" if values and all(k in TENSORISH for k in values) else None
         if isinstance(node, (ast.ListComp, ast.DictComp)):
             binder = getattr(self, "bind_loop_target", None)
@@ -200,8 +219,9 @@ class Kinds(CallKinds):
                 return None   # cfg.MODEL.RPN_ONLY: a config node (yacs, ml_collections), never a tensor's field
             if own:   # (self.BBOX_MEANS = torch.FloatTensor(cfg.MEANS): a host table the class keeps)
                 return self.self_attrs[node.attr]
-            if node.attr in self.buffers and (isinstance(node.value, ast.Name) and node.value.id == "self"
-                                              or self.is_model(node.value)):
+            mine = isinstance(node.value, ast.Name) and node.value.id == "self"
+            if node.attr in self.buffers and (self._in_module() if mine else self.is_model(node.value)
+                                              and not _CONFIG.search(name_of(node.value))):
                 return "tensor"   # actor.action_scale: a buffer the project's module registered
             if node.attr == "grad":
                 return "tensor"  # a parameter's gradient
@@ -217,8 +237,9 @@ class Kinds(CallKinds):
             if k in ("host", "pinned", "numpy") or k in BATCHES:
                 return k  # a field of a host batch is on the host too
             known = getattr(getattr(self, "project", None), "host_attrs", {}).get(node.attr)
-            if k is None and not (isinstance(node.value, ast.Name) and node.value.id == "self"):
-                # sde.discrete_betas: the project sets that attribute only to host tables (calls.host_attrs)
+            if k in (None, "obj") and not (isinstance(node.value, ast.Name) and node.value.id == "self"):
+                # sde.discrete_betas: the project sets that attribute only to host tables (calls.host_attrs); also
+                # of an object the project built (omnisafe's self._lagrange.lagrangian_multiplier, a CPU Parameter)
                 return known
             return known if known == "loader_device" else None   # a subclass prepared self.eval_dataloader
         if isinstance(node, ast.Subscript):

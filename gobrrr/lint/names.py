@@ -13,7 +13,7 @@ kinds.py and callkinds.py read these tables to give a name its kind (what it hol
 """
 from __future__ import annotations
 
-FACTORIES = {"randn", "rand", "randint", "randperm", "zeros", "ones", "empty", "full", "arange", "linspace",
+FACTORIES = {"randn", "rand", "randint", "randperm", "zeros", "ones", "empty", "full", "arange", "range", "linspace",
              "logspace", "eye", "tensor", "as_tensor", "normal", "bernoulli", "tril_indices", "triu_indices",
              "Tensor", "FloatTensor", "LongTensor", "IntTensor", "BoolTensor", "HalfTensor", "DoubleTensor",
              "ByteTensor"}

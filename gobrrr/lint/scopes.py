@@ -297,6 +297,9 @@ class ScopeWalk:
     def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
         if node.value is not None:
             self.visit(node.value)
+        elif isinstance(node.target, ast.Attribute):
+            return   # `self.quantiles: torch.Tensor` before register_buffer: a declaration of one class's attribute,
+            #          not what every class of the file keeps under that name (chronos's pipeline has a list)
         k = self.annotation_kind(node.annotation) or (self.kind(node.value) if node.value else None)
         self.bind(node.target, k)
 

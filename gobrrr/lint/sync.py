@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import ast
+import math
 import re
 
 from gobrrr.lint.hot import is_bench_name
@@ -14,9 +15,10 @@ from gobrrr.lint.names import DATA_DEPENDENT, DATA_FACTORIES, HOSTISH, TENSORISH
 
 READS = {"item", "cpu", "tolist", "numpy"}
 _ANSWERS = {"equal", "allclose", "is_nonzero"}   # torch ops that return a Python bool: read on the host
+_STDLIB_MATH = frozenset(n for n in dir(math) if not n.startswith("_"))   # math.log(t): float(t) first
 _REDUCTIONS = {"argmax", "argmin", "sum", "max", "min", "mean", "prod", "amax", "amin"}
 _SIZED_METHODS = {"new_zeros", "new_ones", "new_empty", "new_full", "view", "reshape", "expand", "repeat", "narrow"}
-_SIZED_FACTORIES = {"zeros", "ones", "empty", "full", "randn", "rand", "arange", "eye", "randperm"}
+_SIZED_FACTORIES = {"zeros", "ones", "empty", "full", "randn", "rand", "arange", "range", "eye", "randperm"}
 _TRACKER = re.compile(r"wandb|^run$|_run$|tracker|accelerator|experiment|fabric", re.I)
 _LOGGERS = {"add_scalar", "add_scalars", "add_histogram", "log_metric", "log_metrics"}
 
@@ -45,7 +47,8 @@ class SyncRules:
         elif isinstance(func, ast.Name) and func.id in ("float", "int", "bool") and len(node.args) == 1 \
                 and self.kind(node.args[0]) in TENSORISH:
             self.flag(node, "GB002", what=f"`{func.id}()` of a tensor")
-        elif name.startswith("math.") and name.count(".") == 1 and any(self.kind(a) in TENSORISH for a in node.args):
+        elif name.startswith("math.") and name.count(".") == 1 and name[5:] in _STDLIB_MATH \
+                and any(self.kind(a) in TENSORISH for a in node.args):   # not a project's own `from .math import rope`
             # math.isfinite(loss), math.log(t): math converts its argument with float() (an .item())
             self.flag(node, "GB002", what=f"`{name}()` of a tensor (math reads it with float())")
         elif isinstance(func, ast.Name) and func.id in ("max", "min") and len(node.args) >= 2 and not node.keywords \
@@ -211,13 +214,13 @@ class SyncRules:
     def slice_bound(self, node: ast.Subscript) -> ast.AST | None:
         parts = index_parts(node)
         bounds = [b for p in parts if isinstance(p, ast.Slice) for b in (p.lower, p.upper, p.step) if b is not None]
-        return self._made_here([b for b in bounds if isinstance(b, (ast.Name, ast.Subscript))])
+        return self._made_here([b for b in bounds if isinstance(b, (ast.Name, ast.Subscript)) or _offset(b)])
 
     def _made_here(self, args: list) -> ast.AST | None:
         """The first of `args` that is a device tensor made in this def (not a parameter, whose kind
         is the caller's guess)."""
         fn = self.defs[-1] if self.defs else None
-        params = {p.arg for p in [*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs]} \
+        params = {p.arg for p in [*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs]} - self._reassigned(fn) \
             if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) else set()
         for a in args:
             root = a.value if isinstance(a, ast.Subscript) else a
@@ -231,6 +234,15 @@ class SyncRules:
             elif isinstance(a, ast.BinOp) and self.kind(a) in TENSORISH and self._made_here([a.left, a.right]):
                 return a   # range(num_images + 1) with num_images = (ids == IMAGE).sum()
         return None
+
+    def _reassigned(self, fn: ast.AST) -> set[str]:
+        """Names the def binds from a call (`if length is None: length = t.amax()`): a parameter among them is no
+        longer the caller's guess, so a size made from it is this def's own (F5-TTS's lens_to_mask). Once per def."""
+        memo = self.__dict__.setdefault("_reassigned_memo", {})
+        if id(fn) not in memo:
+            memo[id(fn)] = (fn, {t.id for n in ast.walk(fn) if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
+                                 for t in n.targets if isinstance(t, ast.Name)})
+        return memo[id(fn)][1]
 
     def visit_JoinedStr(self, node: ast.JoinedStr) -> None:
         if self.looping() and any(isinstance(v, ast.FormattedValue) and self.kind(v.value) in TENSORISH
@@ -294,6 +306,13 @@ def _old_item(node: ast.Subscript) -> bool:
     v = node.value
     return isinstance(v, ast.Attribute) and v.attr == "data" and isinstance(node.slice, ast.Constant) \
         and node.slice.value == 0 and "loss" in name_of(v.value).lower()
+
+
+def _offset(b: ast.AST) -> bool:
+    """`n - 1`, `n + 2`, `2 * n`: a bound a number away from a name (StyleTTS2's `pred[1:n - 1]`), not a product of
+    two unknowns (quip-sharp's `cb.codesz * (col - size)`, a module's int attribute)."""
+    return isinstance(b, ast.BinOp) and any(isinstance(x, ast.Constant) and type(x.value) is int for x in (b.left, b.right)) \
+        and any(isinstance(x, (ast.Name, ast.Subscript)) for x in (b.left, b.right))
 
 
 __all__ = ["READS", "SyncRules"]
