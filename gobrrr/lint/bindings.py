@@ -4,6 +4,7 @@ the nested defs a factory returns by name."""
 from __future__ import annotations
 
 import ast
+import re
 
 from gobrrr.lint.source import DEFS, Source
 
@@ -40,7 +41,9 @@ def assigned_functions(src: Source, name: str, scope: ast.AST | None, memo: dict
     """The plain names `name` is bound to in this def or the nearest enclosing def that binds it, one per branch:
     Open-Sora's `prepare = prepare_causal if causal else prepare_uncausal` (an if, or an if expression), called in
     a def nested in the one that chose. `memo` keeps each def's bindings (id(def) -> (def, name -> names))."""
-    if f"{name} =" not in src.text:
+    if ("names", id(src)) not in memo:   # the names the file binds anywhere, found once
+        memo[("names", id(src))] = (src, set(re.findall(r"(\w+) =[^=]", src.text)))
+    if name not in memo[("names", id(src))][1]:
         return []
     while scope is not None:
         if id(scope) not in memo:

@@ -362,7 +362,7 @@ def host_attrs(checker_cls, project: Project, flags: dict) -> dict[str, str]:
             continue
         try:   # a file the kinds cannot read (nested too deep) adds nothing here; check_module reports it
             c = _scratch_checker(checker_cls, project, src, flags)
-            plain = _outside_modules(project, src, bases)
+            plain = _outside_modules(project, src, bases) if "Parameter(" in src.text else set()
             for n in src.nodes:
                 target = n.targets[0] if isinstance(n, ast.Assign) and len(n.targets) == 1 else \
                     n.target if isinstance(n, ast.AnnAssign) and n.value is not None else None   # self.m: T = ...

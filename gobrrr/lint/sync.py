@@ -220,8 +220,12 @@ class SyncRules:
         """The first of `args` that is a device tensor made in this def (not a parameter, whose kind
         is the caller's guess)."""
         fn = self.defs[-1] if self.defs else None
-        params = {p.arg for p in [*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs]} - self._reassigned(fn) \
+        params = {p.arg for p in [*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs]} \
             if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) else set()
+        roots = [r for a in args for r in (a.value if isinstance(a, ast.Subscript) else a,
+                                           getattr(getattr(a, "func", None), "value", None))]
+        if params and any(isinstance(r, ast.Name) and r.id in params for r in roots):
+            params -= self._reassigned(fn)   # only when a parameter is among the candidates (walks the def once)
         for a in args:
             root = a.value if isinstance(a, ast.Subscript) else a
             if isinstance(a, ast.Call) and self.zero_d(a) and isinstance(a.func, ast.Attribute):
