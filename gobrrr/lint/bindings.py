@@ -31,32 +31,38 @@ def assigned_methods(src: Source, name: str, scope: ast.AST | None) -> list[ast.
     out: list[ast.Attribute] = []
     for st in own_statements(getattr(scope, "body", [])):
         if isinstance(st, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in st.targets):
-            values = [st.value.body, st.value.orelse] if isinstance(st.value, ast.IfExp) else [st.value]
-            out += [v for v in values if isinstance(v, ast.Attribute) and isinstance(v.value, ast.Name)
+            out += [v for v in _branches(st.value) if isinstance(v, ast.Attribute) and isinstance(v.value, ast.Name)
                     and v.value.id == "self"]
     return out
 
 
-def assigned_functions(src: Source, name: str, scope: ast.AST | None, memo: dict) -> list[ast.Name]:
+def _branches(value: ast.AST) -> list[ast.AST]:
+    """What an assignment may bind: both arms of `a if c else b`, else the value itself."""
+    return [value.body, value.orelse] if isinstance(value, ast.IfExp) else [value]
+
+
+def assigned_functions(src: Source, name: str, scope: ast.AST | None, cache: dict) -> list[ast.Name]:
     """The plain names `name` is bound to in this def or the nearest enclosing def that binds it, one per branch:
     Open-Sora's `prepare = prepare_causal if causal else prepare_uncausal` (an if, or an if expression), called in
-    a def nested in the one that chose. `memo` keeps each def's bindings (id(def) -> (def, name -> names))."""
-    if ("names", id(src)) not in memo:   # the names the file binds anywhere, found once
-        memo[("names", id(src))] = (src, set(re.findall(r"(\w+) =[^=]", src.text)))
-    if name not in memo[("names", id(src))][1]:
+    a def nested in the one that chose. `cache` is the file's (project.per_file): the names it binds anywhere, and
+    each def's bindings (id(def) -> name -> names), found once."""
+    if "bound_names" not in cache:
+        cache["bound_names"] = set(re.findall(r"(\w+) =[^=]", src.text))
+    if name not in cache["bound_names"]:
         return []
+    bound = cache.setdefault("bound", {})
     while scope is not None:
-        if id(scope) not in memo:
+        if id(scope) not in bound:
             binds: dict[str, list[ast.Name]] = {}
             for st in own_statements(getattr(scope, "body", [])):
                 if isinstance(st, ast.Assign):
-                    values = [st.value.body, st.value.orelse] if isinstance(st.value, ast.IfExp) else [st.value]
                     for t in st.targets:
                         if isinstance(t, ast.Name):
-                            binds.setdefault(t.id, []).extend(v for v in values if isinstance(v, ast.Name) and v.id != t.id)
-            memo[id(scope)] = (scope, binds)
-        if memo[id(scope)][1].get(name):
-            return memo[id(scope)][1][name][:4]
+                            binds.setdefault(t.id, []).extend(v for v in _branches(st.value)
+                                                              if isinstance(v, ast.Name) and v.id != t.id)
+            bound[id(scope)] = binds
+        if bound[id(scope)].get(name):
+            return bound[id(scope)][name][:4]
         scope = src.parent.get(id(scope))
     return []
 

@@ -356,7 +356,8 @@ def host_attrs(checker_cls, project: Project, flags: dict) -> dict[str, str]:
     `sde.discrete_betas.to(t.device)` in another class is seen to copy a host table; any other
     assignment of the name anywhere (a device tensor, an unknown) leaves it out."""
     kinds: dict[str, set] = {}
-    bases = {b.rsplit(".", 1)[-1] for s in project.sources for c in s.classes.values() for b in map(ast.unparse, c.bases)}
+    bases = {b.rsplit(".", 1)[-1] for s in project.sources for c in s.classes.values() for b in map(ast.unparse, c.bases)} \
+        if any("Parameter(" in s.text for s in project.sources) else set()   # only _outside_modules reads it
     for src in project.sources:
         if "self." not in src.text:
             continue

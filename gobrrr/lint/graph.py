@@ -73,7 +73,6 @@ class Project(Index):
                            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))   # loader wrapped in one
                            and any(isinstance(y, (ast.Yield, ast.YieldFrom)) for y in ast.walk(n))}   # (callkinds)
         self._following: set = set()   # (file, name, scope) whose assigned call is being resolved (no cycles)
-        self._bound: dict = {}   # id(def) -> (def, name -> the plain names its statements bind to it)
         self._like: dict = {}   # an object's name key (and folder, for _named_near) -> the classes it is named after
         self._by_lower: dict | None = None   # lower-cased class name -> [(Source, ClassDef)], built on first use
         self.per_file: dict[int, dict] = {}   # id(Source) -> what the checkers of that file compute once
@@ -322,7 +321,7 @@ class Project(Index):
                           for hit in returned_defs(fs, fn)]
         for method in assigned_methods(src, name, scope)[:4]:   # sample_fn = self.sample: the method it names
             found += self.resolve(src, ast.Call(func=method, args=call.args, keywords=call.keywords), scope, types)
-        for fn in assigned_functions(src, name, scope, self._bound):   # prepare = prepare_causal: the def it names
+        for fn in assigned_functions(src, name, scope, self.per_file.setdefault(id(src), {})):   # prepare = a: runs a
             found += self.resolve(src, ast.Call(func=fn, args=call.args, keywords=call.keywords), scope, types)
         for attr in module_attrs(src, name, scope, src.dynamic):   # criterion = MODEL.get_loss
             found += self.defs_named(attr)

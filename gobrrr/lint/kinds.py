@@ -122,11 +122,11 @@ class Kinds(CallKinds):
         cls = project.class_around(self.src, defs[-1]) if project is not None and defs else None
         if cls is None or project.is_module_class(self.src, cls):
             return True
-        memo = self.__dict__.setdefault("_registers_memo", {})   # LDM's DDIMSampler: a plain class whose own
-        if id(cls) not in memo:                                  # register_buffer keeps tables on the device
-            memo[id(cls)] = (cls, any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-                                      and n.func.attr == "register_buffer" for n in ast.walk(cls)))
-        return memo[id(cls)][1]
+        memo = project.per_file.setdefault(id(self.src), {}).setdefault("registers_buffers", {})   # id(class) ->
+        if id(cls) not in memo:   # LDM's DDIMSampler: a plain class whose own register_buffer keeps tables on the GPU
+            memo[id(cls)] = any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                                and n.func.attr == "register_buffer" for n in ast.walk(cls))
+        return memo[id(cls)]
 
     def kind(self, node: ast.AST) -> str | None:
         if isinstance(node, ast.Constant):

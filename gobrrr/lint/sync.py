@@ -242,11 +242,11 @@ class SyncRules:
     def _reassigned(self, fn: ast.AST) -> set[str]:
         """Names the def binds from a call (`if length is None: length = t.amax()`): a parameter among them is no
         longer the caller's guess, so a size made from it is this def's own (F5-TTS's lens_to_mask). Once per def."""
-        memo = self.__dict__.setdefault("_reassigned_memo", {})
+        memo = self.project.per_file.setdefault(id(self.src), {}).setdefault("reassigned", {})
         if id(fn) not in memo:
-            memo[id(fn)] = (fn, {t.id for n in ast.walk(fn) if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
-                                 for t in n.targets if isinstance(t, ast.Name)})
-        return memo[id(fn)][1]
+            memo[id(fn)] = {t.id for n in ast.walk(fn) if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
+                            for t in n.targets if isinstance(t, ast.Name)}
+        return memo[id(fn)]
 
     def visit_JoinedStr(self, node: ast.JoinedStr) -> None:
         if self.looping() and any(isinstance(v, ast.FormattedValue) and self.kind(v.value) in TENSORISH
