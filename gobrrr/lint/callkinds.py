@@ -242,6 +242,8 @@ class CallKinds:
             return self.method_kind(node, func)
         if _HOST_MAKER.search(name_of(func)) and not {self.kind(a) for a in node.args} & TENSORISH:
             return "host"    # tokenizer(text).input_ids, image_processor(img): a tokenizer's ids are made on the host
+        if self.is_model(func) and node.args and self.kind(node.args[0]) == "numpy":
+            return None      # policy(np.expand_dims(obs, 0)): no module takes numpy; a wrapper's result is unknown
         if (self.is_model(func) and (node.args or node.keywords)) or re.search(r"loss|criterion", name_of(func), re.I):
             return "tensor"  # a model's forward or a loss
         kinds = {self.kind(a) for a in node.args}
@@ -256,6 +258,9 @@ class CallKinds:
         method = func.attr
         if method == "copy" and not node.args and recv in ("hlist", "tlist", "numpy"):
             return recv   # indices.copy(): a shallow copy of the list holds the same tensors
+        if method == "apply" and isinstance(func.value, ast.Name) and func.value.id.lstrip("_")[:1].isupper():
+            return next((k for a in node.args if (k := self.kind(a)) in TENSORISH), None)   # AllReduce.apply(loss):
+            # an autograd Function's output is where its input is
         if method in _GATHERS and len(node.args) == 1 and recv not in TENSORISH:
             arg = node.args[0]   # accelerator.gather_for_metrics((preds, labels)): the ranks' device tensors
             items = arg.elts if isinstance(arg, (ast.Tuple, ast.List)) else [arg]
@@ -355,16 +360,18 @@ class CallKinds:
         pin = kw.get("pin_memory")
         if pin is not None and not (isinstance(pin, ast.Constant) and not pin.value):
             return "pinned"
-        return "tensor" if "device" not in kw and self.default_cuda(name) else "host"
+        return "tensor" if "device" not in kw and self.default_cuda(name, node) else "host"
 
-    def default_cuda(self, name: str) -> bool:
+    def default_cuda(self, name: str, node: ast.Call | None = None) -> bool:
         """The project sets a CUDA default tensor type: torch.zeros(...), torch.tensor(obs) with no device=
         make CUDA tensors; the typed constructors (`torch.LongTensor(n)`) stay on the host (and
-        `torch.Tensor(n)`, a reading the judges left on the host), and so does `torch.from_numpy`, which
+        `torch.Tensor(n)`, a reading the judges left on the host, but not `torch.Tensor([10.])`, a list
+        copied to the default device: NeRF's mse2psnr), and so does `torch.from_numpy`, which
         shares the array's host memory whatever the default type."""
         leaf = name.rsplit(".", 1)[-1]
-        return leaf[:1].islower() and leaf != "from_numpy" \
-            and getattr(getattr(self, "project", None), "default_cuda", False)
+        listed = leaf == "Tensor" and node is not None and node.args and isinstance(node.args[0], (ast.List, ast.Tuple))
+        return (leaf[:1].islower() and leaf != "from_numpy" or bool(listed)) \
+            and getattr(getattr(self, "project", None), "default_cuda", False)   # torch.Tensor([1e10]): data, made there
 
     def _looped_loader(self, node: ast.Call) -> str | None:
         """The loader kind of the argument a project generator loops over and yields from (`def infiniteloop(dl):
@@ -400,6 +407,10 @@ class CallKinds:
         return hit is not None and any((self.dotted(b) or "").rsplit(".", 1)[-1] == "DataLoader" for b in hit[1].bases)
 
     def loader_kind(self, node: ast.Call) -> str:
+        data = node.args[0] if node.args else next((k.value for k in node.keywords if k.arg == "dataset"), None)
+        if isinstance(data, ast.Call) and name_of(data.func) in ("range", "arange") \
+                and not any(k.arg == "device" for k in data.keywords):
+            return "loader_index"   # DataLoader(range(n), bs, shuffle=True): batches of host indices (PyG's edge loops)
         pin = next((k.value for k in node.keywords if k.arg == "pin_memory"), None)
         if pin is None and any(k.arg is None for k in node.keywords):
             return "loader"  # DataLoader(ds, **kwargs): pinning decided elsewhere

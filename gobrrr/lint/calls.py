@@ -20,9 +20,9 @@ import re
 
 from gobrrr.lint.graph import Project
 from gobrrr.lint.hot import HotMap
-from gobrrr.lint.loops import name_of, self_attr
+from gobrrr.lint.loops import local_def, name_of, self_attr
 from gobrrr.lint.names import BATCHES, DATA_FACTORIES, DEVICE_WRAPPERS, TENSOR_METHODS, TENSORISH
-from gobrrr.lint.source import DEFS, Source
+from gobrrr.lint.source import Source
 
 MAX_DEPTH = 6   # calls followed from a hot loop into the project's functions
 _HOST_DATA = {"host", "pinned", "hlist", "numpy"}   # what a method found by its name alone may say it returns
@@ -222,13 +222,23 @@ class CallRules:
     def _handed(self, node: ast.Call, scope) -> None:
         """A def of this scope handed, beside the data, to a helper that applies it (`apply_to_sample(
         _move_to_cuda, sample)`: `def _move_to_cuda(tensor): return tensor.cuda()`): walked as hot, its first
-        parameter holding that data, whatever the helper does in between."""
-        nested = {d.name: d for d in getattr(scope, "body", []) if isinstance(d, DEFS)} if scope is not None else {}
-        if not any(isinstance(a, ast.Name) and a.id in nested for a in node.args):
+        parameter holding that data, whatever the helper does in between. Without data, a def handed to a project
+        helper that calls it (`gpu_timer(train_step)`: `def gpu_timer(closure): ... result = closure()`, I-JEPA's
+        step) runs once per call: walked as hot."""
+        nested = {a.id: d for a in node.args if scope is not None and isinstance(a, ast.Name)
+                  and (d := local_def(scope, a.id)) is not None}
+        if not nested:
             return
         data = next((k for a in node.args if not isinstance(a, ast.Starred)
                      and (k := self.kind(a)) in BATCHES | TENSORISH | {"tlist"}), None)
         if data is None:
+            for _, helper in self.project.resolve(self.src, node, scope, self.types)[:1]:
+                params = [p.arg for p in helper.args.args if p.arg not in ("self", "cls")]
+                called = {n.func.id for n in ast.walk(helper) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+                for i, a in enumerate(node.args):
+                    if isinstance(a, ast.Name) and a.id in nested and i < len(params) and params[i] in called:
+                        self.pending.append((self.src, nested[a.id], {}, {},
+                                             (*self.chain, f"{self.src.name}:{node.lineno}"), list(self.functions)))
             return
         for a in node.args:
             fn = nested.get(a.id) if isinstance(a, ast.Name) else None

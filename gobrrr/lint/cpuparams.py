@@ -60,7 +60,21 @@ def _host_scalars(project, src: Source, cls: ast.ClassDef) -> set[str]:
     moved = {t.attr for n in src.nodes if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
              and n.func.attr in ("to", "cuda", "to_empty") for t in [n.func.value]
              if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"}
-    return found - moved
+    return found - moved - _moved_in_lists(cls)
+
+
+def _moved_in_lists(cls: ast.ClassDef) -> set[str]:
+    """`self.x` kept in a list the class moves item by item: `modules = [self.policy, ...];
+    modules.append(self.log_alpha); return modules` and `for module in self.modules: module.to(device)`
+    (young-geng's SimpleSAC)."""
+    movers = [n for n in ast.walk(cls) if isinstance(n, ast.For) and isinstance(n.target, ast.Name) and any(
+        isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr in ("to", "cuda")
+        and isinstance(c.func.value, ast.Name) and c.func.value.id == n.target.id for c in ast.walk(n))]
+    if not movers:
+        return set()
+    listed = [e for n in ast.walk(cls) for e in (n.elts if isinstance(n, (ast.List, ast.Tuple)) else n.args
+              if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "append" else ())]
+    return {e.attr for e in listed if isinstance(e, ast.Attribute) and isinstance(e.value, ast.Name) and e.value.id == "self"}
 
 
 def _host_scalar(call: ast.AST) -> bool:

@@ -19,72 +19,19 @@ It relies on the checker's `kind()`, `bind()`, `scopes`, `flag()`, `hotmap`, `re
 from __future__ import annotations
 
 import ast
+import re
 
 from gobrrr.lint.bindings import assigned_calls, converted_in_place
 from gobrrr.lint.loops import name_of
 from gobrrr.lint.names import BATCHES, HOSTISH, ITEM_KIND, TENSORISH
+from gobrrr.lint.typetests import container_test, dist_test, number_test, numbers_after, tensor_test, type_checked
 
 _MISSING = object()
+_CONTAINER_NAME = re.compile(r"(^|_)(dict|info|infos|metrics|stats|logs|kwargs)$")   # a truth test asks if it is empty
 _PASS_THROUGH = {"list", "tuple", "tqdm", "reversed", "trange"}   # iterating them gives their argument's items
 _LEAVES = (ast.Return, ast.Raise, ast.Continue)   # a break's bindings reach the code after the loop
 _HOST_VALUES = {"numpy": "numpy", "hlist": "host", "nums": "num"}   # the values of a dict of arrays, of host
 # tensors, of numbers (a **kwargs every call fills with numbers: scopes._kwargs_kind)
-
-
-def _type_checked(test: ast.AST) -> set[str]:
-    """Names whose type the condition tests: `type(x)`, `isinstance(x, ...)`, `torch.is_tensor(x)`."""
-    return {n.args[0].id for n in ast.walk(test) if isinstance(n, ast.Call) and n.args
-            and isinstance(n.args[0], ast.Name) and name_of(n.func) in ("type", "isinstance", "is_tensor")}
-
-
-def _tensor_test(test: ast.AST) -> tuple[str | None, bool]:
-    """(x, True) for `isinstance(x, torch.Tensor)` / `torch.is_tensor(x)` / `type(x) is torch.Tensor`,
-    (x, False) for its `not` (or `is not`):
-    the way the test does not take holds something else (a numpy array)."""
-    positive = True
-    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-        test, positive = test.operand, False
-    if isinstance(test, ast.Call) and test.args and isinstance(test.args[0], ast.Name) and (
-            name_of(test.func) == "is_tensor" and len(test.args) == 1
-            or name_of(test.func) == "isinstance" and len(test.args) == 2 and name_of(test.args[1]) == "Tensor"):
-        return test.args[0].id, positive
-    if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.left, ast.Call) \
-            and name_of(test.left.func) == "type" and len(test.left.args) == 1 and isinstance(test.left.args[0], ast.Name) \
-            and name_of(test.comparators[0]) == "Tensor":   # `type(x) is not torch.Tensor`
-        return test.left.args[0].id, positive == isinstance(test.ops[0], (ast.Is, ast.Eq))
-    return None, positive
-
-
-def _container_test(test: ast.AST) -> str | None:
-    """x for `isinstance(x, list)` (tuple, dict, or a tuple of them): a Python container there, never tested
-    as a tensor (`if not images:` asks whether the list is empty)."""
-    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And) and test.values:
-        return _container_test(test.values[0])   # isinstance(images, list) and images
-    if isinstance(test, ast.Call) and name_of(test.func) == "isinstance" and len(test.args) == 2 \
-            and isinstance(test.args[0], ast.Name):
-        types = test.args[1].elts if isinstance(test.args[1], ast.Tuple) else [test.args[1]]
-        if types and all(name_of(t) in ("list", "tuple", "dict", "List", "Tuple", "Dict", "Sequence") for t in types):
-            return test.args[0].id
-    return None
-
-
-def _number_test(test: ast.AST) -> str | None:
-    """x for `isinstance(x, float)` (int, bool, numbers.Number, or a tuple of them): a Python number there."""
-    if isinstance(test, ast.Call) and name_of(test.func) == "isinstance" and len(test.args) == 2 \
-            and isinstance(test.args[0], ast.Name):
-        types = test.args[1].elts if isinstance(test.args[1], ast.Tuple) else [test.args[1]]
-        if types and all(name_of(t) in ("float", "int", "bool", "Number", "Real", "Integral") for t in types):
-            return test.args[0].id
-    return None
-
-
-def _dist_test(test: ast.AST) -> str | None:
-    """x for `isinstance(x, torch.distributions.Distribution)` (or one of its classes, Normal)."""
-    if isinstance(test, ast.Call) and name_of(test.func) == "isinstance" and len(test.args) == 2 \
-            and isinstance(test.args[0], ast.Name) and ("distributions." in ast.unparse(test.args[1])
-                                                        or name_of(test.args[1]) in ("Distribution", "Normal")):
-        return test.args[0].id
-    return None
 
 
 def _leaves(body: list[ast.stmt]) -> bool:
@@ -129,7 +76,7 @@ class FlowRules:
             self.bind(target.elts[0], "num")   # for i, batch in pbar (pbar = tqdm(enumerate(loader)))
             return self.bind(target.elts[1], ITEM_KIND.get(k[5:]))
         self.bind(target, {"loader_pageable": "batch_host", "loader_pinned": "batch_pinned", "loader": "batch",
-                           "loader_device": "tensor", "tlist": "tensor", "hlist": "host"}.get(
+                           "loader_device": "tensor", "tlist": "tensor", "hlist": "host", "loader_index": "host"}.get(
             k, k if k in ("numpy", "host", "pinned", "tensor", "mask", "hlist", *BATCHES) else None))
 
     def visit_For(self, node) -> None:
@@ -255,16 +202,16 @@ class FlowRules:
         scope = self.scopes[-1]
         before = dict(scope)
         truth = self.static_truth(node.test)
-        name, positive = _tensor_test(node.test)   # `if isinstance(boxes, torch.Tensor): ... else:` numpy there
+        name, positive = tensor_test(node.test)   # `if isinstance(boxes, torch.Tensor): ... else:` numpy there
         if name and not positive and scope.get(name) in TENSORISH:
             scope[name] = None
-        number = _number_test(node.test)
+        number = number_test(node.test)
         if number and scope.get(number) in TENSORISH:   # `if isinstance(sigma, float): torch.full(..., sigma)`
             scope[number] = "num"
-        listed = _container_test(node.test)
+        listed = container_test(node.test)
         if listed and scope.get(listed) in TENSORISH:   # `if isinstance(images, list): ... if not images:`
             scope[listed] = "tlist"
-        dist = _dist_test(node.test)   # `if isinstance(out, Distribution): out.log_prob(a)`: a model's output that
+        dist = dist_test(node.test)   # `if isinstance(out, Distribution): out.log_prob(a)`: a model's output that
         if dist and scope.get(dist) in TENSORISH and not self.project_flags.get("no_validation"):   # is a distribution,
             scope[dist + "#dist"] = "dist"   # validated unless the project turns validation off (inside.py)
         if id(node) in self.hotmap.off_ifs and truth is not True or truth is False:   # `if action is None:`
@@ -296,11 +243,13 @@ class FlowRules:
                 self.visit(stmt)
         self._merge(scope, before, body, _leaves(node.body),   # `if not cfg.DEBUG:`: skipping it is the rare way
                     _leaves(node.orelse) or id(node) in self.hotmap.main_ifs and not node.orelse)
-        for name in _type_checked(node.test) & set(body):   # `if type(b).__name__ != 'ndarray': b = b.cpu().numpy()`
+        for name in type_checked(node.test) & set(body):   # `if type(b).__name__ != 'ndarray': b = b.cpu().numpy()`
             if not node.orelse and body[name] == "numpy":   # normalises b to numpy: numpy after the if, either way
                 scope[name] = body[name]
             elif not node.orelse and before.get(name) == "num" and body[name] in {"host", *TENSORISH}:
                 scope[name] = body[name]   # `if type(x) is not torch.Tensor: x = torch.tensor([x])` of a number
+        if _leaves(node.body) and not node.orelse:
+            scope.update((x, "num") for x in numbers_after(node.test) if scope.get(x) in TENSORISH)
         taken = node.body if truth is True else node.orelse if truth is False else []
         if taken and isinstance(taken[-1], (ast.Return, ast.Raise)) and not self.dead_depth:
             self.left = True   # `if copy: return th.tensor(...)` with copy=True: the rest of the def never runs
@@ -349,6 +298,9 @@ class FlowRules:
         if isinstance(test, ast.Name):
             v = self.constant(test)
             return None if v is _MISSING else bool(v)
+        name, positive = tensor_test(test)
+        if name and self.lookup(name) in ("numpy", "num", "str"):
+            return not positive   # `torch.from_numpy(m).to(x.device) if torch.is_tensor(x) else m` of an array
         if isinstance(test, ast.Compare) and len(test.ops) == 1:
             a, b = self.constant(test.left), self.constant(test.comparators[0])
             if a is _MISSING or b is _MISSING:
@@ -444,7 +396,8 @@ class FlowRules:
         keyed = {ast.unparse(n.comparators[0]) for n in ast.walk(test) if isinstance(n, ast.Compare)
                  and len(n.ops) == 1 and isinstance(n.ops[0], (ast.In, ast.NotIn))
                  and isinstance(n.left, ast.Constant) and isinstance(n.left.value, str)}
-        parts = [p for p in parts if ast.unparse(p) not in keyed]   # `d and 'key' in d`: d is a dict, not a tensor
+        parts = [p for p in parts if ast.unparse(p) not in keyed   # `d and 'key' in d`: d is a dict, not a tensor
+                 and not (isinstance(p, ast.Name) and _CONTAINER_NAME.search(p.id))]   # `if output_dict:` (lerobot)
         if all(self.kind(p) not in TENSORISH or (isinstance(p, ast.Name) and (
                 p.id in self.guesses or self.lookup(p.id + "#opt"))) for p in parts):
             return   # `if losses:` on an unknown call's result, `if not mask:` on an optional parameter

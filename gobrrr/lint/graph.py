@@ -41,7 +41,7 @@ import re
 
 from gobrrr.lint.bindings import assigned_calls, assigned_functions, assigned_methods, module_attrs, picked_tables, returned_defs
 from gobrrr.lint.index import Index
-from gobrrr.lint.loops import partial_target
+from gobrrr.lint.loops import local_def, partial_target
 from gobrrr.lint.source import DEFS, Source
 
 # method names too common to pin to one class by name alone (torch, Python and framework APIs)
@@ -100,10 +100,9 @@ class Project(Index):
         f = call.func
         if isinstance(f, ast.Name):
             s = scope
-            while s is not None:   # a def nested in an enclosing def
-                for d in getattr(s, "body", []):
-                    if isinstance(d, DEFS) and d.name == f.id:
-                        return [(src, d)]
+            while s is not None:   # a def nested in an enclosing def (also in its loops and branches)
+                if (d := local_def(s, f.id)) is not None:
+                    return [(src, d)]
                 s = src.parent.get(id(s))
             default = _param_default(scope, f.id)
             if default is not None:   # def cornernet(db, nnet, decode_func=decode): decode_func(...) runs decode

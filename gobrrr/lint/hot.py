@@ -57,7 +57,7 @@ _RARE_WORK = re.compile(r"save|dump|checkpoint|ckpt|eval|valid|test|plot|visuali
                         r"image|video|histogram|profile", re.I)
 _COUNTER = re.compile(r"^(i|j|k|it|n|step|steps|iter|iters|iteration|idx|batch_idx|batch_i|batch_id|"
                       r"global_step|iter_num|n_iter|epoch|micro_step|completed_steps|num_updates|"
-                      r"update|updates)$|_(step|idx|iter|iters|steps|num)$", re.I)
+                      r"update|updates)$|_(step|idx|iter|iters|steps|num|nb)$", re.I)
 _ACCUM = re.compile(r"^(gradient_accumulation_steps|grad(ient)?_accum\w*|accum(ulation)?(_steps|_iters?)?|"
                     r"accumulate_grad_batches|num_accum\w*)$")   # micro-batches per optimizer step
 _BATCHING = re.compile(r"(^|_)(batch_size|bsz|bs)$")   # `(i + 1) % infer_batch_size == 0`: a batch gathered is run

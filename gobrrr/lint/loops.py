@@ -148,20 +148,46 @@ def is_env_name(name: str) -> bool:
 
 def own_level(body: list[ast.stmt], skip=None):
     """Every node of these statements except inside nested loops (their iterable or test is in),
-    definitions, and the bodies of the `if`s that `skip` names."""
-    stack = list(body)
+    definitions, and the bodies of the `if`s that `skip` names. A def made here and called or handed to a call
+    here (`def train_step(): ...` in a loop body, then `gpu_timer(train_step)`: I-JEPA) runs at this level:
+    its own level comes last (not one only returned: `def custom_forward(*inputs)` for a checkpoint)."""
+    stack, defs, names = list(body), [], set()
     while stack:
         node = stack.pop()
         if isinstance(node, DEFS):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                defs.append(node)
             continue
         if isinstance(node, LOOPS):
             stack.append(node.test if isinstance(node, ast.While) else node.iter)
             continue
+        if isinstance(node, ast.Call):   # called, or handed to a call: not a def only returned (a checkpoint wrapper's)
+            names.update(a.id for a in (node.func, *node.args) if isinstance(a, ast.Name))
         yield node
         if isinstance(node, ast.If) and skip is not None and skip(node):
             stack += [node.test, *node.orelse]   # `if epoch % 10 == 0: sample = model(z)` does not step
             continue
         stack.extend(ast.iter_child_nodes(node))
+    for d in defs:
+        if d.name in names:
+            yield from own_level(d.body, skip)
+
+
+def local_def(scope: ast.AST, name: str) -> ast.AST | None:
+    """The def `name` made directly in `scope`'s body, else in its loops, branches, withs and trys
+    (`for batch in loader: def train_step(): ...`), not inside other defs."""
+    body, fns = getattr(scope, "body", []), (ast.FunctionDef, ast.AsyncFunctionDef)
+    hit = next((d for d in body if isinstance(d, fns) and d.name == name), None)
+    stack = [st for st in body if not isinstance(st, DEFS)] if hit is None and isinstance(body, list) else []
+    while stack:
+        st = stack.pop()
+        for field in ("body", "orelse", "finalbody", "handlers", "cases"):
+            for child in getattr(st, field, None) or ():
+                if isinstance(child, fns) and child.name == name:
+                    return child
+                if isinstance(child, ast.AST) and not isinstance(child, DEFS):
+                    stack.append(child)
+    return hit
 
 
 def partial_target(node: ast.AST) -> ast.AST | None:

@@ -118,7 +118,7 @@ class CopyRules:
             self.flag(node, "GB010", what=_short(node))   # t.new(cfg.TRAIN.BBOX_NORMALIZE_STDS): a table, copied
         elif name.startswith("torch.") and name.count(".") == 1 and name[6:] in DATA_FACTORIES and self.looping() \
                 and node.args \
-                and (self.device_of(kw["device"]) == "cuda" if "device" in kw else self.default_cuda(name)) \
+                and (self.device_of(kw["device"]) == "cuda" if "device" in kw else self.default_cuda(name, node)) \
                 and self.kind(node.args[0]) not in TENSORISH \
                 and not (name == "torch.as_tensor" and self._on_its_own_device(node.args[0], kw["device"])) \
                 and not (isinstance(node.args[0], (ast.List, ast.Tuple)) and not node.args[0].elts):   # [] copies nothing

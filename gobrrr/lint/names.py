@@ -27,7 +27,8 @@ NUMBER_METHODS = {"item", "size", "dim", "numel", "nelement", "ndimension", "ele
                   "data_ptr", "is_pinned", "is_contiguous", "is_floating_point", "stride", "storage_offset",
                   "is_complex", "is_set_to", "is_shared", "is_signed", "is_inference",
                   "endswith", "startswith", "isdigit", "isalpha", "isalnum", "isspace", "islower", "isupper",
-                  "isidentifier", "isnumeric", "isdecimal", "count", "find", "index", "rfind", "__len__"}
+                  "isidentifier", "isnumeric", "isdecimal", "count", "find", "index", "rfind", "__len__",
+                  "issuperset", "issubset", "isdisjoint"}   # set(batch).issuperset(keys): a Python bool
 STR_METHODS = {"batch_decode", "convert_ids_to_tokens", "lower", "upper", "strip", "lstrip", "rstrip", "replace",
                "join", "format", "capitalize", "title", "removeprefix", "removesuffix", "zfill", "ljust", "rjust",
                "center", "casefold", "encode", "decode"}
@@ -64,10 +65,10 @@ COMPILED = "<torch.compile>"   # in Checker.functions: a @torch.compile'd def ru
 TENSORISH = {"tensor", "mask", "generated"}   # generated: model.generate()'s tokens, made to be read on the host
 BATCHES = {"batch_host", "batch_pinned", "batch", "batch_tok"}   # batch_tok: a tokenizer's return_tensors="pt" output
 HOSTISH = {"num", "host", "pinned", "numpy", "str", "ttype", "obj", "hlist", "cpudev", "loader_pinned", "loader_pageable",
-           "loader_device", "transform",
+           "loader_device", "loader_index", "transform",
            "loader", *BATCHES}
 # what iterating (or unpacking) a value of one kind gives
 ITEM_KIND = {"loader_pageable": "batch_host", "loader_pinned": "batch_pinned", "loader_device": "tensor",
              "loader": "batch", "host": "host", "pinned": "pinned", "tensor": "tensor", "mask": "mask",
              "batch_host": "batch_host", "batch_pinned": "batch_pinned", "batch": "batch", "numpy": "numpy",
-             "tlist": "tensor", "hlist": "hlist"}
+             "tlist": "tensor", "hlist": "hlist", "loader_index": "host"}

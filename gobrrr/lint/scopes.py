@@ -16,6 +16,7 @@ assignments (`host_write`, `index_rule`, `note_elements`, `note_distribution`, `
 from __future__ import annotations
 
 import ast
+import re
 
 from gobrrr.lint.hot import is_model_name
 from gobrrr.lint.loops import name_of, self_attr
@@ -23,6 +24,7 @@ from gobrrr.lint.moves import placeholder, rebinds
 from gobrrr.lint.names import BATCHES, COMPILED, DEVICE_WRAPPERS, TENSORISH
 
 # a module's forward: parameters that hold tensors (or lists and dicts of them) by their usual names
+_INDEX_PARAM = re.compile(r"idx|(^|_)(nb|i|id|num|index|no)$")   # a hook's batch_nb, batch_idx: a position
 _FORWARD_TENSORS = {"x", "input", "inputs", "outputs", "output", "logits", "targets", "labels", "hidden_states",
                     "y", "src", "tgt", "query", "key", "value", "obs", "observations",
                     "input_ids", "attention_mask", "position_ids", "token_type_ids", "pixel_values",   # a language model's
@@ -118,7 +120,7 @@ class ScopeWalk:
                     guessed.add(a.arg)
                     tensors = _FORWARD_TENSORS if node.name == "forward" else _HOOK_TENSORS
                     batch = "batch" in a.arg   # forward(self, batched_inputs): a host batch it copies itself
-                    scope[a.arg] = "num" if "idx" in a.arg else "tlist" if a.arg.endswith("_dict") \
+                    scope[a.arg] = "num" if _INDEX_PARAM.search(a.arg) else "tlist" if a.arg.endswith("_dict") \
                         and node.name == "forward" else "batch" if batch and node.name == "forward" \
                         else "tensor" if a.arg in tensors or batch else "obj" if is_model_name(a.arg) or "module" in a.arg \
                         or a.arg == "trainer" else None
@@ -131,8 +133,8 @@ class ScopeWalk:
             scope[args.kwarg.arg] = _kwargs_kind(seed, {a.arg for a in params})
         for name, k in (seed or {}).items():   # `sample(z, temperature, cfg_iter)` with a CUDA cfg_iter passes
             if scope.get(name) is None or (k in TENSORISH and scope.get(name + "#dflt")) \
-                    or (k in ("host", "hlist", "nums", "numpy", "pinned", *BATCHES) and scope.get(name) in ("tensor", "tlist")
-                        and scope.get(name + "#dflt")) \
+                    or (k in ("num", "host", "hlist", "nums", "numpy", "pinned", *BATCHES)
+                        and scope.get(name) in ("tensor", "tlist") and scope.get(name + "#dflt")) \
                     or (name in guessed and k in (*TENSORISH, "tlist", "numpy", "host", "hlist", *BATCHES)):
                 # `cfg=1.0` a tensor, forward(batch) a dict of them, `self.actor(np.concatenate(obs))` a host array it
                 # moves itself, `batch: tuple[torch.Tensor, ...]` a loader's host batch
@@ -155,6 +157,22 @@ class ScopeWalk:
         self.region, self.loaders, self.scope_node, self.chain, self.types, self.loop_stack, self.left, \
             self.dead_depth = saved
         self.seeding, self.looping_def = saved_seeding, saved_looping
+
+    def items_moved(self) -> dict[str, int]:
+        """Names whose items this def copies to the device by key (`split_idx['train'].to(device)`), with the
+        last line that does: bound from a call above that line, a container of host tensors, whatever made it (bound
+        below it, as 3DETR's `batch = all_gather_dict(batch)` after the moves, the device tensors). Once per def."""
+        scope = self.scope_node
+        memo = self.project.per_file.setdefault(id(self.src), {}).setdefault("items_moved", {})
+        if id(scope) not in memo:
+            last: dict[str, int] = {}
+            for n in ast.walk(scope):
+                if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in ("to", "cuda") \
+                        and isinstance(n.func.value, ast.Subscript) and isinstance(n.func.value.value, ast.Name) \
+                        and isinstance(n.func.value.slice, ast.Constant) and isinstance(n.func.value.slice.value, str):
+                    last[n.func.value.value.id] = max(last.get(n.func.value.value.id, 0), n.lineno)
+            memo[id(scope)] = (scope, last)
+        return memo[id(scope)][1]
 
     def closure_scope(self, node) -> dict | None:
         """A nested def walked as hot on its own (a loss_fn its factory returned): what the def around it
@@ -255,6 +273,9 @@ class ScopeWalk:
                     self.bind(t, "num")
                 return
         k = self.kind(value)
+        if k in (None, "obj") and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
+                and isinstance(value, ast.Call) and self.items_moved().get(node.targets[0].id, 0) > node.lineno:
+            k = "hlist"   # split_idx = dataset.get_idx_split(), then split_idx['train'].to(device): host tensors
         if zero_d:
             for t in node.targets:
                 if isinstance(t, ast.Name):
