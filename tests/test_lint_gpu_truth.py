@@ -84,6 +84,9 @@ CASES = {
     "nonzero": ("", """
         idx = torch.nonzero(x)  # flagged
     """),
+    "bincount_sizes_its_output_from_the_max": ("", """
+        counts = torch.bincount((x > 0).long().flatten())  # flagged
+    """),
     "cpu_index_tensor": ("""
         idx = torch.arange(4)
     """, """

@@ -266,6 +266,10 @@ class Kinds(CallKinds):
             if k == "tlist" and isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str) \
                     and _COUNT_KEY.search(node.slice.value):
                 return "num"   # batch_dict["batch_size"]: a count a dict of device tensors carries beside them
+            if k in ("tlist", "tensor", None) and isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str) \
+                    and node.slice.value.endswith("_filter") and isinstance(node.value, ast.Name) and self.defs \
+                    and node.value.id in self._reassigned(self.defs[-1]):   # render_pkg = render(...), then
+                return "mask"   # render_pkg["visibility_filter"] (3D Gaussian splatting), not a param group's flag
             if k in ("tlist", "hlist"):
                 return ("tensor" if k == "tlist" else "hlist") if not isinstance(node.slice, ast.Slice) else k
             return k if k in TENSORISH | {"host", "pinned", "numpy"} | BATCHES else None

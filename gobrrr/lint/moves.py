@@ -196,10 +196,32 @@ class CopyRules:
         for p in parts:
             if isinstance(p, (ast.List, ast.ListComp)) or (
                     isinstance(p, ast.Call) and isinstance(p.func, ast.Name) and p.func.id in ("range", "list")) \
-                    or isinstance(p, ast.Name) and self.lookup(p.id + "#ints") \
+                    or isinstance(p, ast.Name) and self.lookup(p.id + "#ints") or self._int_attr(p) \
                     or self.kind(p) in _HOST_INDEX and not self.host_element(p):
                 self.flag(node, "GB011", what=_short(p, 30))
                 return
+
+    def _int_attr(self, p: ast.AST) -> bool:
+        """`self.keep` (or `self.matMode[0]` of a list of lists) that the class sets only to Python lists of ints
+        (`self.matMode = [[0, 1], [0, 2], [1, 2]]`, `self.delete_tag_index = [127, 2961]`): TensoRF's plane lookups."""
+        depth = 0
+        while isinstance(p, ast.Subscript) and not isinstance(p.slice, ast.Slice):
+            p, depth = p.value, depth + 1
+        if not (isinstance(p, ast.Attribute) and isinstance(p.value, ast.Name) and p.value.id == "self" and self.defs):
+            return False
+        cls = self.src.owner.get(id(self.defs[-1]))
+        memo = self.project.per_file.setdefault(id(self.src), {}).setdefault("int_attrs", {})
+        if cls is not None and id(cls) not in memo:   # the class and its bases (TensoRF sets matMode in TensorBase)
+            ids = self.project.ancestors(id(cls))
+            found: dict[str, set] = {}
+            for n in (n for c in [c for s in self.project.sources for c in s.classes.values() if id(c) in ids]
+                      for n in ast.walk(c)):
+                if isinstance(n, (ast.Assign, ast.AnnAssign)) and n.value is not None:
+                    for t in n.targets if isinstance(n, ast.Assign) else [n.target]:
+                        if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
+                            found.setdefault(t.attr, set()).add(_int_depth(n.value))
+            memo[id(cls)] = (cls, {a: ds.pop() for a, ds in found.items() if len(ds) == 1 and None not in ds})
+        return cls is not None and memo[id(cls)][1].get(p.attr, 0) > depth
 
     def note_elements(self, node: ast.Assign) -> None:
         """Mark names bound to one element of a host array (`i, j = truth_i[ti], truth_j[ti]`)."""
@@ -315,6 +337,19 @@ def _made_ndim(call: ast.Call) -> int | None:
     if len(sizes) == 1 and isinstance(sizes[0], (ast.Tuple, ast.List)):
         return len(sizes[0].elts)
     return None if any(isinstance(a, (ast.Tuple, ast.List, ast.Starred)) for a in sizes) else len(sizes)
+
+
+def _int_depth(val: ast.AST) -> int | None:
+    """How deep a literal of Python ints nests: 1 for `[0, 2]` or `list(range(n))`, 2 for `[[0, 1], [0, 2]]`;
+    None for anything else."""
+    if _int_list(val):
+        return 1
+    if isinstance(val, (ast.List, ast.Tuple)) and val.elts:
+        if all(isinstance(e, ast.Constant) and type(e.value) is int for e in val.elts):
+            return 1
+        inner = {_int_depth(e) for e in val.elts}
+        return inner.pop() + 1 if len(inner) == 1 and None not in inner else None
+    return None
 
 
 def _int_list(val: ast.AST) -> bool:

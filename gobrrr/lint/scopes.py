@@ -24,6 +24,7 @@ from gobrrr.lint.moves import placeholder, rebinds
 from gobrrr.lint.names import BATCHES, COMPILED, DEVICE_WRAPPERS, TENSORISH
 
 # a module's forward: parameters that hold tensors (or lists and dicts of them) by their usual names
+_MASK_NAME = re.compile(r"^(mask|.*_mask)$")
 _INDEX_PARAM = re.compile(r"idx|(^|_)(nb|i|id|num|index|no)$")   # a hook's batch_nb, batch_idx: a position
 _FORWARD_TENSORS = {"x", "input", "inputs", "outputs", "output", "logits", "targets", "labels", "hidden_states",
                     "y", "src", "tgt", "query", "key", "value", "obs", "observations",
@@ -290,6 +291,10 @@ class ScopeWalk:
             k = None   # `_, feats, sizes = self._features(x)` not read: a method's tuple may hold sizes
         for t in node.targets:
             self.bind(t, k)
+            if k is None and isinstance(t, ast.Tuple) and self.kind(value) == "tensor":   # h, mask = to_dense_batch(
+                for e in t.elts:   # h, batch): what a call of device tensors names a mask is one (GraphGPS's layers)
+                    if isinstance(e, ast.Name) and _MASK_NAME.search(e.id):
+                        self.bind(e, "mask")
             if isinstance(t, ast.Name) and placeholder(value):
                 self.scopes[-1][t.id + "#empty"] = "empty"   # `idx = torch.tensor([]).to('cuda')`, then filled by an if
         self.note_flat(node.targets, value)

@@ -1,0 +1,132 @@
+"""gobrrr lint, issue 29's round 71 on heldout130-133's first sights (whisper, GraphGPS, torch-ngp, moco-v3;
+BigVGAN, iTransformer, dlrm, segment-anything; GPT-SoVITS, LTSF-Linear, GraphGym, ConvNeXt-V2; audiocraft,
+barlowtwins, TimeMixer, mip-splatting), and the neighbours each rule must keep quiet."""
+from __future__ import annotations
+
+import textwrap
+
+from tests.lintcase import line_of, project_rules, rules
+
+_BASE = """
+    import torch
+
+
+    class TensorBase(torch.nn.Module):
+        def __init__(self, device):
+            super().__init__()
+            self.matMode = [[0, 1], [0, 2], [1, 2]]
+            self.vecMode = [2, 1, 0]
+            self.planes = torch.nn.Parameter(torch.randn(3, 16, device=device))
+    """
+
+_VM = """
+    import torch
+    from base import TensorBase
+
+
+    class TensorVM(TensorBase):
+        def forward(self, xyz):
+            plane = torch.stack((xyz[..., self.matMode[0]], xyz[..., self.matMode[1]]))
+            line = xyz[..., self.vecMode]
+            return plane.sum() + line.sum() + self.planes.sum()
+
+
+    def train(loader, opt):
+        model = TensorVM("cuda").cuda()
+        for xyz in loader:
+            loss = model(xyz.cuda(non_blocking=True))
+            loss.backward()
+            opt.step()
+    """
+
+
+def test_a_list_of_ints_a_class_or_its_base_keeps_is_a_host_index(tmp_path):
+    """TensoRF: `self.matMode = [[0, 1], [0, 2], [1, 2]]` set in the base class, then `xyz[..., self.matMode[0]]`
+    in every density query: each Python list is copied to the device to index, blocking. An attribute the
+    class sets to a device tensor of positions indexes on the device: quiet."""
+    found = project_rules(tmp_path, {"base.py": _BASE, "vm.py": _VM})
+    vm = textwrap.dedent(_VM)
+    assert ("vm.py", line_of(vm, "plane = torch.stack"), "GB011") in found
+    assert ("vm.py", line_of(vm, "line = xyz[..., self.vecMode]"), "GB011") in found
+    on_device = _BASE.replace("self.vecMode = [2, 1, 0]", "self.vecMode = torch.tensor([2, 1, 0], device=device)")
+    found = project_rules(tmp_path / "dev", {"base.py": on_device, "vm.py": _VM})
+    assert ("vm.py", line_of(vm, "line = xyz[..., self.vecMode]"), "GB011") not in found
+
+
+def test_a_renderers_visibility_filter_is_a_boolean_mask():
+    """3D Gaussian splatting (mip-splatting and its siblings): `visibility_filter = render_pkg["visibility_filter"]`
+    (the rasterizer's `radii > 0`), then `max_radii2D[visibility_filter]` every densifying step: a read through a
+    device boolean mask. `render_pkg["radii"]` is no mask: indexing with it gathers on the device, quiet."""
+    src = textwrap.dedent("""
+        import torch
+        from gaussian_renderer import render
+
+
+        def train(gaussians, cameras, opt, iterations):
+            background = torch.zeros(3, device="cuda")
+            for iteration in range(iterations):
+                render_pkg = render(cameras[iteration % len(cameras)], gaussians, background)
+                image, visibility_filter, radii = render_pkg["render"], render_pkg["visibility_filter"], render_pkg["radii"]
+                loss = image.mean()
+                loss.backward()
+                gaussians.max_radii2D[visibility_filter] = torch.max(gaussians.max_radii2D[visibility_filter], radii[visibility_filter])
+                picked = image[render_pkg["radii"]]
+                opt.step()
+    """)
+    found = rules(src)
+    assert (line_of(src, "gaussians.max_radii2D[visibility_filter] ="), "GB008") in found
+    assert not [r for r in found if r[0] == line_of(src, "picked = image[")]
+
+
+def test_a_param_groups_filter_flag_is_no_mask():
+    """Barlow Twins' LARS: `if not g['weight_decay_filter'] or not self.exclude_bias_and_norm(p):` tests an
+    option of a param group, a Python bool: a key named `*_filter` is a mask only in a dict a call returned."""
+    src = textwrap.dedent("""
+        import torch
+
+
+        class LARS(torch.optim.Optimizer):
+            @torch.no_grad()
+            def step(self):
+                for g in self.param_groups:
+                    for p in g['params']:
+                        dp = p.grad
+                        if not g['weight_decay_filter'] or p.ndim != 1:
+                            dp = dp.add(p, alpha=g['weight_decay'])
+                        p.add_(dp, alpha=-g['lr'])
+
+
+        def train(loader, model):
+            opt = LARS(model.parameters(), dict(lr=0.1, weight_decay=1e-6, weight_decay_filter=True))
+            for x in loader:
+                loss = model(x.cuda(non_blocking=True)).mean()
+                loss.backward()
+                opt.step()
+    """)
+    assert not [r for r in rules(src) if r[1] == "GB007"]
+
+
+def test_the_mask_a_call_of_device_tensors_hands_back_is_a_mask():
+    """GraphGPS's GPS layer: `h_dense, mask = to_dense_batch(h, batch.batch)` then `attn(h_dense)[mask]`, a read
+    through a device boolean mask in every layer. The other names of the tuple stay unknown: `h_dense[lengths]`
+    with `lengths` is not taken for a mask."""
+    src = textwrap.dedent("""
+        import torch
+        from torch_geometric.utils import to_dense_batch
+
+
+        def train(loader, model, attn, opt):
+            for data in loader:
+                data = data.to("cuda", non_blocking=True)
+                h = model(data.x)
+                h_dense, mask = to_dense_batch(h, data.batch)
+                h = attn(h_dense)[mask]
+                padded, lengths = to_dense_batch(h, data.batch)
+                rows = padded[lengths]
+                loss = h.mean() + rows.mean()
+                loss.backward()
+                opt.step()
+    """)
+    found = rules(src)
+    assert (line_of(src, "h = attn(h_dense)[mask]"), "GB008") in found
+    assert not [r for r in found if r[0] == line_of(src, "rows = padded[lengths]")]
