@@ -69,7 +69,8 @@ def test_a_renderers_visibility_filter_is_a_boolean_mask():
                 image, visibility_filter, radii = render_pkg["render"], render_pkg["visibility_filter"], render_pkg["radii"]
                 loss = image.mean()
                 loss.backward()
-                gaussians.max_radii2D[visibility_filter] = torch.max(gaussians.max_radii2D[visibility_filter], radii[visibility_filter])
+                seen = radii[visibility_filter]
+                gaussians.max_radii2D[visibility_filter] = torch.max(gaussians.max_radii2D[visibility_filter], seen)
                 picked = image[render_pkg["radii"]]
                 opt.step()
     """)
