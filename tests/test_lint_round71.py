@@ -131,3 +131,34 @@ def test_the_mask_a_call_of_device_tensors_hands_back_is_a_mask():
     found = rules(src)
     assert (line_of(src, "h = attn(h_dense)[mask]"), "GB008") in found
     assert not [r for r in found if r[0] == line_of(src, "rows = padded[lengths]")]
+
+
+def test_a_def_with_parameters_handed_to_a_checkpoint_is_not_walked_blind():
+    """Megatron's attention: `def custom_forward(*inputs): ... attn_mask_type.item()`, handed to the project's
+    `checkpoint(custom_forward, False, *inputs)` with the mask type as a host tensor. Round 70 walks a def handed to
+    a helper that calls it, but only a closure of no parameters, whose inputs the def around it knows; one that
+    takes the helper's arguments is left to the helper's own call (quiet here, not a `.item()` of a device value)."""
+    src = textwrap.dedent("""
+        import torch
+
+
+        def checkpoint(function, distribute, *args):
+            return function(*args)
+
+
+        def forward_block(layer, hidden, mask_type):
+            def custom_forward(*inputs):
+                x, kind = inputs
+                code = kind.item()
+                return layer(x) * code
+            checkpoint_inputs = [hidden, torch.tensor([mask_type], dtype=torch.int)]
+            return checkpoint(custom_forward, False, *checkpoint_inputs)
+
+
+        def train(loader, layer, opt):
+            for x in loader:
+                loss = forward_block(layer, x.cuda(non_blocking=True), 1).mean()
+                loss.backward()
+                opt.step()
+    """)
+    assert not [r for r in rules(src) if r[0] == line_of(src, "code = kind.item()")]

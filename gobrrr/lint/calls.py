@@ -224,9 +224,11 @@ class CallRules:
         _move_to_cuda, sample)`: `def _move_to_cuda(tensor): return tensor.cuda()`): walked as hot, its first
         parameter holding that data, whatever the helper does in between. Without data, a def handed to a project
         helper that calls it (`gpu_timer(train_step)`: `def gpu_timer(closure): ... result = closure()`, I-JEPA's
-        step) runs once per call: walked as hot."""
+        step) runs once per call: walked as hot, when it takes no parameters (the helper's arguments to it are unknown
+        here: Megatron's `checkpoint(custom_forward, False, *inputs)` hands it host tensors as well)."""
+        cache = self.project.per_file.setdefault(id(self.src), {})
         nested = {a.id: d for a in node.args if scope is not None and isinstance(a, ast.Name)
-                  and (d := local_def(scope, a.id)) is not None}
+                  and (d := local_def(scope, a.id, cache)) is not None}
         if not nested:
             return
         data = next((k for a in node.args if not isinstance(a, ast.Starred)
@@ -235,8 +237,9 @@ class CallRules:
             for _, helper in self.project.resolve(self.src, node, scope, self.types)[:1]:
                 params = [p.arg for p in helper.args.args if p.arg not in ("self", "cls")]
                 called = {n.func.id for n in ast.walk(helper) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
-                for i, a in enumerate(node.args):
-                    if isinstance(a, ast.Name) and a.id in nested and i < len(params) and params[i] in called:
+                for i, a in enumerate(node.args):   # a closure of no parameters: what it reads, the def around knows
+                    if isinstance(a, ast.Name) and a.id in nested and i < len(params) and params[i] in called \
+                            and not _params(nested[a.id]):   # (not a checkpoint's custom_forward(*inputs))
                         self.pending.append((self.src, nested[a.id], {}, {},
                                              (*self.chain, f"{self.src.name}:{node.lineno}"), list(self.functions)))
             return
@@ -263,6 +266,12 @@ class CallRules:
             # handed PIL sizes by every caller) is passed on as a guess, which seeds nothing
             if kinds or types:   # types: `agent.train(data_sampler, ...)` hands the loop a Data_Sampler
                 self.seeds.append((target_src, fn, kinds, types))
+
+
+def _params(fn: ast.AST) -> list[str]:
+    args = fn.args
+    return [a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs]] + \
+        [a.arg for a in (args.vararg, args.kwarg) if a is not None]
 
 
 def _passed(node: ast.Call, fn, target_src: Source) -> tuple[list[str], list[tuple[str, ast.expr]]]:

@@ -101,7 +101,7 @@ class Project(Index):
         if isinstance(f, ast.Name):
             s = scope
             while s is not None:   # a def nested in an enclosing def (also in its loops and branches)
-                if (d := local_def(s, f.id)) is not None:
+                if (d := local_def(s, f.id, self.per_file.setdefault(id(src), {}))) is not None:
                     return [(src, d)]
                 s = src.parent.get(id(s))
             default = _param_default(scope, f.id)

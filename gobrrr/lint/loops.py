@@ -173,21 +173,25 @@ def own_level(body: list[ast.stmt], skip=None):
             yield from own_level(d.body, skip)
 
 
-def local_def(scope: ast.AST, name: str) -> ast.AST | None:
+def local_def(scope: ast.AST, name: str, cache: dict | None = None) -> ast.AST | None:
     """The def `name` made directly in `scope`'s body, else in its loops, branches, withs and trys
-    (`for batch in loader: def train_step(): ...`), not inside other defs."""
-    body, fns = getattr(scope, "body", []), (ast.FunctionDef, ast.AsyncFunctionDef)
-    hit = next((d for d in body if isinstance(d, fns) and d.name == name), None)
-    stack = [st for st in body if not isinstance(st, DEFS)] if hit is None and isinstance(body, list) else []
-    while stack:
-        st = stack.pop()
-        for field in ("body", "orelse", "finalbody", "handlers", "cases"):
-            for child in getattr(st, field, None) or ():
-                if isinstance(child, fns) and child.name == name:
-                    return child
-                if isinstance(child, ast.AST) and not isinstance(child, DEFS):
-                    stack.append(child)
-    return hit
+    (`for batch in loader: def train_step(): ...`), not inside other defs. `cache`: the file's
+    (project.per_file), where each scope's table of them is kept."""
+    table = cache.setdefault("local_defs", {}) if cache is not None else {}
+    if id(scope) not in table:
+        body, fns = getattr(scope, "body", []), (ast.FunctionDef, ast.AsyncFunctionDef)
+        found = {d.name: d for d in reversed(body) if isinstance(d, fns)} if isinstance(body, list) else {}
+        stack = [st for st in body if not isinstance(st, DEFS)] if isinstance(body, list) else []
+        while stack:
+            st = stack.pop()
+            for field in ("body", "orelse", "finalbody", "handlers", "cases"):
+                for child in getattr(st, field, None) or ():
+                    if isinstance(child, fns):
+                        found.setdefault(child.name, child)
+                    elif isinstance(child, ast.AST) and not isinstance(child, DEFS):
+                        stack.append(child)
+        table[id(scope)] = (scope, found)
+    return table[id(scope)][1].get(name)
 
 
 def partial_target(node: ast.AST) -> ast.AST | None:

@@ -165,6 +165,8 @@ class ScopeWalk:
         below it, as 3DETR's `batch = all_gather_dict(batch)` after the moves, the device tensors). Once per def."""
         scope = self.scope_node
         memo = self.project.per_file.setdefault(id(self.src), {}).setdefault("items_moved", {})
+        if id(scope) not in memo and not any(k in self.src.text for k in ("'].to(", '"].to(', "'].cuda(", '"].cuda(')):
+            memo[id(scope)] = (scope, {})   # no item moved by a string key anywhere in the file
         if id(scope) not in memo:
             last: dict[str, int] = {}
             for n in ast.walk(scope):
