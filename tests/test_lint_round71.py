@@ -162,3 +162,33 @@ def test_a_def_with_parameters_handed_to_a_checkpoint_is_not_walked_blind():
                 opt.step()
     """)
     assert not [r for r in rules(src) if r[0] == line_of(src, "code = kind.item()")]
+
+
+def test_a_file_of_python_312_type_parameters_gets_one_line_that_says_so(tmp_path):
+    """lerobot's `def deserialize_json_into_object[T: JsonLike](fpath, obj: T) -> T:` and `class
+    DataProcessorPipeline[TInput, TOutput]:` are Python 3.12 syntax. Under 3.11 the lint cannot parse the file; the
+    one line says which syntax and what to do (run under 3.12, or --exclude), not a bare `expected '('`; the rest
+    of the project is still checked. Under 3.12 and newer the file parses and nothing is said."""
+    import subprocess
+    import sys
+
+    (tmp_path / "io_utils.py").write_text("def load[T](path, obj: T) -> T:\n    return obj\n")
+    (tmp_path / "train.py").write_text(textwrap.dedent("""
+        import torch
+
+
+        def train(loader, model, opt):
+            for x in loader:
+                loss = model(x.cuda(non_blocking=True)).mean()
+                loss.backward()
+                opt.step()
+                print(loss.item())
+    """))
+    run = subprocess.run([sys.executable, "-m", "gobrrr", "lint", str(tmp_path)], capture_output=True, text=True)
+    assert "Traceback" not in run.stderr and "GB002" in run.stdout
+    if sys.version_info < (3, 12):
+        assert run.returncode == 2 and run.stderr.count("cannot check this file") == 1
+        assert "io_utils.py:1: cannot check this file: it uses Python 3.12 syntax (type parameters)" in run.stderr
+        assert "--exclude" in run.stderr
+    else:
+        assert "cannot check this file" not in run.stderr

@@ -365,6 +365,11 @@ def _read(file: Path) -> Source:
         return parse(file, read_text(file))
     except (SyntaxError, UnicodeDecodeError, OSError) as e:
         line = getattr(e, "lineno", None)
+        if isinstance(e, SyntaxError) and sys.version_info < (3, 12) \
+                and re.match(r"\s*((async\s+)?def|class)\s+\w+\s*\[|\s*type\s+\w+.*=", e.text or ""):
+            raise ValueError(f"{file}:{line}: cannot check this file: it uses Python 3.12 syntax (type parameters) that "
+                             f"Python {sys.version_info.major}.{sys.version_info.minor} cannot parse; run gobrrr under "
+                             "Python 3.12 or newer, or skip it with --exclude") from e   # lerobot's generic defs
         raise ValueError(f"{file}:{line or 0}: cannot check this file: {e.__class__.__name__}: "
                          f"{getattr(e, 'msg', e)}; fix it or skip it with --exclude") from e
     except (RecursionError, MemoryError) as e:
