@@ -23,9 +23,9 @@ from gobrrr.lint.loops import name_of, self_attr
 from gobrrr.lint.moves import placeholder, rebinds
 from gobrrr.lint.names import BATCHES, COMPILED, DEVICE_WRAPPERS, TENSORISH
 
-# a module's forward: parameters that hold tensors (or lists and dicts of them) by their usual names
-_MASK_NAME = re.compile(r"^(mask|.*_mask)$")
+_MASK_NAME = re.compile(r"^(mask|.*_mask)$")   # `h, mask = to_dense_batch(h, batch)`: a mask by its name
 _INDEX_PARAM = re.compile(r"idx|(^|_)(nb|i|id|num|index|no)$")   # a hook's batch_nb, batch_idx: a position
+# a module's forward: parameters that hold tensors (or lists and dicts of them) by their usual names
 _FORWARD_TENSORS = {"x", "input", "inputs", "outputs", "output", "logits", "targets", "labels", "hidden_states",
                     "y", "src", "tgt", "query", "key", "value", "obs", "observations",
                     "input_ids", "attention_mask", "position_ids", "token_type_ids", "pixel_values",   # a language model's
