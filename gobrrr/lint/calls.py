@@ -189,13 +189,14 @@ class CallRules:
             self.follow(ast.copy_location(ast.Call(func=node.args[0], args=[
                 ast.Subscript(value=a, slice=ast.Constant(0), ctx=ast.Load()) for a in node.args[1:]
                 if not isinstance(a, ast.Starred)], keywords=node.keywords), node))   # and the helper itself
-        for target_src, fn in self.project.resolve(self.src, node, scope, self.types):
+        hits = self.project.resolve(self.src, node, scope, self.types)
+        for target_src, fn in hits:
             if fn is scope:
                 continue
             kinds, types = self._arguments(node, fn, target_src, scope)
             self.pending.append((target_src, fn, kinds, types, (*self.chain, f"{self.src.name}:{node.lineno}"),
                                  list(self.functions)))
-        self._handed(node, scope)
+        self._handed(node, scope, hits)
 
     def _applies(self, node: ast.Call, scope) -> bool:
         """`multi_apply(self.target_assign_single_img, cls_preds, gt_bboxes)`: a project function handed first to
@@ -219,13 +220,14 @@ class CallRules:
                 and isinstance(n.args[0], ast.Name) and n.args[0].id == params[0] for n in ast.walk(helper))
         return False
 
-    def _handed(self, node: ast.Call, scope) -> None:
+    def _handed(self, node: ast.Call, scope, hits: list) -> None:
         """A def of this scope handed, beside the data, to a helper that applies it (`apply_to_sample(
         _move_to_cuda, sample)`: `def _move_to_cuda(tensor): return tensor.cuda()`): walked as hot, its first
         parameter holding that data, whatever the helper does in between. Without data, a def handed to a project
         helper that calls it (`gpu_timer(train_step)`: `def gpu_timer(closure): ... result = closure()`, I-JEPA's
         step) runs once per call: walked as hot, when it takes no parameters (the helper's arguments to it are unknown
-        here: Megatron's `checkpoint(custom_forward, False, *inputs)` hands it host tensors as well)."""
+        here: Megatron's `checkpoint(custom_forward, False, *inputs)` hands it host tensors as well). `hits`: the
+        project defs the call runs, as follow() resolved them."""
         cache = self.project.per_file.setdefault(id(self.src), {})
         nested = {a.id: d for a in node.args if scope is not None and isinstance(a, ast.Name)
                   and (d := local_def(scope, a.id, cache)) is not None}
@@ -234,12 +236,12 @@ class CallRules:
         data = next((k for a in node.args if not isinstance(a, ast.Starred)
                      and (k := self.kind(a)) in BATCHES | TENSORISH | {"tlist"}), None)
         if data is None:
-            for _, helper in self.project.resolve(self.src, node, scope, self.types)[:1]:
+            for _, helper in hits[:1]:
                 params = [p.arg for p in helper.args.args if p.arg not in ("self", "cls")]
                 called = {n.func.id for n in ast.walk(helper) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
                 for i, a in enumerate(node.args):   # a closure of no parameters: what it reads, the def around knows
                     if isinstance(a, ast.Name) and a.id in nested and i < len(params) and params[i] in called \
-                            and not _params(nested[a.id]):   # (not a checkpoint's custom_forward(*inputs))
+                            and _takes_nothing(nested[a.id]):   # (not a checkpoint's custom_forward(*inputs))
                         self.pending.append((self.src, nested[a.id], {}, {},
                                              (*self.chain, f"{self.src.name}:{node.lineno}"), list(self.functions)))
             return
@@ -268,10 +270,9 @@ class CallRules:
                 self.seeds.append((target_src, fn, kinds, types))
 
 
-def _params(fn: ast.AST) -> list[str]:
-    args = fn.args
-    return [a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs]] + \
-        [a.arg for a in (args.vararg, args.kwarg) if a is not None]
+def _takes_nothing(fn: ast.AST) -> bool:
+    a = fn.args
+    return not (a.posonlyargs or a.args or a.kwonlyargs or a.vararg or a.kwarg)
 
 
 def _passed(node: ast.Call, fn, target_src: Source) -> tuple[list[str], list[tuple[str, ast.expr]]]:
