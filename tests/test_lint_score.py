@@ -107,9 +107,10 @@ def test_real_judgements_are_well_formed():
         assert re.fullmatch(r"(dev|heldout)\d*", name), name
         assert len({d["domain"] for d in docs if d["set"] == name}) >= 2, name
     # the four families (vision perception, generation, language models, control), the two that
-    # heldout54-57 added (speech, time series), and 3D reconstruction, graphs and recommendation (heldout126-133)
+    # heldout54-57 added (speech, time series), 3D reconstruction, graphs and recommendation (heldout126-133), and
+    # tabular learning (heldout137)
     assert {d["domain"] for d in docs} == {"3d", "detection", "diffusion", "graph", "llm-finetune", "recsys", "rl", "speech",
-                                          "time-series"}
+                                          "tabular", "time-series"}
     for d in docs:
         assert len(d["commit"]) == 40 and d["url"].startswith("https://github.com/")
         if d.get("negative_control"):   # a project that never uses the GPU (minimalRL), or whose own code syncs
