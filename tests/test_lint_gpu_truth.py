@@ -87,6 +87,21 @@ CASES = {
     "bincount_sizes_its_output_from_the_max": ("", """
         counts = torch.bincount((x > 0).long().flatten())  # flagged
     """),
+    "python_list_read_with_a_device_scalar": ("""
+        names = ["a", "b", "c", "d"]
+    """, """
+        label = x.sum(0).argmax()
+        name = names[label]  # flagged
+        first = names[0]  # quiet
+    """),
+    "tuple_of_ints_as_an_index": ("", """
+        y = x[:, (2, 1, 0)]  # flagged
+    """),
+    "ints_unpacked_from_a_host_permutation": ("", """
+        perm = torch.randperm(8)
+        i, j = perm[:2]
+        y = x[i] + x[j]  # quiet
+    """),
     "cpu_index_tensor": ("""
         idx = torch.arange(4)
     """, """

@@ -396,6 +396,8 @@ class CallKinds:
         an array into a host tensor (a device tensor handed in stays there)."""
         if isinstance(func, ast.Name):
             return self.lookup(func.id) == "transform"
+        if isinstance(func, ast.Call):   # transforms.ToTensor()(image): made and called on one line
+            return self.call_kind(func) == "transform"
         return isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self" \
             and self.self_attrs.get(func.attr) == "transform"
 

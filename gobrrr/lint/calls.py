@@ -160,9 +160,11 @@ class CallRules:
             if kinds[p] is None and isinstance(a, (ast.List, ast.Tuple)) and a.elts \
                     and all(self.kind(e) in ("num", "str") for e in a.elts):
                 kinds[p] = "nums"   # image_sizes=[image.size]: Python numbers, whatever the callee's annotation says
-            for mark in ("#kept", "#nums") if isinstance(a, ast.Name) else ():   # a batch moved but for its "meta"
-                if self.lookup(a.id + mark):   # key; targets["num_boxes"] = n.item() before the call: a number there
+            for mark in ("#kept", "#nums", "#list") if isinstance(a, ast.Name) else ():   # a batch moved but for its
+                if self.lookup(a.id + mark):   # "meta" key; targets["num_boxes"] = n.item() before the call: a number there
                     kinds[p + mark] = self.lookup(a.id + mark)
+            if (depth := self.int_depth(a)) is not None:   # classify(x, allowed_classes=active_classes[-1]): positions
+                kinds[p + "#ints"] = str(depth)
             insts = self.project.instances_of(self.src, a, scope, self.types)
             if insts:
                 types[p] = insts

@@ -172,6 +172,9 @@ class FlowRules:
         scope.clear()
         scope.update(before)
         fresh = {n.id for n in ast.walk(node.target) if isinstance(n, ast.Name)} if hasattr(node, "target") else set()
+        fresh |= {t.id for n in ast.walk(node) if isinstance(n, ast.Assign) and _unpacks(n.value, fresh)
+                  for tgt in n.targets for t in ast.walk(tgt) if isinstance(t, ast.Name)}   # x, y, idx = data: each
+        # iteration's item too, in whichever branch unpacks it (RepDistiller's `if opt.distill in ['crd']:`)
         for name, k in after.items():
             b = before.get(name, _MISSING)
             if name in fresh or nested and b not in (_MISSING, None, "num"):
@@ -451,3 +454,9 @@ def _kept_keys(loop: ast.For, key: str) -> tuple[str, ...]:
 
 __all__ = ["FlowRules"]
 
+
+def _unpacks(value: ast.AST, names: set[str]) -> bool:
+    """`data`, `data[0]` or `data["x"]` of a loop's item: what it binds is that iteration's, not carried over."""
+    while isinstance(value, ast.Subscript):
+        value = value.value
+    return isinstance(value, ast.Name) and value.id in names

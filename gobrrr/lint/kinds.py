@@ -73,6 +73,9 @@ class Kinds(CallKinds):
             self.scopes[-1].pop(target.id + "#dflt", None)   # bound here: no longer a guess from the signature
             self.scopes[-1].pop(target.id + "#empty", None)
             self.scopes[-1].pop(target.id + "#nums", None)   # a new dict: its keys hold what it is given
+            self.scopes[-1].pop(target.id + "#ints", None)   # no longer the list of positions (pylists.py)
+            self.scopes[-1].pop(target.id + "#list", None)
+            self.scopes[-1].pop(target.id + "#h1d", None)
         elif isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self":
             # one kind per attribute name in the file; two different kinds leave it unknown
             old = self.self_attrs.get(target.attr, kind)
@@ -272,10 +275,21 @@ class Kinds(CallKinds):
                 return "mask"   # render_pkg["visibility_filter"] (3D Gaussian splatting), not a param group's flag
             if k in ("tlist", "hlist"):
                 return ("tensor" if k == "tlist" else "hlist") if not isinstance(node.slice, ast.Slice) else k
+            if k in (None, "obj") and not isinstance(node.slice, ast.Slice) and self._dataset(node.value):
+                return "batch_host"   # image1, image2, flow, valid = val_dataset[val_id]: a sample, on the host
             return k if k in TENSORISH | {"host", "pinned", "numpy"} | BATCHES else None
         if isinstance(node, ast.Call):
             return self.call_kind(node)
         return None
+
+    def _dataset(self, node: ast.AST) -> bool:
+        """An instance of a project class that is a torch Dataset (through its project bases: RAFT's `KITTI` of
+        `FlowDataset(data.Dataset)`) whose `__getitem__` moves nothing to the device: its items are host samples."""
+        project = getattr(self, "project", None)
+        if project is None or not isinstance(node, (ast.Name, ast.Attribute)):
+            return False
+        hits = project.instances_of(self.src, node, self.defs[-1] if self.defs else None, getattr(self, "types", None))
+        return bool(hits) and all(_dataset_class(project, src, cls) for src, cls in hits[:4])
 
     def _plain_index(self, s: ast.AST) -> bool:
         """An int, a slice or `...` (or a tuple of them): picks rows and columns, keeps the dtype."""
@@ -419,3 +433,19 @@ def _one_token_id(ids: ast.AST) -> bool:
     return isinstance(call, ast.Call) and bool(call.args) and isinstance(call.args[0], (ast.Constant, ast.JoinedStr)) \
         and isinstance(getattr(call.args[0], "value", ""), str) and "tokeni" in name_of(call.func).lower() \
         and not any(k.arg == "return_tensors" for k in call.keywords)
+
+
+def _dataset_class(project, src, cls: ast.ClassDef, depth: int = 0) -> bool:
+    """`cls` (or a project base of it) derives from a `...Dataset` of torch's, and no `__getitem__` on the way
+    moves its sample to the device (`.cuda()`, `.to(...)`)."""
+    if depth > 5 or any(isinstance(f, ast.FunctionDef) and f.name == "__getitem__" and any(
+            isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in ("cuda", "to")
+            for n in ast.walk(f)) for f in cls.body):
+        return False
+    for b in cls.bases:
+        if name_of(b) in ("Dataset", "TensorDataset"):
+            return True
+        hit = project.class_of(src, b)
+        if hit is not None and _dataset_class(project, hit[0], hit[1], depth + 1):
+            return True
+    return False

@@ -196,43 +196,35 @@ class CopyRules:
         for p in parts:
             if isinstance(p, (ast.List, ast.ListComp)) or (
                     isinstance(p, ast.Call) and isinstance(p.func, ast.Name) and p.func.id in ("range", "list")) \
-                    or isinstance(p, ast.Name) and self.lookup(p.id + "#ints") or self._int_attr(p) \
+                    or self.int_depth(p) == 1 or self._int_attr(p) \
                     or self.kind(p) in _HOST_INDEX and not self.host_element(p):
                 self.flag(node, "GB011", what=_short(p, 30))
                 return
-
-    def _int_attr(self, p: ast.AST) -> bool:
-        """`self.keep` (or `self.matMode[0]` of a list of lists) that the class sets only to Python lists of ints
-        (`self.matMode = [[0, 1], [0, 2], [1, 2]]`, `self.delete_tag_index = [127, 2961]`): TensoRF's plane lookups."""
-        depth = 0
-        while isinstance(p, ast.Subscript) and not isinstance(p.slice, ast.Slice):
-            p, depth = p.value, depth + 1
-        if not (isinstance(p, ast.Attribute) and isinstance(p.value, ast.Name) and p.value.id == "self" and self.defs):
-            return False
-        cls = self.src.owner.get(id(self.defs[-1]))
-        memo = self.project.per_file.setdefault(id(self.src), {}).setdefault("int_attrs", {})
-        if cls is not None and id(cls) not in memo:   # the class and its bases (TensoRF sets matMode in TensorBase)
-            ids = self.project.ancestors(id(cls))
-            found: dict[str, set] = {}
-            for n in (n for c in [c for s in self.project.sources for c in s.classes.values() if id(c) in ids]
-                      for n in ast.walk(c)):
-                if isinstance(n, (ast.Assign, ast.AnnAssign)) and n.value is not None:
-                    for t in n.targets if isinstance(n, ast.Assign) else [n.target]:
-                        if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
-                            found.setdefault(t.attr, set()).add(_int_depth(n.value))
-            memo[id(cls)] = (cls, {a: ds.pop() for a, ds in found.items() if len(ds) == 1 and None not in ds})
-        return cls is not None and memo[id(cls)][1].get(p.attr, 0) > depth
 
     def note_elements(self, node: ast.Assign) -> None:
         """Mark names bound to one element of a host array (`i, j = truth_i[ti], truth_j[ti]`)."""
         t, v = node.targets[0], node.value
         pairs = zip(t.elts, v.elts) if isinstance(t, ast.Tuple) and isinstance(v, ast.Tuple) \
             and len(t.elts) == len(v.elts) else [(t, v)] if len(node.targets) == 1 else []
+        if isinstance(t, ast.Tuple) and not isinstance(v, ast.Tuple) and self._host_flat(v):
+            pairs = [(e, None) for e in t.elts]   # idx1, idx2 = torch.randperm(n)[:2]: two host ints (DomainBed)
         for name, val in pairs:
-            if isinstance(name, ast.Name) and self.host_element(val):
+            if isinstance(name, ast.Name) and (val is None or self.host_element(val)):
                 self.scopes[-1][name.id + "#elem"] = "elem"
-            elif isinstance(name, ast.Name) and _int_list(val):
-                self.scopes[-1][name.id + "#ints"] = "ints"   # chosen = [i for i in range(n) if status[i] == 1]
+            elif isinstance(name, ast.Name):
+                self.note_lists(name, val)   # chosen = [i for i in range(n) if status[i] == 1]: a list of positions
+                if self._host_flat(val):
+                    self.scopes[-1][name.id + "#h1d"] = "h1d"
+
+    def _host_flat(self, v: ast.AST) -> bool:
+        """A one-dimensional host tensor: `torch.randperm(n)` or `torch.arange(n)` with no device, a name bound
+        to one, or a slice of one; unpacked, its items are 0-d host ints."""
+        while isinstance(v, ast.Subscript) and isinstance(v.slice, ast.Slice):
+            v = v.value
+        if isinstance(v, ast.Name):
+            return bool(self.lookup(v.id + "#h1d"))
+        return isinstance(v, ast.Call) and (self.dotted(v.func) or "") in ("torch.randperm", "torch.arange") \
+            and self.kind(v) == "host"
 
     def host_element(self, p: ast.AST) -> bool:
         """One element of a host array (`truth_i[ti]`, or `i` from `i, j = truth_i[ti], truth_j[ti]`): an
@@ -268,8 +260,11 @@ class CopyRules:
         into, k = self.kind(target.value), self.kind(value)
         if into in ("host", "pinned") and k in TENSORISH:
             self.flag(target, "GB002", what="writing a device value into a host tensor")
-        elif into in TENSORISH and k in ("host", "hlist"):
+        elif into in TENSORISH and k in ("host", "hlist", "batch_host"):
             self.flag(target, "GB010", what=f"{_short(target, 30)} = <host tensor>")
+        elif into in TENSORISH and k == "batch_pinned" and isinstance(value, ast.Name):   # bank[s:s + bs] = idx (SwAV's
+            self.flag(target, "GB009", what=f"{_short(target, 30)} = <pinned batch>",   # memory bank)
+                      fix="it is pinned already: write it with `dst[...].copy_(src, non_blocking=True)`: the host does not wait")
         elif into in TENSORISH and not augmented and _python_number(value, k) and self._through_positions(target):
             self.flag(target, "GB010", what=f"{_short(target, 30)} = <Python number> through an index tensor"
                                             " (index_fill_ copies nothing)")
@@ -337,34 +332,6 @@ def _made_ndim(call: ast.Call) -> int | None:
     if len(sizes) == 1 and isinstance(sizes[0], (ast.Tuple, ast.List)):
         return len(sizes[0].elts)
     return None if any(isinstance(a, (ast.Tuple, ast.List, ast.Starred)) for a in sizes) else len(sizes)
-
-
-def _int_depth(val: ast.AST) -> int | None:
-    """How deep a literal of Python ints nests: 1 for `[0, 2]` or `list(range(n))`, 2 for `[[0, 1], [0, 2]]`;
-    None for anything else."""
-    if _int_list(val):
-        return 1
-    if isinstance(val, (ast.List, ast.Tuple)) and val.elts:
-        if all(isinstance(e, ast.Constant) and type(e.value) is int for e in val.elts):
-            return 1
-        inner = {_int_depth(e) for e in val.elts}
-        return inner.pop() + 1 if len(inner) == 1 and None not in inner else None
-    return None
-
-
-def _int_list(val: ast.AST) -> bool:
-    """A Python list of positions: `[i for i in range(n) if ...]`, `[i for i, s in enumerate(xs) if ...]`,
-    `list(range(n))`. As an index into a device tensor it is copied to the device first, blocking."""
-    if isinstance(val, ast.Call) and isinstance(val.func, ast.Name) and val.func.id == "list" and val.args:
-        val = val.args[0]
-        return isinstance(val, ast.Call) and isinstance(val.func, ast.Name) and val.func.id == "range"
-    if not (isinstance(val, ast.ListComp) and isinstance(val.elt, ast.Name) and len(val.generators) == 1):
-        return False
-    g = val.generators[0]
-    it = g.iter.func.id if isinstance(g.iter, ast.Call) and isinstance(g.iter.func, ast.Name) else ""
-    target = g.target.elts[0] if it == "enumerate" and isinstance(g.target, ast.Tuple) and g.target.elts \
-        else g.target if it == "range" else None
-    return isinstance(target, ast.Name) and target.id == val.elt.id
 
 
 def _moves_to_cuda(loop: ast.AST, checker) -> bool:

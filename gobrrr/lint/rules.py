@@ -32,6 +32,7 @@ from gobrrr.lint.kinds import Kinds
 from gobrrr.lint.loops import name_of
 from gobrrr.lint.moves import CopyRules
 from gobrrr.lint.names import BATCHES, ITEM_KIND, LOADERS_PINNED
+from gobrrr.lint.pylists import ListRules
 from gobrrr.lint.scopes import HOOK_NAMES, ScopeWalk, seed_names
 from gobrrr.lint.source import Source
 from gobrrr.lint.sync import SyncRules
@@ -54,8 +55,8 @@ def _not_a_mode_switch(call: ast.Call) -> bool:
         isinstance(only, ast.Name) and only.id in ("mode", "training", "train", "is_train"))
 
 
-class Checker(ScopeWalk, FlowRules, CallRules, SyncRules, CopyRules, InsideRules, EnvRules, ElementRules, Kinds,
-              ast.NodeVisitor):
+class Checker(ScopeWalk, FlowRules, CallRules, SyncRules, CopyRules, InsideRules, EnvRules, ElementRules, ListRules,
+              Kinds, ast.NodeVisitor):
     """One module's findings (see the module doc)."""
 
     def __init__(self, src: Source, project: Project | None = None, hotmap: HotMap | None = None,

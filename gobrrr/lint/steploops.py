@@ -22,6 +22,7 @@ from gobrrr.lint.loops import (
     sends_step,
     steps_each_env,
 )
+from gobrrr.lint.names import DTYPE_METHODS, VIEW_METHODS
 
 _DATA_ITERATOR = re.compile(r"^(train|eval|val|valid|test|data|batch)_?iterator$", re.I)   # self.eval_iterator
 _NOT_WRAPPERS = {"DataLoader"}   # `torch.utils.data.DataLoader(dataset)` is the loader itself, not a wrapper of one
@@ -31,7 +32,7 @@ _COUNTS = {"range", "trange", "arange", "count", "repeat"}   # for n in trange(n
 _EPOCH = re.compile(r"epoch", re.I)   # for epoch in ...: a count of passes, whatever it iterates
 _SWEEP = re.compile(r"^(bs|batch_?size|seq_?len|size|lr|dim)s?$|^(n|num)_", re.I)   # a setting swept, not an item
 _BATCHING_CALL = re.compile(r"^(get_|iter_|iterate_|make_|yield_)?(as_)?(mini)?batch(es|ify)?(_|$)", re.I)
-_BATCH_SOURCE = re.compile(r"loader|iter|gen|data|batch|stream|_dl$|^dl$", re.I)   # next(train_iter)
+_BATCH_SOURCE = re.compile(r"loader|iter|gen|data|batch|stream|_dl$|^dl$|(^|_)db(_|$)", re.I)   # next(train_iter)
 
 
 def step_loops(tree: ast.AST, facts: Facts, rare, nodes: list[ast.AST] | None = None
@@ -302,10 +303,11 @@ def _copies_up(calls: list[ast.Call]) -> bool:
 
 
 def _bare(node: ast.AST) -> str:
-    """The name a copy starts from: `im` in `im`, `torch.from_numpy(im)`, `im.float()`."""
+    """The name a copy starts from: `im` in `im`, `torch.from_numpy(im)`, `im.float()`, `x.squeeze(0)`."""
     while isinstance(node, ast.Call):
-        if isinstance(node.func, ast.Attribute) and not node.args and not node.keywords:
-            node = node.func.value   # im.float(), x.contiguous()
+        if isinstance(node.func, ast.Attribute) and (not node.args and not node.keywords
+                                                     or node.func.attr in VIEW_METHODS | DTYPE_METHODS):
+            node = node.func.value   # im.float(), x.contiguous(), x_spt.squeeze(0) (MAML's episodes)
         elif name_of(node.func) in ("from_numpy", "as_tensor", "tensor") and len(node.args) == 1:
             node = node.args[0]   # torch.from_numpy(im)
         else:
@@ -320,7 +322,8 @@ def _takes_batches(loop: ast.AST, calls: list[ast.Call]) -> bool:
     if any(isinstance(c.func, ast.Attribute) and c.func.attr == "read" and not c.args
            and _CAPTURE.search(name_of(c.func.value)) for c in calls):
         return True   # ret, frame = vidcap.read(): a frame of a video or camera per iteration
-    nexts = [c.args[0] for c in calls if isinstance(c.func, ast.Name) and c.func.id == "next" and c.args]
+    nexts = [c.args[0] for c in calls if isinstance(c.func, ast.Name) and c.func.id == "next" and c.args] + [
+        c.func.value for c in calls if isinstance(c.func, ast.Attribute) and c.func.attr == "next"]   # db_train.next()
     if isinstance(loop, ast.While) or any(isinstance(a, (ast.Name, ast.Attribute)) and _BATCH_SOURCE.search(
             name_of(a)) for a in nexts):   # not `next(iter(m.parameters()))` in a loop over modules
         return bool(nexts)

@@ -178,6 +178,9 @@ class SyncRules:
             return
         if self.kind(node.value) == "numpy":
             self.numpy_index(node)
+        elif (index := self.list_index(node)) is not None:   # self.label_name[label]: the list reads it with __index__
+            self.flag(node, "GB002",
+                      what=f"a device tensor as a Python list index (`{ast.unparse(index)[:30]}`, read with __index__)")
         if self.kind(node.value) in HOSTISH:
             return
         bound = self.slice_bound(node)
