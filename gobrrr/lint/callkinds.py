@@ -429,9 +429,10 @@ class CallKinds:
         k = self.kind(it)
         if k in (None, "obj") and isinstance(it, (ast.Name, ast.Attribute)) and _LOADER_NAME.search(name_of(it)):
             return "loader"
-        if k in (None, "obj") and isinstance(it, ast.Subscript) and isinstance(it.slice, ast.Constant) \
-                and isinstance(it.slice.value, str) and _LOADER_NAME.search(it.slice.value):
-            return "loader"   # self.dataloader['train_loader']: a loader kept in a dict by name
+        if k in (None, "obj") and isinstance(it, ast.Subscript) and (isinstance(it.slice, ast.Constant) and isinstance(
+                it.slice.value, str) and _LOADER_NAME.search(it.slice.value) or isinstance(it.slice, ast.Name)
+                and isinstance(it.value, (ast.Name, ast.Attribute)) and _LOADER_NAME.search(name_of(it.value))):
+            return "loader"   # self.dataloader['train_loader'], self.data_loader[ln]: a loader kept in a dict
         if k in (None, "obj") and unpacked and isinstance(it, (ast.Name, ast.Attribute)) \
                 and set(re.split(r"_", name_of(it).lower())) & _DATA_WORDS:
             return "loader"   # for source, targets in self.train_data: a dataset's (x, y) pairs

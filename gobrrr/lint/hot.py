@@ -202,7 +202,9 @@ class HotMap:
                     self.rare_ifs.add(id(n))
                 elif isinstance(n.test, ast.UnaryOp) and isinstance(n.test.op, ast.Not) and graph_mode(n.test.operand) \
                         or cuda:
-                    self.off_elses.add(id(n))   # the GPU is assumed: `else:` of `if use_cuda:` is the CPU path
+                    self.off_elses.add(id(n))   # the GPU is assumed: `else:` of `if use_cuda:` is the CPU path,
+                    if cuda:                    # and what the body binds holds after it (OpenNRE's
+                        self.main_ifs.add(id(n))   # `if torch.cuda.is_available(): data[i] = data[i].cuda()`)
                 off_flag = n.test.operand if isinstance(n.test, ast.UnaryOp) and isinstance(n.test.op, ast.Not) else \
                     n.test.left if isinstance(n.test, ast.Compare) and len(n.test.ops) == 1 \
                     and isinstance(n.test.ops[0], ast.Eq) and isinstance(n.test.comparators[0], ast.Constant) \

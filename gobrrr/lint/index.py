@@ -201,7 +201,11 @@ class Index:
         if isinstance(expr, ast.Attribute) and isinstance(expr.value, (ast.Name, ast.Attribute)):
             hit = self._named(src, expr.value)   # K.sampling.sample_lms: a module of a module
             if hit and hit[0] == "module":
-                return self.lookup(hit[1], expr.attr)
+                found = self.lookup(hit[1], expr.attr)
+                if found is None and hit[1].path.name == "__init__.py":   # `import opennre`, then
+                    m = self.module("." + expr.attr, hit[1])   # `opennre.model.BagAttention`: a subpackage
+                    found = ("module", m, None) if m is not None and m is not hit[1] else None   # it never imports
+                return found
         return None
 
     def classes_of(self, src: Source, made: ast.AST, depth: int = 0, cls: ast.ClassDef | None = None) -> list:
@@ -409,7 +413,7 @@ class Index:
         for hit in (hit for m in made for hit in self.classes_of(src, m, cls=cls)):
             if hit not in out:
                 out.append(hit)
-        return out
+        return out or list(self.attr_types.get((id(cls), attr), []))   # nn.DataParallel(model): what was handed in
 
     def instances_of(self, src: Source, node: ast.AST, scope: ast.AST | None, types=None) -> list:
         """[(Source, ClassDef)] of the project classes assigned to a name or self attribute."""

@@ -288,8 +288,16 @@ class Kinds(CallKinds):
         project = getattr(self, "project", None)
         if project is None or not isinstance(node, (ast.Name, ast.Attribute)):
             return False
-        hits = project.instances_of(self.src, node, self.defs[-1] if self.defs else None, getattr(self, "types", None))
-        return bool(hits) and all(_dataset_class(project, src, cls) for src, cls in hits[:4])
+        scope = self.defs[-1] if self.defs else None
+        memo = project.per_file.setdefault(id(self.src), {}).setdefault("datasets", {})
+        key = (id(scope), ast.dump(node)) if not getattr(self, "types", None) else None   # types: a call's, not kept
+        if key is None or key not in memo:
+            hits = project.instances_of(self.src, node, scope, getattr(self, "types", None))
+            found = bool(hits) and all(_dataset_class(project, src, cls) for src, cls in hits[:4])
+            if key is None:
+                return found
+            memo[key] = found
+        return memo[key]
 
     def _plain_index(self, s: ast.AST) -> bool:
         """An int, a slice or `...` (or a tuple of them): picks rows and columns, keeps the dtype."""

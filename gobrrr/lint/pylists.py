@@ -53,8 +53,8 @@ class ListRules:
         depth = self.int_depth(val)
         if depth:
             self.scopes[-1][name.id + "#ints"] = str(depth)   # chosen = [i for i in range(n) if status[i] == 1]
-        if self.py_list(val):
-            self.scopes[-1][name.id + "#list"] = "list"
+        if list_display(val) or isinstance(val, ast.Name) and self.lookup(val.id + "#list"):
+            self.scopes[-1][name.id + "#list"] = "list"   # (by its making here: attributes are read where indexed)
 
     def py_list(self, node: ast.AST) -> bool:
         """`node` certainly holds a Python list: made here, bound to one, or a `self.` attribute the class only

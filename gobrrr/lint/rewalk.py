@@ -5,7 +5,9 @@ Each def is walked once, with the kinds its first call hands it, unless a later 
     fewer_constants  another call passes other constants (`f(x)`, then `f(x, action)`): walk it again with only
                      the constants both share, so a branch on `action is None` is taken both ways
     retyping         a def first walked with unknown parameters is called with device tensors ('dev') or a
-                     loader's batch ('batch'): walked again, once for each reason
+                     loader's batch ('batch'), or first walked with device tensors is called with nothing known
+                     in any of them ('untyped': an untyped caller's copies up may be real): walked again, once for
+                     each reason
     types_more       a hook (a forward, a step) first walked with kinds guessed from its parameter names is
                      handed device tensors where the names said nothing, or host arrays where they guessed
                      device tensors: walked again once
@@ -34,8 +36,13 @@ def _typed_now(old: dict | None, kinds: dict, typed: set[str]) -> bool:
 
 def retyping(key: int, old: dict | None, kinds: dict) -> set[tuple[int, str]]:
     """Why a def walked before is walked again: ('dev') a call hands it device tensors, ('batch') a loader's
-    batch, where its last walk had none; each at most once per def."""
-    return {(key, tag) for tag, typed in (("dev", _DEVICE), ("batch", BATCHES)) if _typed_now(old, kinds, typed)}
+    batch, where its last walk had none; ('untyped') a call says nothing of any parameter its last walk had device
+    tensors in; each at most once per def."""
+    found = {(key, tag) for tag, typed in (("dev", _DEVICE), ("batch", BATCHES)) if _typed_now(old, kinds, typed)}
+    was = [k for k, v in (old or {}).items() if "#" not in k and v in _DEVICE]
+    if was and all(kinds.get(k) is None for k in was):
+        found.add((key, "untyped"))   # mbrl's `_get_model_input(obs, action)`: a model env's device action, then a
+    return found                   # trainer's batch of arrays, whose `to_tensor(action).to(device)` copies up
 
 
 def types_more(fn, kinds: dict) -> bool:

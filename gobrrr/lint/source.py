@@ -209,11 +209,11 @@ def _index_scopes(src: Source, node: ast.AST, scope: ast.AST | None, cls: ast.Cl
                         elif isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self" \
                                 and owner is not None:
                             src.instances.setdefault((id(owner), t.attr), []).append(m)
-                if made is None and owner is not None and getattr(scope, "name", "") == "__init__" \
-                        and isinstance(child.value, ast.Name):
-                    for t in targets:   # self.matcher = matcher: typed by the constructor's callers
+                given = _given(child.value)
+                if owner is not None and getattr(scope, "name", "") == "__init__" and given is not None:
+                    for t in targets:   # self.matcher = matcher, self.model = nn.DataParallel(model): typed by the
                         if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
-                            src.param_attrs.setdefault((id(owner), child.value.id), []).append(t.attr)
+                            src.param_attrs.setdefault((id(owner), given), []).append(t.attr)   # constructor's callers
             _index_scopes(src, child, scope, cls)
 
 
@@ -232,6 +232,18 @@ def _either(value: ast.AST) -> list[ast.expr]:
         both = [_constructed(value.body), _constructed(value.orelse)]
         return both if None not in both else []
     return []
+
+
+def _given(value: ast.AST) -> str | None:
+    """The name a constructor's parameter is stored under, as is or wrapped: `model`, `model.to(dev)`,
+    `nn.DataParallel(model)` (OpenNRE's frameworks), `DistributedDataParallel(model, ...)`."""
+    while isinstance(value, ast.Call) and (isinstance(value.func, ast.Attribute) and value.func.attr in (
+            "to", "cuda", "eval", "train", "half", "float", "bfloat16") or value.args and (
+            value.func.attr if isinstance(value.func, ast.Attribute) else getattr(value.func, "id", "")).endswith(
+            "DataParallel")):
+        value = value.func.value if isinstance(value.func, ast.Attribute) and not value.func.attr.endswith(
+            "DataParallel") else value.args[0]
+    return value.id if isinstance(value, ast.Name) else None
 
 
 def _constructed(value: ast.AST) -> ast.expr | None:

@@ -110,10 +110,27 @@ def step_loops(tree: ast.AST, facts: Facts, rare, nodes: list[ast.AST] | None = 
         return "update" if any(isinstance(c, ast.Call) and facts.step_kind(c) == "update"
                                for c in own_level(fn.body)) else None
 
+    holds: dict[int, bool] = {}   # id of a loop -> it is or holds a step loop (this pass)
+    chunkers: set[str] = set()    # this file's defs whose step loops only walk their arguments in chunks
+
+    def chunking(name: str, depth: int) -> bool:
+        """This file's def `name` is a chunker, or calls one (nerf's `render()` -> `batchify_rays()`)."""
+        fn = local.get(name) if chunkers else None
+        return name in chunkers or fn is not None and depth > 0 and name not in local_looping and any(
+            isinstance(c, ast.Call) and isinstance(c.func, ast.Name) and c.func.id != name and chunking(c.func.id, depth - 1)
+            for c in ast.walk(fn))
+
     def visit(node: ast.AST) -> bool:    # True if node is or holds a step loop
         inner = False
         for child in statements(node):
             inner |= visit(child)
+        chunks = [x for x in _loops_below(node) if holds.get(id(x)) and _chunks_of_item(x, node, rare)] \
+            if inner and isinstance(node, (ast.For, ast.FunctionDef)) else []
+        if chunks and not any(holds.get(id(x)) and x not in chunks for x in _loops_below(node)):
+            inner = False   # `for j in range(0, tgt_len - 1, trunc)` over this batch's target (OpenNMT's truncated
+            # BPTT, a renderer's chunks of this image's rays): pieces of one step, not steps of an outer loop
+            if isinstance(node, ast.FunctionDef) and local.get(node.name) is node:
+                chunkers.add(node.name)   # nerf's `batchify_rays(rays_flat, chunk)`: a call of it is one step's work
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and inner:
             looping_fns.add(node.name)
             if local.get(node.name) is node:
@@ -123,6 +140,8 @@ def step_loops(tree: ast.AST, facts: Facts, rare, nodes: list[ast.AST] | None = 
         own = list(own_level(node.body, rare))
         calls = [n for n in own if isinstance(n, ast.Call)]
         kinds = {local_kind(n) or facts.step_kind(n) for n in calls}
+        if chunks or any(isinstance(c.func, ast.Name) and chunking(c.func.id, 2) for c in calls):
+            kinds.add("forward")   # what its chunks do, it does once per item
         if any(id(x) in repeats for x in _loops_below(node)):
             kinds.add("forward")   # its step only repeats the same forward U times (RePaint's resampling):
             inner = False          # each of its own iterations is a step of the sampler
@@ -155,15 +174,17 @@ def step_loops(tree: ast.AST, facts: Facts, rare, nodes: list[ast.AST] | None = 
             # (and a loop that copies its own item to the device and runs the model on it: a detect loop; one that
             # copies up a prompt and generates from it, though it calls a looping def too: RAFT's reward pass)
             inside = _over_optimizers(node) or (_runs_its_items(node, calls) and "update" not in kinds)
+            holds[id(node)] = True
             return not (inside and not kinds & {"data", "env"})   # one optimizer or layer at a time, in the step
         inner |= outer
+        holds[id(node)] = inner
         return inner
 
     known = set(looping_fns)
     visit(tree)
-    if looping_fns != known or local_looping:   # again, now that every def holding a step loop is known (a
+    if looping_fns != known or local_looping or chunkers:   # again, now that every def holding a step loop is known (a
         steps.clear(), updates.clear(), envs.clear(), repeats.clear()   # local one may be defined below the loop that calls it)
-        held.clear(), method_loops.clear()
+        held.clear(), method_loops.clear(), holds.clear()   # (chunkers kept: what the first pass learnt)
         visit(tree)
     return steps, updates, envs, looping_fns
 
@@ -209,6 +230,24 @@ def statements(node: ast.AST):
         for child in getattr(node, name, None) or ():
             if isinstance(child, ast.AST):
                 yield child
+
+
+def _chunks_of_item(loop: ast.AST, around: ast.AST, rare) -> bool:
+    """`for j in range(0, n, size)` whose end is made from the item of the loop around it (`target_size =
+    batch["tgt"].size(1)`, `rays.shape[0]` of this image's rays), or from the def's arguments
+    (`batchify_rays(rays_flat, chunk)`): it walks one item in pieces."""
+    it = loop.iter if isinstance(loop, ast.For) else None
+    if not (isinstance(it, ast.Call) and name_of(it.func) == "range" and len(it.args) == 3):
+        return False
+    if isinstance(around, ast.FunctionDef):
+        names = {a.arg for a in [*around.args.posonlyargs, *around.args.args, *around.args.kwonlyargs]} - {"self"}
+        for n in sorted((n for n in own_level(around.body, rare) if isinstance(n, ast.Assign)), key=lambda n: n.lineno):
+            if _mentions(n.value, names):
+                names |= {t.id for tgt in n.targets for t in ast.walk(tgt) if isinstance(t, ast.Name)}
+    else:
+        names = _item_names(around, list(own_level(around.body, rare)))
+    return _mentions(it.args[1], names) and not _mentions(it.args[1], {n.id for n in ast.walk(loop.target)
+                                                                      if isinstance(n, ast.Name)})
 
 
 def _moves_batch(loop: ast.AST, own: list[ast.AST]) -> bool:
