@@ -237,12 +237,15 @@ def _either(value: ast.AST) -> list[ast.expr]:
 def _given(value: ast.AST) -> str | None:
     """The name a constructor's parameter is stored under, as is or wrapped: `model`, `model.to(dev)`,
     `nn.DataParallel(model)` (OpenNRE's frameworks), `DistributedDataParallel(model, ...)`."""
-    while isinstance(value, ast.Call) and (isinstance(value.func, ast.Attribute) and value.func.attr in (
-            "to", "cuda", "eval", "train", "half", "float", "bfloat16") or value.args and (
-            value.func.attr if isinstance(value.func, ast.Attribute) else getattr(value.func, "id", "")).endswith(
-            "DataParallel")):
-        value = value.func.value if isinstance(value.func, ast.Attribute) and not value.func.attr.endswith(
-            "DataParallel") else value.args[0]
+    while isinstance(value, ast.Call):
+        f = value.func
+        called = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+        if isinstance(f, ast.Attribute) and called in ("to", "cuda", "eval", "train", "half", "float", "bfloat16"):
+            value = f.value
+        elif called.endswith("DataParallel") and value.args:
+            value = value.args[0]
+        else:
+            break
     return value.id if isinstance(value, ast.Name) else None
 
 
