@@ -67,7 +67,8 @@ def _bench_usage() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command. Output piped into a reader that stops early (`gobrrr lint . | head`) ends the run quietly
-    with 1, as a closed pipe does for other tools, and not with a traceback."""
+    with 1, as a closed pipe does for other tools, and not with a traceback; Ctrl-C that no command handles itself
+    ends it with one line and 130, as a shell reports SIGINT."""
     try:
         code = _main(argv)
         sys.stdout.flush()
@@ -76,6 +77,9 @@ def main(argv: list[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)   # Python flushes stdout again at exit: let that go nowhere
         os.dup2(devnull, sys.stdout.fileno())
         return 1
+    except KeyboardInterrupt:
+        print("gobrrr: interrupted", file=sys.stderr)
+        return 130
 
 
 def _main(argv: list[str] | None) -> int:

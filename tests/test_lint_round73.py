@@ -214,3 +214,18 @@ def test_a_def_walked_first_with_device_tensors_is_walked_again_for_an_untyped_c
                 opt.step()
     """)
     assert (line_of(src, "action = to_tensor(action).to(self.device)"), "GB010") in rules(src)
+
+
+def test_ctrl_c_ends_a_command_with_one_line(monkeypatch, capsys):
+    """A lint of a large checkout stopped with Ctrl-C printed a KeyboardInterrupt traceback from inside the parser;
+    any command that does not handle the interrupt itself now ends with one line on stderr and 130, as a shell
+    reports SIGINT."""
+    from gobrrr import cli
+
+    def interrupted(argv):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_main", interrupted)
+    assert cli.main(["lint", "."]) == 130
+    err = capsys.readouterr().err
+    assert err.strip() == "gobrrr: interrupted" and "Traceback" not in err
