@@ -124,9 +124,12 @@ def step_loops(tree: ast.AST, facts: Facts, rare, nodes: list[ast.AST] | None = 
         inner = False
         for child in statements(node):
             inner |= visit(child)
-        chunks = [x for x in _loops_below(node) if holds.get(id(x)) and _chunks_of_item(x, node, rare)] \
+        below = [x for x in _loops_below(node) if holds.get(id(x))] \
             if inner and isinstance(node, (ast.For, ast.FunctionDef)) else []
-        if chunks and not any(holds.get(id(x)) and x not in chunks for x in _loops_below(node)):
+        pieces = [x for x in below if _chunk_range(x)]
+        names = _walked_names(node, rare) if pieces else set()
+        chunks = [x for x in pieces if _walks_in_chunks(x, names)]
+        if chunks and len(chunks) == len(below):
             inner = False   # `for j in range(0, tgt_len - 1, trunc)` over this batch's target (OpenNMT's truncated
             # BPTT, a renderer's chunks of this image's rays): pieces of one step, not steps of an outer loop
             if isinstance(node, ast.FunctionDef) and local.get(node.name) is node:
@@ -232,22 +235,28 @@ def statements(node: ast.AST):
                 yield child
 
 
-def _chunks_of_item(loop: ast.AST, around: ast.AST, rare) -> bool:
-    """`for j in range(0, n, size)` whose end is made from the item of the loop around it (`target_size =
-    batch["tgt"].size(1)`, `rays.shape[0]` of this image's rays), or from the def's arguments
-    (`batchify_rays(rays_flat, chunk)`): it walks one item in pieces."""
+def _chunk_range(loop: ast.AST) -> ast.Call | None:
+    """The `range(start, end, size)` a for loop walks, if it takes three arguments."""
     it = loop.iter if isinstance(loop, ast.For) else None
-    if not (isinstance(it, ast.Call) and name_of(it.func) == "range" and len(it.args) == 3):
-        return False
-    if isinstance(around, ast.FunctionDef):
-        names = {a.arg for a in [*around.args.posonlyargs, *around.args.args, *around.args.kwonlyargs]} - {"self"}
-        for n in sorted((n for n in own_level(around.body, rare) if isinstance(n, ast.Assign)), key=lambda n: n.lineno):
-            if _mentions(n.value, names):
-                names |= {t.id for tgt in n.targets for t in ast.walk(tgt) if isinstance(t, ast.Name)}
-    else:
-        names = _item_names(around, list(own_level(around.body, rare)))
-    return _mentions(it.args[1], names) and not _mentions(it.args[1], {n.id for n in ast.walk(loop.target)
-                                                                      if isinstance(n, ast.Name)})
+    return it if isinstance(it, ast.Call) and name_of(it.func) == "range" and len(it.args) == 3 else None
+
+
+def _walked_names(around: ast.AST, rare) -> set[str]:
+    """What a loop's pieces may walk: the item of the loop (`_item_names`), or a def's arguments and the names made
+    from them at its own level (`rays_flat` of `batchify_rays(rays_flat, chunk)`)."""
+    own = list(own_level(around.body, rare))
+    if not isinstance(around, ast.FunctionDef):
+        return _item_names(around, own)
+    return _made_from({a.arg for a in [*around.args.posonlyargs, *around.args.args, *around.args.kwonlyargs]} - {"self"},
+                      own)
+
+
+def _walks_in_chunks(loop: ast.AST, names: set[str]) -> bool:
+    """`for j in range(0, n, size)` whose end is made from `names`, the item of the loop around it (`target_size =
+    batch["tgt"].size(1)`, `rays.shape[0]` of this image's rays) or the def's arguments: it walks one item in
+    pieces."""
+    end = _chunk_range(loop).args[1]
+    return _mentions(end, names) and not _mentions(end, {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)})
 
 
 def _moves_batch(loop: ast.AST, own: list[ast.AST]) -> bool:
@@ -266,8 +275,14 @@ def _item_names(loop: ast.AST, own: list[ast.AST]) -> set[str]:
     names = {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)} if isinstance(loop, ast.For) else set()
     names |= {t.id for n in own if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
               and name_of(n.value.func) == "next" for tgt in n.targets for t in ast.walk(tgt) if isinstance(t, ast.Name)}
-    for n in sorted((n for n in own if isinstance(n, ast.Assign)), key=lambda n: n.lineno):   # own_level runs
-        if _mentions(n.value, names):                                                           # backwards
+    return _made_from(names, own)
+
+
+def _made_from(names: set[str], own: list[ast.AST]) -> set[str]:
+    """`names` and those assigned from them at a block's own level, in source order (own_level runs backwards)."""
+    names = set(names)
+    for n in sorted((n for n in own if isinstance(n, ast.Assign)), key=lambda n: n.lineno):
+        if _mentions(n.value, names):
             names |= {t.id for tgt in n.targets for t in ast.walk(tgt) if isinstance(t, ast.Name)}
     return names
 
