@@ -114,8 +114,9 @@ def test_real_judgements_are_well_formed():
     for d in docs:
         assert len(d["commit"]) == 40 and d["url"].startswith("https://github.com/")
         if d.get("negative_control"):   # a project that never uses the GPU (minimalRL), or whose own code syncs
-            #                             nothing per step (open-r1: its loops run inside trl): every line judged false,
-            assert all(e["verdict"] == "false" for e in d["lines"]), d["name"]   # none if the lint reports none
+            #                             nothing per step (open-r1: its loops run inside trl; tabular-dl-num-embeddings
+            #                             keeps its data on the GPU): no line per step, rare or false ones at most
+            assert not any(e["verdict"] == "step" for e in d["lines"]), d["name"]
         else:
             assert sum(e["verdict"] == "step" for e in d["lines"]) >= 1, d["name"]   # pytorch-stable-diffusion: one
         assert len({(e["path"], e["line"]) for e in d["lines"]}) == len(d["lines"]), d["name"]
