@@ -79,13 +79,14 @@ def test_test_files_skipped_unless_asked(tmp_path, capsys):
     body = (CORPUS / "mnist_example.py").read_text()
     (tmp_path / "tests").mkdir()
     (tmp_path / "tests" / "train_check.py").write_text(body)
-    (tmp_path / "test_train.py").write_text(body)
+    (tmp_path / "test_train.py").write_text("import pytest\n" + body)
     (tmp_path / "train.py").write_text(body)
-    assert {Path(f.path).name for f in lint_paths([tmp_path])} == {"train.py"}
+    (tmp_path / "add_test.py").write_text(body)   # TCN's training script for its adding task: named, not a test
+    assert {Path(f.path).name for f in lint_paths([tmp_path])} == {"train.py", "add_test.py"}
     assert {Path(f.path).name for f in lint_paths([tmp_path], tests=True)} == {"train.py", "test_train.py",
-                                                                               "train_check.py"}
+                                                                               "train_check.py", "add_test.py"}
     assert {Path(f.path).name for f in lint_paths([tmp_path / "test_train.py"])} == {"test_train.py"}  # named
-    assert lint_paths([tmp_path], exclude=["train.py"]) == []
+    assert {Path(f.path).name for f in lint_paths([tmp_path], exclude=["train.py"])} == {"add_test.py"}
     assert main([str(tmp_path)]) == 1
     assert "2 test files skipped" in capsys.readouterr().out
 

@@ -202,6 +202,27 @@ CASES = {
         s = torch.cuda.LongTensor(sizes)  # flagged
         scratch = torch.cuda.FloatTensor(4, 3)  # quiet
     """),
+    "appended_positions_index": ("", """
+        row = []
+        for i in range(3):
+            row.append(i)
+        pairs = x[:, row]  # flagged
+        first = x[:, 0:3]  # quiet
+    """),
+    "device_parameter_numpy_index": ("""
+        memory = torch.nn.Parameter(torch.zeros(16, 4).to("cuda"), requires_grad=False)
+        nodes = np.array([1, 5, 7])
+    """, """
+        emb = memory[nodes]  # flagged
+        block = memory[2:5]  # quiet
+    """),
+    "asserted_numpy_schedule": ("""
+        betas = np.linspace(0.1, 0.2, 5)
+    """, """
+        assert isinstance(betas, np.ndarray)
+        skip = (1.0 - betas)[1:].prod().item()  # quiet
+        shown = loss.item()  # flagged
+    """),
 }
 
 

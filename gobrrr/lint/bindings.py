@@ -133,3 +133,22 @@ _HOST_MAKERS = {"torch.tensor", "torch.as_tensor", "torch.from_numpy", "torch.Te
 
 
 __all__ = ["assigned_calls", "assigned_functions", "converted_in_place", "module_attrs", "own_statements", "returned_defs"]
+
+
+def yields_on_device(fn: ast.AST) -> bool:
+    """Every `yield` of `fn` hands out only what it moves to the GPU there (`yield (x.to(device="cuda",
+    non_blocking=True), ..., meta.numpy())`, `yield batch.cuda()`): a loader of device batches, at least one moved."""
+    yields = [n.value for n in ast.walk(fn) if isinstance(n, ast.Yield)]
+    parts = [e for y in yields for e in (y.elts if isinstance(y, (ast.Tuple, ast.List)) else [y])]
+    moved = [p for p in parts if _moved_to_gpu(p)]
+    return bool(yields) and bool(moved) and all(p in moved or isinstance(p, ast.Call) and isinstance(p.func, ast.Attribute)
+                                                and p.func.attr in ("numpy", "tolist", "item") for p in parts)
+
+
+def _moved_to_gpu(e: ast.AST) -> bool:
+    if not (isinstance(e, ast.Call) and isinstance(e.func, ast.Attribute) and e.func.attr in ("to", "cuda")):
+        return False
+    if e.func.attr == "cuda":
+        return True
+    where = [*e.args[:1], *(k.value for k in e.keywords if k.arg == "device")]
+    return any(isinstance(w, ast.Constant) and isinstance(w.value, str) and w.value.startswith("cuda") for w in where)

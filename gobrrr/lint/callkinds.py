@@ -17,6 +17,7 @@ from __future__ import annotations
 import ast
 import re
 
+from gobrrr.lint.bindings import yields_on_device
 from gobrrr.lint.loops import LOADER_NAME, is_model_name, name_of
 from gobrrr.lint.names import (
     BATCHES,
@@ -150,6 +151,8 @@ class CallKinds:
                 return "hlist"   # for indices in BatchSampler(SubsetRandomSampler(range(n)), mb, False): host index lists
             if last == "Variable" and node.args:
                 return self.kind(node.args[0])   # torch.autograd.Variable(t) (old PyTorch) is t
+            if last == "Parameter" and node.args and (k := self.kind(node.args[0])) in TENSORISH:
+                return k   # nn.Parameter(x.to(device)): tgn's memory (one made on the host stays unknown)
             if last in LOADERS_PINNED:
                 if last == "Prefetcher" and self.device_of(_arg(node, 1, "device")) != "cpu":
                     return "loader_device"
@@ -214,8 +217,7 @@ class CallKinds:
                 return None
             if last[:1].isupper():
                 return "obj"  # a class: a module, a meter, a config; not a tensor
-        looped = self._looped_loader(node)
-        if looped:
+        if looped := self._looped_loader(node):
             return looped   # infiniteloop(dataloader): a generator that yields a loader's batches is that loader
         summary = self.return_kind(node)
         numpy_in = isinstance(func, ast.Name) and not node.keywords and {self.kind(a) for a in node.args} == {"numpy"}
@@ -375,13 +377,14 @@ class CallKinds:
 
     def _looped_loader(self, node: ast.Call) -> str | None:
         """The loader kind of the argument a project generator loops over and yields from (`def infiniteloop(dl):
-        while True: for x, y in iter(dl): yield x`), or None."""
+        while True: for x, y in iter(dl): yield x`); a device loader when it yields only what it moves there."""
         project = getattr(self, "project", None)
-        if project is None or not isinstance(node.func, ast.Name) or not node.args \
-                or node.func.id not in project.generators:
+        if project is None or not isinstance(node.func, ast.Name) or node.func.id not in project.generators:
             return None
         for _, fn in project.resolve(self.src, node, self.defs[-1] if self.defs else None, self.types)[:1]:
-            params = [a.arg for a in fn.args.args]
+            if yields_on_device(fn):
+                return "loader_device"   # modded-nanogpt's data generator: `yield (x.to("cuda", non_blocking=True),
+            params = [a.arg for a in fn.args.args]   # ...)`
             for loop in (n for n in ast.walk(fn) if isinstance(n, ast.For)):
                 it = loop.iter.args[0] if isinstance(loop.iter, ast.Call) and name_of(loop.iter.func) == "iter" \
                     and loop.iter.args else loop.iter

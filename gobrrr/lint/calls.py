@@ -39,10 +39,16 @@ class CallRules:
         own helper (`self.anchors, self.valid_mask = self._generate_anchors()`, `cos, sin, inv =
         self._prepare_cache(n)`: host tables a forward copies)."""
         set_up = self.region != "hot" and not self.summary_depth and not self.assigning & self.seeding
-        if set_up and not (self.looping_def and self.region is None) and not self.init_attrs \
+        script = set_up and not self.defs and self.region is None   # a script's own set-up, at module level
+        if set_up and not (self.looping_def and self.region is None) and not self.init_attrs and not script \
                 or self.summary_depth >= 2 \
                 or not isinstance(node.func, (ast.Name, ast.Attribute)):
             return None
+        if script:   # train_loader, test_loader = data_generator(root, bs): TCN's loaders, and host data; no
+            k = self._return_kind(node)   # guess of tensors (a helper's model, a device table) from there
+            if parts := self.return_parts.get(id(node)):
+                self.return_parts[id(node)] = tuple(p if _set_up_kind(p) else None for p in parts)
+            return k if _set_up_kind(k) else None
         if set_up:   # `sigmas = self.sample_schedule(n)` before the step loop: a tensor, host data, not an
             k = self._return_kind(node)   # object (`transforms = build_transforms(cfg)` returns no model)
             return None if k == "obj" else k
@@ -168,6 +174,13 @@ class CallRules:
             insts = self.project.instances_of(self.src, a, scope, self.types)
             if insts:
                 types[p] = insts
+            elif kinds[p] is None and isinstance(a, (ast.Name, ast.Attribute)) \
+                    and p in target_src.calls.get(fn.name, ()):   # train_epoch(..., loss_fn): the callee calls
+                runs = [(s, d) for s, d in self.project.resolve(   # loss_fn(...), the partial of a project def
+                    self.src, ast.Call(func=a, args=[], keywords=[]), scope, self.types, fallback=False)[:3]
+                    if s.parent.get(id(d)) is not scope]   # given (a closure of the caller's: _handed)
+                if runs:
+                    types[p + "()"] = runs
         extra = node.args[len(params):]
         if fn.args.vararg is not None and extra and not any(isinstance(a, ast.Starred) for a in extra):
             items = {self.kind(a) for a in extra}   # def meshgrid(*tensors) called with host aranges
@@ -270,6 +283,11 @@ class CallRules:
             # handed PIL sizes by every caller) is passed on as a guess, which seeds nothing
             if kinds or types:   # types: `agent.train(data_sampler, ...)` hands the loop a Data_Sampler
                 self.seeds.append((target_src, fn, kinds, types))
+
+
+def _set_up_kind(k: str | None) -> bool:
+    """What a script's module level takes from a helper's return: a loader, or host data."""
+    return bool(k) and (k.startswith("loader") or k in _HOST_DATA)
 
 
 def _takes_nothing(fn: ast.AST) -> bool:

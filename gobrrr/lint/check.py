@@ -59,11 +59,10 @@ from gobrrr.lint.loops import (
     env_stepping_defs,
     forwarding_defs,
     holds_updating_loop,
-    name_of,
     stepping_defs,
     updating_methods,
 )
-from gobrrr.lint.placed import gpu_reach, imported_files, moved_classes, own_program
+from gobrrr.lint.placed import gpu_reach, hands_the_device, imported_files, moved_classes, own_program, runs_default_cuda
 from gobrrr.lint.rates import defaults_of_one, switches
 from gobrrr.lint.rewalk import fewer_constants, retyping, types_more
 from gobrrr.lint.rules import Checker
@@ -76,7 +75,6 @@ _IGNORE = re.compile(r"#\s*gobrrr:\s*ignore(?:\[([A-Za-z0-9_,\s]+)\])?")
 _SYNC_NOTE = re.compile(r"#\s*sync:")
 _COMPUTES = re.compile(r"\btorch\.(?!utils\.tensorboard)\w|\.backward\(")   # torch compute, not only its SummaryWriter
 # torch.set_default_tensor_type("torch.cuda.FloatTensor"): torch's factories make CUDA tensors everywhere
-_DEFAULT_CUDA = re.compile(r"set_default_tensor_type\(\s*['\"]?torch\.cuda\.")
 _ANY_NOTE = re.compile(r"#\s*(gobrrr:|sync:)")
 
 
@@ -149,8 +147,7 @@ def check_sources(sources: list[Source], assume_gpu: bool = False,
     moved = moved_classes(project, [s for s in sources if gpu[id(s)]])   # `Translator(model).to(device)` elsewhere
     gpu.update({id(s): True for s in sources if any(id(c) in moved for c in s.classes.values())})
     gpu_project = any(gpu.values())
-    project.default_cuda = any(_DEFAULT_CUDA.search(s.text) and "test" not in s.path.parent.name
-                               and _runs_default_cuda(s, sources) for s in sources)
+    project.default_cuda = runs_default_cuda(sources)
     project.host_attrs = host_attrs(Checker, project, flags)   # after: torch.zeros(n) is on the device under it
     checkers: dict[int, Checker] = {}
     queue = []
@@ -178,10 +175,7 @@ def check_sources(sources: list[Source], assume_gpu: bool = False,
         for c in checkers.values():   # a CPU-only file whose step loop calls into a GPU file runs on the GPU (a
             mine = imported_files(project, c.src) if c.waiting and own_program(c.src) else None   # script: one it
             if c.waiting and any(gpu[id(p[0])] and (mine is None or id(p[0]) in mine) for p in c.waiting):   # imports
-                c.findings.update(c.dropped)
-                c.dropped = {}
-                queue += c.waiting
-                gpu[id(c.src)] = True
+                queue += _wake(c, gpu)
             c.waiting = []
         if not queue:
             break
@@ -217,22 +211,6 @@ def check_sources(sources: list[Source], assume_gpu: bool = False,
     return sorted(found, key=lambda f: (f.path, f.line, f.col, f.rule)), skipped
 
 
-def _runs_default_cuda(s: Source, sources: list[Source]) -> bool:
-    """`torch.set_default_tensor_type(torch.cuda.FloatTensor)` at module level, or in a def the project calls:
-    not one in a `def set_device(device)` nothing calls (trajectory-transformer; `torch.cuda.set_device(i)` is
-    not a call of it), where tensors stay on the CPU."""
-    for n in s.nodes:
-        if not (isinstance(n, ast.Call) and _DEFAULT_CUDA.search(ast.unparse(n))):
-            continue
-        around = [d for d in s.nodes if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))
-                  and d.lineno <= n.lineno <= (d.end_lineno or d.lineno)]
-        up = max(around, key=lambda d: d.lineno) if around else None   # the innermost def holding the call
-        if up is None or any(isinstance(c, ast.Call) and name_of(c.func) == up.name
-                             and not ast.unparse(c.func).startswith(("torch.", "cuda.")) for o in sources for c in o.nodes):
-            return True
-    return False
-
-
 def _seeded(checkers: dict, sources: list[Source], gpu: dict, errors) -> list:
     """Walk again each def holding a step loop that the project calls with known argument kinds
     (a sampler in a library module, called from a script): the kinds agreed on by its call sites
@@ -240,6 +218,9 @@ def _seeded(checkers: dict, sources: list[Source], gpu: dict, errors) -> list:
     seeds: dict[int, tuple] = {}
     for s in sources:
         for target, fn, kinds, types in checkers[id(s)].seeds:
+            if gpu[id(s)] and not gpu[id(target)] and hands_the_device(checkers[id(s)].project, kinds, types):
+                checkers[id(target)].pending += _wake(checkers[id(target)], gpu)   # evaluate(model, data) handed
+                #   the script's module, in a file naming no device (SASRec's utils.py): it runs where the model is
             _, _, old, classes = seeds.setdefault(id(fn), (target, fn, dict(kinds), {}))
             for k, v in kinds.items():
                 if old.get(k, v) != v:
@@ -257,6 +238,14 @@ def _seeded(checkers: dict, sources: list[Source], gpu: dict, errors) -> list:
             queue += c.pending
             c.pending = []
     return queue
+
+
+def _wake(c: Checker, gpu: dict) -> list:
+    """A held-back file (_hold_back) found to run on the GPU: its dropped findings back; returns its waiting calls."""
+    gpu[id(c.src)] = True
+    c.findings.update(c.dropped)
+    c.dropped, waiting, c.waiting = {}, c.waiting, []
+    return waiting
 
 
 def _closures(sources: list[Source], facts: dict) -> tuple[set[str], set[str]]:

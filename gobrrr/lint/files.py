@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import tokenize
 from fnmatch import fnmatch
 from pathlib import Path
@@ -38,7 +39,7 @@ def python_files(paths, exclude=(), tests: bool = False) -> tuple[list[Path], li
                     continue
                 if not f.is_file():
                     continue  # a FIFO, a socket, a broken link, a folder named *.py: never opened
-                if not keep_tests and _is_test(rel):
+                if not keep_tests and _is_test(rel, f):
                     skipped += 1
                     continue
                 files.append(f)
@@ -76,9 +77,23 @@ def _path_problem(p: Path) -> str | None:
     return None
 
 
-def _is_test(rel: Path) -> bool:
-    return any(part in TEST_DIRS for part in rel.parts[:-1]) or rel.name == "conftest.py" \
-        or fnmatch(rel.name, "test_*.py") or fnmatch(rel.name, "*_test.py")
+def _is_test(rel: Path, f: Path) -> bool:
+    """A file of a test folder, a conftest.py, or a file named like a test (`test_*.py`, `*_test.py`) that is one:
+    it uses a test framework or defines a test. TCN's `add_test.py` (a training script that names its task) is not."""
+    if any(part in TEST_DIRS for part in rel.parts[:-1]) or rel.name == "conftest.py":
+        return True
+    if not (fnmatch(rel.name, "test_*.py") or fnmatch(rel.name, "*_test.py")):
+        return False
+    try:
+        text = f.read_text(errors="replace")
+    except OSError:
+        return True
+    return _TESTS.search(text) is not None
+
+
+# what a test file holds: a test framework, a test function or a test class
+_TESTS = re.compile(r"^\s*(?:import|from)\s+(?:pytest|unittest|nose|hypothesis)\b|^\s*(?:async\s+)?def\s+test_|^\s*class\s+Test",
+                    re.M)
 
 
 def _excluded(f: Path, rel: Path, globs) -> bool:

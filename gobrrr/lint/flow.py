@@ -353,6 +353,8 @@ class FlowRules:
         self.check_condition(node.test, " in an assert")
         self.visit(node.test)
         self.visit_off(node.msg)  # the message is built only on failure
+        for name in _asserted_arrays(node.test):   # assert isinstance(betas, np.ndarray): past it, betas is one
+            self.bind(name, "numpy")
 
     def visit_Raise(self, node: ast.Raise) -> None:
         self.visit_off(node.exc, node.cause)
@@ -460,3 +462,11 @@ def _unpacks(value: ast.AST, names: set[str]) -> bool:
     while isinstance(value, ast.Subscript):
         value = value.value
     return isinstance(value, ast.Name) and value.id in names
+
+
+def _asserted_arrays(test: ast.AST) -> list[ast.Name]:
+    """The names an assert says are numpy arrays: `isinstance(x, np.ndarray)`, alone or in an `and`."""
+    parts = test.values if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And) else [test]
+    return [p.args[0] for p in parts if isinstance(p, ast.Call) and isinstance(p.func, ast.Name)
+            and p.func.id == "isinstance" and len(p.args) == 2 and isinstance(p.args[0], ast.Name)
+            and ast.unparse(p.args[1]) in ("np.ndarray", "numpy.ndarray")]

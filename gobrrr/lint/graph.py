@@ -18,6 +18,7 @@
                                    calling file's own class, or the one method of that name it defines;
                                    failing those, the classes of the folder named after it, for a component
                                    a registry builds (`self.dense_head` -> the classes in dense_heads/)
+                 fn(x)             with fn a parameter: the def a call site handed it (DiffDock's loss_fn)
                  fn(x)             with `fn = functools.partial(g, k=v)` in a def around: g, given k=v too;
                                    with `fn = get_step_fn(cfg)`: the def nested in get_step_fn that it returns
                  wrap(g)(x)        g: a wrapper made at the call site (`retry_if_cuda_oom(self.matcher)(iou)`)
@@ -99,6 +100,8 @@ class Project(Index):
         `src`. `types`: parameter name -> [(Source, ClassDef)] handed over from a call site."""
         f = call.func
         if isinstance(f, ast.Name):
+            if types and (given := types.get(f.id + "()")):
+                return given   # a callable parameter: what a call site handed it (calls._arguments)
             s = scope
             while s is not None:   # a def nested in an enclosing def (also in its loops and branches)
                 if (d := local_def(s, f.id, self.per_file.setdefault(id(src), {}))) is not None:
@@ -455,8 +458,7 @@ class Project(Index):
 
 
 def _through_partial(made: ast.Call, call: ast.Call) -> ast.Call:
-    """`call` of a name bound to `made = functools.partial(f, a, k=v)`: the call of f it makes, with the bound
-    arguments first (`f(a, *call.args, k=v, **call.keywords)`)."""
+    """`call` of a name bound to `made = functools.partial(f, a, k=v)`: `f(a, *call.args, k=v, **call.keywords)`."""
     return ast.Call(func=made.args[0], args=[*made.args[1:], *call.args], keywords=[*made.keywords, *call.keywords])
 
 

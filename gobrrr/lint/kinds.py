@@ -109,9 +109,21 @@ class Kinds(CallKinds):
         """A module by its name (`model`, `self.net`) or by what was assigned to it (`m = resnet50()`)."""
         if isinstance(node, (ast.Name, ast.Attribute)):
             n = name_of(node)
+            if isinstance(node, ast.Name) and is_model_name(n) and self._a_function(n):
+                return False   # TCN's `data_generator(args.data)`: a function of the project, not a GAN's generator
             return is_model_name(n) or n in self.models or (isinstance(node, ast.Name) and self.lookup(n) == "obj") \
                 or (isinstance(node, ast.Attribute) and self.kind(node) == "obj")
         return False
+
+    def _a_function(self, name: str) -> bool:
+        """`name` is a def of the project (this file's, nested here, or imported), not a name bound to a module."""
+        project = getattr(self, "project", None)
+        if project is None or self.lookup(name) is not None:
+            return False
+        if name in getattr(self, "local_defs", {}):
+            return True
+        hit = project.lookup(self.src, name)
+        return bool(hit) and hit[0] == "def"
 
     def named_model(self, node: ast.AST) -> bool:
         """A module by its name or by a module assigned to it (`model`, `self.net`), not any object."""

@@ -7,11 +7,21 @@ but its other methods (`translate_sentence`, a beam search with a `.item()` per 
 A class constructed and moved in one expression (`Cls(...).to(device)`, `.cuda()`), or assigned and then moved
 (`net = Cls(...)`, later `net.to(device)` / `net.cuda()` in the same file), is placed on the device, and so are its
 project base classes (the index's `ancestors`).
+
+A def of such a file that a GPU file calls handing it a device tensor or one of the project's modules
+(`evaluate(model, dataset, args)` in SASRec's utils.py) runs on the device too (`hands_the_device`); and a project
+that makes CUDA the default tensor type (`torch.set_default_tensor_type('torch.cuda.FloatTensor')` where it runs)
+builds its `torch.zeros(n)` there (`runs_default_cuda`).
 """
 from __future__ import annotations
 
 import ast
+import re
 
+from gobrrr.lint.loops import name_of
+from gobrrr.lint.names import TENSORISH
+
+_DEFAULT_CUDA = re.compile(r"set_default_tensor_type\(\s*['\"]?torch\.cuda\.")
 _MOVES = {"to", "cuda"}
 
 
@@ -100,3 +110,33 @@ def gpu_reach(project, sources, gpu: dict) -> set[int]:
 
 
 __all__ = ["gpu_reach", "imported_files", "moved_classes", "own_program"]
+
+
+def hands_the_device(project, kinds: dict, types: dict) -> bool:
+    """A call (from a file that uses the GPU) that hands a device tensor, or an instance of one of the project's
+    torch modules: the def it calls runs on the device, whether or not its own file names one."""
+    return any(v in TENSORISH for k, v in kinds.items() if "#" not in k) or any(
+        project.is_module_class(src, cls) for v in types.values() for src, cls in v if isinstance(cls, ast.ClassDef))
+
+
+def runs_default_cuda(sources: list) -> bool:
+    """Whether the project makes CUDA the default tensor type (NeuS's exp_runner): then `torch.zeros(n)` is on the
+    device. Files of test folders do not count."""
+    return any(_DEFAULT_CUDA.search(s.text) and "test" not in s.path.parent.name and _runs_default_cuda(s, sources)
+               for s in sources)
+
+
+def _runs_default_cuda(s, sources: list) -> bool:
+    """`torch.set_default_tensor_type(torch.cuda.FloatTensor)` at module level, or in a def the project calls:
+    not one in a `def set_device(device)` nothing calls (trajectory-transformer; `torch.cuda.set_device(i)` is
+    not a call of it), where tensors stay on the CPU."""
+    for n in s.nodes:
+        if not (isinstance(n, ast.Call) and _DEFAULT_CUDA.search(ast.unparse(n))):
+            continue
+        around = [d for d in s.nodes if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))
+                  and d.lineno <= n.lineno <= (d.end_lineno or d.lineno)]
+        up = max(around, key=lambda d: d.lineno) if around else None   # the innermost def holding the call
+        if up is None or any(isinstance(c, ast.Call) and name_of(c.func) == up.name
+                             and not ast.unparse(c.func).startswith(("torch.", "cuda.")) for o in sources for c in o.nodes):
+            return True
+    return False

@@ -34,6 +34,11 @@ class ListRules:
         `lists[i]` of a depth-2 list is depth 1, `x if c else None` what `x` is."""
         if isinstance(p, ast.Name):
             mark = self.lookup(p.id + "#ints")
+            if not mark and self.defs:   # row = []; for i in ...: row.append(i): positions gathered in this def
+                cache = self.project.per_file.setdefault(id(self.src), {}).setdefault("appended_ints", {})
+                if id(self.defs[-1]) not in cache:
+                    cache[id(self.defs[-1])] = appended_ints(self.defs[-1])
+                return 1 if p.id in cache[id(self.defs[-1])] else None
             return int(mark) if mark and mark.isdigit() else 1 if mark else None
         if isinstance(p, ast.IfExp):
             ways = [w for w in (p.body, p.orelse) if not (isinstance(w, ast.Constant) and w.value is None)]
@@ -159,6 +164,51 @@ def _made_list(value: ast.AST, fn: ast.AST, hops: int = 2) -> bool:
     made = [n.value for n in ast.walk(fn) if isinstance(n, ast.Assign)
             and any(isinstance(t, ast.Name) and t.id == value.id for t in n.targets)]
     return bool(made) and all(_made_list(v, fn, hops - 1) for v in made)
+
+
+def appended_ints(fn: ast.AST) -> set[str]:
+    """The names of `fn` bound only to an empty list (`row = []`, `row, col = list(), list()`) and grown only by
+    `append`s of ints: a `for` target over `range(...)` (or `enumerate`'s count) or an int literal. pytorch-fm's
+    `row.append(i), col.append(j)` over the field pairs, then `x[:, row]`: a list of positions."""
+    counters = {t.id for n in ast.walk(fn) if isinstance(n, (ast.For, ast.comprehension))
+                for t in [_counter(n.target, n.iter)] if t is not None}
+    empty, other, grown, bad = set(), set(), set(), set()
+    for n in ast.walk(fn):
+        if isinstance(n, ast.Assign):
+            for t in n.targets:
+                pairs = zip(t.elts, n.value.elts) if isinstance(t, ast.Tuple) and isinstance(n.value, ast.Tuple) \
+                    and len(t.elts) == len(n.value.elts) else [(t, n.value)]
+                for name, v in pairs:
+                    if isinstance(name, ast.Name):
+                        (empty if _empty_list(v) else other).add(name.id)
+                    elif isinstance(name, ast.Tuple):
+                        other.update(e.id for e in name.elts if isinstance(e, ast.Name))
+        elif isinstance(n, (ast.AugAssign, ast.AnnAssign)) and isinstance(n.target, ast.Name):
+            other.add(n.target.id)
+        elif isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name):
+            name = n.func.value.id
+            if n.func.attr == "append" and len(n.args) == 1 and (
+                    isinstance(n.args[0], ast.Name) and n.args[0].id in counters
+                    or isinstance(n.args[0], ast.Constant) and type(n.args[0].value) is int):
+                grown.add(name)
+            elif n.func.attr in ("append", "extend", "insert", "__setitem__") or n.func.attr.startswith("__i"):
+                bad.add(name)
+    return (empty & grown) - other - bad - counters
+
+
+def _counter(target: ast.AST, it: ast.AST) -> ast.Name | None:
+    """The int a loop counts with: `i` of `for i in range(n)` or of `for i, x in enumerate(xs)`."""
+    f = it.func.id if isinstance(it, ast.Call) and isinstance(it.func, ast.Name) else ""
+    if f == "range" and isinstance(target, ast.Name):
+        return target
+    if f == "enumerate" and isinstance(target, ast.Tuple) and target.elts and isinstance(target.elts[0], ast.Name):
+        return target.elts[0]
+    return None
+
+
+def _empty_list(v: ast.AST) -> bool:
+    return isinstance(v, ast.List) and not v.elts or isinstance(v, ast.Call) and isinstance(v.func, ast.Name) \
+        and v.func.id == "list" and not v.args and not v.keywords
 
 
 def int_depth(val: ast.AST) -> int | None:
