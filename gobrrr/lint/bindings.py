@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import re
 
+from gobrrr.lint.loops import LOADER_NAME, is_model_name, name_of
 from gobrrr.lint.source import DEFS, Source
 
 
@@ -152,3 +153,41 @@ def _moved_to_gpu(e: ast.AST) -> bool:
         return True
     where = [*e.args[:1], *(k.value for k in e.keywords if k.arg == "device")]
     return any(isinstance(w, ast.Constant) and isinstance(w.value, str) and w.value.startswith("cuda") for w in where)
+
+
+def assigned_pairs(fn: ast.AST):
+    """(target, value) of each assignment below `fn`; a tuple target beside a tuple value of its length, item by
+    item (`u_idx, i_idx = [], []`)."""
+    for n in ast.walk(fn):
+        if isinstance(n, ast.Assign):
+            for t in n.targets:
+                if isinstance(t, ast.Tuple) and isinstance(n.value, ast.Tuple) and len(t.elts) == len(n.value.elts):
+                    yield from zip(t.elts, n.value.elts)
+                else:
+                    yield t, n.value
+
+
+def yields_host_lists(fn: ast.AST) -> bool:
+    """Every `yield` of `fn` hands out Python lists it builds (`u_idx, i_idx = [], []`, appended in a loop, then
+    `yield u_idx, i_idx, j_idx`: SELFRec's batches of ids): a loader of host index lists."""
+    yields = [n.value for n in ast.walk(fn) if isinstance(n, ast.Yield) and n.value is not None]
+    parts = [e for y in yields for e in (y.elts if isinstance(y, (ast.Tuple, ast.List)) else [y])]
+    made: dict[str, list] = {}
+    for name, v in assigned_pairs(fn):
+        if isinstance(name, ast.Name):
+            made.setdefault(name.id, []).append(v)
+    return bool(parts) and all(isinstance(p, (ast.List, ast.ListComp)) or isinstance(p, ast.Name) and made.get(p.id)
+                               and all(isinstance(v, (ast.List, ast.ListComp)) for v in made[p.id]) for p in parts)
+
+
+def kept_loader(node: ast.AST) -> bool:
+    """`self.dataloaders['train']`, `loaders[phase]`: an item of a dict named for loaders (ResShift keeps an endless
+    wrapper of each DataLoader there); `next()` of it draws a batch."""
+    return isinstance(node, ast.Subscript) and isinstance(node.value, (ast.Name, ast.Attribute)) \
+        and bool(LOADER_NAME.search(name_of(node.value)))
+
+
+def loaded_module(node: ast.AST) -> bool:
+    """`pickle.load(f)['ema']`, `torch.load(path)['model']`: a module taken from what was loaded."""
+    return isinstance(node, ast.Subscript) and isinstance(node.value, ast.Call) \
+        and isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str) and is_model_name(node.slice.value)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import ast
 import re
 
-from gobrrr.lint.bindings import yields_on_device
+from gobrrr.lint.bindings import kept_loader, loaded_module, yields_host_lists, yields_on_device
 from gobrrr.lint.loops import LOADER_NAME, is_model_name, name_of
 from gobrrr.lint.names import (
     BATCHES,
@@ -35,6 +35,8 @@ from gobrrr.lint.names import (
     TENSOR_METHODS,
     TENSORISH,
     VIEW_METHODS,
+    call_arg,
+    np_random_kind,
 )
 
 _DATA_WORDS = {"data", "dataset", "ds", "batches", "train", "val", "valid", "test", "eval", "dl"}
@@ -42,6 +44,7 @@ _DATA_WORDS = {"data", "dataset", "ds", "batches", "train", "val", "valid", "tes
 _GATHERS = {"gather", "gather_for_metrics", "reduce", "pad_across_processes"}
 _PREDICATE = re.compile(r"(^_*|[a-z0-9]_)(is|has|should|can|needs?|uses?|supports?|check_is)_|^exists$")   # param_is_not_shared,
 # exists(x) (`x is not None`, lucidrains' helper, even where a file forgets to import it)
+_COUNT = re.compile(r"^num(ber_of)?_")   # g.num_nodes(), g.number_of_edges() of a DGL graph: ints (no torch method)
 _TOKENIZER = re.compile(r"tokeni[sz]er|processor|feature_extractor|^tok$", re.I)
 _LOADER_NAME = LOADER_NAME
 _DOTTED_WRAPPERS = {"tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm", "itertools.islice", "itertools.cycle"}
@@ -101,8 +104,9 @@ class CallKinds:
             return "batch_tok"   # tokenizer(texts, return_tensors="pt"): a fresh host batch, pageable
         if name in ("copy.deepcopy", "copy.copy", "deepcopy") and len(node.args) == 1:
             return self.kind(node.args[0])   # copy.deepcopy([x.cpu() for x in outputs]): what it copies
-        if isinstance(func, (ast.Name, ast.Attribute)) and _PREDICATE.search(name_of(func)) \
-                and not (isinstance(func, ast.Attribute) and self.kind(func.value) in TENSORISH):
+        if isinstance(func, (ast.Name, ast.Attribute)) and (_PREDICATE.search(name_of(func)) and not (
+                isinstance(func, ast.Attribute) and self.kind(func.value) in TENSORISH) or isinstance(func, ast.Attribute)
+                and _COUNT.search(func.attr) and not node.args):
             return "num"   # self._is_fp8_param(p), has_nan(x): a predicate answers with a Python bool
         if name in _DOTTED_WRAPPERS and node.args:   # tqdm.tqdm(loader), itertools.islice(loader, n)
             k = self.iter_kind(node.args[0])
@@ -137,7 +141,7 @@ class CallKinds:
                 if k is None and isinstance(node.args[0], (ast.Name, ast.Attribute)) \
                         and _DATA_ITER.search(name_of(node.args[0])):
                     return "batch"   # next(self.train_iter): a batch of a loader passed in (host, pinned or not)
-                if k is None and _kept_loader(node.args[0]):
+                if k is None and kept_loader(node.args[0]):
                     return "batch"   # next(self.dataloaders['train']): a loader (or its endless wrapper) kept by key
                 return ITEM_KIND.get(k) if k and k.startswith("loader") else None
         if getattr(self, "cuda_type", None) and self.cuda_type(func):
@@ -154,7 +158,7 @@ class CallKinds:
             if last == "Parameter" and node.args and (k := self.kind(node.args[0])) in TENSORISH:
                 return k   # nn.Parameter(x.to(device)): tgn's memory (one made on the host stays unknown)
             if last in LOADERS_PINNED:
-                if last == "Prefetcher" and self.device_of(_arg(node, 1, "device")) != "cpu":
+                if last == "Prefetcher" and self.device_of(call_arg(node, 1, "device")) != "cpu":
                     return "loader_device"
                 return "loader_pinned"
             if root in ("time", "math", "random", "os", "sys", "statistics", "os.path"):
@@ -164,7 +168,7 @@ class CallKinds:
                     return "num"   # np.argmin(d): one position, a numpy integer that indexes as an int
                 return "numpy"   # (OpenCV takes and returns numpy arrays, and tuples of floats: `cv2.mean(m)[0]`)
             if root == "numpy.random":
-                return _np_random_kind(node, last)
+                return np_random_kind(node, last)
             if last in ("clip_grad_norm_", "clip_grad_norm", "get_total_norm"):
                 return "tensor"  # the total norm, on the device
             if root == "torch" and last in ("from_numpy", "from_file", "frombuffer"):
@@ -215,10 +219,16 @@ class CallKinds:
                 return "host" if kinds & {"host", "hlist"} else "tensor"   # F.softmax(torch.from_numpy(p)) stays there
             if root.startswith("torch."):
                 return None
+            if last[:1].isupper() and getattr(self, "project", None) is not None and self.project.class_of(
+                    self.src, node.func) is None and (wrapped := next(
+                        (k for a in node.args[1:3] if (k := self.iter_kind(a)) and k.startswith("loader")), None)):
+                return wrapped   # LogProgress(logger, loader, total=n) (dora): a library's progress wrapper is the loader
             if last[:1].isupper():
                 return "obj"  # a class: a module, a meter, a config; not a tensor
         if looped := self._looped_loader(node):
             return looped   # infiniteloop(dataloader): a generator that yields a loader's batches is that loader
+        if not node.args and not node.keywords and self.is_model(func) and self._forward_of_nothing(func):
+            return "tensor"   # emb = model(): a forward of no input, propagating the module's own tables
         summary = self.return_kind(node)
         numpy_in = isinstance(func, ast.Name) and not node.keywords and {self.kind(a) for a in node.args} == {"numpy"}
         if summary is not None:
@@ -246,7 +256,8 @@ class CallKinds:
             return "host"    # tokenizer(text).input_ids, image_processor(img): a tokenizer's ids are made on the host
         if self.is_model(func) and node.args and self.kind(node.args[0]) == "numpy":
             return None      # policy(np.expand_dims(obs, 0)): no module takes numpy; a wrapper's result is unknown
-        if (self.is_model(func) and (node.args or node.keywords)) or re.search(r"loss|criterion", name_of(func), re.I):
+        if (self.is_model(func) and (node.args or node.keywords or self._forward_of_nothing(func))) \
+                or re.search(r"loss|criterion", name_of(func), re.I):
             return "tensor"  # a model's forward or a loss
         kinds = {self.kind(a) for a in node.args}
         if kinds & TENSORISH:
@@ -296,7 +307,7 @@ class CallKinds:
         if method in ("cuda", "to"):
             if recv == "obj" or (recv is None and self.is_model(func.value)):
                 return "obj"  # model.to(device) is still a module
-            if recv is None and _loaded_module(func.value):
+            if recv is None and loaded_module(func.value):
                 return "obj"  # pickle.load(f)['ema'].to(device), torch.load(...)['model'].cuda(): a module moved
             target = self.copy_target(node)
             if target == "cuda":   # (cost.sum(0) > 0).to(device): a mask moved is a mask (unless a dtype is named)
@@ -375,6 +386,15 @@ class CallKinds:
         return (leaf[:1].islower() and leaf != "from_numpy" or bool(listed)) \
             and getattr(getattr(self, "project", None), "default_cuda", False)   # torch.Tensor([1e10]): data, made there
 
+    def _forward_of_nothing(self, func: ast.AST) -> bool:
+        """`model()` of a project module whose forward takes no input (SELFRec's graph encoders propagate their own
+        embedding tables and return them): still a forward, of device tensors."""
+        project = getattr(self, "project", None)
+        insts = project.instances_of(self.src, func, self.defs[-1] if self.defs else None, self.types) \
+            if project is not None else []
+        fwd = [d for s, c in insts[:2] if (d := project.method(s, c, "forward"))]
+        return bool(fwd) and all(len(d[1].args.args) == 1 and not d[1].args.vararg for d in fwd)
+
     def _looped_loader(self, node: ast.Call) -> str | None:
         """The loader kind of the argument a project generator loops over and yields from (`def infiniteloop(dl):
         while True: for x, y in iter(dl): yield x`); a device loader when it yields only what it moves there."""
@@ -382,9 +402,9 @@ class CallKinds:
         if project is None or not isinstance(node.func, ast.Name) or node.func.id not in project.generators:
             return None
         for _, fn in project.resolve(self.src, node, self.defs[-1] if self.defs else None, self.types)[:1]:
-            if yields_on_device(fn):
-                return "loader_device"   # modded-nanogpt's data generator: `yield (x.to("cuda", non_blocking=True),
-            params = [a.arg for a in fn.args.args]   # ...)`
+            if yields_on_device(fn) or yields_host_lists(fn):   # modded-nanogpt's data generator moves what it
+                return "loader_device" if yields_on_device(fn) else "loader_index"   # yields; SELFRec's, id lists
+            params = [a.arg for a in fn.args.args]
             for loop in (n for n in ast.walk(fn) if isinstance(n, ast.For)):
                 it = loop.iter.args[0] if isinstance(loop.iter, ast.Call) and name_of(loop.iter.func) == "iter" \
                     and loop.iter.args else loop.iter
@@ -433,9 +453,9 @@ class CallKinds:
         if k in (None, "obj") and isinstance(it, (ast.Name, ast.Attribute)) and _LOADER_NAME.search(name_of(it)):
             return "loader"
         if k in (None, "obj") and isinstance(it, ast.Subscript) and (isinstance(it.slice, ast.Constant) and isinstance(
-                it.slice.value, str) and _LOADER_NAME.search(it.slice.value) or isinstance(it.slice, ast.Name)
+                it.slice.value, str) and _LOADER_NAME.search(it.slice.value) or isinstance(it.slice, (ast.Name, ast.Constant))
                 and isinstance(it.value, (ast.Name, ast.Attribute)) and _LOADER_NAME.search(name_of(it.value))):
-            return "loader"   # self.dataloader['train_loader'], self.data_loader[ln]: a loader kept in a dict
+            return "loader"   # self.dataloader['train_loader'], self.data_loader[ln], self.data_loader["dev"]: kept in a dict
         if k in (None, "obj") and unpacked and isinstance(it, (ast.Name, ast.Attribute)) \
                 and set(re.split(r"_", name_of(it).lower())) & _DATA_WORDS:
             return "loader"   # for source, targets in self.train_data: a dataset's (x, y) pairs
@@ -445,46 +465,7 @@ class CallKinds:
         return k
 
 
-
-def _kept_loader(node: ast.AST) -> bool:
-    """`self.dataloaders['train']`, `loaders[phase]`: an item of a dict named for loaders (ResShift keeps an endless
-    wrapper of each DataLoader there); `next()` of it draws a batch."""
-    return isinstance(node, ast.Subscript) and isinstance(node.value, (ast.Name, ast.Attribute)) \
-        and bool(_LOADER_NAME.search(name_of(node.value)))
-
-
-def _loaded_module(node: ast.AST) -> bool:
-    """`pickle.load(f)['ema']`, `torch.load(path)['model']`: a module taken from what was loaded."""
-    return isinstance(node, ast.Subscript) and isinstance(node.value, ast.Call) \
-        and isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str) and is_model_name(node.slice.value)
-
-
 _NP_SCALARS = {"argmin", "argmax"}   # numpy reductions over the whole array, with no axis: one index
-
-# numpy.random's draws: the position of `size` (None: any argument is a dimension, as rand(3, 4))
-_NP_SIZE = {"randint": 2, "choice": 1, "uniform": 2, "normal": 2, "random": 0, "random_sample": 0, "rand": None,
-            "randn": None, "binomial": 2, "poisson": 1, "exponential": 1, "beta": 2, "gamma": 2}
-
-
-def _np_random_kind(node: ast.Call, last: str) -> str | None:
-    """np.random.randint(0, n, size=b), np.random.choice(n, b), np.random.permutation(n): a numpy array
-    (a host index, a replay buffer's sample); the draw of one number (no size) is a number."""
-    if last in ("permutation", "default_rng", "RandomState", "Generator"):
-        return "numpy"   # a generator's draws (`rng.choice(pool, k).tolist()`) are numpy, as np.random's own
-    if last not in _NP_SIZE:
-        return None   # np.random.seed(), shuffle(): no array
-    pos = _NP_SIZE[last]
-    if pos is None:
-        return "numpy" if node.args else "num"
-    size = _arg(node, pos, "size")
-    return "num" if size is None or isinstance(size, ast.Constant) and size.value is None else "numpy"
-
-
-def _arg(node: ast.Call, pos: int, name: str) -> ast.AST | None:
-    for k in node.keywords:
-        if k.arg == name:
-            return k.value
-    return node.args[pos] if len(node.args) > pos else None
 
 
 def _values_of(node: ast.AST) -> ast.AST | None:

@@ -112,6 +112,9 @@ class CallRules:
             return None
         self.return_kind(node)
         parts = self.return_parts.get(id(node))
+        if parts is not None and not any(parts) and not node.args and not node.keywords and self.is_model(node.func) \
+                and self._forward_of_nothing(node.func):
+            return ("tensor",) * n   # rec_user_emb, rec_item_emb = model(): an encoder of its own tables (SELFRec)
         return parts if parts is not None and len(parts) == n else None
 
     def guessed(self, value: ast.AST) -> bool:

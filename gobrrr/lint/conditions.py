@@ -73,11 +73,15 @@ def mode_switch(test: ast.AST) -> bool:
 _BACKENDS = {"mps", "xla", "npu", "xpu", "hpu"}
 
 
-def other_backend(test: ast.AST) -> bool:
+def other_backend(test: ast.AST, flags: set[str] = frozenset()) -> bool:
     """The test holds only when the run is on another backend than CUDA: `device.type == "mps"`, `dev in
-    ("mps", "xla")`, `torch.backends.mps.is_available()`, alone or and-ed with other conditions."""
+    ("mps", "xla")`, `torch.backends.mps.is_available()`, `x.is_mps`, or a name of `flags` bound to such a test
+    (demucs' `is_mps = x.device.type == 'mps'`), alone or and-ed with other conditions."""
     parts = test.values if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And) else [test]
     for p in parts:
+        if isinstance(p, ast.Name) and p.id in flags or isinstance(p, ast.Attribute) \
+                and p.attr in ("is_mps", "is_xpu", "is_xla", "is_hpu"):
+            return True
         if isinstance(p, ast.Compare) and len(p.ops) == 1 and isinstance(p.ops[0], (ast.Eq, ast.In)):
             side = p.comparators[0]
             names = [side] if isinstance(side, ast.Constant) else side.elts if isinstance(side, (ast.Tuple, ast.List,

@@ -114,12 +114,11 @@ def _request_handlers(nodes: list[ast.AST]) -> set[str]:
 
 
 def _moves_to_device(fn: ast.AST) -> bool:
-    """The def calls `.cuda()` or `.to(<a device>)` (syntax only: `.to(self.device)`, `.to("cuda")`)."""
-    for n in ast.walk(fn):
-        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and (n.func.attr == "cuda" or (
-                n.func.attr == "to" and n.args and re.search(r"cuda|device|dev\b|gpu", ast.unparse(n.args[0])))):
-            return True
-    return False
+    """The def calls `.cuda()`, `.to(<a device>)` or builds with `device=<a device>` (syntax only: `.to("cuda")`)."""
+    where = re.compile(r"cuda|device|dev\b|gpu")
+    return any(isinstance(n, ast.Call) and (isinstance(n.func, ast.Attribute) and (n.func.attr == "cuda" or (
+        n.func.attr == "to" and n.args and where.search(ast.unparse(n.args[0]))))
+        or any(k.arg == "device" and where.search(ast.unparse(k.value)) for k in n.keywords)) for n in ast.walk(fn))
 
 
 def may_use_gpu(text: str) -> bool:
@@ -192,6 +191,8 @@ class HotMap:
         self.off_elses: set[int] = set()         # id(If) whose else runs only when scripting/tracing/compiling
         self.main_ifs: set[int] = set()          # id(If) `if not cfg.DEBUG:`: the body is the normal way
         self.on_flags, self.loop_ifs = _default_on_flags(tree)
+        self.backend_flags = {t.id for n in nodes if isinstance(n, ast.Assign) and other_backend(n.value)
+                              for t in n.targets if isinstance(t, ast.Name)}   # is_mps = x.device.type == "mps"
         for n in nodes:
             if isinstance(n, ast.If):
                 cuda = cuda_test(n.test)
@@ -251,10 +252,10 @@ class HotMap:
                                             isinstance(n, ast.Call) and self.facts.step_kind(n) == "forward"
                                             for n in own_level(fn.body)))):
                     self.hooks.add(id(fn))
-                elif fn.name in self.facts.collates or cls is not None and fn.name == "__getitem__" \
-                        and any(b.endswith("Dataset") for b in bases) and _moves_to_device(fn):
-                    self.hooks.add(id(fn))   # collate_fn=partial(custom_collate_fn, device=device): per batch;
-                    # a Dataset's __getitem__ that moves its sample to the GPU: per sample (workers cannot)
+                elif (fn.name in self.facts.collates or cls is not None and fn.name == "__getitem__"
+                      and any(b.endswith("Dataset") for b in bases)) and _moves_to_device(fn):
+                    self.hooks.add(id(fn))   # collate_fn=partial(f, device=device) per batch, a Dataset's __getitem__
+                    # per sample, each moving it to the GPU (a collate of host samples only, as NeMo's, is host code)
                 elif fn.name in self.facts.stepping and (cls is not None or fn.name in (
                         in_loops := in_loops if in_loops is not None else _called_in_loops(tree))) \
                         and any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "step"
@@ -270,7 +271,7 @@ class HotMap:
         not hold the optimizer step (`if (i + 1) % accum == 0: opt.step()` is the step itself)."""
         if mode_switch(node.test):
             return False   # `if self.training: ... return losses`: a forward's main path, not an early exit
-        if other_backend(node.test):
+        if other_backend(node.test, self.backend_flags):
             return True    # `if device.type == "mps":` never runs where the GPU is a CUDA one
         if _ends_flow(node.body, id(node) in self.loop_ifs) or _lazy_init(node):
             return True

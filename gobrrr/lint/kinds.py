@@ -355,6 +355,10 @@ class Kinds(CallKinds):
             passed = self.lookup(node.id + "#val")   # device='cpu', a parameter the call leaves at (or sets to)
             if passed[:1] in ("'", '"'):             # a constant: that device
                 return self.device_of(ast.Constant(passed[1:-1]))
+        if isinstance(node, ast.Name) and self.kind(node) == "str" and (made := _strings_bound(
+                self.defs[-1] if getattr(self, "defs", None) else self.src.tree, node.id)):
+            return "cpu" if all(self.device_of(ast.Constant(v)) == "cpu" for v in made) else "cuda"   # demucs'
+            #   eval_device = 'cpu': the name's own strings, not its words
         if isinstance(node, (ast.Name, ast.Attribute)):
             tail = name.rsplit(".", 1)[-1].lower()
             if "dtype" in tail or "precision" in tail or "type" == tail:
@@ -469,3 +473,12 @@ def _dataset_class(project, src, cls: ast.ClassDef, depth: int = 0) -> bool:
         if hit is not None and _dataset_class(project, hit[0], hit[1], depth + 1):
             return True
     return False
+
+
+def _strings_bound(scope: ast.AST, name: str) -> list[str]:
+    """The string constants `name` is assigned anywhere in `scope`; empty when any
+    assignment of it is something else."""
+    made = [n.value for n in ast.walk(scope) if isinstance(n, ast.Assign)
+            and any(isinstance(t, ast.Name) and t.id == name for t in n.targets)]
+    return [v.value for v in made] if made and all(isinstance(v, ast.Constant) and isinstance(v.value, str)
+                                                   for v in made) else []

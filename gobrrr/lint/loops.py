@@ -317,6 +317,8 @@ class Facts:
                 return "update"   # agent.learn(batch), policy.train(buffer, 256), self.update(i): a def that updates
             if args and (self.instances.get(receiver), func.attr) in self.updaters:
                 return "update"   # trainer.train(batch), algo.update(batch): the project class's method updates
+            if func.attr == "eval" and func.attr in self.forwarding and any(not isinstance(a, ast.Constant) for a in call.args):
+                return "forward"  # engine.eval(x, y): a trainer's evaluation step (Graph WaveNet), not module.eval()
             if func.attr in HOUSEKEEPING or func.attr.startswith(("register_", "set_", "save", "load")):
                 return None
             if receiver != "self" and (is_model_name(receiver) or receiver in self.models) \
@@ -480,12 +482,17 @@ def forwarding_defs(nodes: list[ast.AST], facts: Facts, calls: dict[str, set[str
     out = set()
     for fn in nodes:
         if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and not fn.name.startswith("__") \
-                and fn.name not in facts.forwarding and fn.name not in HOUSEKEEPING \
+                and fn.name not in facts.forwarding and (fn.name not in HOUSEKEEPING or _own_eval(fn)) \
                 and (calls is None or any(is_model_name(n) or n in facts.models or n in facts.forwarding
                                           or n in ("forward", "generate") for n in calls.get(fn.name, ()))) \
                 and any(isinstance(n, ast.Call) and facts.step_kind(n, True) == "forward" for n in own_level(fn.body)):
             out.add(fn.name)
     return out
+
+
+def _own_eval(fn: ast.AST) -> bool:
+    """`def eval(self, input, real_val)`: a trainer's evaluation step, not torch's `Module.eval(self)`."""
+    return fn.name == "eval" and len([a for a in fn.args.args if a.arg != "self"]) >= 1
 
 
 __all__ = ["Facts", "updating_methods", "stepping_defs", "forwarding_defs", "holds_updating_loop", "own_level", "name_of",

@@ -13,6 +13,8 @@ kinds.py and callkinds.py read these tables to give a name its kind (what it hol
 """
 from __future__ import annotations
 
+import ast
+
 FACTORIES = {"randn", "rand", "randint", "randperm", "zeros", "ones", "empty", "full", "arange", "range", "linspace",
              "logspace", "eye", "tensor", "as_tensor", "normal", "bernoulli", "tril_indices", "triu_indices",
              "Tensor", "FloatTensor", "LongTensor", "IntTensor", "BoolTensor", "HalfTensor", "DoubleTensor",
@@ -72,3 +74,29 @@ ITEM_KIND = {"loader_pageable": "batch_host", "loader_pinned": "batch_pinned", "
              "loader": "batch", "host": "host", "pinned": "pinned", "tensor": "tensor", "mask": "mask",
              "batch_host": "batch_host", "batch_pinned": "batch_pinned", "batch": "batch", "numpy": "numpy",
              "tlist": "tensor", "hlist": "hlist", "loader_index": "host"}
+
+
+# numpy.random's draws: the position of `size` (None: any argument is a dimension, as rand(3, 4))
+_NP_SIZE = {"randint": 2, "choice": 1, "uniform": 2, "normal": 2, "random": 0, "random_sample": 0, "rand": None,
+            "randn": None, "binomial": 2, "poisson": 1, "exponential": 1, "beta": 2, "gamma": 2}
+
+
+def np_random_kind(node: ast.Call, last: str) -> str | None:
+    """np.random.randint(0, n, size=b), np.random.choice(n, b), np.random.permutation(n): a numpy array
+    (a host index, a replay buffer's sample); the draw of one number (no size) is a number."""
+    if last in ("permutation", "default_rng", "RandomState", "Generator"):
+        return "numpy"   # a generator's draws (`rng.choice(pool, k).tolist()`) are numpy, as np.random's own
+    if last not in _NP_SIZE:
+        return None   # np.random.seed(), shuffle(): no array
+    pos = _NP_SIZE[last]
+    if pos is None:
+        return "numpy" if node.args else "num"
+    size = call_arg(node, pos, "size")
+    return "num" if size is None or isinstance(size, ast.Constant) and size.value is None else "numpy"
+
+
+def call_arg(node: ast.Call, pos: int, name: str) -> ast.AST | None:
+    for k in node.keywords:
+        if k.arg == name:
+            return k.value
+    return node.args[pos] if len(node.args) > pos else None

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import ast
 
+from gobrrr.lint.bindings import assigned_pairs
+
 _LIST_METHODS = {"readlines", "splitlines"}   # str / file methods that return a Python list
 
 
@@ -173,17 +175,13 @@ def appended_ints(fn: ast.AST) -> set[str]:
     counters = {t.id for n in ast.walk(fn) if isinstance(n, (ast.For, ast.comprehension))
                 for t in [_counter(n.target, n.iter)] if t is not None}
     empty, other, grown, bad = set(), set(), set(), set()
+    for name, v in assigned_pairs(fn):
+        if isinstance(name, ast.Name):
+            (empty if _empty_list(v) else other).add(name.id)
+        elif isinstance(name, ast.Tuple):
+            other.update(e.id for e in name.elts if isinstance(e, ast.Name))
     for n in ast.walk(fn):
-        if isinstance(n, ast.Assign):
-            for t in n.targets:
-                pairs = zip(t.elts, n.value.elts) if isinstance(t, ast.Tuple) and isinstance(n.value, ast.Tuple) \
-                    and len(t.elts) == len(n.value.elts) else [(t, n.value)]
-                for name, v in pairs:
-                    if isinstance(name, ast.Name):
-                        (empty if _empty_list(v) else other).add(name.id)
-                    elif isinstance(name, ast.Tuple):
-                        other.update(e.id for e in name.elts if isinstance(e, ast.Name))
-        elif isinstance(n, (ast.AugAssign, ast.AnnAssign)) and isinstance(n.target, ast.Name):
+        if isinstance(n, (ast.AugAssign, ast.AnnAssign)) and isinstance(n.target, ast.Name):
             other.add(n.target.id)
         elif isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name):
             name = n.func.value.id
