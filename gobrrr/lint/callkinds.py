@@ -402,8 +402,8 @@ class CallKinds:
         if project is None or not isinstance(node.func, ast.Name) or node.func.id not in project.generators:
             return None
         for _, fn in project.resolve(self.src, node, self.defs[-1] if self.defs else None, self.types)[:1]:
-            if yields_on_device(fn) or yields_host_lists(fn):   # modded-nanogpt's data generator moves what it
-                return "loader_device" if yields_on_device(fn) else "loader_index"   # yields; SELFRec's, id lists
+            if (moved := yields_on_device(fn)) or yields_host_lists(fn):   # modded-nanogpt's data generator moves
+                return "loader_device" if moved else "loader_index"   # what it yields; SELFRec's yields id lists
             params = [a.arg for a in fn.args.args]
             for loop in (n for n in ast.walk(fn) if isinstance(n, ast.For)):
                 it = loop.iter.args[0] if isinstance(loop.iter, ast.Call) and name_of(loop.iter.func) == "iter" \

@@ -71,6 +71,7 @@ STEP_HOOKS = {"training_step", "validation_step", "test_step", "predict_step", "
               "get_batch_loss_metrics", "concatenated_forward",   # trl's DPO/KTO/ORPO trainers call them per step
               "_prepare_inputs"}   # transformers' Trainer.training_step, per micro-batch (trl's on-policy trainers)
 # words that say a file runs on a device; `.cpu()` alone does not (a CPU model's .cpu() is a no-op)
+_DEVICE_WORDS = re.compile(r"cuda|device|dev\b|gpu")   # what `.to(...)`/`device=` name when they move to the GPU
 _GPU_WORDS = re.compile(r"cuda|device|gpu|\.to\(|accelerat|torch_xla|\bxla\b|\bxm\b|\bmps\b|deepspeed|lightning|"
                         r"fabric")
 
@@ -115,10 +116,9 @@ def _request_handlers(nodes: list[ast.AST]) -> set[str]:
 
 def _moves_to_device(fn: ast.AST) -> bool:
     """The def calls `.cuda()`, `.to(<a device>)` or builds with `device=<a device>` (syntax only: `.to("cuda")`)."""
-    where = re.compile(r"cuda|device|dev\b|gpu")
     return any(isinstance(n, ast.Call) and (isinstance(n.func, ast.Attribute) and (n.func.attr == "cuda" or (
-        n.func.attr == "to" and n.args and where.search(ast.unparse(n.args[0]))))
-        or any(k.arg == "device" and where.search(ast.unparse(k.value)) for k in n.keywords)) for n in ast.walk(fn))
+        n.func.attr == "to" and n.args and _DEVICE_WORDS.search(ast.unparse(n.args[0]))))
+        or any(k.arg == "device" and _DEVICE_WORDS.search(ast.unparse(k.value)) for k in n.keywords)) for n in ast.walk(fn))
 
 
 def may_use_gpu(text: str) -> bool:

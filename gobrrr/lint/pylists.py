@@ -36,7 +36,7 @@ class ListRules:
         `lists[i]` of a depth-2 list is depth 1, `x if c else None` what `x` is."""
         if isinstance(p, ast.Name):
             mark = self.lookup(p.id + "#ints")
-            if not mark and self.defs:   # row = []; for i in ...: row.append(i): positions gathered in this def
+            if not mark and self.defs and f"{p.id}.append(" in self.src.text:   # row = []; ...: row.append(i)
                 cache = self.project.per_file.setdefault(id(self.src), {}).setdefault("appended_ints", {})
                 if id(self.defs[-1]) not in cache:
                     cache[id(self.defs[-1])] = appended_ints(self.defs[-1])
