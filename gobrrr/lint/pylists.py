@@ -22,6 +22,7 @@ A mixin of rules.Checker: it relies on kinds.Kinds (`lookup()`, `scopes`, `src`,
 from __future__ import annotations
 
 import ast
+import re
 
 from gobrrr.lint.bindings import assigned_pairs
 
@@ -36,12 +37,9 @@ class ListRules:
         `lists[i]` of a depth-2 list is depth 1, `x if c else None` what `x` is."""
         if isinstance(p, ast.Name):
             mark = self.lookup(p.id + "#ints")
-            if not mark and self.defs and f"{p.id}.append(" in self.src.text:   # row = []; ...: row.append(i)
-                cache = self.project.per_file.setdefault(id(self.src), {}).setdefault("appended_ints", {})
-                if id(self.defs[-1]) not in cache:
-                    cache[id(self.defs[-1])] = appended_ints(self.defs[-1])
-                return 1 if p.id in cache[id(self.defs[-1])] else None
-            return int(mark) if mark and mark.isdigit() else 1 if mark else None
+            if mark:
+                return int(mark) if mark.isdigit() else 1
+            return 1 if self.defs and self._appended(p.id) else None   # row = []; ...: row.append(i)
         if isinstance(p, ast.IfExp):
             ways = [w for w in (p.body, p.orelse) if not (isinstance(w, ast.Constant) and w.value is None)]
             depths = {self.int_depth(w) for w in ways}
@@ -54,6 +52,19 @@ class ListRules:
         if isinstance(p, ast.Subscript) and isinstance(p.slice, ast.Slice):
             return self.int_depth(p.value)
         return int_depth(p)
+
+    def _appended(self, name: str) -> bool:
+        """`name` is a list of positions the current def grows with appends (appended_ints, cached per def); looked
+        for only where the file appends to that name at all."""
+        per_file = self.project.per_file.setdefault(id(self.src), {})
+        if "appended" not in per_file:
+            per_file["appended"] = set(re.findall(r"(\w+)\.append\(", self.src.text))
+        if name not in per_file["appended"]:
+            return False
+        cache, fn = per_file.setdefault("appended_ints", {}), self.defs[-1]
+        if id(fn) not in cache:
+            cache[id(fn)] = appended_ints(fn)
+        return name in cache[id(fn)]
 
     def note_lists(self, name: ast.Name, val: ast.AST) -> None:
         """Mark a name bound to a list of ints (its depth) or to a Python list."""
