@@ -195,7 +195,7 @@ def step_loops(tree: ast.AST, facts: Facts, rare, nodes: list[ast.AST] | None = 
 def looping_closure(calls_by_def: dict[str, set[str]], looping: set[str]) -> set[str]:
     """The defs that hold a step loop, directly or through the defs they call (names, to a fixed
     point); housekeeping names (`train`, `eval`) are left out: they are also methods of every model. A `forward`
-    holding a loop (StyleMELGAN's discriminator repeats itself) is one, but its name, every module's, makes no
+    holding a loop (StyleMelGAN's discriminator repeats itself) is one, but its name, every module's, makes no
     caller of a `.forward(...)` one (ParallelWaveGAN's `inference`, then its decode loop, taken for outer loops)."""
     out = {n for n in looping if n not in HOUSEKEEPING}
     changed = True
