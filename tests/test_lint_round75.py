@@ -345,3 +345,41 @@ def test_a_generator_of_id_lists_and_a_module_called_on_nothing():
     """)
     found = rules(src)
     assert (line_of(src, "loss = (rec_user_emb[user_idx] * rec_item_emb[pos_idx]).sum()"), "GB011") in found, found
+
+
+def test_a_module_called_on_nothing_through_the_name_it_was_moved_into():
+    """SELFRec's recommenders keep the encoder on the object (`self.model = LGCN_Encoder(...)`) and step a moved
+    name: `model = self.model.cuda()`, then `rec_user_emb, rec_item_emb = model()` in the batch loop; the encoder's
+    forward takes no input, and the embeddings it returns are on the device."""
+    src = textwrap.dedent("""
+        import numpy as np
+        import torch
+
+
+        class Encoder(torch.nn.Module):
+            def __init__(self, n_users, n_items):
+                super().__init__()
+                self.users = torch.nn.Parameter(torch.randn(n_users, 8))
+                self.items = torch.nn.Parameter(torch.randn(n_items, 8))
+
+            def forward(self):
+                return self.users * 2, self.items * 2
+
+
+        class Recommender:
+            def __init__(self, n_users, n_items):
+                self.model = Encoder(n_users, n_items)
+
+            def train(self, batches):
+                model = self.model.cuda()
+                opt = torch.optim.Adam(model.parameters())
+                for users, items in batches:
+                    user_idx, pos_idx = np.asarray(users), np.asarray(items)
+                    rec_user_emb, rec_item_emb = model()
+                    loss = (rec_user_emb[user_idx] * rec_item_emb[pos_idx]).sum()
+                    opt.zero_grad()
+                    loss.backward()
+                    opt.step()
+    """)
+    found = rules(src)
+    assert (line_of(src, "loss = (rec_user_emb[user_idx] * rec_item_emb[pos_idx]).sum()"), "GB011") in found, found

@@ -17,7 +17,7 @@ from __future__ import annotations
 import ast
 import re
 
-from gobrrr.lint.bindings import kept_loader, loaded_module, yields_host_lists, yields_on_device
+from gobrrr.lint.bindings import assigned_calls, kept_loader, loaded_module, yields_host_lists, yields_on_device
 from gobrrr.lint.loops import LOADER_NAME, is_model_name, name_of
 from gobrrr.lint.names import (
     BATCHES,
@@ -389,9 +389,11 @@ class CallKinds:
     def _forward_of_nothing(self, func: ast.AST) -> bool:
         """`model()` of a project module whose forward takes no input (SELFRec's graph encoders propagate their own
         embedding tables and return them): still a forward, of device tensors."""
-        project = getattr(self, "project", None)
-        insts = project.instances_of(self.src, func, self.defs[-1] if self.defs else None, self.types) \
-            if project is not None else []
+        project, scope = getattr(self, "project", None), self.defs[-1] if self.defs else None
+        insts = project.instances_of(self.src, func, scope, self.types) if project is not None else []
+        if not insts and isinstance(func, ast.Name) and project is not None:   # model = self.model.cuda()
+            insts = [i for c in assigned_calls(self.src, func.id, scope)[:2] if isinstance(c.func, ast.Attribute)
+                     and c.func.attr in ("cuda", "to") for i in project.instances_of(self.src, c.func.value, scope)]
         fwd = [d for s, c in insts[:2] if (d := project.method(s, c, "forward"))]
         return bool(fwd) and all(len(d[1].args.args) == 1 and not d[1].args.vararg for d in fwd)
 
