@@ -7,6 +7,20 @@ import textwrap
 
 from tests.lintcase import line_of, project_rules, rules
 
+# SELFRec's graph encoders, reduced: a module whose forward takes no input and returns its own tables
+ENCODER = textwrap.dedent("""
+
+
+    class Encoder(torch.nn.Module):
+        def __init__(self, n_users, n_items):
+            super().__init__()
+            self.users = torch.nn.Parameter(torch.randn(n_users, 8))
+            self.items = torch.nn.Parameter(torch.randn(n_items, 8))
+
+        def forward(self):
+            return self.users * 2, self.items * 2
+""")
+
 
 def test_a_collate_of_host_samples_is_host_code():
     """NeMo's `_collate_fn(batch)` and GraphMAE's masking collate stack host samples (`.item()` of CPU lengths):
@@ -319,17 +333,7 @@ def test_a_generator_of_id_lists_and_a_module_called_on_nothing():
                     i_idx.append(item)
                 ptr += batch_size
                 yield u_idx, i_idx
-
-
-        class Encoder(torch.nn.Module):
-            def __init__(self, n_users, n_items):
-                super().__init__()
-                self.users = torch.nn.Parameter(torch.randn(n_users, 8))
-                self.items = torch.nn.Parameter(torch.randn(n_items, 8))
-
-            def forward(self):
-                return self.users * 2, self.items * 2
-
+    """) + ENCODER + textwrap.dedent("""
 
         def train(data, epochs):
             model = Encoder(100, 100).cuda()
@@ -354,17 +358,7 @@ def test_a_module_called_on_nothing_through_the_name_it_was_moved_into():
     src = textwrap.dedent("""
         import numpy as np
         import torch
-
-
-        class Encoder(torch.nn.Module):
-            def __init__(self, n_users, n_items):
-                super().__init__()
-                self.users = torch.nn.Parameter(torch.randn(n_users, 8))
-                self.items = torch.nn.Parameter(torch.randn(n_items, 8))
-
-            def forward(self):
-                return self.users * 2, self.items * 2
-
+    """) + ENCODER + textwrap.dedent("""
 
         class Recommender:
             def __init__(self, n_users, n_items):
