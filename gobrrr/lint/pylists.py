@@ -243,8 +243,5 @@ def int_list(val: ast.AST) -> bool:
         return isinstance(val, ast.Call) and isinstance(val.func, ast.Name) and val.func.id == "range"
     if not (isinstance(val, ast.ListComp) and isinstance(val.elt, ast.Name) and len(val.generators) == 1):
         return False
-    g = val.generators[0]
-    it = g.iter.func.id if isinstance(g.iter, ast.Call) and isinstance(g.iter.func, ast.Name) else ""
-    target = g.target.elts[0] if it == "enumerate" and isinstance(g.target, ast.Tuple) and g.target.elts \
-        else g.target if it == "range" else None
-    return isinstance(target, ast.Name) and target.id == val.elt.id
+    counter = _counter(val.generators[0].target, val.generators[0].iter)
+    return counter is not None and counter.id == val.elt.id
