@@ -170,14 +170,35 @@ def assigned_pairs(fn: ast.AST):
 def yields_host_lists(fn: ast.AST) -> bool:
     """Every `yield` of `fn` hands out Python lists it builds (`u_idx, i_idx = [], []`, appended in a loop, then
     `yield u_idx, i_idx, j_idx`: SELFRec's batches of ids): a loader of host index lists."""
-    yields = [n.value for n in ast.walk(fn) if isinstance(n, ast.Yield) and n.value is not None]
-    parts = [e for y in yields for e in (y.elts if isinstance(y, (ast.Tuple, ast.List)) else [y])]
+    return _built_lists(fn, [n.value for n in ast.walk(fn) if isinstance(n, ast.Yield) and n.value is not None])
+
+
+def returns_host_lists(fn: ast.AST, randoms: frozenset = frozenset()) -> bool:
+    """`fn` draws with the `random` module, names no torch, and every `return` hands back Python lists it builds or
+    draws (`users = rd.sample(self.exist_users, bs)`, `pos_items = []` then `+=`: NGCF's batch of ids). `randoms`:
+    the names the file imports the random module as."""
+    names = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name)}
+    if not names & randoms or "torch" in names:
+        return False   # a sampler draws with `random` and names no torch (an accuracy's list of device tensors)
+    nested = {id(r) for d in ast.walk(fn) if d is not fn and isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))
+              for r in ast.walk(d)}   # (sample_pos_items_for_u's own names and returns)
+    return _built_lists(fn, [n.value for n in ast.walk(fn) if isinstance(n, ast.Return) and n.value is not None
+                             and id(n) not in nested], randoms, nested)
+
+
+def _built_lists(fn: ast.AST, values: list, randoms: frozenset = frozenset(), skip: set | frozenset = frozenset()
+                 ) -> bool:
+    parts = [e for y in values for e in (y.elts if isinstance(y, (ast.Tuple, ast.List)) else [y])]
     made: dict[str, list] = {}
     for name, v in assigned_pairs(fn):
-        if isinstance(name, ast.Name):
+        if isinstance(name, ast.Name) and id(v) not in skip:
             made.setdefault(name.id, []).append(v)
-    return bool(parts) and all(isinstance(p, (ast.List, ast.ListComp)) or isinstance(p, ast.Name) and made.get(p.id)
-                               and all(isinstance(v, (ast.List, ast.ListComp)) for v in made[p.id]) for p in parts)
+
+    def built(v: ast.AST) -> bool:
+        return isinstance(v, (ast.List, ast.ListComp)) or isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) \
+            and isinstance(v.func.value, ast.Name) and v.func.value.id in randoms and v.func.attr in ("sample", "choices")
+    return bool(parts) and all(built(p) or isinstance(p, ast.Name) and made.get(p.id)
+                               and all(built(v) for v in made[p.id]) for p in parts)
 
 
 def kept_loader(node: ast.AST) -> bool:
@@ -191,3 +212,22 @@ def loaded_module(node: ast.AST) -> bool:
     """`pickle.load(f)['ema']`, `torch.load(path)['model']`: a module taken from what was loaded."""
     return isinstance(node, ast.Subscript) and isinstance(node.value, ast.Call) \
         and isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str) and is_model_name(node.slice.value)
+
+
+def through_partial(made: ast.Call, call: ast.Call) -> ast.Call:
+    """`call` of a name bound to `made = functools.partial(f, a, k=v)`: `f(a, *call.args, k=v, **call.keywords)`."""
+    return ast.Call(func=made.args[0], args=[*made.args[1:], *call.args], keywords=[*made.keywords, *call.keywords])
+
+
+def param_default(fn: ast.AST | None, name: str) -> ast.expr | None:
+    """The default of `fn`'s parameter `name` when it names a callable (`decode_func=decode`), else None."""
+    if not isinstance(fn, DEFS):
+        return None
+    a = fn.args
+    pairs = [*zip(reversed([*a.posonlyargs, *a.args]), reversed(a.defaults)), *zip(a.kwonlyargs, a.kw_defaults)]
+    return next((d for p, d in pairs if p.arg == name and isinstance(d, (ast.Name, ast.Attribute))), None)
+
+
+def param_names(fn: ast.AST) -> set[str]:
+    """The names of `fn`'s parameters (positional and keyword)."""
+    return {a.arg for a in [*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs]}

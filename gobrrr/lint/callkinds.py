@@ -22,6 +22,7 @@ from gobrrr.lint.loops import LOADER_NAME, is_model_name, name_of
 from gobrrr.lint.names import (
     BATCHES,
     DEVICE_WRAPPERS,
+    DICT_WRAPPERS,
     FACTORIES,
     HOSTISH,
     ITEM_KIND,
@@ -31,6 +32,7 @@ from gobrrr.lint.names import (
     NOT_TENSOR_TORCH,
     NUM_BUILTINS,
     NUMBER_METHODS,
+    SPARSE_MAKERS,
     STR_METHODS,
     TENSOR_METHODS,
     TENSORISH,
@@ -104,6 +106,15 @@ class CallKinds:
             return "batch_tok"   # tokenizer(texts, return_tensors="pt"): a fresh host batch, pageable
         if name in ("copy.deepcopy", "copy.copy", "deepcopy") and len(node.args) == 1:
             return self.kind(node.args[0])   # copy.deepcopy([x.cpu() for x in outputs]): what it copies
+        if SPARSE_MAKERS.match(name or "") and not any(k.arg == "device" for k in node.keywords):
+            kinds = {self.kind(a) for a in node.args[:2]}   # torch.sparse.FloatTensor(i, v, size): where i, v are
+            return "tensor" if kinds & TENSORISH else "host" if "host" in kinds else None
+        if isinstance(func, ast.Attribute) and func.attr == "__iter__" and not node.args \
+                and (k := self.iter_kind(func.value)) and k.startswith("loader"):
+            return k   # iterator = self.datasets.dataloader_train.__iter__(): the loader, stepped by hand
+        if name_of(func) in DICT_WRAPPERS and len(node.args) == 1 and not node.keywords \
+                and (k := self.kind(node.args[0])) in BATCHES:
+            return k   # self.data = EasyDict(data): the batch, its fields read as attributes
         if isinstance(func, (ast.Name, ast.Attribute)) and (_PREDICATE.search(name_of(func)) and not (
                 isinstance(func, ast.Attribute) and self.kind(func.value) in TENSORISH) or isinstance(func, ast.Attribute)
                 and _COUNT.search(func.attr) and not node.args):
@@ -256,6 +267,9 @@ class CallKinds:
             return "host"    # tokenizer(text).input_ids, image_processor(img): a tokenizer's ids are made on the host
         if self.is_model(func) and node.args and self.kind(node.args[0]) == "numpy":
             return None      # policy(np.expand_dims(obs, 0)): no module takes numpy; a wrapper's result is unknown
+        if re.search(r"loss|criterion", name_of(func), re.I) and not self.is_model(func) and node.args \
+                and {self.kind(a) for a in node.args} <= {"host"}:
+            return "host"    # criterion(pred.cpu(), true.cpu()): a loss of host tensors is one
         if (self.is_model(func) and (node.args or node.keywords or self._forward_of_nothing(func))) \
                 or re.search(r"loss|criterion", name_of(func), re.I):
             return "tensor"  # a model's forward or a loss
@@ -290,6 +304,8 @@ class CallKinds:
         if recv in ("host", "pinned") and ("dtype" in to.rsplit(".", 1)[-1].lower() or _CPU_TENSOR_TYPE.fullmatch(to)
                                            or re.fullmatch(r"torch\.(float|int|uint|bfloat|bool|long|half|double)\w*", to)):
             return "host"   # torch.from_numpy(x).type(dtype): a host tensor of another dtype, still on the host
+        if method in ("type", "to") and recv in TENSORISH and to in ("torch.bool", "bool"):
+            return "mask"   # torch.floor(r).type(torch.bool): NGCF's sparse dropout mask, on the device
         if method == "type_as" and node.args and self.kind(node.args[0]) in TENSORISH:
             return "tensor"
         if method == "type_as" and node.args and self.kind(node.args[0]) is None and recv in ("host", "pinned"):
@@ -395,7 +411,8 @@ class CallKinds:
             insts = [i for c in assigned_calls(self.src, func.id, scope)[:2] if isinstance(c.func, ast.Attribute)
                      and c.func.attr in ("cuda", "to") for i in project.instances_of(self.src, c.func.value, scope)]
         fwd = [d for s, c in insts[:2] if (d := project.method(s, c, "forward"))]
-        return bool(fwd) and all(len(d[1].args.args) == 1 and not d[1].args.vararg for d in fwd)
+        return bool(fwd) and all(len(d[1].args.args) - len(d[1].args.defaults) == 1 and not d[1].args.vararg
+                                 for d in fwd)   # forward(self, perturbed=False): its inputs all have defaults
 
     def _looped_loader(self, node: ast.Call) -> str | None:
         """The loader kind of the argument a project generator loops over and yields from (`def infiniteloop(dl):

@@ -18,9 +18,11 @@ from __future__ import annotations
 import ast
 import re
 
+from gobrrr.lint.bindings import returns_host_lists
 from gobrrr.lint.graph import Project
 from gobrrr.lint.hot import HotMap
 from gobrrr.lint.loops import local_def, name_of, self_attr
+from gobrrr.lint.moves import rebinds
 from gobrrr.lint.names import BATCHES, DATA_FACTORIES, DEVICE_WRAPPERS, TENSOR_METHODS, TENSORISH
 from gobrrr.lint.source import Source
 
@@ -115,7 +117,21 @@ class CallRules:
         if parts is not None and not any(parts) and not node.args and not node.keywords and self.is_model(node.func) \
                 and self._forward_of_nothing(node.func):
             return ("tensor",) * n   # rec_user_emb, rec_item_emb = model(): an encoder of its own tables (SELFRec)
+        if (parts is None or not set(parts) & (TENSORISH | _HOST_DATA)) and self._sampled_lists(node):
+            return ("hlist",) * n   # users, pos = data_generator.sample(): the id lists a sampler draws and builds
         return parts if parts is not None and len(parts) == n else None
+
+    def _sampled_lists(self, node: ast.Call) -> bool:
+        """The call runs the project's one def that draws Python lists with `random` (bindings.returns_host_lists),
+        found as resolve finds it or as the project's one method of its name; learnt once per call and per def."""
+        memo = self.project.per_file.setdefault(id(self.src), {}).setdefault("sampled", {})
+        if id(node) not in memo:
+            scope = self.defs[-1] if self.defs else None
+            hits = self.project.resolve(self.src, node, scope, self.types, fallback=False)[:2] or self._only_method(node)
+            randoms = frozenset(a for a, (m, name) in hits[0][0].imports.items() if m == "random" and name is None) \
+                if len(hits) == 1 else frozenset()
+            memo[id(node)] = bool(randoms) and returns_host_lists(hits[0][1], randoms)
+        return memo[id(node)]
 
     def guessed(self, value: ast.AST) -> bool:
         """A call whose result is a tensor only by the guess that an unknown callable fed a tensor
@@ -410,7 +426,14 @@ def host_attrs(checker_cls, project: Project, flags: dict) -> dict[str, str]:
             for n in src.nodes:
                 target = n.targets[0] if isinstance(n, ast.Assign) and len(n.targets) == 1 else \
                     n.target if isinstance(n, ast.AnnAssign) and n.value is not None else None   # self.m: T = ...
-                if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self":
+                if isinstance(target, ast.Subscript) and self_attr(target.value):
+                    if (k := c.kind(n.value)) is not None:   # self.sg_edges[cluster] = torch.LongTensor(edges): a dict
+                        kinds.setdefault(target.value.attr, set()).add(k)   # of host tensors is one (what an item held
+                        # before, ids in a list, sorted(...), is not a tensor the copy could take)
+                elif isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self":
+                    if isinstance(n.value, (ast.Dict, ast.List)) and not (n.value.keys if isinstance(n.value, ast.Dict)
+                                                                         else n.value.elts):
+                        continue   # self.sg_edges = {}: an empty container, its items are what fills it
                     k = c.kind(n.value.args[0]) if id(n) in plain and _parameter(n.value) else c.kind(n.value)
                     kinds.setdefault(target.attr, set()).add(k)
                     c.bind(target, k)   # self.alphas = 1. - self.discrete_betas: host, as the line before
@@ -463,7 +486,9 @@ def _class_attrs(c, cls: ast.ClassDef | None) -> None:
             if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 for st in ast.walk(d):
                     if isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Attribute):
+                        c.rebinding = id(st.value) if rebinds(st) else None
                         c.bind(st.targets[0], c.kind(st.value))
+                        c.rebinding = None
         cache[id(cls)] = dict(c.self_attrs)
     else:
         c.self_attrs.update(cache[id(cls)])

@@ -101,9 +101,16 @@ class ElementRules:
                 self.scopes[-1][t.elts[1].id + "#pos"] = "pos"
 
     def note_loop_elements(self, target: ast.AST, it: ast.AST) -> None:
-        """`for task_id in torch.unique(ids):` yields 0-d device tensors."""
+        """`for task_id in torch.unique(ids):` yields 0-d device tensors; `for o, l in zip(resps, levels)` with
+        `levels = torch.randint(0, n, (b,))` on the host yields 0-d host ints, integer indices (moves.host_element)."""
         if isinstance(target, ast.Name) and self.one_dim(it):
             self.scopes[-1][target.id + "#0d"] = "0d"
+        pairs = [(target, it)] if isinstance(target, ast.Name) else \
+            list(zip(target.elts, it.args)) if isinstance(target, ast.Tuple) and isinstance(it, ast.Call) \
+            and isinstance(it.func, ast.Name) and it.func.id == "zip" and not it.keywords else []
+        for t, src in pairs:
+            if isinstance(t, ast.Name) and self._host_flat(src):
+                self.scopes[-1][t.id + "#elem"] = "elem"
 
 
 def _minus_one(node: ast.AST) -> bool:

@@ -22,6 +22,7 @@ def python_files(paths, exclude=(), tests: bool = False) -> tuple[list[Path], li
     files: list[Path] = []
     problems: list[str] = []
     skipped = 0
+    maybe: list[Path] = []   # named like a test and defining test_ functions, but maybe a module the project imports
     for p in map(Path, paths):
         problem = _path_problem(p)
         if problem:
@@ -39,16 +40,42 @@ def python_files(paths, exclude=(), tests: bool = False) -> tuple[list[Path], li
                     continue
                 if not f.is_file():
                     continue  # a FIFO, a socket, a broken link, a folder named *.py: never opened
-                if not keep_tests and _is_test(rel, f):
+                test = not keep_tests and _is_test(rel, f)
+                if test == "defines":
+                    maybe.append(f)
+                elif test:
                     skipped += 1
-                    continue
-                files.append(f)
+                else:
+                    files.append(f)
         elif p.is_file():
             if not _excluded(p, Path(p.name), exclude):
                 files.append(p)
         else:
             problems.append(f"{p}: not a regular file (a FIFO, socket or device); pass a .py file or a directory")
-    return _once(files), problems, skipped
+    used = _imported(maybe, files)
+    files += [f for f in maybe if f in used]
+    return _once(files), problems, skipped + len(maybe) - len(used)
+
+
+def _imported(maybe: list[Path], files: list[Path]) -> set[Path]:
+    """The files of `maybe` that a checked file imports by module name: NGCF's `utility/batch_test.py` (its helper
+    `test_one_user` named like a test) holds the data sampler main.py imports with `from utility.batch_test import *`;
+    a pytest module is never imported by the code it tests."""
+    if not maybe:
+        return set()
+    stems = {f.stem: f for f in maybe}
+    pattern = re.compile(r"^\s*(?:from\s+[\w.]*?\b(%s)\b[\w.]*\s+import|import\s+[\w.]*?\b(%s)\b)"
+                         % ("|".join(map(re.escape, stems)), "|".join(map(re.escape, stems))), re.M)
+    used: set[Path] = set()
+    for f in files:
+        try:
+            text = f.read_text(errors="replace")
+        except OSError:
+            continue
+        used |= {stems[a or b] for a, b in pattern.findall(text)}
+        if len(used) == len(stems):
+            break
+    return used
 
 
 def _once(files: list[Path]) -> list[Path]:
@@ -77,7 +104,7 @@ def _path_problem(p: Path) -> str | None:
     return None
 
 
-def _is_test(rel: Path, f: Path) -> bool:
+def _is_test(rel: Path, f: Path) -> bool | str:
     """A file of a test folder, a conftest.py, or a file named like a test (`test_*.py`, `*_test.py`) that is one:
     it uses a test framework or defines a test. TCN's `add_test.py` (a training script that names its task) is not."""
     if any(part in TEST_DIRS for part in rel.parts[:-1]) or rel.name == "conftest.py":
@@ -88,12 +115,14 @@ def _is_test(rel: Path, f: Path) -> bool:
         text = f.read_text(errors="replace")
     except OSError:
         return True
-    return _TESTS.search(text) is not None
+    if _FRAMEWORK.search(text):
+        return True
+    return "defines" if _TESTS.search(text) else False   # test_ defs or Test classes: a test unless imported
 
 
 # what a test file holds: a test framework, a test function or a test class
-_TESTS = re.compile(r"^\s*(?:import|from)\s+(?:pytest|unittest|nose|hypothesis)\b|^\s*(?:async\s+)?def\s+test_|^\s*class\s+Test",
-                    re.M)
+_FRAMEWORK = re.compile(r"^\s*(?:import|from)\s+(?:pytest|unittest|nose|hypothesis)\b", re.M)
+_TESTS = re.compile(r"^\s*(?:async\s+)?def\s+test_|^\s*class\s+Test", re.M)
 
 
 def _excluded(f: Path, rel: Path, globs) -> bool:

@@ -40,7 +40,17 @@ from __future__ import annotations
 import ast
 import re
 
-from gobrrr.lint.bindings import assigned_calls, assigned_functions, assigned_methods, module_attrs, picked_tables, returned_defs
+from gobrrr.lint.bindings import (
+    assigned_calls,
+    assigned_functions,
+    assigned_methods,
+    module_attrs,
+    param_default,
+    param_names,
+    picked_tables,
+    returned_defs,
+    through_partial,
+)
 from gobrrr.lint.index import Index
 from gobrrr.lint.loops import local_def, partial_target
 from gobrrr.lint.source import DEFS, Source
@@ -107,7 +117,7 @@ class Project(Index):
                 if (d := local_def(s, f.id, self.per_file.setdefault(id(src), {}))) is not None:
                     return [(src, d)]
                 s = src.parent.get(id(s))
-            default = _param_default(scope, f.id)
+            default = param_default(scope, f.id)
             if default is not None:   # def cornernet(db, nnet, decode_func=decode): decode_func(...) runs decode
                 return self.resolve(src, ast.Call(func=default, args=call.args, keywords=call.keywords),
                                     src.parent.get(id(scope)), types, fallback)
@@ -124,6 +134,12 @@ class Project(Index):
                     found = self._made_by(src, call, f.id, scope, types, fallback)
                 finally:
                     self._following.discard(key)
+            like = [c for c in self._named_like(f) if c[1].name.lower() == _object_key(f)] if not found and fallback \
+                else []   # for metric in self._metrics: metric(y_pred, y_true): Metric's __call__, and its subclasses'
+            subs = [o for _, c in like for m in ("forward", "__call__") for o in self.overrides(c, m, 24)] \
+                if len(like) == 1 else []   # (the one class of that very name, a base its subclasses override: not
+            if subs:                        # `block(x)` for mage's one Block, nor `actor(s)` of two programs' Actors)
+                found = (self._forwards(like) + [o for o in subs if o not in self._forwards(like)])[:24]
             return found or (self._callables(f.id, call) if fallback else [])
         if isinstance(f, ast.Call) and len(f.args) == 1 and not f.keywords \
                 and isinstance(f.args[0], (ast.Name, ast.Attribute)):   # retry_if_cuda_oom(self.matcher)(iou):
@@ -256,7 +272,7 @@ class Project(Index):
         seen.add(id(cls))
         for fn, n in self._self_assigns(cls).get(attr, ()):
             if len(n.targets) == 1 and isinstance(partial_target(n.value), (ast.Name, ast.Attribute)):
-                return self.resolve(src, _through_partial(n.value, call), fn, fallback=False)
+                return self.resolve(src, through_partial(n.value, call), fn, fallback=False)
         for base in cls.bases:
             b = self.class_of(src, base)
             if b is not None and (hit := self._partial_of(b[0], b[1], call, attr, seen)):
@@ -317,7 +333,7 @@ class Project(Index):
         found: list = []
         for made in assigned_calls(src, name, scope)[:4]:
             if partial_target(made) is not None:
-                found += self.resolve(src, _through_partial(made, call), scope, types, fallback)
+                found += self.resolve(src, through_partial(made, call), scope, types, fallback)
             else:   # train_step_fn = losses.get_step_fn(sde, ...): the def the factory returns
                 found += [hit for fs, fn in self.resolve(src, made, scope, types, fallback=False)[:3]
                           for hit in returned_defs(fs, fn)]
@@ -339,7 +355,7 @@ class Project(Index):
         key = ("set", id(cls))
         if key not in self._assigned:
             self._assigned[key] = {attr for attr, sets in self._self_assigns(cls).items()
-                                   if any(not (isinstance(n.value, ast.Name) and n.value.id in _params(fn))
+                                   if any(not (isinstance(n.value, ast.Name) and n.value.id in param_names(fn))
                                           for fn, n in sets)}
         return self._assigned[key]
 
@@ -455,24 +471,6 @@ class Project(Index):
 
     def _forwards(self, insts) -> list:
         return [hit for inst in insts if (hit := self.method(*inst, "forward") or self.method(*inst, "__call__"))]
-
-
-def _through_partial(made: ast.Call, call: ast.Call) -> ast.Call:
-    """`call` of a name bound to `made = functools.partial(f, a, k=v)`: `f(a, *call.args, k=v, **call.keywords)`."""
-    return ast.Call(func=made.args[0], args=[*made.args[1:], *call.args], keywords=[*made.keywords, *call.keywords])
-
-
-def _param_default(fn: ast.AST | None, name: str) -> ast.expr | None:
-    """The default of `fn`'s parameter `name` when it names a callable (`decode_func=decode`), else None."""
-    if not isinstance(fn, DEFS):
-        return None
-    a = fn.args
-    pairs = [*zip(reversed([*a.posonlyargs, *a.args]), reversed(a.defaults)), *zip(a.kwonlyargs, a.kw_defaults)]
-    return next((d for p, d in pairs if p.arg == name and isinstance(d, (ast.Name, ast.Attribute))), None)
-
-
-def _params(fn: ast.AST) -> set[str]:
-    return {a.arg for a in [*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs]}
 
 
 def _on_self(node: ast.AST) -> bool:

@@ -126,12 +126,13 @@ def may_use_gpu(text: str) -> bool:
     return bool(_GPU_WORDS.search(text))
 
 
-def host_model_def(fn: ast.AST) -> bool:
-    """A def that builds its module from a class (`model = Net(...)`, a checkpoint loaded with
-    map_location="cpu"), calls it, and never names a device: torchbeast's test(); it runs on the CPU."""
+def host_model_def(fn: ast.AST, plain: frozenset = frozenset()) -> bool:
+    """A def that builds its module from a class (`model = Net(...)`, a checkpoint loaded with map_location="cpu"),
+    calls it, and never names a device: torchbeast's test(); it runs on the CPU. `plain`: the project's classes
+    that are no modules (Crossformer's `early_stopping = EarlyStopping(...)`, a callable object)."""
     built = {t.id for n in ast.walk(fn) if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
-             and isinstance(n.value.func, ast.Name) and n.value.func.id[:1].isupper() for t in n.targets
-             if isinstance(t, ast.Name)}
+             and isinstance(n.value.func, ast.Name) and n.value.func.id[:1].isupper()
+             and n.value.func.id not in plain for t in n.targets if isinstance(t, ast.Name)}
     called = {n.func.id for n in ast.walk(fn) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
     return bool(built & called) and not _GPU_WORDS.search(ast.unparse(fn))
 

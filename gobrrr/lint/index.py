@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import re
+from functools import cached_property
 from pathlib import Path
 
 from gobrrr.lint.bindings import assigned_calls, returned_defs
@@ -150,6 +151,10 @@ class Index:
             if attr is None:
                 m = self.module(module, src)
                 return ("module", m, None) if m else None
+            m = self.module(module, src) if not module.endswith(".") else None
+            if m is not None and m is not src and (attr in m.functions or attr in m.classes):
+                return self.lookup(m, attr, depth + 1)   # `from NGCF import NGCF` beside NGCF.py: the module's class
+                # (Python takes the attribute before a submodule of the same name)
             m = self.module(f"{module}.{attr}" if not module.endswith(".") else module + attr, src)
             if m is not None:
                 return ("module", m, None)   # from pkg import utils
@@ -161,6 +166,22 @@ class Index:
             m = self.module(module, src)
             hit = self.lookup(m, name, depth + 1) if m is not None and m is not src else None
             if hit is not None:
+                return hit
+        return None
+
+    def _defining_module(self, src: Source, name: str, depth: int = 0) -> Source | None:
+        """The checked module whose top level binds `name`, as `src` imports it by name or with a star."""
+        if (id(None), name) in src.instances and depth:
+            return src
+        if depth >= 3:
+            return None
+        if name in src.imports:
+            module, attr = src.imports[name]
+            m = self.module(module, src) if attr is not None and not module.endswith(".") else None
+            return self._defining_module(m, attr, depth + 1) if m is not None and m is not src else None
+        for module in src.stars:
+            m = self.module(module, src)
+            if m is not None and m is not src and (hit := self._defining_module(m, name, depth + 1)) is not None:
                 return hit
         return None
 
@@ -371,6 +392,12 @@ class Index:
     def is_module_class(self, src: Source, cls: ast.ClassDef) -> bool:
         return cls.name in self.module_classes
 
+    @cached_property
+    def plain_classes(self) -> frozenset:
+        """Names of the project's classes of no base (or `object`): callable objects (`EarlyStopping`), never modules."""
+        return frozenset(c.name for s in self.sources for c in s.classes.values()
+                         if all(isinstance(b, ast.Name) and b.id == "object" for b in c.bases)) - self.module_classes
+
     # -- the class hierarchy
     def overrides(self, cls: ast.ClassDef, name: str, limit: int = 6) -> list:
         """(Source, def) of `name` as the project's subclasses of `cls` (at any depth) define it."""
@@ -428,6 +455,10 @@ class Index:
                 made = src.instances.get((id(s), node.id), [])
                 s = src.parent.get(id(s))
             made = made or src.instances.get((id(None), node.id), [])
+            if not made and (node.id in src.imports or src.stars):   # data_generator, made at the top of the module
+                there = self._defining_module(src, node.id)   # it came from (`from utility.batch_test import *`)
+                if there is not None:
+                    return [h for m in there.instances.get((id(None), node.id), [])[:2] for h in self.classes_of(there, m)]
         elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
             cls = self.class_around(src, scope)
             return self._attr_instances(src, cls, node.attr) if cls is not None else []

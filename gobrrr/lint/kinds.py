@@ -33,14 +33,13 @@ import ast
 import re
 
 from gobrrr.lint.callkinds import CallKinds
-from gobrrr.lint.loops import is_model_name, name_of, self_attr
+from gobrrr.lint.loops import CONFIG_NAME, is_model_name, name_of, self_attr
 from gobrrr.lint.names import BATCHES, ITEM_KIND, NUMBER_ATTRS, TENSORISH
 
 _TYPED_TENSOR = re.compile(r"\b(torch\.)?(?:Long|Float|Half|BFloat16|Double|Int|Short|Byte|Bool|Char)Tensor\b")
 _COUNT_KEY = re.compile(r"^(batch_size|num_\w+|n_\w+|\w+_(size|count|num|len|length))$")   # not `image_shape`: a tensor
 
 
-_CONFIG = re.compile(r"(^|_)(cfg|config|conf|args|opt|opts|hparams|params|settings)$", re.I)   # model.config.x
 
 
 class Kinds(CallKinds):
@@ -79,7 +78,9 @@ class Kinds(CallKinds):
         elif isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self":
             # one kind per attribute name in the file; two different kinds leave it unknown
             old = self.self_attrs.get(target.attr, kind)
-            self.self_attrs[target.attr] = kind if old == kind or (old == "num" and kind in ("obj",)) else None
+            moved = getattr(self, "rebinding", None) is not None and kind == "tensor"
+            self.self_attrs[target.attr] = kind if old == kind or moved or (old == "num" and kind in ("obj",)) else None
+            # (self.feat_full = self.feat_full.cuda() under `if use_cuda`: on the GPU path the device copy is kept)
         elif isinstance(target, (ast.Tuple, ast.List)):
             for t in target.elts:
                 self.bind(t.value if isinstance(t, ast.Starred) else t, ITEM_KIND.get(kind))
@@ -227,6 +228,8 @@ class Kinds(CallKinds):
                 return "cpudev"   # `dtype, device = im.dtype, im.device` of a host image: the CPU
             if node.attr in NUMBER_ATTRS or node.attr in ("size", "dim"):   # x.size, p.dim uncalled: a tuple, an int
                 return "num"
+            if node.attr == "batch_sizes":
+                return "host"   # packed.batch_sizes: a PackedSequence keeps its batch sizes on the CPU
             if node.attr.startswith("__"):
                 return "obj"   # module.__class__, x.__dict__: Python's own attributes, never a tensor
             own = isinstance(node.value, ast.Name) and node.value.id == "self" and node.attr in self.self_attrs
@@ -236,7 +239,7 @@ class Kinds(CallKinds):
                 return self.self_attrs[node.attr]
             mine = isinstance(node.value, ast.Name) and node.value.id == "self"
             if node.attr in self.buffers and (self._in_module() if mine else self.is_model(node.value)
-                                              and not _CONFIG.search(name_of(node.value))):
+                                              and not CONFIG_NAME.search(name_of(node.value))):
                 return "tensor"   # actor.action_scale: a buffer the project's module registered
             if node.attr == "grad":
                 return "tensor"  # a parameter's gradient

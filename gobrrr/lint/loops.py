@@ -12,8 +12,7 @@ branches) does one of:
                (`q = QNetwork(envs).to(device)` where QNetwork is a project nn.Module,
                `m = resnet50()`, `m = Foo(...).cuda()`, `copy.deepcopy(model)`); a function
                of the project that calls one (`self.get_action_values(obs)`, `policy.act(obs)`)
-    data       a batch taken: the loop iterates a loader (`for x, y in train_loader`, a DataLoader,
-               `dataloaders["train"]`)
+    data       a batch taken: the loop iterates a loader (`for x, y in train_loader`, a DataLoader, `dataloaders["train"]`)
                or calls `next(it)` in a `while` loop, or `next(train_iter)` (named for data) in any loop
     env        an environment stepped: `.step(action)` on an env-named receiver, or a `step` /
                `env_step` call whose result unpacks into four or five names (obs, reward, done, info)
@@ -67,13 +66,13 @@ _NOT_RUNNING = re.compile(r"^_*(save|load|log|print|set|build|create|get|init|co
                           r"register|count|summary|summarize|freeze|unfreeze|to|move|apply|isinstance|hasattr|"
                           r"getattr|setattr|len|str|repr|id|type|update|sync|broadcast|convert|export|compile|"
                           r"clip|zero|parameters|named|state|describe|check|watch|track)", re.I)
+CONFIG_NAME = re.compile(r"(^|_)(cfg|config|conf|args|opt|opts|hparams|params|settings)$", re.I)   # args.d_model
 LOADER_NAME = re.compile(r"loader|dataloader|_dl$|^dl$|batches$", re.I)
 _STEPS_WITH = {"optimize", "step", "apply_gradients", "update", "optimizer_step", "take_step"}
 _ENV = re.compile(r"(^|_)(env|envs|environment|environments|venv|vec_?env|sim|simulator|game)(_|$|\d)", re.I)
 _ENV_COUNT = re.compile(r"^(envs|env_nums?|num_envs|n_envs|nenvs|env_num|environments|num_env)$", re.I)
 _ENV_STEP = re.compile(r"^(step|env_step|step_env|step_envs|envs_step)$")
-_LAYERS = re.compile(r"(^|_)(layers|blocks|h|modules)$")   # a model's list of blocks (`model.layers[i]`, AutoAWQ's
-# `self.modules[i]`)
+_LAYERS = re.compile(r"(^|_)(layers|blocks|h|modules)$")   # a model's blocks (`model.layers[i]`, AutoAWQ's modules)
 # names too common to take a call as a forward because one project def of that name runs a model
 COMMON_METHODS = {"forward", "step", "update", "run", "call", "apply", "get", "sample", "predict", "compute", "process",
            "evaluate", "eval", "train", "test", "generate", "transform", "encode", "decode", "build", "log"}
@@ -368,10 +367,11 @@ class Facts:
 
     def _runs_model(self, call: ast.Call, callee: str) -> bool:
         """`self.p_sample(model, x, t)`, `criterion(model=net, ...)`: a call handed the model runs it."""
-        if _NOT_RUNNING.search(callee):
-            return False
+        if _NOT_RUNNING.search(callee) or isinstance(call.func, ast.Attribute) and isinstance(call.func.value, ast.Constant):
+            return False   # '{}_dm{}'.format(args.data, args.d_model): a string's method, and `args.d_model` a setting
         for a in [*call.args, *(k.value for k in call.keywords)]:
-            if isinstance(a, (ast.Name, ast.Attribute)) and (is_model_name(name_of(a)) or name_of(a) in self.models):
+            if isinstance(a, (ast.Name, ast.Attribute)) and (is_model_name(name_of(a)) or name_of(a) in self.models) \
+                    and not (isinstance(a, ast.Attribute) and CONFIG_NAME.search(name_of(a.value))):
                 return name_of(a) not in ("self", "module")
         return False
 

@@ -43,7 +43,8 @@ def _host_data(arg: ast.AST, kind: str | None) -> bool:
     return isinstance(arg, ast.Attribute) and arg.attr.isupper() and len(arg.attr) > 1
 
 
-_SIZE_NAME = re.compile(r"^(n|k|num|size|count|length|dim)$|^(n|num|max)_|_(size|len|count|dim|num|length)$", re.I)
+_SIZE_NAME = re.compile(r"^(n|k|num|size|shape|count|length|dim)$|^(n|num|max)_|_(size|len|count|dim|num|length|shape)$",
+                        re.I)   # torch.cuda.FloatTensor(shape): shape a torch.Size, the tensor allocated, nothing copied
 
 
 def _legacy_data(arg: ast.AST, kind: str | None) -> bool:
@@ -61,8 +62,9 @@ class CopyRules:
     """GB001/GB005/GB009/GB010 on calls, GB011 on subscripts, GB002 on writes into host tensors."""
 
     def copy_rules(self, node: ast.Call, func, name: str, method, recv, kw) -> None:
-        if id(node) == self.rebinding:
-            return   # self.freqs_cis = self.freqs_cis.to(h.device): copied on the first call, a no-op after
+        if id(node) == self.rebinding and recv not in BATCHES:
+            return   # self.freqs_cis = self.freqs_cis.to(h.device): copied on the first call, a no-op after (a
+            # batch stored back, `self.data.points = self.data.points.to(dev)`, is a new one each step)
         nb = kw.get("non_blocking", node.args[1] if method == "cuda" and len(node.args) > 1 else None)
         if isinstance(nb, ast.Name) and self.lookup(nb.id + "#val") == "False":
             nb = ast.Constant(False)   # to(device, non_blocking=non_blocking) with the parameter left at False
@@ -223,6 +225,9 @@ class CopyRules:
             v = v.value
         if isinstance(v, ast.Name):
             return bool(self.lookup(v.id + "#h1d"))
+        if isinstance(v, ast.Call) and (self.dotted(v.func) or "") == "torch.randint" and self.kind(v) == "host":
+            size = v.args[-1] if len(v.args) >= 2 else next((k.value for k in v.keywords if k.arg == "size"), None)
+            return isinstance(size, (ast.Tuple, ast.List)) and len(size.elts) == 1   # randint(0, n, (b,)): 1-d
         return isinstance(v, ast.Call) and (self.dotted(v.func) or "") in ("torch.randperm", "torch.arange") \
             and self.kind(v) == "host"
 
@@ -231,8 +236,10 @@ class CopyRules:
         integer index read on the host, a plain select with nothing copied to the device."""
         if isinstance(p, ast.Name):
             return bool(self.lookup(p.id + "#elem"))
-        return isinstance(p, ast.Subscript) and isinstance(p.slice, (ast.Name, ast.Constant)) \
-            and self.kind(p.value) in ("numpy", "host")
+        if isinstance(p, ast.BinOp) and isinstance(p.op, (ast.Add, ast.Sub)):   # l + 1: still one host int
+            sides = (p.left, p.right)
+            return any(isinstance(x, ast.Constant) for x in sides) and any(self.host_element(x) for x in sides)
+        return isinstance(p, ast.Subscript) and _int_expression(p.slice) and self.kind(p.value) in ("numpy", "host")
 
     def check_loaders(self) -> None:
         """GB006: a pageable DataLoader of this scope whose batches go to CUDA."""
@@ -396,16 +403,26 @@ def placeholder(value: ast.AST) -> bool:
         and isinstance(value.func.value, ast.Name) and value.func.value.id in ("torch", "th") and _empty_literal(value)
 
 
+def _int_expression(node: ast.AST) -> bool:
+    """One position: a name, a number, or their sum or difference (`perm[start_ind + offset]`)."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub)):
+        return _int_expression(node.left) and _int_expression(node.right)
+    return isinstance(node, (ast.Name, ast.Constant))
+
+
 def _empty_literal(call: ast.Call) -> bool:
     """`torch.tensor([])`, `torch.Tensor(())`, `torch.arange(0, 0)`, `torch.zeros(0)`: a tensor of no elements,
     whose copy moves nothing (copy_ returns before any transfer)."""
     args = call.args
-    if len(args) == 1 and isinstance(args[0], (ast.List, ast.Tuple)) and not args[0].elts:
-        return True
+    made = call.func.attr if isinstance(call.func, ast.Attribute) else ""
+    if len(args) == 1 and isinstance(args[0], (ast.List, ast.Tuple)) and not args[0].elts \
+            or not args and not call.keywords and made.endswith("Tensor"):
+        return True   # (torch.FloatTensor(): no data, no size)
     numbers = [a.value for a in args if isinstance(a, ast.Constant) and type(a.value) is int]
+    if made in _SIZED and 0 in numbers and not any(isinstance(a, ast.Starred) for a in args):
+        return True   # torch.empty(batch_size, 0): a zero-sized dimension, whatever the others
     if not args or len(numbers) != len(args):
         return False
-    made = call.func.attr if isinstance(call.func, ast.Attribute) else ""
     if made == "arange":
         return len(numbers) == 1 and numbers[0] == 0 or len(numbers) >= 2 and numbers[0] == numbers[1]
     return made in _SIZED and 0 in numbers   # torch.zeros(0), torch.empty(0, 4): a zero-sized dimension

@@ -14,6 +14,7 @@ kinds.py and callkinds.py read these tables to give a name its kind (what it hol
 from __future__ import annotations
 
 import ast
+import re
 
 FACTORIES = {"randn", "rand", "randint", "randperm", "zeros", "ones", "empty", "full", "arange", "range", "linspace",
              "logspace", "eye", "tensor", "as_tensor", "normal", "bernoulli", "tril_indices", "triu_indices",
@@ -62,6 +63,8 @@ TENSOR_METHODS = {"any", "all", "sum", "mean", "max", "min", "norm", "argmax", "
                   "unsqueeze", "view", "reshape", "argsort", "topk"}
 DATA_DEPENDENT = {"nonzero", "unique", "unique_consecutive", "masked_select", "argwhere"}
 DEVICE_WRAPPERS = {"prepare", "prepare_data_loader", "setup_dataloaders"}   # accelerate / Lightning Fabric
+DICT_WRAPPERS = {"dict", "EasyDict", "edict", "AttrDict", "Munch", "DotMap", "Box"}   # a batch dict seen another way
+SPARSE_MAKERS = re.compile(r"^torch\.(sparse\.[A-Z]\w*Tensor|sparse_(coo|csr|csc)_tensor)$")   # made where i, v are
 LOADERS_PINNED = {"Prefetcher", "PinnedWorkerLoader", "from_dataloader"}
 COMPILED = "<torch.compile>"   # in Checker.functions: a @torch.compile'd def runs this code
 TENSORISH = {"tensor", "mask", "generated"}   # generated: model.generate()'s tokens, made to be read on the host

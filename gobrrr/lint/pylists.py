@@ -25,6 +25,7 @@ import ast
 import re
 
 from gobrrr.lint.bindings import assigned_pairs
+from gobrrr.lint.loops import name_of
 
 _LIST_METHODS = {"readlines", "splitlines"}   # str / file methods that return a Python list
 
@@ -220,6 +221,9 @@ def _empty_list(v: ast.AST) -> bool:
         and v.func.id == "list" and not v.args and not v.keywords
 
 
+_POSITIONS = re.compile(r"(^|_)(idx|ix)$|(2|_to_)(idx|ix|id|index)$|^stoi$", re.I)   # column_idx, word2idx, stoi
+
+
 def int_depth(val: ast.AST) -> int | None:
     """How deep a literal of Python ints nests: 1 for `[0, 2]` or `list(range(n))`, 2 for `[[0, 1], [0, 2]]` or
     `[list(range(a, b)) for i in range(n)]`; None for anything else."""
@@ -241,6 +245,11 @@ def int_list(val: ast.AST) -> bool:
     if isinstance(val, ast.Call) and isinstance(val.func, ast.Name) and val.func.id == "list" and val.args:
         val = val.args[0]
         return isinstance(val, ast.Call) and isinstance(val.func, ast.Name) and val.func.id == "range"
+    if isinstance(val, ast.ListComp) and isinstance(val.elt, ast.Subscript) and len(val.generators) == 1 \
+            and isinstance(val.elt.value, (ast.Name, ast.Attribute)) and _POSITIONS.search(name_of(val.elt.value)) \
+            and isinstance(val.elt.slice, ast.Name) and val.elt.slice.id in {n.id for n in ast.walk(val.generators[0].target)
+                                                                             if isinstance(n, ast.Name)}:
+        return True   # [column_idx[col] for col in cols]: the positions a name-to-index map gives
     if not (isinstance(val, ast.ListComp) and isinstance(val.elt, ast.Name) and len(val.generators) == 1):
         return False
     counter = _counter(val.generators[0].target, val.generators[0].iter)

@@ -50,7 +50,7 @@ def types_more(fn, kinds: dict) -> bool:
     (`forward(self, results, outputs, orig_target_sizes, max_target_sizes)`), or host arrays where its names
     guess device tensors (`self.actor(obs, ...)` with numpy `obs`: the forward's own `check(obs).to(dev)`), or a
     loader's batch that the hook moves itself."""
-    return any(v in _DEVICE and k not in HOOK_NAMES or v in ("numpy", "host") or v in BATCHES
+    return any(v in _DEVICE and k not in HOOK_NAMES or v in ("numpy", "host", "hlist") or v in BATCHES
                for k, v in kinds.items() if "#" not in k)   # a loader's batch: `concatenated_forward(model, batch)`
 
 

@@ -226,6 +226,21 @@ class ScopeWalk:
         self.note_elements(node)   # after the binding, which clears a name's marks
         self.note_positions(node.targets, node.value)
 
+    def _packed(self, name: str) -> bool:
+        """`name` is a PackedSequence in this def: tested with `isinstance(name, PackedSequence)` or made by a
+        `pack_padded_sequence` / `pack_sequence` call."""
+        fn = self.defs[-1] if self.defs else None
+        if fn is None or "PackedSequence" not in self.src.text and "pack_" not in self.src.text:
+            return False
+        span = range(getattr(fn, "lineno", 0), (getattr(fn, "end_lineno", None) or 0) + 1)
+        nodes = [n for n in self.src.nodes if getattr(n, "lineno", -1) in span]   # (the file's own nodes: a def the
+        return any(isinstance(n, ast.Call) and name_of(n.func) == "isinstance" and len(n.args) == 2   # lint made up
+                   and isinstance(n.args[0], ast.Name) and n.args[0].id == name   # may hold holes)
+                   and name_of(n.args[1]) == "PackedSequence" for n in nodes) \
+            or any(isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
+                   and name_of(n.value.func) in ("pack_padded_sequence", "pack_sequence")
+                   and any(isinstance(t, ast.Name) and t.id == name for t in n.targets) for n in nodes)
+
     def _assign(self, node: ast.Assign) -> None:
         self.visit(node.value)
         zero_d = self.zero_d(node.value) or self.zero_d_element(node.value)
@@ -293,6 +308,9 @@ class ScopeWalk:
             k = None   # `_, feats, sizes = self._features(x)` not read: a method's tuple may hold sizes
         for t in node.targets:
             self.bind(t, k)
+            if isinstance(t, ast.Tuple) and len(t.elts) == 4 and isinstance(value, ast.Name) and self._packed(value.id):
+                self.bind(t.elts[1], "host")   # inputs, batch_sizes, sorted_indices, unsorted_indices = inputs: a
+                # PackedSequence's batch sizes stay on the CPU (DeepCTR's DynamicGRU slices by them)
             if k is None and isinstance(t, ast.Tuple) and self.kind(value) == "tensor":   # h, mask = to_dense_batch(
                 for e in t.elts:   # h, batch): what a call of device tensors names a mask is one (GraphGPS's layers)
                     if isinstance(e, ast.Name) and _MASK_NAME.search(e.id):

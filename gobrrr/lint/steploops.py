@@ -430,6 +430,8 @@ def _loader_like(it: ast.AST) -> bool:
             and (name_of(it.func) in (*_ITER_WRAPPERS, "islice", "progress_bar", "track")
                  or isinstance(it.func, ast.Attribute) and name_of(it.func) not in _NOT_WRAPPERS):
         it = it.args[0]   # also a logger's wrapper: `metric_logger.log_every(data_loader, 10, header)`
+    if isinstance(it, ast.Call) and isinstance(it.func, ast.Attribute) and it.func.attr == "__iter__" and not it.args:
+        return _loader_like(it.func.value)   # self.datasets.dataloader_train.__iter__()
     if isinstance(it, ast.IfExp):
         return _loader_like(it.body) or _loader_like(it.orelse)
     if isinstance(it, ast.Call):   # DataLoader(...), or a project generator named for batches: get_as_batch(data,
