@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import re
+from functools import lru_cache
 
 from gobrrr.lint.loops import LOADER_NAME, is_model_name, name_of
 from gobrrr.lint.source import DEFS, Source
@@ -231,3 +232,15 @@ def param_default(fn: ast.AST | None, name: str) -> ast.expr | None:
 def param_names(fn: ast.AST) -> set[str]:
     """The names of `fn`'s parameters (positional and keyword)."""
     return {a.arg for a in [*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs]}
+
+
+@lru_cache(maxsize=4096)
+def _tested(fn: ast.AST) -> frozenset:
+    return frozenset(n.left.id for n in ast.walk(fn) if isinstance(n, ast.Compare) and len(n.ops) == 1
+                     and isinstance(n.ops[0], (ast.Is, ast.IsNot)) and isinstance(n.left, ast.Name)
+                     and isinstance(n.comparators[0], ast.Constant) and n.comparators[0].value is None)
+
+
+def none_tested(fn: ast.AST) -> frozenset:
+    """The parameters of `fn` it compares with None (`if max_len is None:`): the ones a call's value decides."""
+    return _tested(fn) & param_names(fn)

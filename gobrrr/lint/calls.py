@@ -18,12 +18,12 @@ from __future__ import annotations
 import ast
 import re
 
-from gobrrr.lint.bindings import returns_host_lists
+from gobrrr.lint.bindings import none_tested, returns_host_lists
 from gobrrr.lint.graph import Project
 from gobrrr.lint.hot import HotMap
 from gobrrr.lint.loops import local_def, name_of, self_attr
 from gobrrr.lint.moves import rebinds
-from gobrrr.lint.names import BATCHES, DATA_FACTORIES, DEVICE_WRAPPERS, TENSOR_METHODS, TENSORISH
+from gobrrr.lint.names import BATCHES, DATA_FACTORIES, DEVICE_WRAPPERS, GIVEN, HANDED, TENSOR_METHODS, TENSORISH
 from gobrrr.lint.source import Source
 
 MAX_DEPTH = 6   # calls followed from a hot loop into the project's functions
@@ -190,6 +190,9 @@ class CallRules:
                     kinds[p + mark] = self.lookup(a.id + mark)
             if (depth := self.int_depth(a)) is not None:   # classify(x, allowed_classes=active_classes[-1]): positions
                 kinds[p + "#ints"] = str(depth)
+            if kinds[p] in HANDED and isinstance(a, (ast.Call, ast.BinOp)) and p in none_tested(fn):   # max_len=x.size(-1):
+                kinds[p + "#val"] = GIVEN   # not None in this call (a name may still hold None); flow.handed_test;
+                #                             a call passing None walks the def both ways again (fewer_constants)
             insts = self.project.instances_of(self.src, a, scope, self.types)
             if insts:
                 types[p] = insts

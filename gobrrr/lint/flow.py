@@ -23,7 +23,7 @@ import re
 
 from gobrrr.lint.bindings import assigned_calls, converted_in_place
 from gobrrr.lint.loops import name_of
-from gobrrr.lint.names import BATCHES, HOSTISH, ITEM_KIND, TENSORISH
+from gobrrr.lint.names import BATCHES, GIVEN, HOSTISH, ITEM_KIND, TENSORISH
 from gobrrr.lint.typetests import container_test, dist_test, number_test, numbers_after, tensor_test, type_checked
 
 _MISSING = object()
@@ -205,6 +205,7 @@ class FlowRules:
         scope = self.scopes[-1]
         before = dict(scope)
         truth = self.static_truth(node.test)
+        handed = self.handed_test(node.test) is not None   # (read before the body binds the name)
         name, positive = tensor_test(node.test)   # `if isinstance(boxes, torch.Tensor): ... else:` numpy there
         if name and not positive and scope.get(name) in TENSORISH:
             scope[name] = None
@@ -244,6 +245,10 @@ class FlowRules:
         else:
             for stmt in node.orelse:
                 self.visit(stmt)
+        if handed:   # `if max_len is None: max_len = lengths.max()` with a max_len handed: only what runs counts
+            body, orelse = (body, body) if truth else (dict(before) if not node.orelse else dict(scope),) * 2
+            scope.clear()
+            scope.update(orelse)
         self._merge(scope, before, body, _leaves(node.body),   # `if not cfg.DEBUG:`: skipping it is the rare way
                     _leaves(node.orelse) or id(node) in self.hotmap.main_ifs and not node.orelse)
         for name in type_checked(node.test) & set(body):   # `if type(b).__name__ != 'ndarray': b = b.cpu().numpy()`
@@ -304,6 +309,8 @@ class FlowRules:
         name, positive = tensor_test(test)
         if name and self.lookup(name) in ("numpy", "num", "str"):
             return not positive   # `torch.from_numpy(m).to(x.device) if torch.is_tensor(x) else m` of an array
+        if (given := self.handed_test(test)) is not None:
+            return given
         if isinstance(test, ast.Compare) and len(test.ops) == 1:
             a, b = self.constant(test.left), self.constant(test.comparators[0])
             if a is _MISSING or b is _MISSING:
@@ -313,6 +320,15 @@ class FlowRules:
                 return a == b
             if isinstance(op, (ast.NotEq, ast.IsNot)):
                 return a != b
+        return None
+
+    def handed_test(self, test: ast.AST) -> bool | None:
+        """`if max_len is None:` (`is not None`) of a parameter this call handed a number or a tensor
+        (sequence_mask(lengths, max_len=x.size(-1))): decided; None for anything else, a default's guess included."""
+        if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], (ast.Is, ast.IsNot)) \
+                and isinstance(test.left, ast.Name) and isinstance(test.comparators[0], ast.Constant) \
+                and test.comparators[0].value is None and self.lookup(test.left.id + "#val") == GIVEN:
+            return isinstance(test.ops[0], ast.IsNot)
         return None
 
     def evaluated(self, test: ast.AST) -> ast.AST | None:
@@ -332,7 +348,7 @@ class FlowRules:
             return node.value
         if isinstance(node, ast.Name):
             v = self.lookup(node.id + "#val")
-            if v is not None:
+            if v is not None and v != GIVEN:   # (a value handed, not a constant: no literal)
                 try:
                     return ast.literal_eval(v)
                 except ValueError:

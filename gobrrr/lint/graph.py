@@ -22,6 +22,8 @@
                  fn(x)             with `fn = functools.partial(g, k=v)` in a def around: g, given k=v too;
                                    with `fn = get_step_fn(cfg)`: the def nested in get_step_fn that it returns
                  wrap(g)(x)        g: a wrapper made at the call site (`retry_if_cuda_oom(self.matcher)(iou)`)
+                 metric(x)         named after a project base class its subclasses override: every __call__
+                 self.cells[i](x)  the forward of the classes the module appended to self.cells
                  table[k](x)       every function of the dict literal assigned to table (in the def around,
                                    at module level, or to self.table in a method: `loss_map[loss](out, y)`)
                  Cls(x)            its __init__: a constructor called in hot code runs every step
@@ -38,7 +40,6 @@ on the Project too.
 from __future__ import annotations
 
 import ast
-import re
 
 from gobrrr.lint.bindings import (
     assigned_calls,
@@ -52,7 +53,8 @@ from gobrrr.lint.bindings import (
     through_partial,
 )
 from gobrrr.lint.index import Index
-from gobrrr.lint.loops import local_def, partial_target
+from gobrrr.lint.loops import local_def, partial_target, self_attr
+from gobrrr.lint.names import folder_key, object_key
 from gobrrr.lint.source import DEFS, Source
 
 # method names too common to pin to one class by name alone (torch, Python and framework APIs)
@@ -134,7 +136,7 @@ class Project(Index):
                     found = self._made_by(src, call, f.id, scope, types, fallback)
                 finally:
                     self._following.discard(key)
-            like = [c for c in self._named_like(f) if c[1].name.lower() == _object_key(f)] if not found and fallback \
+            like = [c for c in self._named_like(f) if c[1].name.lower() == object_key(f)] if not found and fallback \
                 else []   # for metric in self._metrics: metric(y_pred, y_true): Metric's __call__, and its subclasses'
             subs = [o for _, c in like for m in ("forward", "__call__") for o in self.overrides(c, m, 24)] \
                 if len(like) == 1 else []   # (the one class of that very name, a base its subclasses override: not
@@ -145,6 +147,9 @@ class Project(Index):
                 and isinstance(f.args[0], (ast.Name, ast.Attribute)):   # retry_if_cuda_oom(self.matcher)(iou):
             return self.resolve(src, ast.Call(func=f.args[0], args=call.args, keywords=call.keywords),  # a wrapper
                                 scope, types, fallback)   # made at the call site runs what it wraps
+        if isinstance(f, ast.Subscript) and self_attr(f.value) and (cls := self.class_around(src, scope)) \
+                and (insts := self._attr_instances(src, cls, f.value.attr + "[]")):   # self.cells[i](x):
+            return self._forwards(insts)   # the cells the module appended there
         if isinstance(f, ast.Subscript):   # loss_map[name](...) with loss_map = {"a": self.loss_a, ...}, or
             # self.loss_map[name](...) with the dict set in __init__: each value runs
             return [hit for v in self._dict_values(src, f.value, scope)
@@ -366,7 +371,7 @@ class Project(Index):
         with a class name of six letters or more (`proposal_matcher` -> Matcher). Names under five letters
         (`env`, `net`) or vague (`model`) pin nothing; nor do more than three classes, unless they are one
         hierarchy (at most twelve: `predictor_obj` -> the Predictor subclasses)."""
-        key = _object_key(recv)   # predictor_obj -> predictor
+        key = object_key(recv)   # predictor_obj -> predictor
         if len(key) < 5 or key in VAGUE:
             return []
         if key not in self._like:
@@ -376,7 +381,7 @@ class Project(Index):
     def _named_here(self, recv: ast.AST, src: Source) -> list:
         """The classes of the calling file itself an object is named after, when the whole project has too
         many (`actor` in fourteen one-file scripts, each defining its own Actor): at most three."""
-        key = _object_key(recv)
+        key = object_key(recv)
         if len(key) < 5 or key in VAGUE:
             return []
         found = [(src, c) for c in src.classes.values() if c.name.lower().endswith(key)]
@@ -385,7 +390,7 @@ class Project(Index):
     def _named_near(self, recv: ast.AST, src: Source) -> list:
         """The classes an object is named after in the calling file's own folder, when the project has too many
         (thirteen algorithm folders, each a script with its own DQN_agent, and `agent` a parameter): at most three."""
-        key = _object_key(recv)
+        key = object_key(recv)
         if len(key) < 5 or key in VAGUE:
             return []
         if ("near", key, src.path.parent) not in self._like:
@@ -401,7 +406,7 @@ class Project(Index):
         bbox_heads/, `self.neck` -> necks/): the folder's name, its words singular and without underscores,
         equals the object's key. A folder named in the singular (`network/`) is a package, not a registry of one
         kind of component. At most 24 classes; vague names pin nothing."""
-        key = _object_key(recv)
+        key = object_key(recv)
         if len(key) < 4 or key in VAGUE:
             return []
         if ("folders",) not in self._like:   # built once: folder key -> the classes under such a folder
@@ -412,13 +417,13 @@ class Project(Index):
                 for c in cs:
                     for part in c[0].path.parent.parts:
                         if part not in keys:
-                            k = _folder_key(part)
+                            k = folder_key(part)
                             keys[part] = k if k != part.replace("_", "").lower() else None
                         if keys[part] is not None:
                             table.setdefault(keys[part], {})[id(c[1])] = c   # once, however deep the folder
             self._like[("folders",)] = {k: list(v.values()) if len(v) <= 24 else [] for k, v in table.items()}
         folders = self._like[("folders",)]   # `self.heads.loss()` -> heads/: the key made singular, too
-        return list(folders.get(key) or folders.get(_folder_key(key), []))
+        return list(folders.get(key) or folders.get(folder_key(key), []))
 
     def _classes_named(self, key: str) -> list:
         self._classes_by_lower()
@@ -478,21 +483,6 @@ def _on_self(node: ast.AST) -> bool:
     while isinstance(node, ast.Attribute):
         node = node.value
     return isinstance(node, ast.Name) and node.id == "self"
-
-
-def _folder_key(part: str) -> str:
-    """A folder's name as an object key, each word singular: `dense_heads` -> densehead, `backbones_3d` ->
-    backbone3d, `necks` -> neck."""
-    words = [w[:-2] if w.endswith("sses") else w[:-1] if w.endswith("s") and not w.endswith("ss") and len(w) > 3
-             else w for w in part.lower().split("_")]
-    return "".join(words)
-
-
-def _object_key(recv: ast.AST) -> str:
-    """An object's last name, lower-cased, without underscores or an `_obj`/`_fn` suffix: the key a class is
-    named after (`replay_buffer` -> replaybuffer, `predictor_obj` -> predictor)."""
-    name = recv.id if isinstance(recv, ast.Name) else recv.attr if isinstance(recv, ast.Attribute) else ""
-    return re.sub(r"_(obj|object|fn|inst|instance)$", "", name).replace("_", "").lower()
 
 
 __all__ = ["Project"]

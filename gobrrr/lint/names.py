@@ -65,6 +65,8 @@ DATA_DEPENDENT = {"nonzero", "unique", "unique_consecutive", "masked_select", "a
 DEVICE_WRAPPERS = {"prepare", "prepare_data_loader", "setup_dataloaders"}   # accelerate / Lightning Fabric
 DICT_WRAPPERS = {"dict", "EasyDict", "edict", "AttrDict", "Munch", "DotMap", "Box"}   # a batch dict seen another way
 SPARSE_MAKERS = re.compile(r"^torch\.(sparse\.[A-Z]\w*Tensor|sparse_(coo|csr|csc)_tensor)$")   # made where i, v are
+GIVEN = "<given>"   # param#val of a parameter a call hands a number or a tensor: `is None` is False in that call
+HANDED = {"num", "str", "tensor", "mask", "host", "pinned", "numpy"}   # the kinds that are never None
 LOADERS_PINNED = {"Prefetcher", "PinnedWorkerLoader", "from_dataloader"}
 COMPILED = "<torch.compile>"   # in Checker.functions: a @torch.compile'd def runs this code
 TENSORISH = {"tensor", "mask", "generated"}   # generated: model.generate()'s tokens, made to be read on the host
@@ -103,3 +105,18 @@ def call_arg(node: ast.Call, pos: int, name: str) -> ast.AST | None:
         if k.arg == name:
             return k.value
     return node.args[pos] if len(node.args) > pos else None
+
+
+def folder_key(part: str) -> str:
+    """A folder's name as an object key, each word singular: `dense_heads` -> densehead, `backbones_3d` ->
+    backbone3d, `necks` -> neck."""
+    words = [w[:-2] if w.endswith("sses") else w[:-1] if w.endswith("s") and not w.endswith("ss") and len(w) > 3
+             else w for w in part.lower().split("_")]
+    return "".join(words)
+
+
+def object_key(recv: ast.AST) -> str:
+    """An object's last name, lower-cased, without underscores or an `_obj`/`_fn` suffix: the key a class is
+    named after (`replay_buffer` -> replaybuffer, `predictor_obj` -> predictor)."""
+    name = recv.id if isinstance(recv, ast.Name) else recv.attr if isinstance(recv, ast.Attribute) else ""
+    return re.sub(r"_(obj|object|fn|inst|instance)$", "", name).replace("_", "").lower()

@@ -14,7 +14,7 @@ Each def is walked once, with the kinds its first call hands it, unless a later 
 """
 from __future__ import annotations
 
-from gobrrr.lint.names import BATCHES, TENSORISH
+from gobrrr.lint.names import BATCHES, GIVEN, TENSORISH
 from gobrrr.lint.scopes import HOOK_NAMES
 
 _DEVICE = TENSORISH | {"tlist"}   # a parameter handed device tensors, or a list or dict of them (a batch moved key by key)
@@ -23,8 +23,8 @@ _DEVICE = TENSORISH | {"tlist"}   # a parameter handed device tensors, or a list
 def fewer_constants(old: dict, kinds: dict) -> dict | None:
     """The constants two calls of a def agree on, if fewer than the walk used (`f(x)` then `f(x,
     action)`: the branch on `action is None` goes both ways); None if the walk already covers it."""
-    shared = {k: v for k, v in old.items() if kinds.get(k) == v}
-    return shared if shared != old else None
+    shared = {k: v for k, v in old.items() if kinds.get(k, v if v == GIVEN else None) == v}   # (a value handed
+    return shared if shared != old else None   # before, nothing known now: no second walk; None handed now: one)
 
 
 def _typed_now(old: dict | None, kinds: dict, typed: set[str]) -> bool:

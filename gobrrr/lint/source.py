@@ -195,7 +195,13 @@ def _index_scopes(src: Source, node: ast.AST, scope: ast.AST | None, cls: ast.Cl
                     if isinstance(t, ast.Name):
                         src.instances.setdefault((id(scope), t.id + "[]"), []).extend(
                             _constructed(e) for e in child.value.elts)
-            elif isinstance(child, (ast.Assign, ast.AnnAssign)) and child.value is not None:
+            elif isinstance(child, ast.Expr) and isinstance(child.value, ast.Call) and child.value.args \
+                    and isinstance(child.value.func, ast.Attribute) and child.value.func.attr == "append" \
+                    and isinstance(child.value.func.value, ast.Attribute) and isinstance(child.value.func.value.value, ast.Name) \
+                    and child.value.func.value.value.id == "self" and src.owner.get(id(scope)) is not None \
+                    and (made := _constructed(child.value.args[0])) is not None:   # self.cells.append(Cell(...)):
+                src.instances.setdefault((id(src.owner[id(scope)]), child.value.func.value.attr + "[]"), []).append(made)
+            elif isinstance(child, (ast.Assign, ast.AnnAssign)) and child.value is not None:   # self.cells[i] is one
                 either = _either(child.value)   # actor = (A(...) if cfg.deterministic else B(...)).to(dev): both
                 made = _constructed(child.value) if not either else either[0]
                 targets = child.targets if isinstance(child, ast.Assign) else [child.target]

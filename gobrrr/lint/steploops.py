@@ -79,9 +79,10 @@ def step_loops(tree: ast.AST, facts: Facts, rare, nodes: list[ast.AST] | None = 
                 method_loops[id(method)] = any(looping(c, seen | {id(method)}) for c in ast.walk(method)
                                                if isinstance(c, ast.Call))
             return method_loops[id(method)]
-        if isinstance(f, ast.Attribute) and n in COMMON_METHODS and not (
+        if isinstance(f, ast.Attribute) and (n in COMMON_METHODS or n == "inference") and not (
                 isinstance(f.value, ast.Name) and (f.value.id == "self" or f.value.id in imported)):
-            return False   # `callbacks.run("on_val_batch_start")` is not the project's `def run` (`val.run` is)
+            return False   # `callbacks.run("on_val_batch_start")` is not the project's `def run` (`val.run` is), nor
+            # RIFE's `model.inference(I0, I1)` a benchmark script's own looping `def inference(...)`
         return n in looping_fns or bool(facts.aliases.get(n, set()) & looping_fns)
 
     held: dict[str, bool] = {}   # local_holds, per pass (local_looping grows during the first)
