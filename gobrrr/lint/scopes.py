@@ -233,9 +233,10 @@ class ScopeWalk:
         if fn is None or "PackedSequence" not in self.src.text and "pack_" not in self.src.text:
             return False
         span = range(getattr(fn, "lineno", 0), (getattr(fn, "end_lineno", None) or 0) + 1)
-        nodes = [n for n in self.src.nodes if getattr(n, "lineno", -1) in span]   # (the file's own nodes: a def the
-        return any(isinstance(n, ast.Call) and name_of(n.func) == "isinstance" and len(n.args) == 2   # lint made up
-                   and isinstance(n.args[0], ast.Name) and n.args[0].id == name   # may hold holes)
+        nodes = [n for n in self.src.nodes if getattr(n, "lineno", -1) in span]   # the file's own nodes (a def the
+        # lint made up for a summary may hold holes that ast.walk trips over)
+        return any(isinstance(n, ast.Call) and name_of(n.func) == "isinstance" and len(n.args) == 2
+                   and isinstance(n.args[0], ast.Name) and n.args[0].id == name
                    and name_of(n.args[1]) == "PackedSequence" for n in nodes) \
             or any(isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
                    and name_of(n.value.func) in ("pack_padded_sequence", "pack_sequence")
