@@ -8,6 +8,7 @@ import re
 from functools import lru_cache
 
 from gobrrr.lint.loops import LOADER_NAME, is_model_name, name_of
+from gobrrr.lint.names import TENSORISH
 from gobrrr.lint.source import DEFS, Source
 
 
@@ -43,30 +44,36 @@ def _branches(value: ast.AST) -> list[ast.AST]:
     return [value.body, value.orelse] if isinstance(value, ast.IfExp) else [value]
 
 
-def assigned_functions(src: Source, name: str, scope: ast.AST | None, cache: dict) -> list[ast.Name]:
-    """The plain names `name` is bound to in this def or the nearest enclosing def that binds it, one per branch:
-    Open-Sora's `prepare = prepare_causal if causal else prepare_uncausal` (an if, or an if expression), called in
-    a def nested in the one that chose. `cache` is the file's (project.per_file): the names it binds anywhere, and
-    each def's bindings (id(def) -> name -> names), found once."""
+def assigned_functions(src: Source, name: str, scope: ast.AST | None, cache: dict) -> list[ast.expr]:
+    """The plain names `name` is bound to in this def, the nearest enclosing def that binds it, or the module, one
+    per branch: Open-Sora's `prepare = prepare_causal if causal else prepare_uncausal` (an if, or an if expression),
+    called in a def nested in the one that chose; SIREN's `loss_fn = loss_functions.wave_pml` at a script's top.
+    `cache` is the file's (project.per_file): the names it binds anywhere, and each scope's bindings (id(def), or
+    id(None) for the module -> name -> names), found once."""
     if "bound_names" not in cache:
         cache["bound_names"] = set(re.findall(r"(\w+) =[^=]", src.text))
     if name not in cache["bound_names"]:
         return []
     bound = cache.setdefault("bound", {})
-    while scope is not None:
+    while True:
         if id(scope) not in bound:
-            binds: dict[str, list[ast.Name]] = {}
-            for st in own_statements(getattr(scope, "body", [])):
+            binds: dict[str, list[ast.expr]] = {}
+            for st in own_statements(getattr(scope, "body", []) if scope is not None else src.tree.body):
                 if isinstance(st, ast.Assign):
                     for t in st.targets:
                         if isinstance(t, ast.Name):
-                            binds.setdefault(t.id, []).extend(v for v in _branches(st.value)
-                                                              if isinstance(v, ast.Name) and v.id != t.id)
+                            binds.setdefault(t.id, []).extend(v for v in _branches(st.value) if _function_name(v, t.id))
             bound[id(scope)] = binds
-        if bound[id(scope)].get(name):
-            return bound[id(scope)][name][:4]
+        if bound[id(scope)].get(name) or scope is None:
+            return bound[id(scope)].get(name, [])[:4]
         scope = src.parent.get(id(scope))
-    return []
+
+
+def _function_name(v: ast.AST, target: str) -> bool:
+    """A name or a module's function (`loss_fn = loss_functions.wave_pml`, SIREN's scripts), not the target itself
+    nor an attribute of self."""
+    return isinstance(v, ast.Name) and v.id != target or isinstance(v, ast.Attribute) \
+        and isinstance(v.value, ast.Name) and v.value.id != "self"
 
 
 def picked_tables(src: Source, name: str, scope: ast.AST | None) -> list[ast.AST]:
@@ -200,6 +207,25 @@ def _built_lists(fn: ast.AST, values: list, randoms: frozenset = frozenset(), sk
             and isinstance(v.func.value, ast.Name) and v.func.value.id in randoms and v.func.attr in ("sample", "choices")
     return bool(parts) and all(built(p) or isinstance(p, ast.Name) and made.get(p.id)
                                and all(built(v) for v in made[p.id]) for p in parts)
+
+
+def device_dataset(src: Source, data: ast.AST | None, scope: ast.AST | None, kind) -> bool:
+    """`TensorDataset(torch.from_numpy(x).to(dev))`, or a name the def assigns one: a dataset of device tensors,
+    whose loader's batches are slices already on the device (CTGAN's TVAE); `kind` gives an argument's kind."""
+    made = [data] if isinstance(data, ast.Call) else assigned_calls(src, data.id, scope) \
+        if isinstance(data, ast.Name) else []
+    return len(made) == 1 and name_of(made[0].func) == "TensorDataset" and bool(made[0].args) \
+        and all(kind(a) in TENSORISH and _moved(a) for a in made[0].args)
+
+
+def _moved(e: ast.AST) -> bool:
+    """A tensor the expression itself moves (`torch.from_numpy(x).to(dev).float()`), not one a CUDA default
+    tensor type set somewhere in the project would put on the device (TabSurvey's `torch.tensor(X)`)."""
+    while isinstance(e, ast.Call) and isinstance(e.func, ast.Attribute):
+        if e.func.attr in ("to", "cuda"):
+            return True
+        e = e.func.value
+    return False
 
 
 def kept_loader(node: ast.AST) -> bool:

@@ -17,7 +17,14 @@ from __future__ import annotations
 import ast
 import re
 
-from gobrrr.lint.bindings import assigned_calls, kept_loader, loaded_module, yields_host_lists, yields_on_device
+from gobrrr.lint.bindings import (
+    assigned_calls,
+    device_dataset,
+    kept_loader,
+    loaded_module,
+    yields_host_lists,
+    yields_on_device,
+)
 from gobrrr.lint.loops import LOADER_NAME, is_model_name, name_of
 from gobrrr.lint.names import (
     BATCHES,
@@ -30,6 +37,7 @@ from gobrrr.lint.names import (
     MASK_FUNCS,
     NOT_TENSOR_METHODS,
     NOT_TENSOR_TORCH,
+    NP_SCALARS,
     NUM_BUILTINS,
     NUMBER_METHODS,
     SPARSE_MAKERS,
@@ -39,6 +47,8 @@ from gobrrr.lint.names import (
     VIEW_METHODS,
     call_arg,
     np_random_kind,
+    splatted,
+    values_of,
 )
 
 _DATA_WORDS = {"data", "dataset", "ds", "batches", "train", "val", "valid", "test", "eval", "dl"}
@@ -48,7 +58,6 @@ _PREDICATE = re.compile(r"(^_*|[a-z0-9]_)(is|has|should|can|needs?|uses?|support
 # exists(x) (`x is not None`, lucidrains' helper, even where a file forgets to import it)
 _COUNT = re.compile(r"^num(ber_of)?_")   # g.num_nodes(), g.number_of_edges() of a DGL graph: ints (no torch method)
 _TOKENIZER = re.compile(r"tokeni[sz]er|processor|feature_extractor|^tok$", re.I)
-_LOADER_NAME = LOADER_NAME
 _DOTTED_WRAPPERS = {"tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm", "itertools.islice", "itertools.cycle"}
 # what `next()` draws a loader's batch from (not a generator of batches): `next(self.train_iter)`, `next(self.data)`
 _DATA_ITER = re.compile(r"^((train|val|valid|eval|test|data|dataset)_?(iter|iterator)|"
@@ -135,7 +144,7 @@ class CallKinds:
                 summary = self.return_kind(node)   # `-> torch.Tensor` names no device: what the def makes of
                 return summary or ann              # these arguments does (pad() of host tensors builds on the host)
             if func.id in ("abs", "sum", "min", "max"):
-                kinds = {self.kind(_values_of(a)) if _values_of(a) is not None else self.kind(a) for a in node.args}
+                kinds = {self.kind(values_of(a)) if values_of(a) is not None else self.kind(a) for a in node.args}
                 if kinds & (TENSORISH | {"tlist"}):
                     return "tensor"   # sum(losses) of device tensors is a device tensor
                 return "num" if kinds <= {"num", "numpy", "host"} else None
@@ -175,7 +184,7 @@ class CallKinds:
             if root in ("time", "math", "random", "os", "sys", "statistics", "os.path"):
                 return "num" if root not in ("os", "os.path") else None
             if root in ("numpy", "np", "cv2"):
-                if last in _NP_SCALARS and len(node.args) == 1 and not node.keywords:
+                if last in NP_SCALARS and len(node.args) == 1 and not node.keywords:
                     return "num"   # np.argmin(d): one position, a numpy integer that indexes as an int
                 return "numpy"   # (OpenCV takes and returns numpy arrays, and tuples of floats: `cv2.mean(m)[0]`)
             if root == "numpy.random":
@@ -314,7 +323,7 @@ class CallKinds:
             return "num"   # sharded_info.is_tp_sharded(...), t.is_contiguous(): predicates (t.is_nonzero() reads t)
         if method in STR_METHODS or recv == "str":
             return "str" if method in STR_METHODS else None
-        if recv == "numpy" and method in _NP_SCALARS and not node.args and not node.keywords:
+        if recv == "numpy" and method in NP_SCALARS and not node.args and not node.keywords:
             return "num"   # (np.abs(a - v)).argmin(): a numpy integer; indexing a device tensor with it copies nothing
         if recv in ("numpy", "num"):
             return recv
@@ -455,6 +464,8 @@ class CallKinds:
         if isinstance(data, ast.Call) and name_of(data.func) in ("range", "arange") \
                 and not any(k.arg == "device" for k in data.keywords):
             return "loader_index"   # DataLoader(range(n), bs, shuffle=True): batches of host indices (PyG's edge loops)
+        if device_dataset(self.src, data, self.defs[-1] if self.defs else None, self.kind):
+            return "loader_device"   # DataLoader(TensorDataset(x.to(dev))): slices of device tensors (CTGAN's TVAE)
         pin = next((k.value for k in node.keywords if k.arg == "pin_memory"), None)
         if pin is None and any(k.arg is None for k in node.keywords):
             return "loader"  # DataLoader(ds, **kwargs): pinning decided elsewhere
@@ -469,11 +480,11 @@ class CallKinds:
     def iter_kind(self, it: ast.AST, unpacked: bool = False) -> str | None:
         """The kind of the iterable of a `for`: a known loader, or one by its name (`train_loader`)."""
         k = self.kind(it)
-        if k in (None, "obj") and isinstance(it, (ast.Name, ast.Attribute)) and _LOADER_NAME.search(name_of(it)):
+        if k in (None, "obj") and isinstance(it, (ast.Name, ast.Attribute)) and LOADER_NAME.search(name_of(it)):
             return "loader"
         if k in (None, "obj") and isinstance(it, ast.Subscript) and (isinstance(it.slice, ast.Constant) and isinstance(
-                it.slice.value, str) and _LOADER_NAME.search(it.slice.value) or isinstance(it.slice, (ast.Name, ast.Constant))
-                and isinstance(it.value, (ast.Name, ast.Attribute)) and _LOADER_NAME.search(name_of(it.value))):
+                it.slice.value, str) and LOADER_NAME.search(it.slice.value) or isinstance(it.slice, (ast.Name, ast.Constant))
+                and isinstance(it.value, (ast.Name, ast.Attribute)) and LOADER_NAME.search(name_of(it.value))):
             return "loader"   # self.dataloader['train_loader'], self.data_loader[ln], self.data_loader["dev"]: kept in a dict
         if k in (None, "obj") and unpacked and isinstance(it, (ast.Name, ast.Attribute)) \
                 and set(re.split(r"_", name_of(it).lower())) & _DATA_WORDS:
@@ -482,19 +493,3 @@ class CallKinds:
             inner = self.iter_kind(it.args[0])   # tqdm(loader), logger.log_every(loader, 10), islice(loader, n)
             return inner if inner and inner.startswith("loader") else k
         return k
-
-
-_NP_SCALARS = {"argmin", "argmax"}   # numpy reductions over the whole array, with no axis: one index
-
-
-def _values_of(node: ast.AST) -> ast.AST | None:
-    """The dict of `d.values()` (sum(loss_dict.values()) sums what the dict holds), else None."""
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "values" \
-            and not node.args and not node.keywords:
-        return node.func.value
-    return None
-
-
-def splatted(call: ast.Call) -> bool:
-    """`torch.zeros(*sizes, **kwargs)` with no device= of its own: the device, if any, comes in the kwargs."""
-    return any(k.arg is None for k in call.keywords) and not any(k.arg == "device" for k in call.keywords)

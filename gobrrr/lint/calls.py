@@ -200,7 +200,7 @@ class CallRules:
                     and p in target_src.calls.get(fn.name, ()):   # train_epoch(..., loss_fn): the callee calls
                 runs = [(s, d) for s, d in self.project.resolve(   # loss_fn(...), the partial of a project def
                     self.src, ast.Call(func=a, args=[], keywords=[]), scope, self.types, fallback=False)[:3]
-                    if s.parent.get(id(d)) is not scope]   # given (a closure of the caller's: _handed)
+                    if scope is None or s.parent.get(id(d)) is not scope]   # given (a closure of the caller's: _handed)
                 if runs:
                     types[p + "()"] = runs
         extra = node.args[len(params):]

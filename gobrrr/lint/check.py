@@ -185,9 +185,9 @@ def check_sources(sources: list[Source], assume_gpu: bool = False,
             if again is not None:   # another call passes other constants: walk it with only those both share
                 kinds = {k: v for k, v in kinds.items() if "#val" not in k} | again
             elif id(fn) in seen and not (types_more(fn, kinds) and id(fn) in hooks and id(fn) not in typed
-                                         or retyping(id(fn), walked.get(id(fn)), kinds) - retyped):
+                                         or retyping(fn, walked.get(id(fn)), kinds) - retyped):
                 continue
-            retyped |= retyping(id(fn), walked.get(id(fn)), kinds)
+            retyped |= retyping(fn, walked.get(id(fn)), kinds)
             typed.add(id(fn))
             walked[id(fn)] = kinds
             consts[id(fn)] = {k: v for k, v in kinds.items() if "#val" in k}

@@ -22,7 +22,7 @@ import ast
 import re
 
 from gobrrr.lint.bindings import assigned_calls, converted_in_place
-from gobrrr.lint.loops import name_of
+from gobrrr.lint.loops import name_of, self_attr
 from gobrrr.lint.names import BATCHES, GIVEN, HOSTISH, ITEM_KIND, TENSORISH
 from gobrrr.lint.typetests import container_test, dist_test, number_test, numbers_after, tensor_test, type_checked
 
@@ -41,9 +41,9 @@ def _leaves(body: list[ast.stmt]) -> bool:
 class FlowRules:
     """Loops, branches and error paths."""
 
-    def bind_loop_target(self, target: ast.AST, it: ast.AST) -> None:
+    def bind_loop_target(self, target: ast.AST, it: ast.AST, stepping: bool = False) -> None:
         if isinstance(it, ast.IfExp):   # `tqdm(loader) if is_main else loader`: the same items either way
-            return self.bind_loop_target(target, it.body)
+            return self.bind_loop_target(target, it.body, stepping)
         while isinstance(it, ast.Call) and len(it.args) == 1 \
                 and isinstance(it.func, (ast.Name, ast.Attribute)) and name_of(it.func) in _PASS_THROUGH:
             it = it.args[0]   # tqdm.tqdm(list(enumerate(zip(a, b)))): the items of the innermost
@@ -52,7 +52,7 @@ class FlowRules:
             return self.bind(target, "num")
         if fname == "enumerate" and it.args and isinstance(target, ast.Tuple) and len(target.elts) == 2:
             self.bind(target.elts[0], "num")
-            return self.bind_loop_target(target.elts[1], it.args[0])
+            return self.bind_loop_target(target.elts[1], it.args[0], stepping)
         if fname == "zip" and isinstance(target, ast.Tuple) and len(target.elts) == len(it.args):
             for t, a in zip(target.elts, it.args):
                 self.bind_loop_target(t, a)
@@ -71,7 +71,7 @@ class FlowRules:
                 return self.bind(target, recv)
             if method == "values" and recv in _HOST_VALUES:   # {k: np.isnan(v) for ...}.values(): arrays
                 return self.bind(target, _HOST_VALUES[recv])
-        k = self.iter_kind(it, unpacked=isinstance(target, ast.Tuple))
+        k = self.iter_kind(it, unpacked=isinstance(target, ast.Tuple) or stepping and self_attr(it))
         if k and k.startswith("enum_") and isinstance(target, ast.Tuple) and len(target.elts) == 2:
             self.bind(target.elts[0], "num")   # for i, batch in pbar (pbar = tqdm(enumerate(loader)))
             return self.bind(target.elts[1], ITEM_KIND.get(k[5:]))
@@ -85,7 +85,9 @@ class FlowRules:
             self.loaders.append({"name": None, "node": node.iter, "loop": node})
         if id(node) in self.hotmap.step_loops and self.region != "off":
             self.follow_generator(node)
-        self.bind_loop_target(node.target, node.iter)
+        # an update loop over `self.dataset` (DiffWave's learner, handed the loader) steps through batches; not
+        # one over a parameter, which a caller may hand a device iterator (torchtext's BucketIterator(device=cuda))
+        self.bind_loop_target(node.target, node.iter, id(node) in self.hotmap.update_loops)
         self.note_loop_elements(node.target, node.iter)
         self.note_dist_items(node.target, node.iter)
         keyed = _keyed(node)

@@ -23,6 +23,7 @@ from functools import cached_property
 from pathlib import Path
 
 from gobrrr.lint.bindings import assigned_calls, returned_defs
+from gobrrr.lint.picked import picked_classes
 from gobrrr.lint.source import DEFS, Source, _constructed
 
 _OTHER = object()   # an attribute assigned something other than a constant
@@ -244,6 +245,9 @@ class Index:
         hit = self._named(src, made)
         if hit and hit[0] == "class" and item is None:
             return [(hit[1], hit[2])]
+        if hit is None and item is None and "import_module" in src.text:   # getattr(import_module(f"m.{n}"), n)
+            key = ("picked", id(src), made.id if isinstance(made, ast.Name) else id(made))
+            return self._lookups.setdefault(key, picked_classes(self, src, made))
         if depth >= 2:
             return []
         if hit and hit[0] == "def":   # def build_matcher(args): return HungarianMatcher(...)

@@ -23,10 +23,19 @@ import ast
 import re
 
 from gobrrr.lint.bindings import assigned_calls
-from gobrrr.lint.callkinds import splatted
 from gobrrr.lint.hot import iterates, own_nodes, root_name
 from gobrrr.lint.loops import index_parts, name_of, one_block
-from gobrrr.lint.names import BATCHES, COMPILED, DATA_FACTORIES, DTYPE_METHODS, FACTORIES, HOSTISH, TENSORISH, VIEW_METHODS
+from gobrrr.lint.names import (
+    BATCHES,
+    COMPILED,
+    DATA_FACTORIES,
+    DTYPE_METHODS,
+    FACTORIES,
+    HOSTISH,
+    TENSORISH,
+    VIEW_METHODS,
+    splatted,
+)
 
 _SIZED = {"zeros", "ones", "empty", "rand", "randn"}   # factories whose int arguments are all sizes
 _HOST_INDEX = {"numpy", "host", "pinned", "hlist"}

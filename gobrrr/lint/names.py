@@ -19,7 +19,7 @@ import re
 FACTORIES = {"randn", "rand", "randint", "randperm", "zeros", "ones", "empty", "full", "arange", "range", "linspace",
              "logspace", "eye", "tensor", "as_tensor", "normal", "bernoulli", "tril_indices", "triu_indices",
              "Tensor", "FloatTensor", "LongTensor", "IntTensor", "BoolTensor", "HalfTensor", "DoubleTensor",
-             "ByteTensor"}
+             "ByteTensor", "hann_window", "hamming_window", "blackman_window", "bartlett_window", "kaiser_window"}
 DATA_FACTORIES = {"tensor", "as_tensor", "Tensor", "FloatTensor", "LongTensor", "IntTensor", "BoolTensor",
                   "HalfTensor", "DoubleTensor", "ByteTensor", "from_numpy"}
 NUMBER_ATTRS = {"shape", "ndim", "dtype", "device", "is_cuda", "requires_grad", "is_leaf", "itemsize", "nbytes",
@@ -98,6 +98,22 @@ def np_random_kind(node: ast.Call, last: str) -> str | None:
         return "numpy" if node.args else "num"
     size = call_arg(node, pos, "size")
     return "num" if size is None or isinstance(size, ast.Constant) and size.value is None else "numpy"
+
+
+NP_SCALARS = {"argmin", "argmax"}   # numpy reductions over the whole array, with no axis: one index
+
+
+def values_of(node: ast.AST) -> ast.AST | None:
+    """The dict of `d.values()` (sum(loss_dict.values()) sums what the dict holds), else None."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "values" \
+            and not node.args and not node.keywords:
+        return node.func.value
+    return None
+
+
+def splatted(call: ast.Call) -> bool:
+    """`torch.zeros(*sizes, **kwargs)` with no device= of its own: the device, if any, comes in the kwargs."""
+    return any(k.arg is None for k in call.keywords) and not any(k.arg == "device" for k in call.keywords)
 
 
 def call_arg(node: ast.Call, pos: int, name: str) -> ast.AST | None:

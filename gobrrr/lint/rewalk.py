@@ -4,20 +4,23 @@ Each def is walked once, with the kinds its first call hands it, unless a later 
 
     fewer_constants  another call passes other constants (`f(x)`, then `f(x, action)`): walk it again with only
                      the constants both share, so a branch on `action is None` is taken both ways
-    retyping         a def first walked with unknown parameters is called with device tensors ('dev') or a
-                     loader's batch ('batch'), or first walked with device tensors is called with nothing known
-                     in any of them ('untyped': an untyped caller's copies up may be real): walked again, once for
-                     each reason
+    retyping         a def first walked with unknown parameters is called with device tensors ('dev'), a
+                     loader's batch ('batch') or a host tensor it copies up itself ('host'), or first walked
+                     with device tensors is called with nothing known in any of them ('untyped': an untyped
+                     caller's copies up may be real): walked again, once for each reason
     types_more       a hook (a forward, a step) first walked with kinds guessed from its parameter names is
                      handed device tensors where the names said nothing, or host arrays where they guessed
                      device tensors: walked again once
 """
 from __future__ import annotations
 
+import ast
+
 from gobrrr.lint.names import BATCHES, GIVEN, TENSORISH
 from gobrrr.lint.scopes import HOOK_NAMES
 
 _DEVICE = TENSORISH | {"tlist"}   # a parameter handed device tensors, or a list or dict of them (a batch moved key by key)
+_HOST = {"host", "pinned"}   # a parameter handed a host tensor (a helper's `.cuda()` of it copies up)
 
 
 def fewer_constants(old: dict, kinds: dict) -> dict | None:
@@ -34,15 +37,25 @@ def _typed_now(old: dict | None, kinds: dict, typed: set[str]) -> bool:
     return old is not None and any(v in typed and old.get(k) not in typed for k, v in kinds.items() if "#" not in k)
 
 
-def retyping(key: int, old: dict | None, kinds: dict) -> set[tuple[int, str]]:
+def retyping(fn: ast.AST, old: dict | None, kinds: dict) -> set[tuple[int, str]]:
     """Why a def walked before is walked again: ('dev') a call hands it device tensors, ('batch') a loader's
-    batch, where its last walk had none; ('untyped') a call says nothing of any parameter its last walk had device
-    tensors in; each at most once per def."""
+    batch, ('host') a host tensor in a parameter its body copies up itself (DHCN's `trans_to_cuda(variable)`:
+    `variable.cuda()`, first reached with an unknown `self.adjacency`), where its last walk had none; ('untyped')
+    a call says nothing of any parameter its last walk had device tensors in; each at most once per def."""
+    key = id(fn)
     found = {(key, tag) for tag, typed in (("dev", _DEVICE), ("batch", BATCHES)) if _typed_now(old, kinds, typed)}
+    if _typed_now(old, {k: v for k, v in kinds.items() if k in _copied_up(fn)}, _HOST):
+        found.add((key, "host"))
     was = [k for k, v in (old or {}).items() if "#" not in k and v in _DEVICE]
     if was and all(kinds.get(k) is None for k in was):
         found.add((key, "untyped"))   # mbrl's `_get_model_input(obs, action)`: a model env's device action, then a
     return found                   # trainer's batch of arrays, whose `to_tensor(action).to(device)` copies up
+
+
+def _copied_up(fn: ast.AST) -> set[str]:
+    """The names the def's own body moves with `.cuda()` or `.to(...)`: `return variable.cuda()`."""
+    return {n.func.value.id for n in ast.walk(fn) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+            and n.func.attr in ("cuda", "to") and isinstance(n.func.value, ast.Name)}
 
 
 def types_more(fn, kinds: dict) -> bool:

@@ -141,6 +141,8 @@ class ScopeWalk:
                 # moves itself, `batch: tuple[torch.Tensor, ...]` a loader's host batch
                 scope[name] = k
                 scope.pop(name + "#dflt", None)   # what a call passes: no longer a guess
+            if k in TENSORISH and chain and name not in guessed:
+                scope[name + "#handed"] = "handed"   # a device tensor the hot caller made (sync._made_here)
         closure = self.closure_scope(node) if chain else None
         if closure is not None:
             self.scopes.append(closure)

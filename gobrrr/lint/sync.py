@@ -217,13 +217,15 @@ class SyncRules:
     def slice_bound(self, node: ast.Subscript) -> ast.AST | None:
         parts = index_parts(node)
         bounds = [b for p in parts if isinstance(p, ast.Slice) for b in (p.lower, p.upper, p.step) if b is not None]
-        return self._made_here([b for b in bounds if isinstance(b, (ast.Name, ast.Subscript)) or _offset(b)])
+        return self._made_here([b for b in bounds if isinstance(b, (ast.Name, ast.Subscript)) or _offset(b)], True)
 
-    def _made_here(self, args: list) -> ast.AST | None:
-        """The first of `args` that is a device tensor made in this def (not a parameter, whose kind
-        is the caller's guess)."""
+    def _made_here(self, args: list, handed: bool = False) -> ast.AST | None:
+        """The first of `args` that is a device tensor made in this def (not a parameter, whose kind is the
+        caller's guess); for a slice bound (`handed`), also an element of a device tensor the hot call that reached
+        the def made itself (Conv-TasNet's `get_mask(source, source_lengths)` with `mixture_lengths.cuda()`)."""
         fn = self.defs[-1] if self.defs else None
-        params = {p.arg for p in [*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs]} \
+        params = {p.arg for p in [*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs]
+                  if not (handed and self.lookup(p.arg + "#handed"))} \
             if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) else set()
         roots = [r for a in args for r in (a.value if isinstance(a, ast.Subscript) else a,
                                            getattr(getattr(a, "func", None), "value", None))]
