@@ -339,3 +339,37 @@ def test_a_loss_function_named_at_a_scripts_top_runs_in_the_shared_loop(tmp_path
             training.train(model=model, train_dataloader=loader, loss_fn=loss_fn)
         """})
     assert ("loss_functions.py", 7, "GB007") in found, found
+
+
+def test_an_attribute_set_to_its_own_call_does_not_recur(tmp_path):
+    """Megatron's ScheduleNode: `if isinstance(self.stream, Callable): self.stream = self.stream()` (a lazily
+    made stream) in hot code. Resolving `self.stream()` looks at what `self.stream` was set to, a call of itself:
+    the lint must not follow that forever (it failed on the whole file with a RecursionError)."""
+    found = project_rules(tmp_path, {"node.py": """
+        from typing import Callable
+
+        import torch
+
+
+        class Node:
+            def __init__(self, stream, model):
+                self.stream = stream
+                self.model = model
+
+            def forward(self, x):
+                if isinstance(self.stream, Callable):
+                    self.stream = self.stream()
+                with torch.cuda.stream(self.stream):
+                    return self.model(x)
+
+
+        def train(model, opt, loader):
+            node = Node(torch.cuda.current_stream, model)
+            for x in loader:
+                loss = node.forward(x.cuda(non_blocking=True)).sum()
+                print(loss.item())
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+    """})
+    assert ("node.py", 23, "GB002") in found, found

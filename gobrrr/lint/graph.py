@@ -289,6 +289,7 @@ class Project(Index):
         (`self.grad_func = self.fuse_update()`, LOMO's fused update run by each gradient hook); cached."""
         key = ("factory", id(cls), attr)
         if key not in self._assigned:
+            self._assigned[key] = []   # `self.stream = self.stream()` (Megatron's lazy stream) does not recur
             found = [hit for fn, n in self._self_assigns(cls).get(attr, ()) if isinstance(n.value, ast.Call)
                      for fs, made in self.resolve(src, n.value, fn, {}, fallback=False)[:3]
                      for hit in returned_defs(fs, made)]
