@@ -373,3 +373,40 @@ def test_an_attribute_set_to_its_own_call_does_not_recur(tmp_path):
                 opt.step()
     """})
     assert ("node.py", 23, "GB002") in found, found
+
+
+def test_a_pyg_layers_propagate_runs_its_message_and_update(tmp_path):
+    """pyHGT's HGTConv(MessagePassing): `forward` returns `self.propagate(edge_index, node_inp=x, ...)`, and
+    torch_geometric calls the layer's own `message` and `update` from there, every layer of every step:
+    `res_att = torch.zeros(n, heads).to(node_inp_i.device)` in `message` builds on the host and copies up."""
+    found = project_rules(tmp_path, {"conv.py": """
+        import torch
+        from torch_geometric.nn import MessagePassing
+
+
+        class HGTConv(MessagePassing):
+            def __init__(self, dim):
+                super().__init__(aggr="add")
+                self.lin = torch.nn.Linear(dim, dim)
+
+            def forward(self, node_inp, edge_index):
+                return self.propagate(edge_index, node_inp=node_inp)
+
+            def message(self, node_inp_i, node_inp_j):
+                res_att = torch.zeros(node_inp_i.size(0), 4).to(node_inp_i.device)
+                return self.lin(node_inp_j) * res_att.sum()
+
+            def update(self, aggr_out, node_inp):
+                return aggr_out + node_inp
+
+
+        def train(loader, opt):
+            conv = HGTConv(16).cuda()
+            for x, edge_index in loader:
+                out = conv(x.cuda(non_blocking=True), edge_index.cuda(non_blocking=True))
+                loss = out.sum()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+    """})
+    assert ("conv.py", 15, "GB001") in found, found

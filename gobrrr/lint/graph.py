@@ -24,6 +24,7 @@
                  wrap(g)(x)        g: a wrapper made at the call site (`retry_if_cuda_oom(self.matcher)(iou)`)
                  metric(x)         named after a project base class its subclasses override: every __call__
                  self.cells[i](x)  the forward of the classes the module appended to self.cells
+                 self.propagate()  a PyG layer's own message / aggregate / update
                  table[k](x)       every function of the dict literal assigned to table (in the def around,
                                    at module level, or to self.table in a method: `loss_map[loss](out, y)`)
                  Cls(x)            its __init__: a constructor called in hot code runs every step
@@ -67,6 +68,9 @@ GENERIC = {"forward", "step", "update", "reset", "train", "eval", "get", "set", 
            "encode", "decode", "build", "init", "setup", "prepare", "compute", "process", "transform", "predict",
            "__call__", "__init__", "__getitem__", "__len__", "__iter__", "__next__", "__enter__", "__exit__"}
 
+
+# what torch_geometric's MessagePassing.propagate(edge_index, **kwargs) calls on the layer (HGTConv's message/update)
+_PYG_HOOKS = ("message", "aggregate", "message_and_aggregate", "update")
 
 # object names that say nothing of their class (`self.module.step()`, `trainer.fit()`)
 VAGUE = {"module", "modules", "model", "models", "trainer", "wrapper", "object", "config", "handler", "helper",
@@ -162,6 +166,8 @@ class Project(Index):
             if cls is not None:
                 hit = self.method(src, cls, f.attr)
                 found = ([hit] if hit else []) + self.overrides(cls, f.attr)
+                if not found and f.attr == "propagate":   # PyG's MessagePassing.propagate runs the layer's own hooks
+                    found = [h for m in _PYG_HOOKS if (h := self.method(src, cls, m))]
                 if found:
                     return found
             insts = self.instances_of(src, f, scope, types)   # self.criterion(out, y)
