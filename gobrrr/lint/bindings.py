@@ -70,8 +70,8 @@ def assigned_functions(src: Source, name: str, scope: ast.AST | None, cache: dic
 
 
 def _function_name(v: ast.AST, target: str) -> bool:
-    """A name or a module's function (`loss_fn = loss_functions.wave_pml`, SIREN's scripts), not the target itself
-    nor an attribute of self."""
+    """A name, not the target itself, or an attribute of a name (`loss_fn = loss_functions.wave_pml`, SIREN's
+    scripts; `update = normalizer.update`, FastTD3's bound method), not of self."""
     return isinstance(v, ast.Name) and v.id != target or isinstance(v, ast.Attribute) \
         and isinstance(v.value, ast.Name) and v.value.id != "self"
 

@@ -247,7 +247,9 @@ class Index:
             return [(hit[1], hit[2])]
         if hit is None and item is None and "import_module" in src.text:   # getattr(import_module(f"m.{n}"), n)
             key = ("picked", id(src), made.id if isinstance(made, ast.Name) else id(made))
-            return self._lookups.setdefault(key, picked_classes(self, src, made))
+            if key not in self._lookups:
+                self._lookups[key] = picked_classes(self, src, made)
+            return self._lookups[key]
         if depth >= 2:
             return []
         if hit and hit[0] == "def":   # def build_matcher(args): return HungarianMatcher(...)
