@@ -1,6 +1,6 @@
-"""gobrrr lint, issue 29's round 78 on heldout160-163's first sights (DiffWave, SAC-discrete, CTGAN, IDR; NBFNet,
-TS2Vec, ChatGLM-Tuning, pytorch_diffusion; GAIL/AIRL-PPO, DHCN, TranAD, FCOS; Conv-TasNet, GTN, S3-Rec, MVSNeRF)
-and news-recommendation's models, left from heldout159; with the neighbours each rule must keep quiet."""
+"""gobrrr lint, issue 29's round 78 on heldout160-167's first sights (DiffWave, CTGAN, DHCN, Conv-TasNet, CMGAN,
+SIREN among them) and news-recommendation's models, left from heldout159; the recursion Megatron-LM's lazy stream
+set off (9d151a2); and round 79's PyG case from heldout170 (pyHGT). With the neighbours each rule must keep quiet."""
 from __future__ import annotations
 
 import ast
