@@ -182,12 +182,13 @@ def check_sources(sources: list[Source], assume_gpu: bool = False,
         nxt = []
         for target, fn, kinds, types, chain, functions in queue:
             again = fewer_constants(consts[id(fn)], kinds) if id(fn) in consts else None
+            why = retyping(fn, walked.get(id(fn)), kinds)   # once per call (it reads no "#val" key `again` changes)
             if again is not None:   # another call passes other constants: walk it with only those both share
                 kinds = {k: v for k, v in kinds.items() if "#val" not in k} | again
             elif id(fn) in seen and not (types_more(fn, kinds) and id(fn) in hooks and id(fn) not in typed
-                                         or retyping(fn, walked.get(id(fn)), kinds) - retyped):
+                                         or why - retyped):
                 continue
-            retyped |= retyping(fn, walked.get(id(fn)), kinds)
+            retyped |= why
             typed.add(id(fn))
             walked[id(fn)] = kinds
             consts[id(fn)] = {k: v for k, v in kinds.items() if "#val" in k}

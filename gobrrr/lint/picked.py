@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import ast
 
-from gobrrr.lint.source import Source
+from gobrrr.lint.source import IMPORT_MODULE, Source
 
-_IMPORT_MODULE = ("importlib.import_module", "import_module")
 _MOST = 8
 
 
@@ -32,7 +31,7 @@ def picked_class(expr: ast.AST) -> tuple[tuple[str, ...], str | None] | None:
         module, attr = expr.value, ast.Constant(expr.attr)
     else:
         return None
-    if not (isinstance(module, ast.Call) and ast.unparse(module.func) in _IMPORT_MODULE and module.args):
+    if not (isinstance(module, ast.Call) and ast.unparse(module.func) in IMPORT_MODULE and module.args):
         return None
     prefix, names = "", []
     for piece in _pieces(module.args[0]):

@@ -15,6 +15,7 @@ Each def is walked once, with the kinds its first call hands it, unless a later 
 from __future__ import annotations
 
 import ast
+from functools import lru_cache
 
 from gobrrr.lint.names import BATCHES, GIVEN, TENSORISH
 from gobrrr.lint.scopes import HOOK_NAMES
@@ -52,10 +53,13 @@ def retyping(fn: ast.AST, old: dict | None, kinds: dict) -> set[tuple[int, str]]
     return found                   # trainer's batch of arrays, whose `to_tensor(action).to(device)` copies up
 
 
-def _copied_up(fn: ast.AST) -> set[str]:
-    """The names the def's own body moves with `.cuda()` or `.to(...)`: `return variable.cuda()`."""
-    return {n.func.value.id for n in ast.walk(fn) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-            and n.func.attr in ("cuda", "to") and isinstance(n.func.value, ast.Name)}
+@lru_cache(maxsize=4096)
+def _copied_up(fn: ast.AST) -> frozenset[str]:
+    """The names the def's own body moves with `.cuda()` or `.to(...)`: `return variable.cuda()` (walked once per
+    def, not once per call that reaches it)."""
+    return frozenset(n.func.value.id for n in ast.walk(fn) if isinstance(n, ast.Call)
+                     and isinstance(n.func, ast.Attribute) and n.func.attr in ("cuda", "to")
+                     and isinstance(n.func.value, ast.Name))
 
 
 def types_more(fn, kinds: dict) -> bool:

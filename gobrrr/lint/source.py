@@ -42,6 +42,9 @@ def walk(tree: ast.AST, calls: dict[str, set[str]] | None = None) -> list[ast.AS
     return out
 
 
+IMPORT_MODULE = ("importlib.import_module", "import_module")   # a module imported by a name known at run time
+
+
 @dataclass(eq=False)
 class Source:
     """One parsed file and what the call graph needs of it."""
@@ -71,7 +74,7 @@ class Source:
         if "import_module" not in self.text:
             return set()
         return {t.id for n in ast.walk(self.tree) if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
-                and ast.unparse(n.value.func) in ("importlib.import_module", "import_module")
+                and ast.unparse(n.value.func) in IMPORT_MODULE
                 for t in n.targets if isinstance(t, ast.Name)}
 
 
