@@ -229,7 +229,10 @@ class CallKinds:
             if root == "torch" and not last[:1].isupper():
                 kinds = {self.kind(a.value if isinstance(a, ast.Starred) else a) for a in node.args}
                 return "host" if not kinds & TENSORISH and kinds & ({"host", "hlist"} | BATCHES) else "tensor"
-            if last == "pad_sequence" and root.startswith("torch.") and node.args and (
+            if last in ("pack_padded_sequence", "pack_sequence") and root.startswith("torch.") and node.args \
+                    and self.kind(node.args[0]) in BATCHES:
+                return self.kind(node.args[0])   # GraphRNN's pack_padded_sequence(y, y_len).data of the host batch
+            if last in ("pad_sequence", "pack_padded_sequence", "pack_sequence") and root.startswith("torch.") and node.args and (
                     self.kind(node.args[0]) in ("host", "hlist") or isinstance(node.args[0], (ast.ListComp, ast.GeneratorExp))
                     and self._host_items(node.args[0])):
                 return "host"   # pad_sequence([torch.tensor(ids) for ids in texts]): F5-TTS's list_str_to_idx

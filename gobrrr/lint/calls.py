@@ -21,9 +21,9 @@ import re
 from gobrrr.lint.bindings import none_tested, returns_host_lists
 from gobrrr.lint.graph import Project
 from gobrrr.lint.hot import HotMap
-from gobrrr.lint.loops import local_def, name_of, self_attr
+from gobrrr.lint.loops import local_def, name_of
 from gobrrr.lint.moves import rebinds
-from gobrrr.lint.names import BATCHES, DATA_FACTORIES, DEVICE_WRAPPERS, GIVEN, HANDED, TENSOR_METHODS, TENSORISH
+from gobrrr.lint.names import BATCHES, DATA_FACTORIES, DEVICE_WRAPPERS, GIVEN, HANDED, TENSOR_METHODS, TENSORISH, self_attr
 from gobrrr.lint.source import Source
 
 MAX_DEPTH = 6   # calls followed from a hot loop into the project's functions

@@ -23,8 +23,7 @@ from __future__ import annotations
 
 import ast
 
-from gobrrr.lint.loops import index_parts
-from gobrrr.lint.names import TENSORISH, VIEW_METHODS
+from gobrrr.lint.names import TENSORISH, VIEW_METHODS, index_parts
 
 _FLAT = "#1d"   # scope key of a name bound to a one-dimensional device tensor
 _MADE_1D = {"unique", "arange", "randperm"}   # torch.<f>(...) with no dim: one dimension

@@ -22,8 +22,8 @@ import ast
 import re
 
 from gobrrr.lint.bindings import assigned_calls, converted_in_place
-from gobrrr.lint.loops import name_of, self_attr
-from gobrrr.lint.names import BATCHES, GIVEN, HOSTISH, ITEM_KIND, TENSORISH
+from gobrrr.lint.loops import name_of
+from gobrrr.lint.names import BATCHES, GIVEN, HOSTISH, ITEM_KIND, TENSORISH, self_attr
 from gobrrr.lint.typetests import container_test, dist_test, number_test, numbers_after, tensor_test, type_checked
 
 _MISSING = object()

@@ -54,8 +54,8 @@ from gobrrr.lint.bindings import (
     through_partial,
 )
 from gobrrr.lint.index import Index
-from gobrrr.lint.loops import local_def, partial_target, self_attr
-from gobrrr.lint.names import folder_key, object_key
+from gobrrr.lint.loops import local_def, partial_target
+from gobrrr.lint.names import folder_key, object_key, self_attr
 from gobrrr.lint.source import DEFS, Source
 
 # method names too common to pin to one class by name alone (torch, Python and framework APIs)

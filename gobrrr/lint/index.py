@@ -37,12 +37,6 @@ def _python_property(fn: ast.AST) -> bool:
         and isinstance(fn.returns, ast.Name) and fn.returns.id in ("int", "float", "bool", "str")
 
 
-def _module_path(s: Source) -> Path:
-    """The path of the module a file is, without .py: pkg/sub/mod.py -> pkg/sub/mod; pkg/__init__.py -> pkg.
-    Its parts are the module's dotted name."""
-    return s.path.parent if s.path.name == "__init__.py" else s.path.with_suffix("")
-
-
 # a transformers model class: `PreTrainedModel`, `LlamaModel`, `LlamaForCausalLM`, `T5ForConditionalGeneration`
 # (not pydantic's `BaseModel`, nor a bare `Model`)
 _HF_MODEL = re.compile(r"(?<!\bBase)(?<=[a-z0-9])(Model|For[A-Z]\w+)$")
@@ -65,8 +59,8 @@ class Index:
         self.methods: dict[str, list[tuple[Source, ast.AST]]] = {}
         self.by_path: dict[Path, Source] = {}   # path without .py (a package: its folder) -> file
         for s in sources:
-            self.by_path[_module_path(s)] = s
-            parts = _module_path(s).parts
+            self.by_path[s.module_path] = s
+            parts = s.module_path.parts
             for k in range(1, min(len(parts), _TAIL) + 1):
                 self.by_tail.setdefault(tuple(parts[-k:]), []).append(s)
             for cls in s.classes.values():
@@ -128,7 +122,7 @@ class Index:
         parts = tuple(dotted.split("."))
         found = self.by_tail.get(parts[-_TAIL:], [])
         if len(parts) > _TAIL:   # onpolicy.algorithms.r_mappo.algorithm.r_actor_critic: indexed by its last four
-            found = [s for s in found if _module_path(s).parts[-len(parts):] == parts]
+            found = [s for s in found if s.module_path.parts[-len(parts):] == parts]
         found = [s for s in found if s is not near] or found
         if len(found) > 1:   # several scripts' folders, each with a utils.py: Python finds the one on sys.path,
             found = _nearest(found, near, len(parts))   # the importing script's own folder first
@@ -162,13 +156,21 @@ class Index:
             m = self.module(module, src)
             if m is None and not module.startswith("."):
                 return self._below(module, attr)
-            return self.lookup(m, attr, depth + 1) if m is not None and m is not src else None
+            hit = self.lookup(m, attr, depth + 1) if m is not None and m is not src else None
+            return hit if hit is not None or module.startswith(".") else self._on_path(module, attr, src, depth)
         for module in src.stars if depth < 3 else ():   # yolox/utils/__init__.py: from .boxes import *
             m = self.module(module, src)
             hit = self.lookup(m, name, depth + 1) if m is not None and m is not src else None
             if hit is not None:
                 return hit
         return None
+
+    def _on_path(self, module: str, attr: str, src: Source, depth: int):
+        """`from transformer import Transformer` where the package src/transformer/ lacks it and src/transformer/
+        transformer.py has it: each folder is on PYTHONPATH (a path.sh), so that file is meant (Speech-Transformer)."""
+        found = [s for s in self.by_tail.get(tuple(module.split("."))[-_TAIL:], [])
+                 if s is not src and s.path.name != "__init__.py" and (attr in s.functions or attr in s.classes)]
+        return self.lookup(found[0], attr, depth + 1) if len(found) == 1 else None
 
     def _defining_module(self, src: Source, name: str, depth: int = 0) -> Source | None:
         """The checked module whose top level binds `name`, as `src` imports it by name or with a star."""
@@ -489,8 +491,7 @@ def _nearest(found: list[Source], near: Source, depth: int) -> list[Source]:
     importing file's folder or the closest folder above it: `python main.py` puts main.py's folder on sys.path."""
     ranked: dict[int, list[Source]] = {}
     for s in found:
-        mod = s.path.parent if s.path.name == "__init__.py" else s.path.with_suffix("")
-        root = mod.parents[depth - 1]
+        root = s.module_path.parents[depth - 1]
         if root == near.path.parent or root in near.path.parent.parents:
             ranked.setdefault(len(root.parts), []).append(s)
     return ranked[max(ranked)] if ranked else found

@@ -33,8 +33,8 @@ import ast
 import re
 
 from gobrrr.lint.callkinds import CallKinds
-from gobrrr.lint.loops import CONFIG_NAME, is_model_name, name_of, self_attr
-from gobrrr.lint.names import BATCHES, ITEM_KIND, NUMBER_ATTRS, TENSORISH
+from gobrrr.lint.loops import CONFIG_NAME, is_model_name, name_of
+from gobrrr.lint.names import BATCHES, ITEM_KIND, NUMBER_ATTRS, TENSORISH, self_attr
 
 _TYPED_TENSOR = re.compile(r"\b(torch\.)?(?:Long|Float|Half|BFloat16|Double|Int|Short|Byte|Bool|Char)Tensor\b")
 _COUNT_KEY = re.compile(r"^(batch_size|num_\w+|n_\w+|\w+_(size|count|num|len|length))$")   # not `image_shape`: a tensor

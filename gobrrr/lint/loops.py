@@ -40,7 +40,8 @@ HOUSEKEEPING = {"train", "eval", "zero_grad", "parameters", "named_parameters", 
                 "get_input_embeddings", "resize_token_embeddings", "gradient_checkpointing_enable", "tie_weights",
                 "share_memory", "add_module", "update", "set_epoch", "fp16_enabled", "no_sync", "save_checkpoint",
                 "load_checkpoint", "get_submodule", "get_parameter", "set_attn_processor", "log", "print", "get",
-                "backward", "step", "clip_grad_norm_", "unwrap_model", "prepare", "gather", "reduce"}
+                "backward", "step", "clip_grad_norm_", "unwrap_model", "prepare", "gather", "reduce", "append",
+                "extend", "insert"}   # `pred_layers.append(nn.Linear(d, h))`: a list (or ModuleList) built, not run
 _NOT_MODEL = re.compile(r"^(get|build|create|load|make|init|save|setup|prepare|wrap|unwrap|to|is|has|"
                         r"print|log|set|update|reset|freeze|count|num|n)_|_(fn|kwargs|args|cfg|config|name|path|"
                         r"type|dir|id|ids|hidden|output|outputs|out|outs|state|states|input|inputs|mask|loss|logits|"
@@ -66,6 +67,7 @@ _NOT_RUNNING = re.compile(r"^_*(save|load|log|print|set|build|create|get|init|co
                           r"register|count|summary|summarize|freeze|unfreeze|to|move|apply|isinstance|hasattr|"
                           r"getattr|setattr|len|str|repr|id|type|update|sync|broadcast|convert|export|compile|"
                           r"clip|zero|parameters|named|state|describe|check|watch|track)", re.I)
+_TENSOR_WRAPS = re.compile(r"^(Variable|Parameter)$|Tensor$")   # Variable(torch.rand(n)).cuda(): a tensor, no module
 CONFIG_NAME = re.compile(r"(^|_)(cfg|config|conf|args|opt|opts|hparams|params|settings)$", re.I)   # args.d_model
 LOADER_NAME = re.compile(r"loader|dataloader|_dl$|^dl$|batches$", re.I)
 _STEPS_WITH = {"optimize", "step", "apply_gradients", "update", "optimizer_step", "take_step"}
@@ -96,16 +98,6 @@ def name_of(node: ast.AST) -> str:
 def one_block(node: ast.AST) -> bool:
     """`layers[i]`, `model.model.layers[i]`: one block of a model's list of blocks."""
     return isinstance(node, ast.Subscript) and bool(_LAYERS.search(name_of(node.value) or ""))
-
-
-def index_parts(node: ast.Subscript) -> list[ast.AST]:
-    """The indices of a subscript, one per dimension: `t[i, mask]` gives [i, mask], `t[i]` gives [i]."""
-    return node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
-
-
-def self_attr(node: ast.AST) -> bool:
-    """`self.x`: an attribute of the instance a method runs on."""
-    return isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"
 
 
 def dotted(node: ast.AST) -> str:
@@ -225,6 +217,7 @@ class Facts:
 
     def __init__(self, nodes: list[ast.AST], module_classes=frozenset(), stepping=frozenset()):
         self.models: set[str] = set()
+        self.evaled: set[str] = set()   # names put in eval mode (`rnn.eval()`): modules when called (`rnn(x)`), only
         self.optimizers: set[str] = set()
         self.stepping: set[str] = set(stepping)
         self.forwarding: set[str] = set()   # defs (by name, across the project) that call a module
@@ -248,6 +241,10 @@ class Facts:
                     and isinstance(node.targets[0], ast.Name):   # sample_fn = {"heun": sample_heun, ...}[name]
                 self.aliases.setdefault(node.targets[0].id, set()).update(
                     name_of(v) for v in node.value.value.values if isinstance(v, (ast.Name, ast.Attribute)))
+            if isinstance(node, ast.Expr) and isinstance(c := node.value, ast.Call) and not (c.args or c.keywords) \
+                    and isinstance(f := c.func, ast.Attribute) and f.attr == "eval" and isinstance(v := f.value, ast.Name) \
+                    and v.id != "self":
+                self.evaled.add(v.id)   # `rnn.eval()`: a module (GraphRNN's handed `rnn` and `output`), not `self.eval()`
             if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
                 made = name_of(node.value.func)
                 if made[:1].isupper() and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
@@ -277,8 +274,8 @@ class Facts:
             return "model"
         if last in module_classes:
             return "model"
-        if call is not value and last[:1].isupper() and not made.startswith("torch"):
-            return "model"   # Foo(...).to(device): a module moved to the device
+        if call is not value and last[:1].isupper() and not made.startswith("torch") and not _TENSOR_WRAPS.search(last):
+            return "model"   # Foo(...).to(device): a module moved to the device; not `Variable(torch.rand(n)).cuda()`
         return None
 
     def is_optimizer(self, node: ast.AST) -> bool:
@@ -331,11 +328,14 @@ class Facts:
         if isinstance(func, ast.Name):
             if func.id in self.stepping:
                 return "update"
-            if (is_model_name(func.id) or func.id in self.models) and (call.args or call.keywords):
+            if (is_model_name(func.id) or func.id in self.models or func.id in self.evaled) and (call.args or call.keywords):
                 return "forward"   # a module is called on a batch; `item_generator()` is not one
             if func.id in self.forwarding and (call.args or call.keywords) and func.id not in COMMON_METHODS:
                 return "forward"
             return "forward" if self._runs_model(call, func.id) else None
+        if isinstance(func, ast.Call) and name_of(func.func)[:1].isupper() and (call.args or call.keywords) \
+                and "transform" not in dotted(func.func).lower():   # not `transforms.ToTensor()(img)`: a host transform
+            return "forward"   # RoIAlignFunction(7, 7, sc)(bl_in, rois): a module (or Function) made and run on its input
         return None
 
     def _strict_kind(self, call: ast.Call) -> str | None:
@@ -496,5 +496,5 @@ def _own_eval(fn: ast.AST) -> bool:
 
 
 __all__ = ["Facts", "updating_methods", "stepping_defs", "forwarding_defs", "holds_updating_loop", "own_level", "name_of",
-           "self_attr", "one_block", "index_parts", "dotted", "is_model_name", "is_env_name", "env_steps", "sends_step",
+           "one_block", "dotted", "is_model_name", "is_env_name", "env_steps", "sends_step",
            "steps_each_env", "HOUSEKEEPING", "OPTIM", "LOADER_NAME", "LOOPS", "DEFS", "COMMON_METHODS"]

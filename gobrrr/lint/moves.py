@@ -24,7 +24,7 @@ import re
 
 from gobrrr.lint.bindings import assigned_calls
 from gobrrr.lint.hot import iterates, own_nodes, root_name
-from gobrrr.lint.loops import index_parts, name_of, one_block
+from gobrrr.lint.loops import name_of, one_block
 from gobrrr.lint.names import (
     BATCHES,
     COMPILED,
@@ -34,6 +34,7 @@ from gobrrr.lint.names import (
     HOSTISH,
     TENSORISH,
     VIEW_METHODS,
+    index_parts,
     splatted,
 )
 
@@ -131,7 +132,7 @@ class CopyRules:
                 and node.args \
                 and (self.device_of(kw["device"]) == "cuda" if "device" in kw else self.default_cuda(name, node)) \
                 and self.kind(node.args[0]) not in TENSORISH \
-                and not (name == "torch.as_tensor" and self._on_its_own_device(node.args[0], kw["device"])) \
+                and not (name == "torch.as_tensor" and "device" in kw and self._on_its_own_device(node.args[0], kw["device"])) \
                 and not (isinstance(node.args[0], (ast.List, ast.Tuple)) and not node.args[0].elts):   # [] copies nothing
             self.flag(node, "GB010", what=_short(node))   # torch.tensor(host_list, device="cuda")
         elif self.cuda_type(func) and len(node.args) == 1 and not node.keywords and self.looping() \

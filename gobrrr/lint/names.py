@@ -136,3 +136,13 @@ def object_key(recv: ast.AST) -> str:
     named after (`replay_buffer` -> replaybuffer, `predictor_obj` -> predictor)."""
     name = recv.id if isinstance(recv, ast.Name) else recv.attr if isinstance(recv, ast.Attribute) else ""
     return re.sub(r"_(obj|object|fn|inst|instance)$", "", name).replace("_", "").lower()
+
+
+def index_parts(node: ast.Subscript) -> list[ast.AST]:
+    """The indices of a subscript, one per dimension: `t[i, mask]` gives [i, mask], `t[i]` gives [i]."""
+    return node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+
+
+def self_attr(node: ast.AST) -> bool:
+    """`self.x`: an attribute of the instance a method runs on."""
+    return isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"

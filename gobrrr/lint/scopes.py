@@ -19,9 +19,9 @@ import ast
 import re
 
 from gobrrr.lint.hot import is_model_name
-from gobrrr.lint.loops import name_of, self_attr
+from gobrrr.lint.loops import CONFIG_NAME, name_of
 from gobrrr.lint.moves import placeholder, rebinds
-from gobrrr.lint.names import BATCHES, COMPILED, DEVICE_WRAPPERS, TENSORISH
+from gobrrr.lint.names import BATCHES, COMPILED, DEVICE_WRAPPERS, TENSORISH, self_attr
 
 _MASK_NAME = re.compile(r"^(mask|.*_mask)$")   # `h, mask = to_dense_batch(h, batch)`: a mask by its name
 _INDEX_PARAM = re.compile(r"idx|(^|_)(nb|i|id|num|index|no)$")   # a hook's batch_nb, batch_idx: a position
@@ -127,8 +127,8 @@ class ScopeWalk:
                         or a.arg == "trainer" else None
             if node.name == "forward":   # forward(self, features, coors): named like nothing, used as a tensor
                 used = _tensor_uses(node)
-                for a in params[1:]:
-                    if scope.get(a.arg) is None and a.arg in used:
+                for a in params[1:]:   # (not `forward(self, opt, var)`: `opt.device` is a config's, BARF's)
+                    if scope.get(a.arg) is None and a.arg in used and not CONFIG_NAME.search(a.arg):
                         scope[a.arg] = "tensor"
         if args.kwarg is not None and seed and args.kwarg.arg not in seed:
             scope[args.kwarg.arg] = _kwargs_kind(seed, {a.arg for a in params})

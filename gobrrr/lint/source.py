@@ -67,6 +67,12 @@ class Source:
     def name(self) -> str:
         return self.path.name
 
+    @property
+    def module_path(self) -> Path:
+        """The path of the module the file is, without .py: pkg/sub/mod.py -> pkg/sub/mod; pkg/__init__.py -> pkg.
+        Its parts are the module's dotted name."""
+        return self.path.parent if self.path.name == "__init__.py" else self.path.with_suffix("")
+
     @cached_property
     def dynamic(self) -> set[str]:
         """The names bound to a module imported by a name known only at run time (`MODEL =

@@ -18,11 +18,10 @@ from gobrrr.lint.loops import (
     name_of,
     one_block,
     own_level,
-    self_attr,
     sends_step,
     steps_each_env,
 )
-from gobrrr.lint.names import DTYPE_METHODS, VIEW_METHODS
+from gobrrr.lint.names import DTYPE_METHODS, VIEW_METHODS, self_attr
 
 _DATA_ITERATOR = re.compile(r"^(train|eval|val|valid|test|data|batch)_?iterator$", re.I)   # self.eval_iterator
 _NOT_WRAPPERS = {"DataLoader"}   # `torch.utils.data.DataLoader(dataset)` is the loader itself, not a wrapper of one
@@ -152,7 +151,8 @@ def step_loops(tree: ast.AST, facts: Facts, rare, nodes: list[ast.AST] | None = 
         if any(env_steps(n) for n in own) or sends_step(node) or steps_each_env(node) \
                 or any(name_of(c.func) in facts.env_stepping for c in calls):
             kinds.add("env")   # (or a call of the project's def that steps one: `self.conduct_action(self.action)`)
-        if calls and (_takes_batches(node, calls) or isinstance(node, ast.For) and _unwrapped(node.iter) in wrapped):
+        if calls and (_takes_batches(node, calls) or isinstance(node, ast.For) and _unwrapped(node.iter) in wrapped
+                      and not _keys_of(node)):
             kinds.add("data")
         prompts = [n for n in calls if isinstance(n.func, ast.Attribute) and n.func.attr.endswith("generate")] \
             if _copies_up(calls) else []   # one prompt per iteration, copied up here: `model.generate(ids.cuda())`
@@ -417,6 +417,14 @@ def _indexes_with(loop: ast.AST, counters: set[str]) -> bool:
     return any(isinstance(n, ast.Subscript) and _mentions(n.slice, counters) for st in loop.body for n in ast.walk(st))
 
 
+def _keys_of(loop: ast.For) -> bool:
+    """`for k in all_ret: all_ret[k] = ...`: the loop walks the keys of a dict it indexes with them (nerf's
+    `all_ret = batchify_rays(rays, chunk)`, a dict of results), not batches of a loader."""
+    return isinstance(loop.iter, ast.Name) and isinstance(loop.target, ast.Name) and any(
+        isinstance(n, ast.Subscript) and isinstance(n.value, ast.Name) and n.value.id == loop.iter.id
+        and isinstance(n.slice, ast.Name) and n.slice.id == loop.target.id for st in loop.body for n in ast.walk(st))
+
+
 def _unwrapped(it: ast.AST) -> str | None:
     """The name a loop iterates through enumerate/tqdm/iter/zip (`for i, x in enumerate(t)` -> t), else None."""
     while isinstance(it, ast.Call) and it.args and name_of(it.func) in _ITER_WRAPPERS:
@@ -431,8 +439,10 @@ def _loader_like(it: ast.AST) -> bool:
             and (name_of(it.func) in (*_ITER_WRAPPERS, "islice", "progress_bar", "track")
                  or isinstance(it.func, ast.Attribute) and name_of(it.func) not in _NOT_WRAPPERS):
         it = it.args[0]   # also a logger's wrapper: `metric_logger.log_every(data_loader, 10, header)`
-    if isinstance(it, ast.Call) and isinstance(it.func, ast.Attribute) and it.func.attr == "__iter__" and not it.args:
-        return _loader_like(it.func.value)   # self.datasets.dataloader_train.__iter__()
+    if isinstance(it, ast.Call) and isinstance(it.func, ast.Attribute) and not it.args and not it.keywords \
+            and it.func.attr not in ("items", "keys", "values") and _loader_like(it.func.value):
+        return True   # self.datasets.dataloader_train.__iter__(), dataloader['train_loader'].get_iterator() (MTGNN's
+        # own loader class); not `mm_motion_loaders.items()`, the (name, loader) pairs of a dict of loaders
     if isinstance(it, ast.IfExp):
         return _loader_like(it.body) or _loader_like(it.orelse)
     if isinstance(it, ast.Call):   # DataLoader(...), or a project generator named for batches: get_as_batch(data,

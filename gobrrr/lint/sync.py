@@ -10,8 +10,8 @@ import math
 import re
 
 from gobrrr.lint.hot import is_bench_name
-from gobrrr.lint.loops import index_parts, name_of
-from gobrrr.lint.names import DATA_DEPENDENT, DATA_FACTORIES, HOSTISH, TENSORISH
+from gobrrr.lint.loops import name_of
+from gobrrr.lint.names import DATA_DEPENDENT, DATA_FACTORIES, HOSTISH, TENSORISH, index_parts
 
 READS = {"item", "cpu", "tolist", "numpy"}
 _ANSWERS = {"equal", "allclose", "is_nonzero"}   # torch ops that return a Python bool: read on the host
@@ -187,9 +187,35 @@ class SyncRules:
         if bound is not None:
             self.flag(node, "GB002", what=f"a tensor as a slice bound (`{ast.unparse(bound)[:30]}`)")
         parts = index_parts(node)
-        index = next((p for p in parts if self.zero_d(p)), None)
+        index = next((p for p in parts if self.zero_d(p) or self._element(p)), None)
         if index is not None:
             self.flag(node, "GB002", what=f"a one-element tensor as an index (`{ast.unparse(index)[:30]}`)")
+
+    def _element(self, node: ast.AST) -> bool:
+        """`mean_value[:, index[i]]`, `best_truth_idx[best_prior_idx[j]] = j`: one element of a device tensor this def
+        made (a 1-d index: topk's, argmax's), picked with a loop's counter, as a whole index. A 0-d integer tensor index
+        is read with .item() to select (measured: a sync per read). Not `edge_index[0]`: a constant picks a row of a
+        2-d index (a gather, no sync) as often as an element."""
+        return isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and not node.value.id.endswith("mask") \
+            and isinstance(node.slice, ast.Name) and node.slice.id in self._rows_of_2d("counters") \
+            and self.kind(node.value) == "tensor" and self._made_here([node.value]) is not None \
+            and node.value.id not in self._rows_of_2d()
+
+    def _rows_of_2d(self, which: str = "rows") -> set[str]:
+        """Names this def binds from a call along `dim=1` or higher (`torch.topk(logit, k, dim=1)[1]`, `argsort(h, dim=1)`):
+        at least 2-d, so one of their elements is a row of indices (a gather), not a 0-d read (DETA, qmoe); with
+        "counters", the names its loops count with (`for i in range(k)`, `[... for i in range(k)]`)."""
+        fn = self.defs[-1] if self.defs else None
+        memo = self.project.per_file.setdefault(id(self.src), {}).setdefault("rows_of_2d", {})
+        if id(fn) not in memo:
+            nodes = list(ast.walk(fn)) if fn is not None else []
+            rows = {t.id for n in nodes if isinstance(n, ast.Assign) and _along_dim1(n.value)
+                    for t in n.targets if isinstance(t, ast.Name)}
+            counters = {n.target.id for n in nodes if isinstance(n, (ast.For, ast.comprehension))
+                        and isinstance(n.target, ast.Name) and isinstance(n.iter, ast.Call)
+                        and isinstance(n.iter.func, ast.Name) and n.iter.func.id in ("range", "trange")}
+            memo[id(fn)] = {"rows": rows, "counters": counters}
+        return memo[id(fn)][which]
 
     def numpy_index(self, node: ast.Subscript) -> None:
         """GB002 for a device tensor as an index of a numpy array (`matrix[dc, gc] += 1`, gc from iterating
@@ -299,6 +325,13 @@ class SyncRules:
 
 _CASTS = {"reshape", "view", "flatten", "float", "double", "half", "detach", "squeeze", "unsqueeze", "to", "type"}
 
+
+def _along_dim1(value: ast.AST) -> bool:
+    """`torch.topk(x, k, dim=1)[1]`, `torch.argsort(h, dim=1)`: a call (or its first item) along a dimension past the
+    first, whose result has at least two."""
+    c = value.value if isinstance(value, ast.Subscript) else value
+    return isinstance(c, ast.Call) and any(k.arg in ("dim", "axis") and isinstance(k.value, ast.Constant)
+                                           and type(k.value.value) is int and k.value.value >= 1 for k in c.keywords)
 
 def func_value(node: ast.Call) -> ast.AST | None:
     return node.func.value if isinstance(node.func, ast.Attribute) else None
