@@ -217,7 +217,7 @@ class Facts:
 
     def __init__(self, nodes: list[ast.AST], module_classes=frozenset(), stepping=frozenset()):
         self.models: set[str] = set()
-        self.evaled: set[str] = set()   # names put in eval mode (`rnn.eval()`): modules when called (`rnn(x)`), only
+        self.evaled: set[str] = set()   # names put in eval mode (`rnn.eval()`): modules when called, nowhere else
         self.optimizers: set[str] = set()
         self.stepping: set[str] = set(stepping)
         self.forwarding: set[str] = set()   # defs (by name, across the project) that call a module

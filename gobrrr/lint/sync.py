@@ -197,16 +197,16 @@ class SyncRules:
         is read with .item() to select (measured: a sync per read). Not `edge_index[0]`: a constant picks a row of a
         2-d index (a gather, no sync) as often as an element."""
         return isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and not node.value.id.endswith("mask") \
-            and isinstance(node.slice, ast.Name) and node.slice.id in self._rows_of_2d("counters") \
+            and isinstance(node.slice, ast.Name) and node.slice.id in self._index_facts("counters") \
             and self.kind(node.value) == "tensor" and self._made_here([node.value]) is not None \
-            and node.value.id not in self._rows_of_2d()
+            and node.value.id not in self._index_facts("rows")
 
-    def _rows_of_2d(self, which: str = "rows") -> set[str]:
-        """Names this def binds from a call along `dim=1` or higher (`torch.topk(logit, k, dim=1)[1]`, `argsort(h, dim=1)`):
-        at least 2-d, so one of their elements is a row of indices (a gather), not a 0-d read (DETA, qmoe); with
-        "counters", the names its loops count with (`for i in range(k)`, `[... for i in range(k)]`)."""
+    def _index_facts(self, which: str) -> set[str]:
+        """"rows": names this def binds from a call along `dim=1` or higher (`torch.topk(logit, k, dim=1)[1]`): at least
+        2-d, so one of their elements is a row of indices (a gather), not a 0-d read (DETA, qmoe); "counters": the
+        names its loops count with (`for i in range(k)`, `[... for i in range(k)]`). Once per def."""
         fn = self.defs[-1] if self.defs else None
-        memo = self.project.per_file.setdefault(id(self.src), {}).setdefault("rows_of_2d", {})
+        memo = self.project.per_file.setdefault(id(self.src), {}).setdefault("index_facts", {})
         if id(fn) not in memo:
             nodes = list(ast.walk(fn)) if fn is not None else []
             rows = {t.id for n in nodes if isinstance(n, ast.Assign) and _along_dim1(n.value)
