@@ -333,6 +333,7 @@ def _along_dim1(value: ast.AST) -> bool:
     return isinstance(c, ast.Call) and any(k.arg in ("dim", "axis") and isinstance(k.value, ast.Constant)
                                            and type(k.value.value) is int and k.value.value >= 1 for k in c.keywords)
 
+
 def func_value(node: ast.Call) -> ast.AST | None:
     return node.func.value if isinstance(node.func, ast.Attribute) else None
 
