@@ -141,7 +141,8 @@ _HOST_MAKERS = {"torch.tensor", "torch.as_tensor", "torch.from_numpy", "torch.Te
                 "torch.LongTensor"}
 
 
-__all__ = ["assigned_calls", "assigned_functions", "converted_in_place", "module_attrs", "own_statements", "returned_defs"]
+__all__ = ["agreed", "assigned_calls", "assigned_functions", "converted_in_place", "main_path", "module_attrs", "own_statements",
+           "returned_defs"]
 
 
 def yields_on_device(fn: ast.AST) -> bool:
@@ -270,3 +271,38 @@ def _tested(fn: ast.AST) -> frozenset:
 def none_tested(fn: ast.AST) -> frozenset:
     """The parameters of `fn` it compares with None (`if max_len is None:`): the ones a call's value decides."""
     return _tested(fn) & param_names(fn)
+
+
+def main_path(fn, return_at: dict) -> str | None:
+    """The kind of a def's last statement, `return ...`, when every other return leaves from a guard at its top
+    level (`if not targets: return [(torch.as_tensor([]).to(logits), ...)] * B`, then the matcher's host index
+    tensors): the edge case returns something else, the main path says what callers get."""
+    body = getattr(fn, "body", [])
+    while body and isinstance(body[-1], (ast.With, ast.AsyncWith)):
+        body = body[-1].body   # `with torch.no_grad(): ... return indices`
+    last = body[-1] if body else None
+    if not isinstance(last, ast.Return) or return_at.get(id(last)) in (None, "", "none"):
+        return None
+    guards = {id(r) for st in body if isinstance(st, ast.If) and not st.orelse and _empty_test(st.test)
+              for inner in st.body for r in ast.walk(inner) if isinstance(r, ast.Return)}
+    if all(i == id(last) or i in guards for i in return_at):
+        return return_at[id(last)]
+    return None
+
+
+def _empty_test(test: ast.AST) -> bool:
+    """`if tgt_ids.shape[0] == 0:`, `if not targets:`, `if boxes is None:`, `if len(x) == 0:`: a test for nothing
+    to work on (an edge case), not `if torch.cuda.is_available():` (the path that matters on the GPU)."""
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        return not isinstance(test.operand, ast.Call) or name_of(test.operand.func) == "len"
+    return isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], (ast.Eq, ast.Is, ast.LtE)) \
+        and isinstance(test.comparators[0], ast.Constant) and test.comparators[0].value in (0, None)
+
+
+def agreed(kinds: set) -> str | None:
+    """One item's kind over every return: the one they share; a mask where one return makes it a mask
+    and another a placeholder tensor (`return ..., fg_mask.bool()` after an early `return ...,
+    torch.zeros_like(x)` when there is nothing to match): what indexes with it on the main path."""
+    if kinds == {"mask", "tensor"}:
+        return "mask"
+    return kinds.pop() if len(kinds) == 1 else None

@@ -347,9 +347,9 @@ class CallKinds:
             return recv
         if method in _DIST_METHODS and isinstance(func.value, ast.Name) and self.lookup(func.value.id + "#ddist"):
             return "tensor"   # probs.sample(), probs.log_prob(a) of a distribution of device tensors
-        if method in ("sample", "rsample", "sample_n") and isinstance(func.value, ast.Name) \
-                and self.lookup(func.value.id + "#hdist"):
-            return "host"     # Normal(0, 1).sample(shape): drawn on the host, wherever its caller uses it
+        if method in ("sample", "rsample", "sample_n") and (isinstance(func.value, ast.Name) and self.lookup(
+                func.value.id + "#hdist") or isinstance(func.value, ast.Call) and self.host_dist(func.value)):
+            return "host"     # Normal(0, 1).sample(shape), MaskGIT's Gumbel(0, 1).sample(s): drawn on the host
         if method == "get" and recv in BATCHES and node.args:
             return recv   # data.get('cond_image'): a field of the batch, where the batch is
         if recv == "obj" or method in NOT_TENSOR_METHODS:
@@ -437,8 +437,9 @@ class CallKinds:
                 return "loader_device" if moved else "loader_index"   # what it yields; SELFRec's yields id lists
             params = [a.arg for a in fn.args.args]
             for loop in (n for n in ast.walk(fn) if isinstance(n, ast.For)):
-                it = loop.iter.args[0] if isinstance(loop.iter, ast.Call) and name_of(loop.iter.func) == "iter" \
-                    and loop.iter.args else loop.iter
+                it = loop.iter
+                while isinstance(it, ast.Call) and name_of(it.func) in ("iter", "enumerate") and it.args:
+                    it = it.args[0]   # `for _, y in enumerate(dataloader): yield y` (CoDi)
                 if isinstance(it, ast.Name) and it.id in params[:len(node.args)] \
                         and any(isinstance(y, (ast.Yield, ast.YieldFrom)) for y in ast.walk(loop)):
                     k = self.iter_kind(node.args[params.index(it.id)])

@@ -18,7 +18,7 @@ from __future__ import annotations
 import ast
 import re
 
-from gobrrr.lint.bindings import none_tested, returns_host_lists
+from gobrrr.lint.bindings import agreed, main_path, none_tested, returns_host_lists
 from gobrrr.lint.graph import Project
 from gobrrr.lint.hot import HotMap
 from gobrrr.lint.loops import local_def, name_of
@@ -39,12 +39,15 @@ class CallRules:
         argument kinds (two calls deep, in hot code): a CPU matcher's index list, a helper's tensor; in
         set-up code only for a def holding a step loop, or in __init__ for self attributes or a call of the object's
         own helper (`self.anchors, self.valid_mask = self._generate_anchors()`, `cos, sin, inv =
-        self._prepare_cache(n)`: host tables a forward copies)."""
+        self._prepare_cache(n)`: host tables a forward copies); also in such a def's epoch loop (Pyraformer's
+        `training_data, validation_data = prepare_dataloader(opt)` each epoch)."""
         set_up = self.region != "hot" and not self.summary_depth and not self.assigning & self.seeding
         script = set_up and not self.defs and self.region is None   # a script's own set-up, at module level
-        if set_up and not (self.looping_def and self.region is None) and not self.init_attrs and not script \
-                or self.summary_depth >= 2 \
+        if set_up and not (self.looping_def and self.region in (None, "cold")) and not self.init_attrs and not script \
                 or not isinstance(node.func, (ast.Name, ast.Attribute)):
+            return None
+        if self.summary_depth >= 2:
+            self.cut = True   # this summary knows less than one made nearer the hot code: not reused there
             return None
         if script:   # train_loader, test_loader = data_generator(root, bs): TCN's loaders, and host data; no
             k = self._return_kind(node)   # guess of tensors (a helper's model, a device table) from there
@@ -157,7 +160,8 @@ class CallRules:
         return any(fn.name == f.attr for _, fn in runs) if runs else f.attr.startswith("_")
 
     def visit_Return(self, node: ast.Return) -> None:
-        if self.collect is not None and self.defs and self.defs[-1] is self.collect:
+        if self.collect is not None and self.defs and self.defs[-1] is self.collect and not self.dead_depth:
+            # (not one in a branch this call never takes: XMem's `if return_logits: return logits, prob`)
             none = node.value is None or isinstance(node.value, ast.Constant) and node.value.value is None
             k = "none" if none else self.kind(node.value)   # `return None` on an empty path: an Optional
             if isinstance(node.value, ast.Tuple) and not any(isinstance(e, ast.Starred) for e in node.value.elts):
@@ -194,6 +198,9 @@ class CallRules:
                 kinds[p + "#val"] = GIVEN   # not None in this call (a name may still hold None); flow.handed_test;
                 #                             a call passing None walks the def both ways again (fewer_constants)
             insts = self.project.instances_of(self.src, a, scope, self.types)
+            if not insts and isinstance(a, ast.Name) and a.id == "self" \
+                    and (cls := self.project.class_around(self.src, scope)) is not None:
+                insts = [(self.src, cls)]   # evaluate_ranking(self, test): the object hands itself (caser)
             if insts:
                 types[p] = insts
             elif kinds[p] is None and isinstance(a, (ast.Name, ast.Attribute)) \
@@ -349,8 +356,8 @@ def summarize(checker_cls, project: Project, src: Source, fn, kinds: dict, depth
     tuple it returns, those of the keys of the dict literal it returns): its return values' kinds where
     they agree, else None. A scratch walk of its body that reports nothing (region 'off'), cached."""
     key = (id(fn), tuple(sorted(kinds.items(), key=lambda kv: kv[0])))
-    if key in project.summaries:
-        return project.summaries[key]
+    if key in project.summaries and depth >= project.summary_cut.get(key, 0):   # (one cut short at depth 2 is made
+        return project.summaries[key]   # again for a call at depth 1: 2DGS's ssim -> create_window -> gaussian)
     project.summaries[key] = (None, None, {})
     c = _scratch_checker(checker_cls, project, src, flags)
     c.summary_depth = depth
@@ -364,52 +371,19 @@ def summarize(checker_cls, project: Project, src: Source, fn, kinds: dict, depth
         found = {"tlist"}   # `return data` (a loss dict passed in) or `{k: v for ...}` of reduced tensors: a container
     elif found == {"host", "hlist"}:
         found = {"host"}   # `return torch.tensor(ids) if return_tensors == "pt" else ids`: host data either way
-    k = found.pop() if len(found) == 1 else _main_path(fn, c.return_at)
+    k = found.pop() if len(found) == 1 else main_path(fn, c.return_at)
     items = set(c.return_items)
     parts = None
     if items and None not in items and len({len(t) for t in items}) == 1:
-        parts = tuple(_agreed(set(col)) for col in zip(*items))
+        parts = tuple(agreed(set(col)) for col in zip(*items))
     keyed: dict = {}
     dicts = [d for d in c.return_keyed if d is not None]
     if dicts and len(dicts) == len(c.return_keyed):   # every return a dict literal: the keys all of them agree on
-        keyed = {name: _agreed({d[name] for d in dicts if name in d}) for name in set().union(*dicts)}
+        keyed = {name: agreed({d[name] for d in dicts if name in d}) for name in set().union(*dicts)}
     project.summaries[key] = (k, parts, keyed)
+    if c.cut:
+        project.summary_cut[key] = depth
     return k, parts, keyed
-
-
-def _main_path(fn, return_at: dict) -> str | None:
-    """The kind of a def's last statement, `return ...`, when every other return leaves from a guard at its top
-    level (`if not targets: return [(torch.as_tensor([]).to(logits), ...)] * B`, then the matcher's host index
-    tensors): the edge case returns something else, the main path says what callers get."""
-    body = getattr(fn, "body", [])
-    while body and isinstance(body[-1], (ast.With, ast.AsyncWith)):
-        body = body[-1].body   # `with torch.no_grad(): ... return indices`
-    last = body[-1] if body else None
-    if not isinstance(last, ast.Return) or return_at.get(id(last)) in (None, "", "none"):
-        return None
-    guards = {id(r) for st in body if isinstance(st, ast.If) and not st.orelse and _empty_test(st.test)
-              for inner in st.body for r in ast.walk(inner) if isinstance(r, ast.Return)}
-    if all(i == id(last) or i in guards for i in return_at):
-        return return_at[id(last)]
-    return None
-
-
-def _empty_test(test: ast.AST) -> bool:
-    """`if tgt_ids.shape[0] == 0:`, `if not targets:`, `if boxes is None:`, `if len(x) == 0:`: a test for nothing
-    to work on (an edge case), not `if torch.cuda.is_available():` (the path that matters on the GPU)."""
-    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-        return not isinstance(test.operand, ast.Call) or name_of(test.operand.func) == "len"
-    return isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], (ast.Eq, ast.Is, ast.LtE)) \
-        and isinstance(test.comparators[0], ast.Constant) and test.comparators[0].value in (0, None)
-
-
-def _agreed(kinds: set) -> str | None:
-    """One item's kind over every return: the one they share; a mask where one return makes it a mask
-    and another a placeholder tensor (`return ..., fg_mask.bool()` after an early `return ...,
-    torch.zeros_like(x)` when there is nothing to match): what indexes with it on the main path."""
-    if kinds == {"mask", "tensor"}:
-        return "mask"
-    return kinds.pop() if len(kinds) == 1 else None
 
 
 def host_attrs(checker_cls, project: Project, flags: dict) -> dict[str, str]:

@@ -78,6 +78,10 @@ class FlowRules:
         self.bind(target, {"loader_pageable": "batch_host", "loader_pinned": "batch_pinned", "loader": "batch",
                            "loader_device": "tensor", "tlist": "tensor", "hlist": "host", "loader_index": "host"}.get(
             k, k if k in ("numpy", "host", "pinned", "tensor", "mask", "hlist", *BATCHES) else None))
+        fn = self.defs[-1] if self.defs else None
+        if k == "tensor" and isinstance(target, ast.Name) and isinstance(it, ast.Name) \
+                and it.id not in {a.arg for a in getattr(getattr(fn, "args", None), "args", [])}:
+            self.scopes[-1][target.id + "#delem"] = "delem"   # `for h0 in h0s:` an element of a device tensor made here
 
     def visit_For(self, node) -> None:
         self.visit(node.iter)  # evaluated once: set-up code
@@ -272,8 +276,11 @@ class FlowRules:
         orelse = dict(scope)
         for name in [n[:-6] for n in before if n.endswith("#empty")]:   # an empty placeholder one way filled
             filled_body, filled_else = name + "#empty" not in body, name + "#empty" not in orelse
+            filled = body.get(name) if filled_body else orelse.get(name)
+            if before[name + "#empty"] == "none" and filled is None:
+                continue   # None, then something unknown (XMem's `pred = None` or `aggregate(mask)`): no evidence
             if filled_body != filled_else and not body_leaves and not else_leaves:
-                body[name] = orelse[name] = body.get(name) if filled_body else orelse.get(name)
+                body[name] = orelse[name] = filled
                 body.pop(name + "#empty", None)
                 orelse.pop(name + "#empty", None)
                 scope.pop(name + "#empty", None)

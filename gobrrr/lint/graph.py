@@ -86,6 +86,7 @@ class Project(Index):
         Project.builds += 1
         super().__init__(sources)
         self.summaries: dict = {}   # (id(def), argument kinds) -> the kind it returns (rules.summarize)
+        self.summary_cut: dict = {}   # such a key -> the depth its walk stopped following calls at
         self.generators = {n.name for s in sources if "yield" in s.text for n in s.nodes   # defs that yield: a
                            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))   # loader wrapped in one
                            and any(isinstance(y, (ast.Yield, ast.YieldFrom)) for y in ast.walk(n))}   # (callkinds)
@@ -97,6 +98,7 @@ class Project(Index):
         self.looping: set[str] = set()   # names of the defs that hold a step loop (set by check.check_sources)
         self.housekeeping_looping: set[str] = set()   # such names that models also have (`train`): seeds only
         self.hotmaps: dict = {}     # id(Source) -> its HotMap, once built
+        self.numpy_unpacks: frozenset | None = None   # name tuples a value is unpacked into for numpy (scopes)
         self._assigned: dict = {}   # ("assigns", id(ClassDef)) -> its `self.<attr> = ...` (_self_assigns); a def's
         #                             wrappers; what a factory stored on self returns (("factory", id, attr))
 

@@ -67,6 +67,7 @@ class Kinds(CallKinds):
             self.scopes[-1].pop(target.id + "#0d", None)
             self.scopes[-1].pop(target.id + "#1d", None)
             self.scopes[-1].pop(target.id + "#elem", None)
+            self.scopes[-1].pop(target.id + "#delem", None)
             self.scopes[-1].pop(target.id + "#part", None)
             self.scopes[-1].pop(target.id + "#kept", None)
             self.scopes[-1].pop(target.id + "#dflt", None)   # bound here: no longer a guess from the signature

@@ -59,7 +59,7 @@ _OPTIM_MAKERS = re.compile(r"(^|\.)optim\.[A-Z]\w*$|Optimi[sz]er$|(^|\.)(Adam|Ad
                            r"(create|build|get|make|configure)_optimizers?$")
 _MODEL_MAKERS = re.compile(r"(^|\.)(from_pretrained|create_model|build_model|get_model|load_model|"
                            r"DistributedDataParallel|DDP|DataParallel|FSDP|FullyShardedDataParallel)$|^torch\.compile$|"
-                           r"(^|\.)(models|nn)\.[A-Za-z_]+$|^torchvision\.models\.")
+                           r"(^|\.)(models|nn)\.[A-Za-z_]+$|^torchvision\.models\.|[A-Z]\w*Rasterizer$")   # 3DGS, pytorch3d
 # what `from_pretrained` also loads beside models: tokenizers, processors, configs (host objects, never run on a batch)
 _NOT_A_MODEL = re.compile(r"(Tokenizer|Processor|FeatureExtractor|Config|Preprocessor)(Fast)?\.from_pretrained$")
 # callees that take a model without running it on a batch

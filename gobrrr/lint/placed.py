@@ -80,8 +80,11 @@ def imported_files(project, src) -> set[int]:
     that pick CUDA themselves (`torch.device("cuda" if ... else "cpu")`, `.cuda()`): a script that names no device
     runs on the GPU through what these give it. Not through a method of another file that a call's name happens
     to match (a CartPole script's `optimizer.step()` is not a KFAC optimizer's), nor through helpers whose device is
-    a parameter left at "cpu", nor through a model class that only another file moves."""
-    return {id(found) for found in _imports(project, src) if "cuda" in found.text}
+    a parameter left at "cpu", nor through a model class that only another file moves. One file further counts:
+    an agent module that reads `self.actor.device` from the networks file it imports, which picks CUDA
+    (Actor-Critic-Methods-Paper-To-Code's DDPG, TD3 and SAC scripts)."""
+    return {id(found) for found in _imports(project, src)
+            if "cuda" in found.text or any("cuda" in deeper.text for deeper in _imports(project, found))}
 
 
 def _imports(project, src, stars: bool = False):
@@ -113,10 +116,19 @@ __all__ = ["gpu_reach", "imported_files", "moved_classes", "own_program"]
 
 
 def hands_the_device(project, kinds: dict, types: dict) -> bool:
-    """A call (from a file that uses the GPU) that hands a device tensor, or an instance of one of the project's
-    torch modules: the def it calls runs on the device, whether or not its own file names one."""
+    """A call (from a file that uses the GPU) that hands a device tensor, an instance of one of the project's
+    torch modules, or one of a class that moves its own work to a device (caser's Recommender hands itself,
+    `evaluate_ranking(self, test)`, whose `predict` copies each user up with `.to(self._device)`): the def it calls
+    runs on the device, whether or not its own file names one."""
     return any(v in TENSORISH for k, v in kinds.items() if "#" not in k) or any(
-        project.is_module_class(src, cls) for v in types.values() for src, cls in v if isinstance(cls, ast.ClassDef))
+        project.is_module_class(src, cls) or _moves_its_work(cls) for v in types.values() for src, cls in v
+        if isinstance(cls, ast.ClassDef))
+
+
+def _moves_its_work(cls: ast.ClassDef) -> bool:
+    """A class whose methods move something to a device (`x.to(self._device)`, `.cuda()`)."""
+    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in _MOVES and _to_device(n)
+               for n in ast.walk(cls))
 
 
 def runs_default_cuda(sources: list) -> bool:

@@ -110,6 +110,7 @@ class Checker(ScopeWalk, FlowRules, CallRules, SyncRules, CopyRules, InsideRules
         self.dist_attrs: set[tuple[str, str]] = set()     # (class, self attribute) bound to a validated one
         self.dist_list_attrs: set[tuple[str, str]] = set()   # (class, self attribute) bound to a list of them
         self.summary_depth = 0                  # > 0 in a scratch walk that only learns what a def returns
+        self.cut = False                        # that walk met a call too deep to follow
         self.rare_depth = 0                     # > 0 inside a rare branch of hot code (flow: its own step loops)
         self.looping_def = False                # in a def that holds a step loop (its set-up learns what helpers return)
         self.collect: ast.AST | None = None     # that def

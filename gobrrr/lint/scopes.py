@@ -47,6 +47,76 @@ def _tensor_uses(fn: ast.AST) -> set[str]:
             and isinstance(n.value, ast.Name)}
 
 
+# numpy functions that turn their argument into an array: a CUDA tensor there raises, so a name handed to one holds host data
+_NUMPY_TAKES = {"clip", "concatenate", "stack", "vstack", "hstack", "where", "maximum", "minimum", "asarray", "array",
+                "ascontiguousarray", "expand_dims", "floor", "ceil"}
+
+
+def numpy_named(nodes: list[ast.AST]) -> frozenset[str]:
+    """Names that a def's nodes hand to numpy as arrays (`np.clip(bboxes[..., [0, 2]], 0., w)`) and bind from one
+    expression only (`x *= s` aside; the same `bboxes, scores, labels = net(x)` in three branches is one), or
+    scale in place by a numpy array (`bboxes *= scale`, `scale = np.array(...)`): numpy raises on a CUDA tensor
+    (and a CUDA tensor on a numpy array that is no scalar), so whatever made the name it holds host data (a
+    detector whose forward ends in a CPU post-process returns numpy boxes: FreeYOLO, yolov2-yolov3)."""
+    handed: set[str] = set()
+    sources: dict[str, set] = {}
+    assigned = {id(e): ast.dump(n.value) for n in nodes if isinstance(n, ast.Assign)
+                for t in n.targets for e in (t.elts if isinstance(t, ast.Tuple) else [t])}
+    augmented = {id(n.target) for n in nodes if isinstance(n, ast.AugAssign)}
+    made = {t.id for n in nodes if isinstance(n, ast.Assign) and _numpy_call(n.value) for t in n.targets
+            if isinstance(t, ast.Name)}
+    handed.update(n.target.id for n in nodes if isinstance(n, ast.AugAssign) and isinstance(n.target, ast.Name)
+                  and isinstance(n.value, ast.Name) and n.value.id in made)   # bboxes *= scale, a numpy array
+    through = {id(t) for n in nodes if isinstance(n, ast.Assign) and _numpy_call(n.value) for t in n.targets
+               if isinstance(t, ast.Name) and t.id in _names_in(n.value.args)}
+    for n in nodes:   # `bboxes = np.clip(bboxes, 0., w)` rebinds the name to numpy's own result: not a second source
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store) and id(n) not in augmented | through:
+            sources.setdefault(n.id, set()).add(assigned.get(id(n), id(n)))
+        elif isinstance(n, ast.arg):   # a parameter is a source of its own (what the caller hands)
+            sources.setdefault(n.arg, set()).add(id(n))
+        elif _numpy_call(n) and n.func.attr in _NUMPY_TAKES:
+            handed |= _names_in([*n.args, *(k.value for k in n.keywords)])
+    return frozenset(name for name in handed if len(sources.get(name, ())) == 1)
+
+
+def _names_in(args: list) -> set[str]:
+    """The names of `args` (`bboxes` for `bboxes[..., [0, 2]]`)."""
+    out = set()
+    for a in args:
+        while isinstance(a, ast.Subscript):
+            a = a.value
+        if isinstance(a, ast.Name):
+            out.add(a.id)
+    return out
+
+
+def _numpy_call(node: ast.AST) -> bool:
+    """`np.f(...)` or `numpy.f(...)`."""
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+        and isinstance(node.func.value, ast.Name) and node.func.value.id in ("np", "numpy")
+
+
+def numpy_unpacks(sources: list) -> frozenset[tuple]:
+    """The unpackings into three or more names (the names and the value's text) of which some def of the project
+    hands one name to numpy (numpy_named): the same unpacking elsewhere (`bboxes, scores, cls_inds = outputs` in
+    four more evaluators that only call float() on them) holds the same numpy arrays; the same names unpacked from
+    something else (a replay buffer's `zip(*samples)` against a learner's `experiences`) say nothing."""
+    found: set[tuple] = set()
+    for src in sources:
+        if "np." not in src.text:
+            continue
+        for fn in (n for n in src.nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+            nodes = list(ast.walk(fn))
+            if not (named := numpy_named(nodes)):
+                continue
+            for n in nodes:
+                if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Tuple) \
+                        and len(n.targets[0].elts) >= 3 and all(isinstance(e, ast.Name) for e in n.targets[0].elts) \
+                        and {e.id for e in n.targets[0].elts} & named:
+                    found.add((*(e.id for e in n.targets[0].elts), ast.dump(n.value)))
+    return frozenset(found)
+
+
 def _kwargs_kind(seed: dict, params: set[str]) -> str | None:
     """The kind of a `**kwargs` dict from the keywords a call passes into it: device tensors ('tlist': its
     items are tensors), only numbers and strings ('nums': `metric_logger.update(loss=loss.item())`, whose
@@ -228,6 +298,24 @@ class ScopeWalk:
         self.note_elements(node)   # after the binding, which clears a name's marks
         self.note_positions(node.targets, node.value)
 
+    def _numpy_named(self) -> frozenset[str]:
+        """numpy_named of the def (or the script) this walk is in, once per def."""
+        fn = self.defs[-1] if self.defs else None
+        memo = self.project.per_file.setdefault(id(self.src), {}).setdefault("numpy_named", {})
+        if id(fn) not in memo:
+            if fn is None:   # a script's own statements, not its defs
+                nodes = [n for st in self.src.tree.body if not isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef,
+                                                                                ast.ClassDef)) for n in ast.walk(st)]
+            else:
+                nodes = list(ast.walk(fn))
+            memo[id(fn)] = numpy_named(nodes) if "np." in self.src.text or "numpy." in self.src.text else frozenset()
+        return memo[id(fn)]
+
+    def _unpacks(self) -> frozenset[tuple]:
+        if self.project.numpy_unpacks is None:
+            self.project.numpy_unpacks = numpy_unpacks(self.project.sources)
+        return self.project.numpy_unpacks
+
     def _packed(self, name: str) -> bool:
         """`name` is a PackedSequence in this def: tested with `isinstance(name, PackedSequence)` or made by a
         `pack_padded_sequence` / `pack_sequence` call."""
@@ -252,6 +340,15 @@ class ScopeWalk:
             self.visit_target(t)
             self.host_write(t, node.value)
         value = node.value
+        names = [e for t in node.targets for e in (t.elts if isinstance(t, ast.Tuple) else [t])]
+        if all(isinstance(e, ast.Name) for e in names) \
+                and ({e.id for e in names} & self._numpy_named() or len(node.targets) == 1
+                     and isinstance(node.targets[0], ast.Tuple)
+                     and (*(e.id for e in names), ast.dump(value)) in self._unpacks()) \
+                and self.kind(value) in (*TENSORISH, None):
+            for e in names:   # bboxes, scores, labels = net(x), then np.clip(bboxes, ...): the model's outputs
+                self.bind(e, "numpy")   # are numpy arrays, all of them
+            return
         if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) \
                 and value.func.attr in DEVICE_WRAPPERS and len(node.targets) == 1 \
                 and isinstance(node.targets[0], ast.Tuple) and len(node.targets[0].elts) == len(value.args):
@@ -320,6 +417,8 @@ class ScopeWalk:
                         self.bind(e, "mask")
             if isinstance(t, ast.Name) and placeholder(value):
                 self.scopes[-1][t.id + "#empty"] = "empty"   # `idx = torch.tensor([]).to('cuda')`, then filled by an if
+            elif isinstance(t, ast.Name) and isinstance(value, ast.Constant) and value.value is None:
+                self.scopes[-1][t.id + "#empty"] = "none"   # `batch_iterator = None`, a loader each epoch (PytorchSSD)
         self.note_flat(node.targets, value)
         for t in node.targets:
             for kl in self.key_loops:   # for k in batch: batch[k] = batch[k].to(dev): flow binds batch after the loop

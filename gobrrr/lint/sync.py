@@ -243,7 +243,14 @@ class SyncRules:
     def slice_bound(self, node: ast.Subscript) -> ast.AST | None:
         parts = index_parts(node)
         bounds = [b for p in parts if isinstance(p, ast.Slice) for b in (p.lower, p.upper, p.step) if b is not None]
-        return self._made_here([b for b in bounds if isinstance(b, (ast.Name, ast.Subscript)) or _offset(b)], True)
+        return self._made_here([b for b in bounds if isinstance(b, (ast.Name, ast.Subscript)) or _offset(b)
+                                or self._element_offset(b)], True)
+
+    def _element_offset(self, b: ast.AST) -> bool:
+        """`h0 - bd`: an element of a device tensor the loop iterates (LoFTR's `for b, (h0, w0) in enumerate(zip(h0s,
+        w0s))`), plus or less a name: a one-element tensor, whatever the other name holds."""
+        return isinstance(b, ast.BinOp) and isinstance(b.op, (ast.Add, ast.Sub)) and any(
+            isinstance(x, ast.Name) and self.lookup(x.id + "#delem") for x in (b.left, b.right))
 
     def _made_here(self, args: list, handed: bool = False) -> ast.AST | None:
         """The first of `args` that is a device tensor made in this def (not a parameter, whose kind is the
