@@ -21,7 +21,7 @@ from __future__ import annotations
 import ast
 import re
 
-from gobrrr.lint.bindings import assigned_calls, converted_in_place
+from gobrrr.lint.bindings import assigned_calls, converted_in_place, param_names
 from gobrrr.lint.loops import name_of
 from gobrrr.lint.names import BATCHES, GIVEN, HOSTISH, ITEM_KIND, TENSORISH, self_attr
 from gobrrr.lint.typetests import container_test, dist_test, number_test, numbers_after, tensor_test, type_checked
@@ -80,7 +80,7 @@ class FlowRules:
             k, k if k in ("numpy", "host", "pinned", "tensor", "mask", "hlist", *BATCHES) else None))
         fn = self.defs[-1] if self.defs else None
         if k == "tensor" and isinstance(target, ast.Name) and isinstance(it, ast.Name) \
-                and it.id not in {a.arg for a in getattr(getattr(fn, "args", None), "args", [])}:
+                and not (hasattr(fn, "args") and it.id in param_names(fn)):
             self.scopes[-1][target.id + "#delem"] = "delem"   # `for h0 in h0s:` an element of a device tensor made here
 
     def visit_For(self, node) -> None:

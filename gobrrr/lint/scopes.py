@@ -96,20 +96,34 @@ def _numpy_call(node: ast.AST) -> bool:
         and isinstance(node.func.value, ast.Name) and node.func.value.id in ("np", "numpy")
 
 
-def numpy_unpacks(sources: list) -> frozenset[tuple]:
+def numpy_named_of(project, src, fn) -> frozenset[str]:
+    """numpy_named of one def of `src` (None: the script's own statements, not its defs), once per run: the walk asks
+    it of the def it is in, numpy_unpacks of every def."""
+    memo = project.per_file.setdefault(id(src), {}).setdefault("numpy_named", {})
+    if id(fn) not in memo:
+        if "np." not in src.text and "numpy." not in src.text:
+            memo[id(fn)] = frozenset()
+        elif fn is None:
+            memo[id(fn)] = numpy_named([n for st in src.tree.body if not isinstance(st, (
+                ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) for n in ast.walk(st)])
+        else:
+            memo[id(fn)] = numpy_named(list(ast.walk(fn)))
+    return memo[id(fn)]
+
+
+def numpy_unpacks(project) -> frozenset[tuple]:
     """The unpackings into three or more names (the names and the value's text) of which some def of the project
     hands one name to numpy (numpy_named): the same unpacking elsewhere (`bboxes, scores, cls_inds = outputs` in
     four more evaluators that only call float() on them) holds the same numpy arrays; the same names unpacked from
     something else (a replay buffer's `zip(*samples)` against a learner's `experiences`) say nothing."""
     found: set[tuple] = set()
-    for src in sources:
+    for src in project.sources:
         if "np." not in src.text:
             continue
         for fn in (n for n in src.nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
-            nodes = list(ast.walk(fn))
-            if not (named := numpy_named(nodes)):
+            if not (named := numpy_named_of(project, src, fn)):
                 continue
-            for n in nodes:
+            for n in ast.walk(fn):
                 if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Tuple) \
                         and len(n.targets[0].elts) >= 3 and all(isinstance(e, ast.Name) for e in n.targets[0].elts) \
                         and {e.id for e in n.targets[0].elts} & named:
@@ -299,21 +313,11 @@ class ScopeWalk:
         self.note_positions(node.targets, node.value)
 
     def _numpy_named(self) -> frozenset[str]:
-        """numpy_named of the def (or the script) this walk is in, once per def."""
-        fn = self.defs[-1] if self.defs else None
-        memo = self.project.per_file.setdefault(id(self.src), {}).setdefault("numpy_named", {})
-        if id(fn) not in memo:
-            if fn is None:   # a script's own statements, not its defs
-                nodes = [n for st in self.src.tree.body if not isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef,
-                                                                                ast.ClassDef)) for n in ast.walk(st)]
-            else:
-                nodes = list(ast.walk(fn))
-            memo[id(fn)] = numpy_named(nodes) if "np." in self.src.text or "numpy." in self.src.text else frozenset()
-        return memo[id(fn)]
+        return numpy_named_of(self.project, self.src, self.defs[-1] if self.defs else None)
 
     def _unpacks(self) -> frozenset[tuple]:
         if self.project.numpy_unpacks is None:
-            self.project.numpy_unpacks = numpy_unpacks(self.project.sources)
+            self.project.numpy_unpacks = numpy_unpacks(self.project)
         return self.project.numpy_unpacks
 
     def _packed(self, name: str) -> bool:
