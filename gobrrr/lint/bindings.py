@@ -9,7 +9,7 @@ from functools import lru_cache
 
 from gobrrr.lint.loops import LOADER_NAME, is_model_name, name_of
 from gobrrr.lint.names import TENSORISH
-from gobrrr.lint.source import DEFS, Source
+from gobrrr.lint.source import DEFS, Source, own_statements
 
 
 def assigned_calls(src: Source, name: str, scope: ast.AST | None) -> list[ast.Call]:
@@ -17,10 +17,8 @@ def assigned_calls(src: Source, name: str, scope: ast.AST | None) -> list[ast.Ca
     branch's): `update_fn = functools.partial(shared_update_fn, sde=sde)`, `step_fn = get_step_fn(sde)`."""
     s = scope
     while True:
-        found = [st.value for st in own_statements(getattr(s, "body", []) if s is not None else src.tree.body)
-                 if isinstance(st, ast.Assign) and isinstance(st.value, ast.Call)
-                 and isinstance(st.value.func, (ast.Name, ast.Attribute))
-                 and any(isinstance(t, ast.Name) and t.id == name for t in st.targets)]
+        found = [st.value for st in src.assigns(s).get(name, ()) if isinstance(st.value, ast.Call)
+                 and isinstance(st.value.func, (ast.Name, ast.Attribute))]
         if found or s is None:
             return found
         s = src.parent.get(id(s))
@@ -31,12 +29,8 @@ def assigned_methods(src: Source, name: str, scope: ast.AST | None) -> list[ast.
     else self.sample`, or one per branch of an if."""
     if scope is None:
         return []
-    out: list[ast.Attribute] = []
-    for st in own_statements(getattr(scope, "body", [])):
-        if isinstance(st, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in st.targets):
-            out += [v for v in _branches(st.value) if isinstance(v, ast.Attribute) and isinstance(v.value, ast.Name)
-                    and v.value.id == "self"]
-    return out
+    return [v for st in src.assigns(scope).get(name, ()) for v in _branches(st.value)
+            if isinstance(v, ast.Attribute) and isinstance(v.value, ast.Name) and v.value.id == "self"]
 
 
 def _branches(value: ast.AST) -> list[ast.AST]:
@@ -79,12 +73,8 @@ def _function_name(v: ast.AST, target: str) -> bool:
 def picked_tables(src: Source, name: str, scope: ast.AST | None) -> list[ast.AST]:
     """The tables of callables `name` was picked from in this def (or at module level): `sample_fn = {"heun":
     sample_heun, "dpm": sample_dpm}[sampler]` gives the dict literal, `fn = SAMPLERS[kind]` the name SAMPLERS."""
-    out: list[ast.AST] = []
-    for st in own_statements(getattr(scope, "body", None) or src.tree.body):
-        if isinstance(st, ast.Assign) and isinstance(st.value, ast.Subscript) \
-                and any(isinstance(t, ast.Name) and t.id == name for t in st.targets):
-            out.append(st.value.value)
-    return out
+    return [st.value.value for st in src.assigns(scope if getattr(scope, "body", None) else None).get(name, ())
+            if isinstance(st.value, ast.Subscript)]
 
 
 def module_attrs(src: Source, name: str, scope: ast.AST | None, modules: set[str]) -> list[str]:
@@ -96,17 +86,6 @@ def module_attrs(src: Source, name: str, scope: ast.AST | None, modules: set[str
             for st in own_statements(body) if isinstance(st, ast.Assign) and isinstance(st.value, ast.Attribute)
             and isinstance(st.value.value, ast.Name) and st.value.value.id in modules
             and any(isinstance(t, ast.Name) and t.id == name for t in st.targets)]
-
-
-def own_statements(body: list[ast.stmt]):
-    """The statements of a body and of its ifs, withs, trys and loops, not of nested defs."""
-    for st in body:
-        yield st
-        if not isinstance(st, (*DEFS, ast.ClassDef)):
-            for field in ("body", "orelse", "finalbody"):
-                yield from own_statements(getattr(st, field, None) or [])
-            for h in getattr(st, "handlers", None) or []:
-                yield from own_statements(h.body)
 
 
 def returned_defs(src: Source, fn: ast.AST) -> list[tuple[Source, ast.AST]]:

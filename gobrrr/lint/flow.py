@@ -6,9 +6,9 @@
     branches     an `if` whose body is rare (hot.HotMap.off_ifs) is walked 'off', and so is a way
                  the call never takes (static_truth: `if mode == "cpu":` called with the default
                  "gpu", `if mask is not None:` with no mask passed; after `if copy: return ...`
-                 taken, the rest of the def); after an `if`,
-                 a name keeps the kind both ways agree on, the device kind where one way moves it
-                 to the device (`if use_cuda: buf = buf.cuda()`: the GPU is assumed), else none
+                 taken, the rest of the def); after an `if`, a name keeps the kind both ways agree
+                 on, the device kind where one way moves it to the device (`if use_cuda: buf =
+                 buf.cuda()`: the GPU is assumed), the other way's where one binds None, else none
                  (`if cpu_env: a = a.cpu().numpy()` leaves an unknown `a` unknown); a way that
                  leaves (return, raise, continue) does not flow past the `if`
     error paths  `except` handlers, a raise's exception and an assert's message are 'off'; after a
@@ -265,9 +265,8 @@ class FlowRules:
         if _leaves(node.body) and not node.orelse:
             scope.update((x, "num") for x in numbers_after(node.test) if scope.get(x) in TENSORISH)
         taken = node.body if truth is True else node.orelse if truth is False else []
-        if taken and isinstance(taken[-1], (ast.Return, ast.Raise)) and not self.dead_depth:
-            self.left = True   # `if copy: return th.tensor(...)` with copy=True: the rest of the def never runs
-            # (not inside a branch this call never takes: `elif side == "right": ... else: raise` with side "left")
+        if taken and isinstance(taken[-1], (ast.Return, ast.Raise)) and not self.dead_depth:   # (not in a branch the
+            self.left = True   # call never takes) `if copy: return th.tensor(...)` with copy=True: the rest never runs
 
     @staticmethod
     def _merge(scope: dict, before: dict, body: dict, body_leaves: bool, else_leaves: bool) -> None:
@@ -284,6 +283,10 @@ class FlowRules:
                 body.pop(name + "#empty", None)
                 orelse.pop(name + "#empty", None)
                 scope.pop(name + "#empty", None)
+        for way, other in ((body, orelse), (orelse, body)):   # `if is_val: loader = None` else a DataLoader: the
+            for name in [n[:-6] for n in way if n.endswith("#empty") and way[n] == "none" and n not in before]:
+                if way.get(name) in (None, "num") and other.get(name) not in (None, "num", _MISSING):   # loader, when
+                    way[name] = other[name]   # there is one (mozilla-TTS's setup_loader)
         if body_leaves and not else_leaves:
             return   # scope already holds the else way
         if else_leaves and not body_leaves:

@@ -23,7 +23,7 @@ from functools import cached_property
 from pathlib import Path
 
 from gobrrr.lint.bindings import assigned_calls, returned_defs
-from gobrrr.lint.picked import picked_classes
+from gobrrr.lint.picked import picked_classes, registry_classes
 from gobrrr.lint.source import DEFS, Source, _constructed
 
 _OTHER = object()   # an attribute assigned something other than a constant
@@ -232,18 +232,20 @@ class Index:
                 return found
         return None
 
-    def classes_of(self, src: Source, made: ast.AST, depth: int = 0, cls: ast.ClassDef | None = None) -> list:
+    def classes_of(self, src: Source, made: ast.AST, depth: int = 0, cls: ast.ClassDef | None = None,
+                   scope: ast.AST | None = None) -> list:
         """The project classes an object is made from: `Cls`, or a factory call whose returns build one:
         a function (`build_matcher(args)`), or a method of `cls`, the class the call is made in, and its
         overrides in the subclasses (`self.criterion = self.init_criterion()`); `made` may stand for one
-        item of the tuple the call returns (`self.stats, self.loss = self._get_losses(opt)`)."""
+        item of the tuple the call returns (`self.stats, self.loss = self._get_losses(opt)`); `scope`, the def
+        the call is made in, where a registry may be a dict of its own (picked.registry_classes)."""
         item = None
         if isinstance(made, ast.Subscript) and isinstance(made.value, ast.Call):
             item, made = made.slice.value, made.value
         if isinstance(made, ast.Call):
             made = made.func
         if isinstance(made, ast.Subscript) and isinstance(made.value, ast.Name):   # ALGOS[args.algo](...): a
-            return self._registry_classes(src, made.value.id)   # dict of classes, each a possible one
+            return registry_classes(self, src, made.value.id, scope, depth)   # dict of classes, each a possible one
         hit = self._named(src, made)
         if hit and hit[0] == "class" and item is None:
             return [(hit[1], hit[2])]
@@ -268,20 +270,6 @@ class Index:
             self._lookups[key] = out
         return self._lookups[key]
 
-    def _registry_classes(self, src: Source, name: str) -> list:
-        """The project classes a module-level dict literal holds (`ALGOS = {"gail": GAIL, "airl": AIRL}`), in this
-        file or imported from another: at most four."""
-        where = src
-        if name in src.imports and src.imports[name][1] is not None:
-            module, attr = src.imports[name]
-            where, name = self.module(module, src), attr
-        if where is None:
-            return []
-        values = [v for n in where.tree.body if isinstance(n, ast.Assign) and isinstance(n.value, ast.Dict)
-                  and any(isinstance(t, ast.Name) and t.id == name for t in n.targets) for v in n.value.values]
-        out = [c for v in values if (c := self.class_of(where, v)) is not None]
-        return out if len(out) == len(values) and 0 < len(out) <= 4 else []
-
     def _returned_classes(self, src: Source, fn: ast.AST, depth: int, item: int | None) -> list:
         """The project classes `fn` returns built (`return Cls(...)`, `evaluator = Cls(...); return
         evaluator`), or as item `item` of the tuple it returns."""
@@ -296,7 +284,7 @@ class Index:
                     continue
                 value = value.elts[item]
             if _constructed(value) is not None:
-                out += [c for c in self.classes_of(src, _constructed(value), depth + 1, owner) if c not in out]
+                out += [c for c in self.classes_of(src, _constructed(value), depth + 1, owner, fn) if c not in out]
             elif isinstance(value, ast.Name):   # evaluator = Cls(...); return evaluator
                 for made_by in assigned_calls(src, value.id, fn):
                     out += [c for c in self.classes_of(src, made_by, depth + 1, owner) if c not in out]

@@ -420,8 +420,8 @@ class Kinds(CallKinds):
             return "tensor"
         if re.fullmatch(r"(typing\.)?(List|Tuple|Sequence|list|tuple)\[(torch\.)?Tensor(, \.\.\.)?\]", text):
             return "tlist"
-        if text in ("int", "float", "bool", "complex"):
-            return "num"
+        if re.fullmatch(r"(int|float|bool|complex)|((typing\.)?Optional\[(int|float|bool)\])|(int|float|bool) \| None", text):
+            return "num"   # `batch_size: Optional[int] = None` (GNNAutoScale's __call__)
         if re.fullmatch(r"(np|numpy)\.(ndarray|array)( \| (torch\.)?Tensor)?|(torch\.)?Tensor \| (np|numpy)\.ndarray"
                         r"|(typing\.)?Union\[(np|numpy)\.ndarray, (torch\.)?Tensor\]"
                         r"|(typing\.)?Union\[(torch\.)?Tensor, (np|numpy)\.ndarray\]", text):

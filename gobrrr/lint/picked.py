@@ -8,6 +8,12 @@
 
 What the program will pick is not known, so each of them may be (at most eight; more pins nothing). A path
 with text after its run-time part (`f"{pkg}.models"`), or a class named by another run-time value, picks none.
+
+Likewise a registry, a dict literal of classes indexed by a run-time key (`registry_classes`):
+    `ALGOS = {"gail": GAIL, "airl": AIRL}` at a module's top, here or imported: `ALGOS[args.algo](env)`
+    `models = {"GCN": GCN, "GAT": GAT, ...}; return models[name](net_params)` in the factory itself, its values
+        classes or defs that build one (benchmarking-gnns' `def GCN(net_params): return GCNNet(net_params)`)
+Each value may be the one made (at most twelve, a model zoo's; a value that is no class pins nothing).
 """
 from __future__ import annotations
 
@@ -16,6 +22,7 @@ import ast
 from gobrrr.lint.source import IMPORT_MODULE, Source
 
 _MOST = 8
+_REGISTRY_MOST = 12
 
 
 def picked_class(expr: ast.AST) -> tuple[tuple[str, ...], str | None] | None:
@@ -74,3 +81,29 @@ def picked_classes(index, src: Source, made: ast.AST) -> list:
                 if hit and hit[0] == "class" and all(c[1] is not hit[2] for c in out):
                     out.append((hit[1], hit[2]))
     return out if len(out) <= _MOST else []
+
+
+def registry_classes(index, src: Source, name: str, scope: ast.AST | None, depth: int) -> list:
+    """The project classes the dict literal `name` holds: bound in `scope` (the factory that indexes it) or at
+    the top of this file or of the module it is imported from; a value naming a def counts the classes that
+    def returns built (depth permitting)."""
+    def dicts(where: Source, scope: ast.AST | None) -> list[ast.expr]:
+        return [v for st in where.assigns(scope).get(name, ()) if isinstance(st.value, ast.Dict) for v in st.value.values]
+
+    where = src
+    values = dicts(src, scope) if scope is not None else []   # the factory's own dict first
+    if not values and name in src.imports and src.imports[name][1] is not None:
+        module, attr = src.imports[name]
+        where, name = index.module(module, src), attr
+    if not values and where is not None:
+        values = dicts(where, None)
+    if where is None or not 0 < len(values) <= _REGISTRY_MOST:
+        return []
+    out: list = []
+    for v in values:
+        hit = index.class_of(where, v)
+        made = [hit] if hit is not None else index.classes_of(where, v, depth) if isinstance(v, ast.Name) else []
+        if not made:
+            return []
+        out += [c for c in made if c not in out]
+    return out

@@ -21,7 +21,9 @@ from gobrrr.lint.names import BATCHES, GIVEN, TENSORISH
 from gobrrr.lint.scopes import HOOK_NAMES
 
 _DEVICE = TENSORISH | {"tlist"}   # a parameter handed device tensors, or a list or dict of them (a batch moved key by key)
-_HOST = {"host", "pinned"}   # a parameter handed a host tensor (a helper's `.cuda()` of it copies up)
+_HOST = {"host", "pinned", "numpy", "hlist"}   # a parameter handed host data (a helper's `.cuda()` of it copies up)
+_WRAPS = {"Variable", "from_numpy", "as_tensor", "tensor", "Tensor", "FloatTensor", "LongTensor"}   # f(x): x's data
+_RECASTS = {"float", "long", "int", "double", "half", "contiguous", "detach"}   # x.float(): x's data
 
 
 def fewer_constants(old: dict, kinds: dict) -> dict | None:
@@ -55,11 +57,25 @@ def retyping(fn: ast.AST, old: dict | None, kinds: dict) -> set[tuple[int, str]]
 
 @lru_cache(maxsize=4096)
 def _copied_up(fn: ast.AST) -> frozenset[str]:
-    """The names the def's own body moves with `.cuda()` or `.to(...)`: `return variable.cuda()` (walked once per
-    def, not once per call that reaches it)."""
-    return frozenset(n.func.value.id for n in ast.walk(fn) if isinstance(n, ast.Call)
-                     and isinstance(n.func, ast.Attribute) and n.func.attr in ("cuda", "to")
-                     and isinstance(n.func.value, ast.Name))
+    """The names the def's own body moves with `.cuda()` or `.to(...)`: `return variable.cuda()`, or through a
+    wrapper or a cast, `Variable(tensor).cuda()` (JT-VAE's create_var), `torch.from_numpy(x).float().cuda()`
+    (walked once per def, not once per call that reaches it)."""
+    return frozenset(name for n in ast.walk(fn) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                     and n.func.attr in ("cuda", "to") and (name := _data_name(n.func.value)) is not None)
+
+
+def _data_name(e: ast.AST) -> str | None:
+    """The name whose data `e` is: `x`, `Variable(x)`, `torch.from_numpy(x)`, `x.float()`; None for anything else."""
+    while isinstance(e, ast.Call):
+        f = e.func
+        if isinstance(f, ast.Attribute) and f.attr in _RECASTS and not e.args:
+            e = f.value
+        elif (f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None) in _WRAPS \
+                and len(e.args) == 1:
+            e = e.args[0]
+        else:
+            return None
+    return e.id if isinstance(e, ast.Name) else None
 
 
 def types_more(fn, kinds: dict) -> bool:

@@ -62,6 +62,7 @@ class Source:
     param_attrs: dict[tuple[int, str], list[str]] = field(default_factory=dict)  # (id(cls), param) -> self.attrs
     calls: dict[str, set[str]] = field(default_factory=dict)   # def name -> the names it calls
     stars: list[str] = field(default_factory=list)   # modules imported with `from .boxes import *`
+    _assigns: dict[int, dict[str, list[ast.Assign]]] = field(default_factory=dict, repr=False)   # see assigns()
 
     @property
     def name(self) -> str:
@@ -73,6 +74,18 @@ class Source:
         Its parts are the module's dotted name."""
         return self.path.parent if self.path.name == "__init__.py" else self.path.with_suffix("")
 
+    def assigns(self, scope: ast.AST | None) -> dict[str, list[ast.Assign]]:
+        """name -> the `name = ...` statements of this def (the module's, for None), in order, its ifs, loops,
+        withs and trys included and nested defs not; each scope's table is made once, on first asking."""
+        if id(scope) not in self._assigns:
+            table: dict[str, list[ast.Assign]] = {}
+            for st in own_statements(self.tree.body if scope is None else getattr(scope, "body", [])):
+                if isinstance(st, ast.Assign):
+                    for name in dict.fromkeys(t.id for t in st.targets if isinstance(t, ast.Name)):
+                        table.setdefault(name, []).append(st)
+            self._assigns[id(scope)] = table
+        return self._assigns[id(scope)]
+
     @cached_property
     def dynamic(self) -> set[str]:
         """The names bound to a module imported by a name known only at run time (`MODEL =
@@ -82,6 +95,17 @@ class Source:
         return {t.id for n in ast.walk(self.tree) if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
                 and ast.unparse(n.value.func) in IMPORT_MODULE
                 for t in n.targets if isinstance(t, ast.Name)}
+
+
+def own_statements(body: list[ast.stmt]):
+    """The statements of a body and of its ifs, withs, trys and loops, not of nested defs."""
+    for st in body:
+        yield st
+        if not isinstance(st, (*DEFS, ast.ClassDef)):
+            for field_name in ("body", "orelse", "finalbody"):
+                yield from own_statements(getattr(st, field_name, None) or [])
+            for h in getattr(st, "handlers", None) or []:
+                yield from own_statements(h.body)
 
 
 # a Python 2 print statement: `print x, y` (not `print(x)`, `print = f`); its comment kept apart

@@ -49,7 +49,8 @@ def step_loops(tree: ast.AST, facts: Facts, rare, nodes: list[ast.AST] | None = 
 
     imported: set[str] = set()
     wrapped: set[str] = set()   # names assigned a loader or a wrapper of one: `diter = enumerate(tqdm(dl))`
-    for n in ast.walk(tree) if nodes is None else nodes:
+    nodes = list(ast.walk(tree)) if nodes is None else nodes
+    for n in nodes:
         if isinstance(n, (ast.Import, ast.ImportFrom)):
             imported |= {(a.asname or a.name).split(".")[0] for a in n.names}
         elif isinstance(n, ast.Assign) and isinstance(n.value, ast.Call) and _loader_like(n.value):
@@ -59,7 +60,7 @@ def step_loops(tree: ast.AST, facts: Facts, rare, nodes: list[ast.AST] | None = 
 
     local = {d.name: d for d in getattr(tree, "body", []) if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))}
     local_looping: set[str] = set()   # this file's module-level defs that hold a step loop
-    own_methods = _own_method_calls(tree)   # id of a `self.forward(...)` call -> the class's own `def forward`
+    own_methods = _own_method_calls(nodes)   # id of a `self.forward(...)` call -> the class's own `def forward`
     method_loops: dict[int, bool] = {}   # id of such a method -> it reaches a def that holds a step loop
     repeats: set[int] = set()   # step loops that run the model again on the same state (`for u in range(U):`)
 
@@ -343,14 +344,17 @@ def _runs_its_items(loop: ast.AST, calls: list[ast.Call]) -> bool:
     return any(runs_item(c.func) for c in calls)
 
 
-def _own_method_calls(tree: ast.AST) -> dict[int, ast.AST]:
-    """id of each `self.name(...)` call inside a class -> that class's own method `name`, where it defines one."""
+def _own_method_calls(nodes) -> dict[int, ast.AST]:
+    """id of each `self.name(...)` call inside a class -> that class's own method `name`, where it defines one (the
+    innermost such class, by line span); one pass over the file's nodes."""
+    classes = [(n.lineno, n.end_lineno, {d.name: d for d in n.body if isinstance(d, DEFS)})
+               for n in nodes if isinstance(n, ast.ClassDef)]
     out: dict[int, ast.AST] = {}
-    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
-        methods = {d.name: d for d in cls.body if isinstance(d, DEFS)}
-        for c in ast.walk(cls):
-            if isinstance(c, ast.Call) and self_attr(c.func) and c.func.attr in methods:
-                out[id(c)] = methods[c.func.attr]
+    for c in nodes if classes else ():
+        if isinstance(c, ast.Call) and self_attr(c.func):
+            held = [(lo, m) for lo, hi, m in classes if lo <= c.lineno <= hi and c.func.attr in m]
+            if held:
+                out[id(c)] = max(held, key=lambda t: t[0])[1][c.func.attr]
     return out
 
 
