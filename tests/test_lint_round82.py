@@ -105,7 +105,8 @@ MAIN = """
 def test_a_model_built_from_a_dict_of_factory_defs_runs_each_nets_own_loss(tmp_path):
     """benchmarking-gnns: `models = {"GCN": GCN, ...}; return models[MODEL_NAME](net_params)`, each value a def
     returning its net: the model is any of them, so `model.loss(...)` in the step runs each net's own loss (the
-    reader counts every net's bincount / unique / nonzero as per step: each is the step of its own config)."""
+    reader counts every net's bincount / unique / nonzero as per step: each is the step of its own config). GCNNet
+    and GATNet are two hierarchies on purpose, alike but apart: a `loss` in one hierarchy is found without the dict."""
     found = project_rules(tmp_path, {"nets.py": NETS, "load_net.py": LOAD_NET, "train.py": TRAIN, "main.py": MAIN})
     src = dedent(NETS)
     for text in ("torch.bincount(label)", "torch.unique(label)", "label[label.nonzero()]"):
