@@ -421,15 +421,15 @@ class FlowRules:
     visit_ListComp = visit_SetComp = visit_GeneratorExp = visit_DictComp = _comprehension
 
     def check_condition(self, test: ast.AST, where: str = " inside a loop") -> None:
-        parts = _parts(test)
-        guarded = {(ast.unparse(n.args[0]), n.args[1].value) for n in ast.walk(test) if isinstance(n, ast.Call)
+        parts, nodes = _parts(test), list(ast.walk(test))   # (the text of a part is made only when asked)
+        guarded = {(ast.unparse(n.args[0]), n.args[1].value) for n in nodes if isinstance(n, ast.Call)
                    and isinstance(n.func, ast.Name) and n.func.id == "hasattr" and len(n.args) == 2
                    and isinstance(n.args[1], ast.Constant)}
-        parts = [p for p in parts if not (isinstance(p, ast.Attribute) and (ast.unparse(p.value), p.attr) in guarded)]
-        keyed = {ast.unparse(n.comparators[0]) for n in ast.walk(test) if isinstance(n, ast.Compare)
+        parts = [p for p in parts if not (guarded and isinstance(p, ast.Attribute) and (ast.unparse(p.value), p.attr) in guarded)]
+        keyed = {ast.unparse(n.comparators[0]) for n in nodes if isinstance(n, ast.Compare)
                  and len(n.ops) == 1 and isinstance(n.ops[0], (ast.In, ast.NotIn))
                  and isinstance(n.left, ast.Constant) and isinstance(n.left.value, str)}
-        parts = [p for p in parts if ast.unparse(p) not in keyed   # `d and 'key' in d`: d is a dict, not a tensor
+        parts = [p for p in parts if not (keyed and ast.unparse(p) in keyed)   # `d and 'key' in d`: d is a dict
                  and not (isinstance(p, ast.Name) and _CONTAINER_NAME.search(p.id))]   # `if output_dict:` (lerobot)
         if all(self.kind(p) not in TENSORISH or (isinstance(p, ast.Name) and (
                 p.id in self.guesses or self.lookup(p.id + "#opt"))) for p in parts):
