@@ -42,24 +42,16 @@ def assigned_functions(src: Source, name: str, scope: ast.AST | None, cache: dic
     """The plain names `name` is bound to in this def, the nearest enclosing def that binds it, or the module, one
     per branch: Open-Sora's `prepare = prepare_causal if causal else prepare_uncausal` (an if, or an if expression),
     called in a def nested in the one that chose; SIREN's `loss_fn = loss_functions.wave_pml` at a script's top.
-    `cache` is the file's (project.per_file): the names it binds anywhere, and each scope's bindings (id(def), or
-    id(None) for the module -> name -> names), found once."""
+    `cache` is the file's (project.per_file): the names it binds anywhere, found once (each scope's bindings are
+    the file's own table, Source.assigns)."""
     if "bound_names" not in cache:
         cache["bound_names"] = set(re.findall(r"(\w+) =[^=]", src.text))
     if name not in cache["bound_names"]:
         return []
-    bound = cache.setdefault("bound", {})
     while True:
-        if id(scope) not in bound:
-            binds: dict[str, list[ast.expr]] = {}
-            for st in own_statements(getattr(scope, "body", []) if scope is not None else src.tree.body):
-                if isinstance(st, ast.Assign):
-                    for t in st.targets:
-                        if isinstance(t, ast.Name):
-                            binds.setdefault(t.id, []).extend(v for v in _branches(st.value) if _function_name(v, t.id))
-            bound[id(scope)] = binds
-        if bound[id(scope)].get(name) or scope is None:
-            return bound[id(scope)].get(name, [])[:4]
+        found = [v for st in src.assigns(scope).get(name, ()) for v in _branches(st.value) if _function_name(v, name)]
+        if found or scope is None:
+            return found[:4]
         scope = src.parent.get(id(scope))
 
 
@@ -82,10 +74,9 @@ def module_attrs(src: Source, name: str, scope: ast.AST | None, modules: set[str
     MODEL.get_loss` gives ["get_loss"]."""
     if not modules:
         return []
-    return [st.value.attr for body in (getattr(scope, "body", None) or [], src.tree.body)
-            for st in own_statements(body) if isinstance(st, ast.Assign) and isinstance(st.value, ast.Attribute)
-            and isinstance(st.value.value, ast.Name) and st.value.value.id in modules
-            and any(isinstance(t, ast.Name) and t.id == name for t in st.targets)]
+    scopes = ([scope] if getattr(scope, "body", None) else []) + [None]
+    return [st.value.attr for s in scopes for st in src.assigns(s).get(name, ()) if isinstance(st.value, ast.Attribute)
+            and isinstance(st.value.value, ast.Name) and st.value.value.id in modules]
 
 
 def returned_defs(src: Source, fn: ast.AST) -> list[tuple[Source, ast.AST]]:
